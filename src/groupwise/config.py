@@ -1,0 +1,290 @@
+"""The one configuration dataclass, loadable from YAML and overridable from the command line.
+
+Wherever TRL's ``GRPOConfig`` has the same option, the name and meaning are TRL's. Defaults follow
+DeepSeekMath's GRPO (beta=0.04, loss_type="grpo", scale_rewards="group", epsilon=0.2, G=8).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad option: the message names the option and what was expected."""
+
+
+@dataclass
+class GRPOConfig:
+    # --- model and data -------------------------------------------------------------------
+    model: str = "tiny-random"  # built-in name (smollm2-135m-instruct, tiny-random) or a path
+    task: str = "arithmetic"  # built-in task, or a path to a JSONL file with a prompt column
+    digits: int = 1  # arithmetic: digits per operand
+    min_operands: int = 2  # arithmetic: operands per problem (min..max)
+    max_operands: int = 2
+    ops: str = "+-*"  # arithmetic: operators to draw from
+    few_shot: bool = True  # prepend one worked example as a prior chat turn
+    num_train_prompts: int = 200  # size of the generated training set
+    num_eval_prompts: int = 64  # size of the held-out evaluation set (0: no evaluation)
+    reward_funcs: list[str] = field(default_factory=lambda: ["format", "accuracy"])
+    reward_weights: list[float] | None = None  # None: every reward function weighs 1.0
+
+    # --- GRPO -----------------------------------------------------------------------------
+    num_generations: int = 8  # G: completions per prompt
+    per_device_train_batch_size: int = 8  # completions per micro-batch (TRL's meaning)
+    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
+    num_iterations: int = 1  # mu: optimizer passes over each generated batch
+    beta: float = 0.04  # KL coefficient; 0 loads no reference model at all
+    epsilon: float = 0.2  # lower clip
+    epsilon_high: float | None = None  # upper clip (DAPO clip-higher); None: same as epsilon
+    loss_type: str = "grpo"  # grpo | bnpo | dapo | dr_grpo
+    scale_rewards: str = "group"  # group | batch | none
+    importance_sampling_level: str = "token"  # token | sequence (GSPO)
+    mask_truncated_completions: bool = False  # DAPO overlong filtering
+
+    # --- generation -----------------------------------------------------------------------
+    max_prompt_length: int | None = 512
+    max_completion_length: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: disabled
+
+    # --- optimisation ---------------------------------------------------------------------
+    learning_rate: float = 1e-6
+    lr_scheduler_type: str = "constant"  # constant | linear | cosine
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    max_grad_norm: float = 1.0
+    max_steps: int = 100
+    seed: int = 42
+
+    # --- runtime --------------------------------------------------------------------------
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (bf16 on GPUs that have it, else fp32) | float32 | bfloat16
+    logprob_chunk_size: int = 512  # tokens per chunk of the LM head + log-softmax
+    gradient_checkpointing: bool = False
+
+    # --- logging and saving ---------------------------------------------------------------
+    output_dir: str = "runs/grpo"
+    logging_steps: int = 1
+    save_steps: int = 0  # 0: save only at the end
+    eval_steps: int = 0  # 0: evaluate only before and after training (if eval_on_start)
+    eval_on_start: bool = False
+    log_completions: bool = False
+    disable_tqdm: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ----------------------------------------------------------------------------------------
+    @property
+    def completions_per_step(self) -> int:
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.completions_per_step // self.num_generations
+
+    def validate(self) -> None:
+        choices = {
+            "loss_type": ("grpo", "bnpo", "dapo", "dr_grpo"),
+            "scale_rewards": ("group", "batch", "none"),
+            "importance_sampling_level": ("token", "sequence"),
+            "lr_scheduler_type": ("constant", "linear", "cosine"),
+            "device": ("auto", "cpu", "cuda"),
+            "dtype": ("auto", "float32", "bfloat16"),
+        }
+        for name, valid in choices.items():
+            if getattr(self, name) not in valid and not (
+                name == "device" and str(self.device).startswith("cuda:")
+            ):
+                raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {list(valid)}")
+        positive = (
+            "num_generations",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "num_iterations",
+            "max_completion_length",
+            "max_steps",
+            "logprob_chunk_size",
+            "num_train_prompts",
+            "logging_steps",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("beta", "epsilon", "learning_rate", "warmup_steps", "save_steps",
+                     "eval_steps", "num_eval_prompts", "top_k", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.epsilon_high is not None and self.epsilon_high < 0:
+            raise ConfigError(f"epsilon_high must be >= 0, got {self.epsilon_high}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.max_prompt_length is not None and self.max_prompt_length < 1:
+            raise ConfigError(f"max_prompt_length must be >= 1 or null, got {self.max_prompt_length}")
+        if self.completions_per_step % self.num_generations != 0:
+            raise ConfigError(
+                "per_device_train_batch_size * gradient_accumulation_steps (completions per step, "
+                f"here {self.per_device_train_batch_size} * {self.gradient_accumulation_steps} = "
+                f"{self.completions_per_step}) must be a multiple of num_generations "
+                f"({self.num_generations}) so that every prompt gets a full group"
+            )
+        if self.num_generations < 2:
+            raise ConfigError(
+                "num_generations must be >= 2: a group of one completion has no baseline "
+                "(its advantage is always 0)"
+            )
+        if not self.reward_funcs:
+            raise ConfigError("reward_funcs must name at least one reward function")
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ConfigError(
+                f"reward_weights has {len(self.reward_weights)} entries but reward_funcs has "
+                f"{len(self.reward_funcs)} ({self.reward_funcs})"
+            )
+
+    # ----------------------------------------------------------------------------------------
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> GRPOConfig:
+        """Build a config from plain values, checking every name and type."""
+        hints = typing.get_type_hints(cls)
+        valid = cls.field_names()
+        kwargs = {}
+        for name, value in values.items():
+            if name not in valid:
+                close = difflib.get_close_matches(name, valid, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(
+                    f"{source}: unknown option {name!r}{hint}. Valid options: {', '.join(valid)}"
+                )
+            kwargs[name] = coerce(value, hints[name], f"{source}: option {name!r}")
+        return cls(**kwargs)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> GRPOConfig:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                values = yaml.safe_load(handle) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a mapping of option: value at the top level")
+        values = dict(values)
+        values.update(overrides or {})
+        return cls.from_dict(values, source=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self, path: str | Path) -> None:
+        with open(path, "w", encoding="utf-8") as handle:
+            yaml.safe_dump(self.to_dict(), handle, sort_keys=False)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def coerce(value: Any, tp: Any, what: str) -> Any:
+    """Check ``value`` against the type hint ``tp``; strings from the command line are parsed
+    (YAML scalars and lists, or comma-separated lists)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return coerce(value, arg, what)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(f"{what} expects {_type_name(tp)}, got {value!r}")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str):
+            parsed = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
+            value = [v.strip() if isinstance(v, str) else v for v in parsed]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{what} expects a list of {_type_name(item_tp)}, got {value!r}")
+        return [coerce(v, item_tp, what) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{what} expects true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{what} expects an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{what} expects an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{what} expects a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{what} expects a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{what} expects a string, got {value!r}")
+    raise ConfigError(f"{what}: unsupported type {tp}")
+
+
+def parse_cli_overrides(argv: list[str]) -> dict[str, Any]:
+    """``["--max_steps", "5", "--beta=0"]`` -> ``{"max_steps": "5", "beta": "0"}`` (strings are
+    typed later by :func:`coerce`). A bare ``--flag`` followed by another flag means true."""
+    overrides: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"expected an option like --name value, got {arg!r}")
+        name = arg[2:].replace("-", "_")
+        if "=" in name:
+            name, value = name.split("=", 1)
+            i += 1
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            value = argv[i + 1]
+            i += 2
+        else:
+            value = "true"
+            i += 1
+        overrides[name] = value
+    return overrides

@@ -1,0 +1,309 @@
+"""The exact math of GRPO and its variants, as pure functions on tensors.
+
+Group-relative advantages, the k3 KL estimator, the clipped policy loss with its four
+aggregations (and GSPO's sequence-level ratio), and the unbiased pass@k estimator. Nothing here
+holds state or touches a model. Section numbers refer to docs/algorithms.md, which quotes the
+papers and the TRL / verl code these functions follow.
+"""
+
+import operator
+
+import torch
+from torch import Tensor
+
+SCALE_MODES = ("group", "batch", "none")
+LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
+    """Mean of ``x`` over the positions where ``mask`` (0/1, float or bool) is set.
+
+    ``mask`` must broadcast to ``x``. Masked-out entries are ignored completely, even NaN or inf
+    padding. An empty selection gives 0 rather than NaN: the count is clamped at 1, as in TRL.
+    """
+    keep = mask.bool().expand_as(x)
+    total = torch.where(keep, x, 0.0).sum(dim)
+    return total / keep.sum(dim).clamp(min=1)
+
+
+def _group_stats(rewards: Tensor, group_ids: Tensor) -> dict[str, Tensor]:
+    """Per-group count, mean, Bessel std and constancy over the non-NaN rewards, vectorised.
+
+    Group ids are arbitrary (unsorted, non-contiguous); ``torch.unique`` maps them to 0..G-1.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
+    if group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"group_ids shape {tuple(group_ids.shape)} != rewards shape {tuple(rewards.shape)}"
+        )
+    # Integer or half-precision rewards: do the statistics in at least float32.
+    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+    valid = ~torch.isnan(r)
+    uniq, inverse = torch.unique(group_ids, return_inverse=True)
+    num_groups = uniq.numel()
+
+    count = r.new_zeros(num_groups).index_add_(0, inverse, valid.to(r.dtype))
+    total = r.new_zeros(num_groups).index_add_(0, inverse, torch.where(valid, r, 0.0))
+    mean = total / count.clamp(min=1)
+    # Two-pass variance (sum of squared deviations) is stable where E[r^2] - E[r]^2 is not.
+    dev = torch.where(valid, r - mean[inverse], 0.0)
+    sq = r.new_zeros(num_groups).index_add_(0, inverse, dev * dev)
+    std = torch.where(count > 1, (sq / (count - 1).clamp(min=1)).sqrt(), 0.0)
+
+    # A group whose valid rewards are all equal has std exactly 0 in exact arithmetic, but the
+    # rounded mean can leave ~1e-17 deviations; detect it exactly so such groups give exact zeros.
+    inf = torch.full_like(r, float("inf"))
+    gmax = r.new_zeros(num_groups).scatter_reduce(
+        0, inverse, torch.where(valid, r, -inf), "amax", include_self=False
+    )
+    gmin = r.new_zeros(num_groups).scatter_reduce(
+        0, inverse, torch.where(valid, r, inf), "amin", include_self=False
+    )
+    constant = (count <= 1) | (gmax == gmin)
+    std = torch.where(constant, 0.0, std)
+    return {
+        "r": r,
+        "valid": valid,
+        "inverse": inverse,
+        "count": count,
+        "mean": mean,
+        "std": std,
+        "constant": constant,
+    }
+
+
+def group_advantages(
+    rewards: Tensor, group_ids: Tensor, scale: str = "group", eps: float = 1e-4
+) -> Tensor:
+    """Group-relative advantages, one per completion.
+
+    Outcome supervision of DeepSeekMath (arXiv 2402.03300, Sec. 4.1.2; algorithms.md §2):
+    ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)``, with TRL's ``scale_rewards`` options
+    (algorithms.md §3.5):
+
+    - ``"group"``: divide by the std of the completion's own group.
+    - ``"batch"``: divide by the std of all non-NaN rewards in the batch (still centred on the
+      group mean).
+    - ``"none"``: ``r_i - mean(r_group)`` only, as in Dr. GRPO (algorithms.md §3.1).
+
+    std is the unbiased (Bessel, n-1) estimate, as in TRL and verl, and eps = 1e-4 is TRL's.
+    NaN rewards are left out of every statistic and get advantage 0. So does every member of a
+    group with fewer than two valid rewards, or whose valid rewards are all equal: such a group
+    carries no learning signal.
+
+    Args:
+        rewards: [N] rewards; NaN marks "no reward".
+        group_ids: [N] integer ids; completions with the same id share a prompt. Ids need not be
+            sorted or contiguous, and groups may differ in size.
+        scale: one of "group", "batch", "none".
+        eps: added to the std before dividing.
+
+    Returns:
+        [N] advantages in float32 (or the rewards' dtype, if wider).
+    """
+    if scale not in SCALE_MODES:
+        raise ValueError(f"scale must be one of {SCALE_MODES}, got {scale!r}")
+    s = _group_stats(rewards, group_ids)
+    r, valid, inverse = s["r"], s["valid"], s["inverse"]
+
+    centered = r - s["mean"][inverse]
+    if scale == "group":
+        adv = centered / (s["std"][inverse] + eps)
+    elif scale == "batch":
+        n = valid.sum()
+        batch_mean = torch.where(valid, r, 0.0).sum() / n.clamp(min=1)
+        batch_sq = torch.where(valid, (r - batch_mean) ** 2, 0.0).sum()
+        batch_std = torch.where(n > 1, (batch_sq / (n - 1).clamp(min=1)).sqrt(), 0.0)
+        adv = centered / (batch_std + eps)
+    else:
+        adv = centered
+    no_signal = ~valid | s["constant"][inverse]
+    return torch.where(no_signal, 0.0, adv)
+
+
+def group_reward_std(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """Per-element Bessel std of the non-NaN rewards of its group, for logging.
+
+    The denominator of ``group_advantages(scale="group")`` (algorithms.md §2). It is 0 for groups
+    with fewer than two valid rewards and exactly 0 for groups whose valid rewards are all equal.
+    NaN-reward elements still get their group's std.
+    """
+    s = _group_stats(rewards, group_ids)
+    return s["std"][s["inverse"]]
+
+
+def zero_std_groups_fraction(rewards: Tensor, group_ids: Tensor) -> float:
+    """Fraction of groups whose non-NaN rewards are all equal, so that every advantage is 0.
+
+    These are the groups that DAPO's dynamic sampling drops (algorithms.md §3.2). Groups with
+    fewer than two valid rewards count as zero-std. This counts groups, not completions; TRL's
+    ``frac_reward_zero_std`` counts completions, which agrees when all groups are the same size.
+    Equality is tested exactly (max == min), not as std < tolerance, so float rounding in the
+    mean cannot flip the answer.
+    """
+    constant = _group_stats(rewards, group_ids)["constant"]
+    if constant.numel() == 0:
+        return 0.0
+    return constant.sum().item() / constant.numel()
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(pi_theta || pi_ref), DeepSeekMath eq. (4) (algorithms.md §2).
+
+    ``exp(ref - logp) - (ref - logp) - 1``: unbiased for samples from pi_theta, and >= 0 because
+    e^x >= 1 + x. Exact, with no clamping (verl clamps ref - logp to +-20). Same shape as inputs.
+    """
+    log_ratio = ref_logprobs - logprobs
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor | None,
+    ref_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    loss_type: str = "grpo",
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    beta: float = 0.0,
+    importance_sampling_level: str = "token",
+    max_completion_length: int | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped GRPO surrogate loss (to minimise) plus no-grad metrics.
+
+    Per token, DeepSeekMath eq. (3) with DAPO's separate clip bounds (algorithms.md §2, §3.2):
+    ``loss_it = -min(rho_it A_i, clip(rho_it, 1 - eps_low, 1 + eps_high) A_i) + beta k3_it``,
+    with ``rho_it = exp(logp_it - old_it)`` and k3 from :func:`kl_k3`.
+
+    Aggregation by ``loss_type``, the TRL options of algorithms.md §3.5 (L_i = number of unmasked
+    tokens of sequence i, clamped at 1):
+
+    - ``"grpo"``: ``(1/B) sum_i (1/L_i) sum_t loss_it``, DeepSeekMath eq. (3).
+    - ``"bnpo"``, ``"dapo"``: ``sum_it loss_it / sum_i L_i``, the DAPO objective (§3.2). TRL's
+      dapo divides by the token count of the whole accumulated batch; for gradient accumulation
+      over micro-batches, rescale each micro-batch loss by (its tokens / all tokens).
+    - ``"dr_grpo"``: ``sum_it loss_it / (B * max_completion_length)``, Dr. GRPO (§3.1); the
+      constant is T when ``max_completion_length`` is None.
+
+    ``importance_sampling_level="sequence"`` is GSPO (§3.3): every token of sequence i uses
+    ``s_i = exp(masked mean_t (logp_it - old_it))``, and the gradient flows through that mean.
+
+    Args:
+        logprobs: [B, T] log-probs of the sampled tokens under the current policy (with grad).
+        old_logprobs: [B, T] log-probs under the sampling policy, or None for on-policy (the
+            ratio is then 1 in value but keeps its gradient).
+        ref_logprobs: [B, T] log-probs under the frozen reference; may be None only if beta == 0.
+        advantages: [B], one per sequence.
+        mask: [B, T], 1 (or True) for completion tokens, 0 for padding. Masked positions may
+            hold any value, NaN included; they affect neither the loss nor its gradient.
+        loss_type, epsilon_low, epsilon_high, beta, importance_sampling_level,
+        max_completion_length: as above.
+
+    Returns:
+        ``(loss, metrics)``. metrics are python floats: ``"kl"`` (mean k3 over unmasked tokens;
+        0.0 without a reference), ``"clip_ratio/low_mean"`` (ratio < 1 - eps_low and A < 0),
+        ``"clip_ratio/high_mean"`` (ratio > 1 + eps_high and A > 0), ``"clip_ratio/region_mean"``
+        (either) and ``"ratio_mean"``, averaged over unmasked tokens; at the sequence level they
+        are averaged over the B sequences, as TRL does.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(
+            f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
+            f"got {importance_sampling_level!r}"
+        )
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError("beta > 0 needs ref_logprobs (pass beta=0.0 to train without a reference)")
+    if epsilon_low < 0 or epsilon_high < 0:
+        raise ValueError(f"epsilons must be >= 0, got low={epsilon_low}, high={epsilon_high}")
+    if max_completion_length is not None and max_completion_length < 1:
+        raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}")
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
+    for name, other in (
+        ("old_logprobs", old_logprobs),
+        ("ref_logprobs", ref_logprobs),
+        ("mask", mask),
+    ):
+        if other is not None and other.shape != logprobs.shape:
+            raise ValueError(
+                f"{name} shape {tuple(other.shape)} != logprobs shape {tuple(logprobs.shape)}"
+            )
+    batch, length = logprobs.shape
+    if advantages.shape != (batch,):
+        raise ValueError(f"advantages must be [B]=[{batch}], got shape {tuple(advantages.shape)}")
+
+    keep = mask.bool()
+    if old_logprobs is None:
+        old_logprobs = logprobs.detach()
+    # Zero padding before exp(): a NaN there would otherwise poison the sum and, through
+    # torch.where's backward, the gradient too.
+    log_ratio = torch.where(keep, logprobs - old_logprobs, 0.0)
+    if importance_sampling_level == "sequence":
+        log_ratio = masked_mean(log_ratio, keep, dim=1).unsqueeze(1)  # [B, 1], GSPO s_i
+    ratio = torch.exp(log_ratio)
+    adv = advantages.to(ratio.dtype).unsqueeze(1)  # [B, 1]: one advantage for all tokens
+
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token = -torch.minimum(ratio * adv, clipped * adv).expand(batch, length)
+    kl = None
+    if ref_logprobs is not None:
+        kl = kl_k3(torch.where(keep, logprobs, 0.0), torch.where(keep, ref_logprobs, 0.0))
+        if beta > 0:
+            per_token = per_token + beta * kl
+
+    token_sum = torch.where(keep, per_token, 0.0)
+    if loss_type == "grpo":
+        loss = (token_sum.sum(1) / keep.sum(1).clamp(min=1)).mean()
+    elif loss_type in ("bnpo", "dapo"):
+        loss = token_sum.sum() / keep.sum().clamp(min=1)
+    else:  # dr_grpo
+        normaliser = length if max_completion_length is None else max_completion_length
+        loss = token_sum.sum() / (batch * normaliser)
+
+    with torch.no_grad():
+        ratio_d = ratio.detach()
+        is_low = (ratio_d < 1 - epsilon_low) & (adv < 0)
+        is_high = (ratio_d > 1 + epsilon_high) & (adv > 0)
+        stats = torch.stack([is_low, is_high, is_low | is_high]).to(ratio_d.dtype)
+        stats = torch.cat([stats, ratio_d.unsqueeze(0)])  # [4, B, T] or [4, B, 1]
+        if importance_sampling_level == "token":
+            means = masked_mean(stats, keep, dim=(1, 2))
+        else:
+            means = stats.mean(dim=(1, 2))
+        kl_mean = masked_mean(kl.detach(), keep) if kl is not None else means.new_zeros(())
+        values = torch.cat([kl_mean.reshape(1), means]).tolist()  # one device sync
+    keys = (
+        "kl",
+        "clip_ratio/low_mean",
+        "clip_ratio/high_mean",
+        "clip_ratio/region_mean",
+        "ratio_mean",
+    )
+    return loss, dict(zip(keys, values, strict=True))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021; algorithms.md §4).
+
+    ``1 - C(n-c, k) / C(n, k)``, in the numerically stable product form of openai/human-eval:
+    1.0 if n - c < k, else ``1 - prod_{i=n-c+1}^{n} (1 - k/i)``.
+    """
+    n, c, k = operator.index(n), operator.index(c), operator.index(k)
+    if not 0 <= c <= n:
+        raise ValueError(f"need 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got n={n}, k={k}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod

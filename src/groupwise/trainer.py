@@ -1,0 +1,485 @@
+"""The GRPO training loop.
+
+One step (DeepSeekMath Alg. 1 with TRL's options):
+
+    prompts  -> generate G completions each                  (rollout.generate)
+             -> score with every reward function              (weighted sum, NaN = not applicable)
+             -> group-relative advantages                     (core.group_advantages)
+             -> old log-probs (mu > 1) and reference log-probs (beta > 0)
+             -> mu optimizer passes of the clipped surrogate  (core.policy_loss)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .config import GRPOConfig
+from .core import group_advantages, group_reward_std, policy_loss, zero_std_groups_fraction
+from .data import is_conversational, tokenize_prompts
+from .logprobs import completion_logprobs
+from .models import load_model_and_tokenizer
+from .rewards import RewardFunc, get_reward_func, reward_func_name
+from .rollout import Rollout, SamplingParams, generate
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised or returned something unusable; names the function."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device={name!r} was asked for but CUDA is not available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "float32":
+        return torch.float32
+    if name == "bfloat16":
+        return torch.bfloat16
+    # auto: bf16 on GPUs that support it, fp32 elsewhere (CPU training in bf16 loses updates).
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class PromptSampler:
+    """Draws prompt indices without replacement within an epoch, reshuffling every epoch."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        if size < 1:
+            raise ValueError("the training dataset is empty")
+        self.size = size
+        self.generator = torch.Generator().manual_seed(seed)
+        self.order: list[int] = []
+        self.epoch = 0
+
+    def take(self, count: int) -> list[int]:
+        batch = []
+        while len(batch) < count:
+            if not self.order:
+                self.order = torch.randperm(self.size, generator=self.generator).tolist()
+                self.epoch += 1
+            batch.append(self.order.pop(0))
+        return batch
+
+
+def _lr_lambda(args: GRPOConfig, total_steps: int) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if args.warmup_steps and step < args.warmup_steps:
+            return (step + 1) / args.warmup_steps
+        if args.lr_scheduler_type == "constant":
+            return 1.0
+        progress = (step - args.warmup_steps) / max(1, total_steps - args.warmup_steps)
+        progress = min(max(progress, 0.0), 1.0)
+        if args.lr_scheduler_type == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+class GRPOTrainer:
+    """GRPO trainer with TRL's constructor signature.
+
+    model: a built-in name, a path, or a loaded ``PreTrainedModel``. reward_funcs: one callable
+    (or built-in name) or a list, each ``f(prompts, completions, **columns) -> list[float|None]``.
+    train_dataset / eval_dataset: indexable collections of rows with a ``prompt`` column.
+    """
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs: RewardFunc | str | Sequence[RewardFunc | str],
+        train_dataset: Sequence[dict[str, Any]],
+        args: GRPOConfig | None = None,
+        eval_dataset: Sequence[dict[str, Any]] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+    ) -> None:
+        self.args = args = args or GRPOConfig()
+        seed_everything(args.seed)
+        self.device = resolve_device(args.device)
+        self.dtype = resolve_dtype(args.dtype, self.device)
+        model, tokenizer = load_model_and_tokenizer(model, processing_class, seed=args.seed)
+        self.model: PreTrainedModel = model.to(device=self.device, dtype=self.dtype)
+        self.tokenizer = tokenizer
+        if args.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+            self.model.config.use_cache = False
+        self.model.train()
+
+        if callable(reward_funcs) or isinstance(reward_funcs, str):
+            reward_funcs = [reward_funcs]
+        self.reward_funcs = [get_reward_func(f) for f in reward_funcs]
+        self.reward_names = [reward_func_name(f) for f in self.reward_funcs]
+        weights = args.reward_weights or [1.0] * len(self.reward_funcs)
+        if len(weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"reward_weights has {len(weights)} entries for {len(self.reward_funcs)} "
+                f"reward functions ({self.reward_names})"
+            )
+        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        self._check_dataset(train_dataset, "train_dataset")
+        if eval_dataset is not None:
+            self._check_dataset(eval_dataset, "eval_dataset")
+
+        # The frozen reference exists only when the KL term is on (beta > 0).
+        self.ref_model: PreTrainedModel | None = None
+        if args.beta > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=args.learning_rate,
+            betas=(args.adam_beta1, args.adam_beta2),
+            weight_decay=args.weight_decay,
+        )
+        total_updates = args.max_steps * args.num_iterations
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _lr_lambda(args, total_updates)
+        )
+        self.sampler = PromptSampler(len(train_dataset), args.seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
+        self.sampling = SamplingParams(
+            max_completion_length=args.max_completion_length,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+        )
+        self.global_step = 0
+        self.log_history: list[dict[str, float]] = []
+        self.output_dir = Path(args.output_dir)
+
+    # ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _check_dataset(dataset: Sequence[dict[str, Any]], name: str) -> None:
+        if len(dataset) == 0:
+            raise ValueError(f"{name} is empty")
+        first = dataset[0]
+        if not isinstance(first, dict) or "prompt" not in first:
+            raise ValueError(f"{name}: rows must be dicts with a 'prompt' column, got {first!r}")
+
+    def _micro_batches(self, n_rows: int) -> list[slice]:
+        size = self.args.per_device_train_batch_size
+        return [slice(i, min(i + size, n_rows)) for i in range(0, n_rows, size)]
+
+    # ------------------------------------------------------------------------------------------
+    def score(
+        self, rows: Sequence[dict[str, Any]], rollout: Rollout
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rewards [N] (weighted sum; NaN where every function returned None) and the per-function
+        rewards [N, F] (NaN for None)."""
+        group_ids = rollout.group_ids.tolist()
+        prompts = [rows[g]["prompt"] for g in group_ids]
+        if is_conversational(rows[0]["prompt"]):
+            completions: list[Any] = [[{"role": "assistant", "content": t}] for t in rollout.texts]
+        else:
+            completions = list(rollout.texts)
+        columns = {
+            key: [rows[g][key] for g in group_ids] for key in rows[0] if key != "prompt"
+        }
+        n_rows = len(completions)
+        per_func = torch.full((n_rows, len(self.reward_funcs)), float("nan"))
+        for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_names)):
+            try:
+                values = func(
+                    prompts=prompts,
+                    completions=completions,
+                    completion_ids=[
+                        row[: int(n)].tolist()
+                        for row, n in zip(rollout.completion_ids, rollout.lengths)
+                    ],
+                    **columns,
+                )
+            except Exception as err:
+                raise RewardFunctionError(f"reward function {name!r} raised {err!r}") from err
+            if not isinstance(values, (list, tuple)) or len(values) != n_rows:
+                got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+                raise RewardFunctionError(
+                    f"reward function {name!r} must return a list of {n_rows} floats or None, "
+                    f"got {got}"
+                )
+            for i, value in enumerate(values):
+                if value is None:
+                    continue
+                try:
+                    per_func[i, j] = float(value)
+                except (TypeError, ValueError):
+                    raise RewardFunctionError(
+                        f"reward function {name!r} returned {value!r} at row {i}; "
+                        "expected a float or None"
+                    ) from None
+        weighted = per_func * self.reward_weights
+        rewards = torch.nansum(weighted, dim=1)
+        rewards[torch.isnan(per_func).all(dim=1)] = float("nan")
+        return rewards, per_func
+
+    # ------------------------------------------------------------------------------------------
+    def _logprobs(
+        self, model: PreTrainedModel, rollout: Rollout, rows: slice
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        group = self.args.num_generations
+        start, stop = rows.start, rows.stop
+        # Share the prompt forward across a group when the micro-batch holds whole groups.
+        share = (
+            start % group == 0 and (stop - start) % group == 0 and not self.args.gradient_checkpointing
+        )
+        if share:
+            prompts = slice(start // group, stop // group)
+            prompt_ids, prompt_mask, group_size = (
+                rollout.prompt_ids[prompts], rollout.prompt_mask[prompts], group
+            )
+        else:
+            index = rollout.group_ids[rows]
+            prompt_ids, prompt_mask, group_size = (
+                rollout.prompt_ids[index], rollout.prompt_mask[index], 1
+            )
+        return completion_logprobs(
+            model,
+            prompt_ids,
+            prompt_mask,
+            rollout.completion_ids[rows],
+            rollout.completion_mask[rows],
+            temperature=self.args.temperature if self.args.temperature > 0 else 1.0,
+            chunk_size=self.args.logprob_chunk_size,
+            group_size=group_size,
+        )
+
+    def train_step(self) -> dict[str, float]:
+        """Generate, score and update once; returns this step's metrics."""
+        args = self.args
+        t_start = time.perf_counter()
+        rows = [self.train_dataset[i] for i in self.sampler.take(args.prompts_per_step)]
+        prompt_ids = tokenize_prompts([r["prompt"] for r in rows], self.tokenizer, args.max_prompt_length)
+        rollout = generate(
+            self.model, self.tokenizer, prompt_ids, args.num_generations, self.sampling, self.generator
+        )
+        t_generated = time.perf_counter()
+
+        rewards, per_func = self.score(rows, rollout)
+        group_ids = rollout.group_ids.cpu()
+        advantages = group_advantages(rewards, group_ids, scale=args.scale_rewards)
+        t_scored = time.perf_counter()
+
+        advantages = advantages.to(self.device)
+        mask = rollout.completion_mask.float()
+        if args.mask_truncated_completions:
+            mask = mask * (~rollout.truncated).float()[:, None]
+        micro_batches = self._micro_batches(mask.shape[0])
+        old_logps: list[torch.Tensor | None] = [None] * len(micro_batches)
+        ref_logps: list[torch.Tensor | None] = [None] * len(micro_batches)
+        with torch.no_grad():
+            for k, rows_k in enumerate(micro_batches):
+                if args.num_iterations > 1:  # mu > 1: the ratio is against the sampling policy
+                    old_logps[k] = self._logprobs(self.model, rollout, rows_k)[0]
+                if self.ref_model is not None:
+                    ref_logps[k] = self._logprobs(self.ref_model, rollout, rows_k)[0]
+
+        total_rows = mask.shape[0]
+        total_tokens = mask.sum().clamp(min=1)
+        sums: dict[str, float] = {}
+        entropy_sum = 0.0
+        for _ in range(args.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            for k, rows_k in enumerate(micro_batches):
+                logps, entropy = self._logprobs(self.model, rollout, rows_k)
+                mask_k = mask[rows_k]
+                loss, metrics = policy_loss(
+                    logps,
+                    old_logps[k],
+                    ref_logps[k],
+                    advantages[rows_k],
+                    mask_k,
+                    loss_type=args.loss_type,
+                    epsilon_low=args.epsilon,
+                    epsilon_high=args.epsilon_high if args.epsilon_high is not None else args.epsilon,
+                    beta=args.beta,
+                    importance_sampling_level=args.importance_sampling_level,
+                    max_completion_length=args.max_completion_length,
+                )
+                # Re-weight micro-batch losses so their sum is the loss of the whole batch:
+                # sequence-normalised losses by rows, token-normalised ones by tokens.
+                if args.loss_type == "dapo":
+                    weight = float(mask_k.sum().clamp(min=1) / total_tokens)
+                elif args.loss_type == "bnpo":
+                    weight = 1.0 / len(micro_batches)
+                else:
+                    weight = (rows_k.stop - rows_k.start) / total_rows
+                (loss * weight).backward()
+                sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight / args.num_iterations
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value * weight / args.num_iterations
+                entropy_sum += float((entropy * mask_k).sum())
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+        t_updated = time.perf_counter()
+        self.global_step += 1
+
+        lengths = rollout.lengths.float()
+        gen_tokens = int(rollout.completion_mask.sum())
+        step_time = t_updated - t_start
+        logs = {
+            "step": self.global_step,
+            "reward": float(torch.nanmean(rewards)) if not torch.isnan(rewards).all() else 0.0,
+            "reward_std": float(torch.nanmean(group_reward_std(rewards, group_ids))),
+            "frac_reward_zero_std": zero_std_groups_fraction(rewards, group_ids),
+        }
+        for j, name in enumerate(self.reward_names):
+            column = per_func[:, j]
+            valid = column[~torch.isnan(column)]
+            logs[f"rewards/{name}/mean"] = float(valid.mean()) if valid.numel() else float("nan")
+            logs[f"rewards/{name}/std"] = float(valid.std()) if valid.numel() > 1 else 0.0
+        logs.update(
+            {
+                "completions/mean_length": float(lengths.mean()),
+                "completions/min_length": float(lengths.min()),
+                "completions/max_length": float(lengths.max()),
+                "completions/clipped_ratio": float(rollout.truncated.float().mean()),
+                "loss": sums.get("loss", 0.0),
+                "kl": sums.get("kl", 0.0),
+                "clip_ratio/low_mean": sums.get("clip_ratio/low_mean", 0.0),
+                "clip_ratio/high_mean": sums.get("clip_ratio/high_mean", 0.0),
+                "clip_ratio/region_mean": sums.get("clip_ratio/region_mean", 0.0),
+                "entropy": entropy_sum / float(total_tokens) / args.num_iterations,
+                "grad_norm": float(grad_norm),
+                "learning_rate": self.scheduler.get_last_lr()[0],
+                "time/generation": t_generated - t_start,
+                "time/scoring": t_scored - t_generated,
+                "time/update": t_updated - t_scored,
+                "time/step": step_time,
+                "tokens_per_second": gen_tokens / step_time,
+                "generation_tokens_per_second": gen_tokens / max(t_generated - t_start, 1e-9),
+            }
+        )
+        if args.log_completions:
+            self._last_samples = [
+                {"prompt": rows[g]["prompt"], "completion": text, "reward": float(r)}
+                for g, text, r in zip(group_ids.tolist(), rollout.texts, rewards.tolist())
+            ]
+        return logs
+
+    # ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(
+        self,
+        dataset: Sequence[dict[str, Any]] | None = None,
+        batch_size: int = 64,
+        greedy: bool = True,
+    ) -> dict[str, float]:
+        """Mean of every reward function over ``dataset`` (default: eval_dataset), one greedy
+        completion per prompt (or one sample at the training temperature)."""
+        dataset = dataset if dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("evaluate() needs a dataset: pass one or give eval_dataset")
+        params = SamplingParams(
+            max_completion_length=self.args.max_completion_length,
+            temperature=0.0 if greedy else self.args.temperature,
+            top_p=self.args.top_p,
+            top_k=self.args.top_k,
+        )
+        totals = torch.zeros(len(self.reward_funcs))
+        counts = torch.zeros(len(self.reward_funcs))
+        reward_sum, reward_count = 0.0, 0
+        for begin in range(0, len(dataset), batch_size):
+            rows = [dataset[i] for i in range(begin, min(begin + batch_size, len(dataset)))]
+            ids = tokenize_prompts([r["prompt"] for r in rows], self.tokenizer, self.args.max_prompt_length)
+            rollout = generate(self.model, self.tokenizer, ids, 1, params, self.generator)
+            rewards, per_func = self.score(rows, rollout)
+            valid = ~torch.isnan(per_func)
+            totals += torch.where(valid, per_func, 0.0).sum(0)
+            counts += valid.sum(0)
+            reward_sum += float(torch.nansum(rewards))
+            reward_count += int((~torch.isnan(rewards)).sum())
+        result = {"eval/reward": reward_sum / max(reward_count, 1), "eval/num_prompts": len(dataset)}
+        for name, total, count in zip(self.reward_names, totals, counts):
+            result[f"eval/rewards/{name}/mean"] = float(total / count) if count else float("nan")
+        return result
+
+    # ------------------------------------------------------------------------------------------
+    def _log(self, logs: dict[str, float]) -> None:
+        self.log_history.append(logs)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(logs) + "\n")
+
+    def train(self) -> list[dict[str, float]]:
+        """Run ``max_steps`` GRPO steps, logging to ``output_dir/metrics.jsonl``, evaluating every
+        ``eval_steps`` and saving every ``save_steps`` and at the end."""
+        args = self.args
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        args.to_yaml(self.output_dir / "config.yaml")
+        if self.eval_dataset is not None and args.eval_on_start:
+            self._log({"step": self.global_step, **self.evaluate()})
+        bar = tqdm(
+            total=args.max_steps, initial=self.global_step, desc="GRPO", disable=args.disable_tqdm,
+            dynamic_ncols=True,
+        )
+        while self.global_step < args.max_steps:
+            logs = self.train_step()
+            if self.global_step % args.logging_steps == 0 or self.global_step == args.max_steps:
+                self._log(logs)
+            postfix = {
+                "reward": f"{logs['reward']:.3f}",
+                "len": f"{logs['completions/mean_length']:.0f}",
+                "kl": f"{logs['kl']:.4f}",
+                "s/step": f"{logs['time/step']:.1f}",
+            }
+            for name in self.reward_names:
+                postfix[name.removesuffix("_reward")] = f"{logs[f'rewards/{name}/mean']:.2f}"
+            bar.set_postfix(postfix, refresh=False)
+            bar.update(1)
+            if args.eval_steps and self.eval_dataset is not None and (
+                self.global_step % args.eval_steps == 0
+            ) and self.global_step < args.max_steps:
+                self._log({"step": self.global_step, **self.evaluate()})
+            if args.save_steps and self.global_step % args.save_steps == 0:
+                self.save_model(self.output_dir / f"checkpoint-{self.global_step}")
+        bar.close()
+        if self.eval_dataset is not None and (args.eval_on_start or args.eval_steps):
+            self._log({"step": self.global_step, **self.evaluate()})
+        self.save_model(self.output_dir)
+        return self.log_history
+
+    def save_model(self, path: str | Path | None = None) -> Path:
+        """Save model and tokenizer in Hugging Face format (``from_pretrained``-loadable).
+
+        Files are written into a temporary folder first and then moved into place one by one
+        (``os.replace`` is atomic), so a crash never leaves a truncated weights file."""
+        target = Path(path) if path is not None else self.output_dir
+        target.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".save-", dir=target))
+        try:
+            self.model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            for item in tmp.iterdir():
+                os.replace(item, target / item.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return target
