@@ -66,7 +66,9 @@ def build_datasets(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
         if not os.path.exists(args.task):
             raise ConfigError(f"task={args.task!r}: file does not exist")
         return load_jsonl(args.task), None
-    raise ConfigError(f"task={args.task!r} is neither a built-in task {list(TASKS)} nor a .jsonl file")
+    raise ConfigError(
+        f"task={args.task!r} is neither a built-in task {list(TASKS)} nor a .jsonl file"
+    )
 
 
 def _config_from_argv(argv: list[str], base: dict[str, Any] | None = None) -> GRPOConfig:

@@ -122,8 +122,17 @@ class GRPOConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("beta", "epsilon", "learning_rate", "warmup_steps", "save_steps",
-                     "eval_steps", "num_eval_prompts", "top_k", "weight_decay"):
+        for name in (
+            "beta",
+            "epsilon",
+            "learning_rate",
+            "warmup_steps",
+            "save_steps",
+            "eval_steps",
+            "num_eval_prompts",
+            "top_k",
+            "weight_decay",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.epsilon_high is not None and self.epsilon_high < 0:
@@ -133,7 +142,9 @@ class GRPOConfig:
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            raise ConfigError(f"max_prompt_length must be >= 1 or null, got {self.max_prompt_length}")
+            raise ConfigError(
+                f"max_prompt_length must be >= 1 or null, got {self.max_prompt_length}"
+            )
         if self.completions_per_step % self.num_generations != 0:
             raise ConfigError(
                 "per_device_train_batch_size * gradient_accumulation_steps (completions per step, "
@@ -146,7 +157,7 @@ class GRPOConfig:
                 "num_generations must be >= 2: a group of one completion has no baseline "
                 "(its advantage is always 0)"
             )
-        if not self.reward_funcs:
+        if not self.reward_funcs or any(not str(f).strip() for f in self.reward_funcs):
             raise ConfigError("reward_funcs must name at least one reward function")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
             raise ConfigError(
@@ -276,7 +287,7 @@ def parse_cli_overrides(argv: list[str]) -> dict[str, Any]:
         arg = argv[i]
         if not arg.startswith("--") or len(arg) == 2:
             raise ConfigError(f"expected an option like --name value, got {arg!r}")
-        name = arg[2:].replace("-", "_")
+        name = arg[2:]
         if "=" in name:
             name, value = name.split("=", 1)
             i += 1
@@ -286,5 +297,5 @@ def parse_cli_overrides(argv: list[str]) -> dict[str, Any]:
         else:
             value = "true"
             i += 1
-        overrides[name] = value
+        overrides[name.replace("-", "_")] = value
     return overrides

@@ -30,7 +30,11 @@ WORKED_EXAMPLE = [
 
 
 def is_conversational(prompt: Any) -> bool:
-    return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
+    return (
+        isinstance(prompt, list)
+        and len(prompt) > 0
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+    )
 
 
 def prompt_text(prompt: Any, tokenizer: PreTrainedTokenizerBase) -> str:
@@ -123,7 +127,7 @@ def arithmetic_dataset(
         value = eval(expression, {"__builtins__": {}})  # digits and + - * only: safe
         messages = [{"role": "system", "content": SYSTEM_PROMPT}]
         if few_shot:
-            messages += WORKED_EXAMPLE
+            messages += [dict(m) for m in WORKED_EXAMPLE]
         messages.append({"role": "user", "content": f"What is {expression}?"})
         rows.append(
             {
@@ -149,7 +153,9 @@ def load_jsonl(path: str | Path, prompt_column: str = "prompt") -> list[dict[str
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
             if not isinstance(row, dict) or prompt_column not in row:
-                raise ValueError(f"{path}:{line_no}: expected an object with a {prompt_column!r} key")
+                raise ValueError(
+                    f"{path}:{line_no}: expected an object with a {prompt_column!r} key"
+                )
             prompt = row[prompt_column]
             if not (isinstance(prompt, str) or is_conversational(prompt)):
                 raise ValueError(

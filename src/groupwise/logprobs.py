@@ -81,7 +81,9 @@ def completion_logprobs(
         ids = torch.cat([prompt_ids, completion_ids], dim=1)
         mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        hidden = decoder(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
+        hidden = decoder(
+            input_ids=ids, attention_mask=mask, position_ids=positions
+        ).last_hidden_state
         # The hidden state at position p predicts token p + 1.
         hidden = hidden[:, prompt_len - 1 : prompt_len - 1 + width]
     else:
@@ -124,7 +126,12 @@ def completion_logprobs(
         h, y = rows_hidden[begin : begin + chunk_size], targets[begin : begin + chunk_size]
         if torch.is_grad_enabled() and h.requires_grad:
             logp, entropy = checkpoint(
-                _token_logprobs_and_entropy, h, y, lm_head, temperature, softcap,
+                _token_logprobs_and_entropy,
+                h,
+                y,
+                lm_head,
+                temperature,
+                softcap,
                 use_reentrant=False,
             )
         else:

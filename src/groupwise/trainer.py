@@ -201,19 +201,17 @@ class GRPOTrainer:
             completions: list[Any] = [[{"role": "assistant", "content": t}] for t in rollout.texts]
         else:
             completions = list(rollout.texts)
-        columns = {
-            key: [rows[g][key] for g in group_ids] for key in rows[0] if key != "prompt"
-        }
+        columns = {key: [rows[g][key] for g in group_ids] for key in rows[0] if key != "prompt"}
         n_rows = len(completions)
         per_func = torch.full((n_rows, len(self.reward_funcs)), float("nan"))
-        for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_names)):
+        for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_names, strict=True)):
             try:
                 values = func(
                     prompts=prompts,
                     completions=completions,
                     completion_ids=[
                         row[: int(n)].tolist()
-                        for row, n in zip(rollout.completion_ids, rollout.lengths)
+                        for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)
                     ],
                     **columns,
                 )
@@ -248,17 +246,23 @@ class GRPOTrainer:
         start, stop = rows.start, rows.stop
         # Share the prompt forward across a group when the micro-batch holds whole groups.
         share = (
-            start % group == 0 and (stop - start) % group == 0 and not self.args.gradient_checkpointing
+            start % group == 0
+            and (stop - start) % group == 0
+            and not self.args.gradient_checkpointing
         )
         if share:
             prompts = slice(start // group, stop // group)
             prompt_ids, prompt_mask, group_size = (
-                rollout.prompt_ids[prompts], rollout.prompt_mask[prompts], group
+                rollout.prompt_ids[prompts],
+                rollout.prompt_mask[prompts],
+                group,
             )
         else:
             index = rollout.group_ids[rows]
             prompt_ids, prompt_mask, group_size = (
-                rollout.prompt_ids[index], rollout.prompt_mask[index], 1
+                rollout.prompt_ids[index],
+                rollout.prompt_mask[index],
+                1,
             )
         return completion_logprobs(
             model,
@@ -276,9 +280,16 @@ class GRPOTrainer:
         args = self.args
         t_start = time.perf_counter()
         rows = [self.train_dataset[i] for i in self.sampler.take(args.prompts_per_step)]
-        prompt_ids = tokenize_prompts([r["prompt"] for r in rows], self.tokenizer, args.max_prompt_length)
+        prompt_ids = tokenize_prompts(
+            [r["prompt"] for r in rows], self.tokenizer, args.max_prompt_length
+        )
         rollout = generate(
-            self.model, self.tokenizer, prompt_ids, args.num_generations, self.sampling, self.generator
+            self.model,
+            self.tokenizer,
+            prompt_ids,
+            args.num_generations,
+            self.sampling,
+            self.generator,
         )
         t_generated = time.perf_counter()
 
@@ -318,7 +329,9 @@ class GRPOTrainer:
                     mask_k,
                     loss_type=args.loss_type,
                     epsilon_low=args.epsilon,
-                    epsilon_high=args.epsilon_high if args.epsilon_high is not None else args.epsilon,
+                    epsilon_high=args.epsilon_high
+                    if args.epsilon_high is not None
+                    else args.epsilon,
                     beta=args.beta,
                     importance_sampling_level=args.importance_sampling_level,
                     max_completion_length=args.max_completion_length,
@@ -381,7 +394,9 @@ class GRPOTrainer:
         if args.log_completions:
             self._last_samples = [
                 {"prompt": rows[g]["prompt"], "completion": text, "reward": float(r)}
-                for g, text, r in zip(group_ids.tolist(), rollout.texts, rewards.tolist())
+                for g, text, r in zip(
+                    group_ids.tolist(), rollout.texts, rewards.tolist(), strict=True
+                )
             ]
         return logs
 
@@ -409,7 +424,9 @@ class GRPOTrainer:
         reward_sum, reward_count = 0.0, 0
         for begin in range(0, len(dataset), batch_size):
             rows = [dataset[i] for i in range(begin, min(begin + batch_size, len(dataset)))]
-            ids = tokenize_prompts([r["prompt"] for r in rows], self.tokenizer, self.args.max_prompt_length)
+            ids = tokenize_prompts(
+                [r["prompt"] for r in rows], self.tokenizer, self.args.max_prompt_length
+            )
             rollout = generate(self.model, self.tokenizer, ids, 1, params, self.generator)
             rewards, per_func = self.score(rows, rollout)
             valid = ~torch.isnan(per_func)
@@ -417,8 +434,11 @@ class GRPOTrainer:
             counts += valid.sum(0)
             reward_sum += float(torch.nansum(rewards))
             reward_count += int((~torch.isnan(rewards)).sum())
-        result = {"eval/reward": reward_sum / max(reward_count, 1), "eval/num_prompts": len(dataset)}
-        for name, total, count in zip(self.reward_names, totals, counts):
+        result = {
+            "eval/reward": reward_sum / max(reward_count, 1),
+            "eval/num_prompts": len(dataset),
+        }
+        for name, total, count in zip(self.reward_names, totals, counts, strict=True):
             result[f"eval/rewards/{name}/mean"] = float(total / count) if count else float("nan")
         return result
 
@@ -438,7 +458,10 @@ class GRPOTrainer:
         if self.eval_dataset is not None and args.eval_on_start:
             self._log({"step": self.global_step, **self.evaluate()})
         bar = tqdm(
-            total=args.max_steps, initial=self.global_step, desc="GRPO", disable=args.disable_tqdm,
+            total=args.max_steps,
+            initial=self.global_step,
+            desc="GRPO",
+            disable=args.disable_tqdm,
             dynamic_ncols=True,
         )
         while self.global_step < args.max_steps:
@@ -455,9 +478,12 @@ class GRPOTrainer:
                 postfix[name.removesuffix("_reward")] = f"{logs[f'rewards/{name}/mean']:.2f}"
             bar.set_postfix(postfix, refresh=False)
             bar.update(1)
-            if args.eval_steps and self.eval_dataset is not None and (
-                self.global_step % args.eval_steps == 0
-            ) and self.global_step < args.max_steps:
+            if (
+                args.eval_steps
+                and self.eval_dataset is not None
+                and (self.global_step % args.eval_steps == 0)
+                and self.global_step < args.max_steps
+            ):
                 self._log({"step": self.global_step, **self.evaluate()})
             if args.save_steps and self.global_step % args.save_steps == 0:
                 self.save_model(self.output_dir / f"checkpoint-{self.global_step}")

@@ -1,0 +1,392 @@
+"""Tests for groupwise.config: defaults, typed loading from dicts/YAML/CLI strings, validation."""
+
+import pytest
+
+from groupwise.config import ConfigError, GRPOConfig, coerce, parse_cli_overrides
+
+# ---------------------------------------------------------------------------------------------
+# Defaults
+# ---------------------------------------------------------------------------------------------
+
+
+def test_defaults_follow_deepseekmath_grpo():
+    config = GRPOConfig()
+    assert config.beta == 0.04
+    assert config.loss_type == "grpo"
+    assert config.scale_rewards == "group"
+    assert config.epsilon == 0.2
+    assert config.epsilon_high is None
+    assert config.num_generations == 8
+    assert config.reward_funcs == ["format", "accuracy"]
+    assert config.reward_weights is None
+
+
+def test_default_list_is_not_shared_between_instances():
+    first, second = GRPOConfig(), GRPOConfig()
+    first.reward_funcs.append("extra")
+    assert second.reward_funcs == ["format", "accuracy"]
+
+
+def test_steps_properties():
+    # 4 * 3 = 12 completions per step; 12 / 4 = 3 prompts per step.
+    config = GRPOConfig(
+        num_generations=4, per_device_train_batch_size=4, gradient_accumulation_steps=3
+    )
+    assert config.completions_per_step == 12
+    assert config.prompts_per_step == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# from_dict: type coercion of command-line strings
+# ---------------------------------------------------------------------------------------------
+
+
+def test_from_dict_coerces_cli_strings():
+    config = GRPOConfig.from_dict(
+        {
+            "max_steps": "5",
+            "learning_rate": "1e-5",
+            "beta": "0",
+            "few_shot": "false",
+            "eval_on_start": "true",
+            "gradient_checkpointing": "yes",
+            "model": "my-model",
+            "epsilon_high": "0.28",
+            "max_prompt_length": "none",
+            "reward_funcs": "format,accuracy",
+            "reward_weights": "[0.2, 1.0]",
+        }
+    )
+    assert config.max_steps == 5 and type(config.max_steps) is int
+    assert config.learning_rate == 1e-5 and type(config.learning_rate) is float
+    assert config.beta == 0.0 and type(config.beta) is float
+    assert config.few_shot is False
+    assert config.eval_on_start is True
+    assert config.gradient_checkpointing is True
+    assert config.model == "my-model"
+    assert config.epsilon_high == 0.28
+    assert config.max_prompt_length is None
+    assert config.reward_funcs == ["format", "accuracy"]
+    assert config.reward_weights == [0.2, 1.0]
+    assert all(type(w) is float for w in config.reward_weights)
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("true", True),
+        ("True", True),
+        ("1", True),
+        ("on", True),
+        ("false", False),
+        ("FALSE", False),
+        ("0", False),
+        ("no", False),
+        ("off", False),
+        (True, True),
+        (False, False),
+    ],
+)
+def test_bool_coercion(raw, expected):
+    assert GRPOConfig.from_dict({"few_shot": raw}).few_shot is expected
+
+
+def test_list_coercion_variants():
+    # Comma-separated strings are stripped item by item.
+    assert GRPOConfig.from_dict({"reward_funcs": " format , accuracy "}).reward_funcs == [
+        "format",
+        "accuracy",
+    ]
+    # Comma-separated floats.
+    assert GRPOConfig.from_dict({"reward_weights": "0.5,2"}).reward_weights == [0.5, 2.0]
+    # Real lists (as YAML gives them) with ints become floats.
+    assert GRPOConfig.from_dict({"reward_weights": [1, 2]}).reward_weights == [1.0, 2.0]
+    # "null" for an Optional.
+    assert GRPOConfig.from_dict({"reward_weights": "null"}).reward_weights is None
+    assert GRPOConfig.from_dict({"epsilon_high": None}).epsilon_high is None
+
+
+def test_int_field_accepts_integral_float_and_rejects_others():
+    assert GRPOConfig.from_dict({"max_steps": 7.0}).max_steps == 7
+    with pytest.raises(ConfigError, match=r"'max_steps' expects an integer, got 7\.5"):
+        GRPOConfig.from_dict({"max_steps": 7.5})
+    with pytest.raises(ConfigError, match=r"'max_steps' expects an integer, got True"):
+        GRPOConfig.from_dict({"max_steps": True})
+
+
+def test_float_field_rejects_bool():
+    with pytest.raises(ConfigError, match=r"'beta' expects a number, got True"):
+        GRPOConfig.from_dict({"beta": True})
+
+
+def test_str_field_rejects_non_string():
+    with pytest.raises(ConfigError, match=r"'model' expects a string, got 3"):
+        GRPOConfig.from_dict({"model": 3})
+
+
+@pytest.mark.parametrize(
+    "name, value, expected_type",
+    [
+        ("max_steps", "abc", "an integer"),
+        ("beta", "x", "a number"),
+        ("few_shot", "maybe", "true or false"),
+        ("max_prompt_length", "abc", "int | None"),
+        ("reward_weights", "[0.2, oops]", "list[float] | None"),
+    ],
+)
+def test_ill_typed_value_names_field_and_type(name, value, expected_type):
+    with pytest.raises(ConfigError) as info:
+        GRPOConfig.from_dict({name: value})
+    message = str(info.value)
+    assert f"option {name!r}" in message
+    assert f"expects {expected_type}" in message
+    assert repr(value) in message
+
+
+def test_unknown_option_suggests_and_lists_valid_options():
+    with pytest.raises(ConfigError) as info:
+        GRPOConfig.from_dict({"max_step": "5"}, source="my.yaml")
+    message = str(info.value)
+    assert message.startswith("my.yaml: unknown option 'max_step'")
+    assert "did you mean 'max_steps'?" in message
+    assert "Valid options:" in message
+    for name in ("model", "beta", "num_generations", "loss_type", "disable_tqdm"):
+        assert name in message.split("Valid options:")[1]
+
+
+def test_unknown_option_without_close_match_has_no_suggestion():
+    with pytest.raises(ConfigError) as info:
+        GRPOConfig.from_dict({"zzzzzzzz": 1})
+    assert "unknown option 'zzzzzzzz'" in str(info.value)
+    assert "did you mean" not in str(info.value)
+
+
+def test_coerce_unsupported_type():
+    with pytest.raises(ConfigError, match="unsupported type"):
+        coerce("1", dict, "x")
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+
+def test_bad_choice_lists_valid_values():
+    with pytest.raises(ConfigError) as info:
+        GRPOConfig(loss_type="ppo")
+    assert str(info.value) == ("loss_type='ppo' is not one of ['grpo', 'bnpo', 'dapo', 'dr_grpo']")
+    with pytest.raises(ConfigError, match=r"scale_rewards='std' is not one of"):
+        GRPOConfig(scale_rewards="std")
+
+
+def test_all_valid_choices_accepted():
+    for loss_type in ("grpo", "bnpo", "dapo", "dr_grpo"):
+        assert GRPOConfig(loss_type=loss_type).loss_type == loss_type
+    for scale in ("group", "batch", "none"):
+        assert GRPOConfig(scale_rewards=scale).scale_rewards == scale
+    assert GRPOConfig(device="cuda:1").device == "cuda:1"
+    with pytest.raises(ConfigError, match="device="):
+        GRPOConfig(device="tpu")
+
+
+def test_completions_per_step_must_be_multiple_of_num_generations():
+    # 6 * 1 = 6 completions, not a multiple of 4.
+    with pytest.raises(ConfigError) as info:
+        GRPOConfig(num_generations=4, per_device_train_batch_size=6)
+    message = str(info.value)
+    assert "6 * 1 = 6" in message
+    assert "multiple of num_generations (4)" in message
+    # 6 * 2 = 12 is a multiple of 4.
+    config = GRPOConfig(
+        num_generations=4, per_device_train_batch_size=6, gradient_accumulation_steps=2
+    )
+    assert config.prompts_per_step == 3
+
+
+def test_reward_weights_length_mismatch():
+    with pytest.raises(ConfigError) as info:
+        GRPOConfig(reward_weights=[1.0])
+    assert "reward_weights has 1 entries but reward_funcs has 2" in str(info.value)
+    assert GRPOConfig(reward_weights=[0.5, 1.0]).reward_weights == [0.5, 1.0]
+
+
+@pytest.mark.parametrize("top_p", [0.0, -0.1, 1.5])
+def test_top_p_out_of_range(top_p):
+    with pytest.raises(ConfigError, match=r"top_p must be in \(0, 1\]"):
+        GRPOConfig(top_p=top_p)
+
+
+def test_top_p_upper_bound_inclusive():
+    assert GRPOConfig(top_p=1.0).top_p == 1.0
+
+
+def test_num_generations_below_two():
+    with pytest.raises(ConfigError, match="num_generations must be >= 2"):
+        GRPOConfig(num_generations=1, per_device_train_batch_size=8)
+    with pytest.raises(ConfigError, match="num_generations must be >= 1"):
+        GRPOConfig(num_generations=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"beta": -0.1}, "beta must be >= 0"),
+        ({"max_steps": 0}, "max_steps must be >= 1"),
+        ({"temperature": -1.0}, "temperature must be >= 0"),
+        ({"max_prompt_length": 0}, "max_prompt_length must be >= 1 or null"),
+        ({"epsilon_high": -0.2}, "epsilon_high must be >= 0"),
+        ({"reward_funcs": []}, "reward_funcs must name at least one"),
+    ],
+)
+def test_other_validation_errors(kwargs, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        GRPOConfig(**kwargs)
+
+
+def test_from_dict_validates_too():
+    with pytest.raises(ConfigError, match="loss_type='x'"):
+        GRPOConfig.from_dict({"loss_type": "x"})
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML
+# ---------------------------------------------------------------------------------------------
+
+
+def test_yaml_round_trip(tmp_path):
+    original = GRPOConfig(
+        max_steps=7,
+        beta=0.0,
+        learning_rate=3e-6,
+        reward_weights=[0.5, 2.0],
+        max_prompt_length=None,
+        few_shot=False,
+        loss_type="dr_grpo",
+        epsilon_high=0.28,
+    )
+    path = tmp_path / "config.yaml"
+    original.to_yaml(path)
+    loaded = GRPOConfig.from_yaml(path)
+    assert loaded == original
+    assert loaded.max_steps == 7
+    assert loaded.reward_weights == [0.5, 2.0]
+    assert loaded.max_prompt_length is None
+    assert loaded.loss_type == "dr_grpo"
+
+
+def test_yaml_overrides_win(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("max_steps: 10\nbeta: 0.1\nlearning_rate: 1e-5\n", encoding="utf-8")
+    config = GRPOConfig.from_yaml(path, overrides={"max_steps": "3"})
+    assert config.max_steps == 3  # the override
+    assert config.beta == 0.1  # from YAML
+    assert config.learning_rate == 1e-5  # YAML reads 1e-5 as a string; coerced to float
+    assert config.seed == 42  # default
+
+
+def test_empty_yaml_gives_defaults(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("", encoding="utf-8")
+    assert GRPOConfig.from_yaml(path) == GRPOConfig()
+
+
+def test_yaml_missing_file_names_path(tmp_path):
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError) as info:
+        GRPOConfig.from_yaml(path)
+    assert str(path) in str(info.value)
+    assert "does not exist" in str(info.value)
+
+
+def test_yaml_non_mapping_names_path(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        GRPOConfig.from_yaml(path)
+    assert str(info.value).startswith(f"{path}: expected a mapping")
+
+
+def test_yaml_invalid_syntax_names_path(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("max_steps: [1, 2\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        GRPOConfig.from_yaml(path)
+    assert str(info.value).startswith(f"{path}: not valid YAML")
+
+
+def test_yaml_unknown_option_names_path(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("betta: 0.1\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        GRPOConfig.from_yaml(path)
+    assert str(info.value).startswith(f"{path}: unknown option 'betta' (did you mean 'beta'?)")
+
+
+# ---------------------------------------------------------------------------------------------
+# parse_cli_overrides
+# ---------------------------------------------------------------------------------------------
+
+
+def test_cli_space_and_equals_forms():
+    assert parse_cli_overrides(["--max_steps", "5", "--beta=0"]) == {"max_steps": "5", "beta": "0"}
+
+
+def test_cli_bare_flag_followed_by_option_is_true():
+    assert parse_cli_overrides(["--few_shot", "--max_steps", "5"]) == {
+        "few_shot": "true",
+        "max_steps": "5",
+    }
+
+
+def test_cli_bare_flag_at_end_is_true():
+    assert parse_cli_overrides(["--max_steps", "5", "--eval_on_start"]) == {
+        "max_steps": "5",
+        "eval_on_start": "true",
+    }
+
+
+def test_cli_dashes_become_underscores():
+    argv = ["--max-steps", "5", "--learning-rate=0.001", "--eval-on-start"]
+    assert parse_cli_overrides(argv) == {
+        "max_steps": "5",
+        "learning_rate": "0.001",
+        "eval_on_start": "true",
+    }
+
+
+def test_cli_negative_value_after_space_is_a_value():
+    assert parse_cli_overrides(["--temperature", "-1"]) == {"temperature": "-1"}
+
+
+def test_cli_value_keeps_dashes_after_space():
+    assert parse_cli_overrides(["--model", "my-model"]) == {"model": "my-model"}
+
+
+def test_cli_equals_value_keeps_dashes():
+    assert parse_cli_overrides(
+        ["--model=my-model", "--learning_rate=1e-5", "--output-dir=runs/my-run"]
+    ) == {"model": "my-model", "learning_rate": "1e-5", "output_dir": "runs/my-run"}
+
+
+def test_cli_last_occurrence_wins():
+    assert parse_cli_overrides(["--seed", "1", "--seed", "2"]) == {"seed": "2"}
+
+
+@pytest.mark.parametrize(
+    "argv, bad", [(["max_steps", "5"], "max_steps"), (["--"], "--"), (["--seed", "1", "2"], "2")]
+)
+def test_cli_bad_token(argv, bad):
+    with pytest.raises(ConfigError) as info:
+        parse_cli_overrides(argv)
+    assert str(info.value) == f"expected an option like --name value, got {bad!r}"
+
+
+def test_cli_overrides_feed_from_dict():
+    overrides = parse_cli_overrides(
+        ["--max-steps", "5", "--reward_funcs=format", "--reward-weights", "[2.0]", "--few_shot"]
+    )
+    config = GRPOConfig.from_dict(overrides)
+    assert config.max_steps == 5
+    assert config.reward_funcs == ["format"]
+    assert config.reward_weights == [2.0]
+    assert config.few_shot is True

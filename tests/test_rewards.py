@@ -1,0 +1,229 @@
+"""Tests for groupwise.rewards: format and accuracy rewards, answer parsing, the registry."""
+
+import pytest
+
+from groupwise.rewards import (
+    REWARD_FUNCS,
+    accuracy_reward,
+    completion_text,
+    extract_answer,
+    format_reward,
+    get_reward_func,
+    parse_number,
+    reward_func_name,
+)
+
+
+def conv(text):
+    return [{"role": "assistant", "content": text}]
+
+
+# ---------------------------------------------------------------------------------------------
+# format_reward
+# ---------------------------------------------------------------------------------------------
+
+FORMAT_CASES = [
+    ("<think> a </think> <answer> 7 </answer>", 1.0),
+    ("<think>a</think><answer>7</answer>", 1.0),
+    ("  \n<think> a </think>\n\n<answer> 7 </answer>\n  ", 1.0),
+    ("<think>\nline one\nline two\n</think>\n<answer>\n7\n</answer>", 1.0),
+    ("<answer> 7 </answer>", 0.0),  # missing think
+    ("<think> a </think>", 0.0),  # missing answer
+    ("<think> a </think> <answer> 7 </answer> <answer> 8 </answer>", 0.0),  # two answers
+    ("<think> a </think> <answer> 7 </answer> done", 0.0),  # text after </answer>
+    ("so <think> a </think> <answer> 7 </answer>", 0.0),  # text before <think>
+    ("<think> a </think> hmm <answer> 7 </answer>", 0.0),  # text between blocks
+    ("<think> <think> a </think> </think> <answer> 7 </answer>", 0.0),  # nested think
+    ("<think> a </think> <think> b </think> <answer> 7 </answer>", 0.0),  # duplicated think
+    ("<think> a </think> </think> <answer> 7 </answer>", 0.0),  # stray closing tag
+    ("<answer> 7 </answer> <think> a </think>", 0.0),  # answer before think
+    ("<think> a <answer> 7 </answer> </think>", 0.0),  # answer inside think
+    ("<think> a </think> <answer> 7", 0.0),  # unclosed answer
+    ("", 0.0),
+]
+
+
+@pytest.mark.parametrize("text, expected", FORMAT_CASES)
+def test_format_reward_plain(text, expected):
+    assert format_reward(["p"], [text]) == [expected]
+
+
+@pytest.mark.parametrize("text, expected", FORMAT_CASES)
+def test_format_reward_conversational(text, expected):
+    assert format_reward([[{"role": "user", "content": "p"}]], [conv(text)]) == [expected]
+
+
+def test_format_reward_batch_keeps_order():
+    completions = [
+        "<think>x</think><answer>1</answer>",
+        "nothing",
+        conv("<think></think><answer></answer>"),
+    ]
+    assert format_reward([None] * 3, completions) == [1.0, 0.0, 1.0]
+
+
+def test_completion_text():
+    assert completion_text("abc") == "abc"
+    assert completion_text(conv("xyz")) == "xyz"
+    # The last message is the completion.
+    assert (
+        completion_text(
+            [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
+        )
+        == "b"
+    )
+    with pytest.raises(TypeError):
+        completion_text([])
+    with pytest.raises(TypeError):
+        completion_text(7)
+
+
+# ---------------------------------------------------------------------------------------------
+# extract_answer / parse_number
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<answer> 7 </answer>", "7"),
+        ("<think>x</think><answer>\n -3 \n</answer>", "-3"),
+        ("<answer>1</answer> then <answer>2</answer>", "2"),
+        ("<answer></answer>", ""),
+        ("no tags here", None),
+        ("<answer> 7", None),
+        ("7 </answer>", None),
+    ],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("7", 7.0),
+        ("-3", -3.0),
+        ("+5", 5.0),
+        ("  42  ", 42.0),
+        ("1,024", 1024.0),
+        ("1,000,000", 1000000.0),
+        ("2.50", 2.5),
+        (".5", 0.5),
+        ("7.", 7.0),
+        ("0", 0.0),
+        ("1e3", 1000.0),
+    ],
+)
+def test_parse_number_numbers(text, expected):
+    value = parse_number(text)
+    assert value == expected
+    assert type(value) is float
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "   ",
+        "abc",
+        "seven",
+        "7x",
+        "x7",
+        "3/4",
+        "--3",
+        "1.2.3",
+        "nan",
+        "inf",
+        "1e999",
+        "$7",
+        "7 apples",
+        ".",
+    ],
+)
+def test_parse_number_rejects(text):
+    assert parse_number(text) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# accuracy_reward
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "completion, truth, expected",
+    [
+        ("<think>.</think><answer> 7 </answer>", "7", 1.0),
+        ("<answer> 7 </answer>", "7", 1.0),
+        ("<answer>-3</answer>", "-3", 1.0),
+        ("<answer>3</answer>", "-3", 0.0),
+        ("<answer>1,024</answer>", "1024", 1.0),
+        ("<answer>1024</answer>", "1,024", 1.0),
+        ("<answer>7.0</answer>", "7", 1.0),
+        ("<answer>7</answer>", "7.0", 1.0),
+        ("<answer>8</answer>", "7", 0.0),
+        ("7", "7", 0.0),  # no answer tag
+        ("the answer is 7", "7", 0.0),
+        ("<answer>seven</answer>", "7", 0.0),  # non-numeric content
+        ("<answer>7 or 8</answer>", "7", 0.0),
+        ("<answer></answer>", "7", 0.0),
+        ("<answer>8</answer> <answer>7</answer>", "7", 1.0),  # last block is used
+        ("<answer>7</answer> <answer>8</answer>", "7", 0.0),
+        ("<answer>7</answer>", 7, 1.0),  # non-string ground truth
+        ("<answer>7</answer>", "seven", None),  # ground truth not a number
+        ("<answer>7</answer>", "", None),
+    ],
+)
+def test_accuracy_reward_cases(completion, truth, expected):
+    assert accuracy_reward(["p"], [completion], answer=[truth]) == [expected]
+
+
+def test_accuracy_reward_batch_conversational_and_extra_columns():
+    completions = [conv("<answer>216</answer>"), conv("<answer>215</answer>"), conv("none")]
+    scores = accuracy_reward(
+        [None] * 3, completions, answer=["216", "216", "x"], difficulty=[13, 13, 13]
+    )
+    assert scores == [1.0, 0.0, None]
+
+
+def test_accuracy_reward_length_mismatch():
+    with pytest.raises(ValueError):
+        accuracy_reward(["p", "p"], ["<answer>1</answer>", "<answer>2</answer>"], answer=["1"])
+
+
+def test_accuracy_reward_requires_answer_column():
+    with pytest.raises(TypeError):
+        accuracy_reward(["p"], ["<answer>1</answer>"])
+
+
+def test_accuracy_reward_large_integers_exact():
+    # Reachable with the built-in task: digits=4, 3 operands, "*" gives answers ~1e11.
+    assert accuracy_reward(["p"], ["<answer>1000000001</answer>"], answer=["1000000000"]) == [0.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------------------------
+
+
+def test_get_reward_func_by_name():
+    assert get_reward_func("format") is format_reward
+    assert get_reward_func("accuracy") is accuracy_reward
+    assert sorted(REWARD_FUNCS) == ["accuracy", "format"]
+
+
+def test_get_reward_func_callable_passthrough():
+    def length_reward(prompts, completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    assert get_reward_func(length_reward) is length_reward
+    assert reward_func_name(length_reward) == "length_reward"
+    assert reward_func_name(format_reward) == "format_reward"
+
+
+def test_get_reward_func_unknown_name():
+    with pytest.raises(ValueError) as info:
+        get_reward_func("fromat")
+    assert str(info.value) == (
+        "unknown reward function 'fromat'; built-in ones are ['accuracy', 'format']"
+    )

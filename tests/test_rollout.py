@@ -1,0 +1,129 @@
+import torch
+from scipy.stats import chisquare
+
+from groupwise.rollout import SamplingParams, generate, left_pad, sample_next_token
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+DRAWS = 40_000
+
+
+def _frequencies(params: SamplingParams, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    tokens = sample_next_token(LOGITS.expand(DRAWS, -1).clone(), params, gen)
+    return torch.bincount(tokens, minlength=LOGITS.numel()).double()
+
+
+def test_sampled_frequencies_match_softmax_chi_square():
+    counts = _frequencies(SamplingParams(temperature=1.0))
+    expected = torch.softmax(LOGITS.double(), -1) * DRAWS
+    _, p_value = chisquare(counts.numpy(), expected.numpy())
+    assert p_value > 1e-3, (counts, expected)
+
+
+def test_temperature_sharpens_distribution_chi_square():
+    counts = _frequencies(SamplingParams(temperature=0.5), seed=1)
+    expected = torch.softmax(LOGITS.double() / 0.5, -1) * DRAWS
+    _, p_value = chisquare(counts.numpy(), expected.numpy())
+    assert p_value > 1e-3
+
+
+def test_top_k_keeps_only_k_most_likely_tokens():
+    counts = _frequencies(SamplingParams(temperature=1.0, top_k=2), seed=2)
+    assert counts[2:].sum() == 0
+    # Renormalised over the top two: p0 = e^2 / (e^2 + e^1) = 0.7311.
+    expected = torch.tensor([0.7310585786, 0.2689414214], dtype=torch.double) * DRAWS
+    _, p_value = chisquare(counts[:2].numpy(), expected.numpy())
+    assert p_value > 1e-3
+
+
+def test_top_p_keeps_smallest_prefix_reaching_p():
+    # softmax(LOGITS) = [0.5535, 0.2036, 0.1235, 0.0749, 0.0276, 0.0037]; top_p = 0.7:
+    # mass before token 0 is 0 (kept), before token 1 is 0.5535 (kept), before token 2 is
+    # 0.7571 >= 0.7 (dropped).
+    counts = _frequencies(SamplingParams(temperature=1.0, top_p=0.7), seed=3)
+    assert counts[2:].sum() == 0
+    probs = torch.softmax(LOGITS.double(), -1)[:2]
+    _, p_value = chisquare(counts[:2].numpy(), (probs / probs.sum() * DRAWS).numpy())
+    assert p_value > 1e-3
+
+
+def test_zero_probability_token_never_sampled():
+    logits = torch.tensor([0.0, float("-inf"), 0.0, float("-inf")]).expand(5000, -1).clone()
+    tokens = sample_next_token(logits, SamplingParams(), torch.Generator().manual_seed(0))
+    assert set(tokens.tolist()) == {0, 2}
+
+
+def test_greedy_is_argmax():
+    logits = torch.tensor([[0.1, 3.0, -1.0], [5.0, 4.9, 0.0]])
+    assert sample_next_token(logits, SamplingParams(temperature=0.0)).tolist() == [1, 0]
+
+
+def test_left_pad():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def _prompts(tokenizer):
+    questions = ["What is 3 + 4?", "Name a colour.", "Tell me a long story about a cat please"]
+    return [
+        tokenizer(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
+        for q in questions
+    ]
+
+
+def test_greedy_matches_transformers_generate(tiny_model, tokenizer):
+    prompts = _prompts(tokenizer)
+    assert len({len(p) for p in prompts}) > 1  # left padding is exercised
+    out = generate(tiny_model, tokenizer, prompts, 2, SamplingParams(12, temperature=0.0))
+    for i, prompt in enumerate(prompts):
+        reference = tiny_model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+        )[0, len(prompt) :].tolist()
+        for row in (2 * i, 2 * i + 1):  # both members of the group
+            length = int(out.lengths[row])
+            assert out.completion_ids[row, :length].tolist() == reference
+    assert out.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_stops_at_eos_and_masks_the_rest(tiny_model, tokenizer):
+    prompts = _prompts(tokenizer)[:1]
+    free = generate(tiny_model, tokenizer, prompts, 1, SamplingParams(10, temperature=0.0))
+    assert bool(free.truncated[0]) and int(free.lengths[0]) == 10
+    # Declare the greedy path's 4th token to be EOS: generation must stop right there.
+    eos = int(free.completion_ids[0, 3])
+    first = free.completion_ids[0].tolist().index(eos)
+    tiny_model.generation_config.eos_token_id = eos
+    out = generate(tiny_model, tokenizer, prompts, 1, SamplingParams(10, temperature=0.0))
+    assert int(out.lengths[0]) == first + 1  # EOS itself is part of the completion
+    assert not bool(out.truncated[0])
+    assert out.completion_mask[0].tolist() == [1] * (first + 1)
+    assert (
+        out.completion_ids[0, : first + 1].tolist() == free.completion_ids[0, : first + 1].tolist()
+    )
+
+
+def test_sampled_rollout_shapes_and_masks(tiny_model, tokenizer):
+    prompts = _prompts(tokenizer)
+    gen = torch.Generator().manual_seed(0)
+    out = generate(tiny_model, tokenizer, prompts, 4, SamplingParams(8, temperature=1.0), gen)
+    assert out.completion_ids.shape == (12, 8)
+    assert out.completion_mask.shape == (12, 8)
+    assert len(out.texts) == 12
+    # Random tiny model never emits EOS in 8 tokens with a 49k vocabulary (p ~ 1e-4 per token).
+    assert out.truncated.all()
+    # Sampling differs across the group: the shared cache does not collapse the G samples.
+    assert len({tuple(r.tolist()) for r in out.completion_ids[:4]}) == 4
+    again = generate(
+        tiny_model, tokenizer, prompts, 4, SamplingParams(8, 1.0), torch.Generator().manual_seed(0)
+    )
+    assert torch.equal(out.completion_ids, again.completion_ids)  # seeded: reproducible
