@@ -39,7 +39,6 @@ DEMO_CONFIG: dict[str, Any] = {
     "learning_rate": 2e-5,
     "beta": 0.0,
     "max_steps": 30,
-    "eval_on_start": True,
     "output_dir": "runs/demo",
     "seed": 0,
 }
@@ -94,35 +93,39 @@ def run_train(args: GRPOConfig) -> dict[str, float]:
 
 
 def run_demo(args: GRPOConfig) -> tuple[float, float]:
+    """Held-out greedy accuracy, GRPO training, held-out greedy accuracy again."""
     from .trainer import GRPOTrainer
 
     start = time.perf_counter()
     train, evals = build_datasets(args)
     if not evals:
         raise ConfigError("the demo needs num_eval_prompts >= 1")
+    # The demo evaluates before and after itself, so the numbers can be printed side by side.
+    args.eval_on_start, args.eval_steps = False, 0
     trainer = GRPOTrainer(args.model, args.reward_funcs, train, args=args, eval_dataset=evals)
-    key = "eval/rewards/accuracy_reward/mean"
-    fmt = "eval/rewards/format_reward/mean"
-    args_eval_on_start = args.eval_on_start
-    args.eval_on_start = False  # evaluate here, so the numbers can be printed
+    acc, fmt = "eval/rewards/accuracy_reward/mean", "eval/rewards/format_reward/mean"
+
+    def report(when: str, result: dict[str, float]) -> None:
+        print(
+            f"[groupwise] {when}: held-out greedy accuracy {result.get(acc, 0):.1%} "
+            f"(format {result.get(fmt, 0):.1%}) on {len(evals)} problems"
+        )
+
     before = trainer.evaluate()
     trainer._log({"step": 0, **before})
-    print(
-        f"[groupwise] before training: held-out greedy accuracy {before.get(key, 0):.1%} "
-        f"(format {before.get(fmt, 0):.1%}) on {len(evals)} problems"
-    )
+    report("before training", before)
     trainer.train()
-    args.eval_on_start = args_eval_on_start
-    after = trainer.log_history[-1] if key in trainer.log_history[-1] else trainer.evaluate()
+    after = trainer.evaluate()
+    trainer._log({"step": trainer.global_step, **after})
+    report(f"after {trainer.global_step} GRPO steps", after)
     minutes = (time.perf_counter() - start) / 60
     print(
-        f"[groupwise] after {args.max_steps} GRPO steps: held-out greedy accuracy "
-        f"{before.get(key, 0):.1%} -> {after.get(key, 0):.1%} "
-        f"(format {before.get(fmt, 0):.1%} -> {after.get(fmt, 0):.1%}), {minutes:.1f} min"
+        f"[groupwise] accuracy {before.get(acc, 0):.1%} -> {after.get(acc, 0):.1%} "
+        f"in {minutes:.1f} min"
     )
     print(f"[groupwise] metrics: {Path(args.output_dir) / 'metrics.jsonl'}")
     print(f"[groupwise] model:   {Path(args.output_dir)} (AutoModelForCausalLM.from_pretrained)")
-    return before.get(key, 0.0), after.get(key, 0.0)
+    return before.get(acc, 0.0), after.get(acc, 0.0)
 
 
 def main(argv: list[str] | None = None) -> int:

