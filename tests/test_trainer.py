@@ -242,3 +242,14 @@ def test_evaluate_greedy_is_deterministic(tmp_path):
     assert first == second
     assert first["eval/num_prompts"] == 4
     assert first["eval/rewards/accuracy_reward/mean"] == 0.0  # a random model never answers 7
+
+
+def test_new_run_keeps_earlier_metrics(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 99}\n')
+    GRPOTrainer("tiny-random", TargetToken(), ROWS, args=_config(tmp_path, max_steps=1)).train()
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1]
+    (previous,) = run.glob("metrics-*.jsonl")
+    assert previous.read_text() == '{"step": 99}\n'

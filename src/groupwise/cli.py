@@ -36,7 +36,7 @@ DEMO_CONFIG: dict[str, Any] = {
     "gradient_accumulation_steps": 1,
     "max_completion_length": 48,
     "temperature": 1.0,
-    "learning_rate": 2e-5,
+    "learning_rate": 1e-5,
     "beta": 0.0,
     "max_steps": 30,
     "output_dir": "runs/demo",

@@ -174,6 +174,7 @@ class GRPOTrainer:
         )
         self.global_step = 0
         self.log_history: list[dict[str, float]] = []
+        self._metrics_started = False
         self.output_dir = Path(args.output_dir)
 
     # ------------------------------------------------------------------------------------------
@@ -446,7 +447,15 @@ class GRPOTrainer:
     def _log(self, logs: dict[str, float]) -> None:
         self.log_history.append(logs)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
+        path = self.output_dir / "metrics.jsonl"
+        if not self._metrics_started:
+            # A new trainer is a new run: keep an earlier run's metrics under another name
+            # instead of mixing the two or overwriting them.
+            if path.exists():
+                stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+                os.replace(path, path.with_name(f"metrics-{stamp}.jsonl"))
+            self._metrics_started = True
+        with open(path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(logs) + "\n")
 
     def train(self) -> list[dict[str, float]]:
