@@ -9,7 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.trainer import RewardFunctionError, _lr_lambda
+from groupwise.rewards.combine import RewardFunctionError
+from groupwise.trainer import _lr_lambda
 
 ROWS = [{"prompt": f"Say something number {i}", "tag": i} for i in range(16)]
 
@@ -219,7 +220,11 @@ def test_reward_function_errors_name_the_function(tmp_path):
     def short(prompts, completions, **kwargs):
         return [1.0]
 
-    for func, message in ((broken, "'broken' raised"), (short, "'short' must return a list")):
+    cases = (
+        (broken, "'broken' failed on 8 of 8 completions"),
+        (short, "'short' must return a list"),
+    )
+    for func, message in cases:
         trainer = GRPOTrainer("tiny-random", func, ROWS, args=_config(tmp_path, max_steps=1))
         with pytest.raises(RewardFunctionError, match=message):
             trainer.train()

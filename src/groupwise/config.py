@@ -35,6 +35,14 @@ class GRPOConfig:
     num_eval_prompts: int = 64  # size of the held-out evaluation set (0: no evaluation)
     reward_funcs: list[str] = field(default_factory=lambda: ["format", "accuracy"])
     reward_weights: list[float] | None = None  # None: every reward function weighs 1.0
+    reward_max_failure_fraction: float = 0.5  # stop if a reward fails on more of a step
+    accuracy_timeout: float = 5.0  # seconds per symbolic comparison (math-verify)
+    overlong_buffer_len: int | None = None  # length_penalty: L_cache (None: max_len // 4)
+    overlong_penalty_factor: float = 1.0  # length_penalty: penalty at and beyond max length
+    repetition_ngram_size: int = 3  # repetition_penalty: n
+    repetition_max_penalty: float = -1.0  # repetition_penalty: value for all-repeated text
+    code_timeout: float = 5.0  # code / code_binary: wall-clock seconds per completion
+    remote_timeout: float = 10.0  # remote:URL: seconds per request
 
     # --- GRPO -----------------------------------------------------------------------------
     num_generations: int = 8  # G: completions per prompt
@@ -135,6 +143,18 @@ class GRPOConfig:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.reward_max_failure_fraction <= 1.0:
+            raise ConfigError(
+                "reward_max_failure_fraction must be in [0, 1], "
+                f"got {self.reward_max_failure_fraction}"
+            )
+        for name in ("accuracy_timeout", "code_timeout", "remote_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.repetition_max_penalty > 0:
+            raise ConfigError(
+                f"repetition_max_penalty must be <= 0, got {self.repetition_max_penalty}"
+            )
         if self.epsilon_high is not None and self.epsilon_high < 0:
             raise ConfigError(f"epsilon_high must be >= 0, got {self.epsilon_high}")
         if not 0.0 < self.top_p <= 1.0:

@@ -12,6 +12,7 @@ One step (DeepSeekMath Alg. 1 with TRL's options):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -33,12 +34,9 @@ from .core import group_advantages, group_reward_std, policy_loss, zero_std_grou
 from .data import is_conversational, tokenize_prompts
 from .logprobs import completion_logprobs
 from .models import load_model_and_tokenizer
-from .rewards import RewardFunc, get_reward_func, reward_func_name
+from .rewards import RewardFunc, build_reward_func, reward_func_name
+from .rewards.combine import RewardScorer
 from .rollout import Rollout, SamplingParams, generate
-
-
-class RewardFunctionError(RuntimeError):
-    """A reward function raised or returned something unusable; names the function."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -133,7 +131,7 @@ class GRPOTrainer:
 
         if callable(reward_funcs) or isinstance(reward_funcs, str):
             reward_funcs = [reward_funcs]
-        self.reward_funcs = [get_reward_func(f) for f in reward_funcs]
+        self.reward_funcs = [build_reward_func(f, args) for f in reward_funcs]
         self.reward_names = [reward_func_name(f) for f in self.reward_funcs]
         weights = args.reward_weights or [1.0] * len(self.reward_funcs)
         if len(weights) != len(self.reward_funcs):
@@ -141,7 +139,9 @@ class GRPOTrainer:
                 f"reward_weights has {len(weights)} entries for {len(self.reward_funcs)} "
                 f"reward functions ({self.reward_names})"
             )
-        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        self.scorer = RewardScorer(
+            self.reward_funcs, weights, max_failure_fraction=args.reward_max_failure_fraction
+        )
 
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
@@ -195,49 +195,19 @@ class GRPOTrainer:
         self, rows: Sequence[dict[str, Any]], rollout: Rollout
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rewards [N] (weighted sum; NaN where every function returned None) and the per-function
-        rewards [N, F] (NaN for None)."""
+        rewards [N, F] (NaN for None). Dataset columns reach the functions by name, as in TRL."""
         group_ids = rollout.group_ids.tolist()
         prompts = [rows[g]["prompt"] for g in group_ids]
         if is_conversational(rows[0]["prompt"]):
             completions: list[Any] = [[{"role": "assistant", "content": t}] for t in rollout.texts]
         else:
             completions = list(rollout.texts)
-        columns = {key: [rows[g][key] for g in group_ids] for key in rows[0] if key != "prompt"}
-        n_rows = len(completions)
-        per_func = torch.full((n_rows, len(self.reward_funcs)), float("nan"))
-        for j, (func, name) in enumerate(zip(self.reward_funcs, self.reward_names, strict=True)):
-            try:
-                values = func(
-                    prompts=prompts,
-                    completions=completions,
-                    completion_ids=[
-                        row[: int(n)].tolist()
-                        for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)
-                    ],
-                    **columns,
-                )
-            except Exception as err:
-                raise RewardFunctionError(f"reward function {name!r} raised {err!r}") from err
-            if not isinstance(values, (list, tuple)) or len(values) != n_rows:
-                got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-                raise RewardFunctionError(
-                    f"reward function {name!r} must return a list of {n_rows} floats or None, "
-                    f"got {got}"
-                )
-            for i, value in enumerate(values):
-                if value is None:
-                    continue
-                try:
-                    per_func[i, j] = float(value)
-                except (TypeError, ValueError):
-                    raise RewardFunctionError(
-                        f"reward function {name!r} returned {value!r} at row {i}; "
-                        "expected a float or None"
-                    ) from None
-        weighted = per_func * self.reward_weights
-        rewards = torch.nansum(weighted, dim=1)
-        rewards[torch.isnan(per_func).all(dim=1)] = float("nan")
-        return rewards, per_func
+        columns = {key: [rows[g].get(key) for g in group_ids] for key in rows[0] if key != "prompt"}
+        completion_ids = [
+            row[: int(n)].tolist()
+            for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)
+        ]
+        return self.scorer(prompts, completions, completion_ids, **columns)
 
     # ------------------------------------------------------------------------------------------
     def _logprobs(
@@ -365,11 +335,22 @@ class GRPOTrainer:
             "reward_std": float(torch.nanmean(group_reward_std(rewards, group_ids))),
             "frac_reward_zero_std": zero_std_groups_fraction(rewards, group_ids),
         }
+        errors = self.scorer.error_summary()
         for j, name in enumerate(self.reward_names):
             column = per_func[:, j]
             valid = column[~torch.isnan(column)]
             logs[f"rewards/{name}/mean"] = float(valid.mean()) if valid.numel() else float("nan")
             logs[f"rewards/{name}/std"] = float(valid.std()) if valid.numel() > 1 else 0.0
+            logs[f"rewards/{name}/frac_none"] = 1.0 - valid.numel() / max(column.numel(), 1)
+            logs[f"rewards/{name}/errors"] = errors[name]
+            # Functions that keep their own counters (remote failures, sandbox timeouts, ...).
+            stats = getattr(self.reward_funcs[j], "stats", None)
+            if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+                stats = dataclasses.asdict(stats)
+            if isinstance(stats, dict):
+                for key, value in stats.items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        logs[f"rewards/{name}/{key}"] = float(value)
         logs.update(
             {
                 "completions/mean_length": float(lengths.mean()),

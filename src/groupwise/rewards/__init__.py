@@ -1,28 +1,46 @@
 """Reward functions with TRL's signature ``f(prompts, completions, **columns) -> list[float|None]``.
 
-Importable from here and usable by name in ``reward_funcs`` (see :data:`REWARD_FUNCS`).
+Every built-in is importable from here and usable by name in ``reward_funcs`` (see
+:mod:`groupwise.rewards.registry`). Modules: ``shaping`` (format, soft format, length and
+repetition penalties), ``math`` (answer extraction and symbolic equivalence), ``code`` (tests run
+in a sandbox), ``model`` (a learned reward model), ``remote`` (an HTTP verifier), ``combine``
+(robust calls and the weighted sum).
 """
 
-from .basic import (
-    REWARD_FUNCS,
-    RewardFunc,
-    accuracy_reward,
-    completion_text,
-    extract_answer,
+from .basic import RewardFunc, completion_text, parse_number, reward_func_name
+from .code import code_reward, code_reward_binary, make_code_reward
+from .combine import RewardFunctionError, RewardScorer
+from .math import accuracy_reward, extract_final_answer, make_accuracy_reward, verify_answer
+from .model import RewardModel
+from .registry import REWARD_NAMES, build_reward_func
+from .remote import RemoteReward
+from .shaping import (
     format_reward,
-    get_reward_func,
-    parse_number,
-    reward_func_name,
+    make_length_penalty,
+    make_repetition_penalty,
+    soft_format_reward,
 )
 
 __all__ = [
-    "REWARD_FUNCS",
+    "REWARD_NAMES",
+    "RemoteReward",
     "RewardFunc",
+    "RewardFunctionError",
+    "RewardModel",
+    "RewardScorer",
     "accuracy_reward",
+    "build_reward_func",
+    "code_reward",
+    "code_reward_binary",
     "completion_text",
-    "extract_answer",
+    "extract_final_answer",
     "format_reward",
-    "get_reward_func",
+    "make_accuracy_reward",
+    "make_code_reward",
+    "make_length_penalty",
+    "make_repetition_penalty",
     "parse_number",
     "reward_func_name",
+    "soft_format_reward",
+    "verify_answer",
 ]

@@ -1,0 +1,189 @@
+"""Scoring a batch with several reward functions: robust calls and the weighted combination.
+
+- Each function gets TRL's call ``f(prompts=..., completions=..., completion_ids=..., **columns)``;
+  ``async def`` functions are awaited concurrently.
+- A function that raises is called again completion by completion, so one bad completion costs
+  one None, not the batch. Exception types are counted and the first traceback of each function
+  is logged once. If more than ``max_failure_fraction`` of a step's completions fail for one
+  function, the run stops with :class:`RewardFunctionError` (a broken function should not train
+  a model on silence).
+- The combined reward is ``sum_j w_j r_j`` over the functions that returned a value; a
+  completion for which every function returned None gets NaN (not applicable: no advantage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import math
+import traceback
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .basic import RewardFunc, reward_func_name
+
+logger = logging.getLogger("groupwise.rewards")
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function failed or broke its contract; the message names the function."""
+
+
+def run_coroutine(coro: Any) -> Any:
+    """Run a coroutine to completion, also from code that is already inside an event loop
+    (e.g. a notebook), where ``asyncio.run`` would refuse."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+class RewardScorer:
+    """Calls reward functions on a batch and combines them with weights (state: failure counts)."""
+
+    def __init__(
+        self,
+        funcs: Sequence[RewardFunc],
+        weights: Sequence[float] | None = None,
+        max_failure_fraction: float = 0.5,
+    ) -> None:
+        if not funcs:
+            raise ValueError("at least one reward function is needed")
+        weights = list(weights) if weights is not None else [1.0] * len(funcs)
+        if len(weights) != len(funcs):
+            raise ValueError(f"{len(weights)} reward weights for {len(funcs)} reward functions")
+        if not 0.0 <= max_failure_fraction <= 1.0:
+            raise ValueError(f"max_failure_fraction must be in [0, 1], got {max_failure_fraction}")
+        self.funcs = list(funcs)
+        self.names = [reward_func_name(f) for f in self.funcs]
+        self.weights = torch.tensor(weights, dtype=torch.float32)
+        self.max_failure_fraction = max_failure_fraction
+        self.error_counts: dict[str, Counter] = {name: Counter() for name in self.names}
+        self._traceback_logged: set[str] = set()
+
+    # ------------------------------------------------------------------------------------------
+    def _check_values(self, name: str, values: Any, n: int) -> list[float | None]:
+        if not isinstance(values, (list, tuple)) or len(values) != n:
+            got = f"{len(values)} values" if isinstance(values, (list, tuple)) else repr(values)
+            raise RewardFunctionError(
+                f"reward function {name!r} must return a list of {n} floats or None, got {got}"
+            )
+        checked: list[float | None] = []
+        for i, value in enumerate(values):
+            if value is None:
+                checked.append(None)
+                continue
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                raise RewardFunctionError(
+                    f"reward function {name!r} returned {value!r} for completion {i}; "
+                    "expected a float or None"
+                ) from None
+            checked.append(None if math.isnan(number) else number)
+        return checked
+
+    def _record_failure(self, name: str, err: BaseException) -> None:
+        self.error_counts[name][type(err).__name__] += 1
+        if name not in self._traceback_logged:
+            self._traceback_logged.add(name)
+            logger.warning(
+                "reward function %r raised; the completion gets None (logged once):\n%s",
+                name,
+                "".join(traceback.format_exception(type(err), err, err.__traceback__)),
+            )
+
+    def _call_one_by_one(self, func: RewardFunc, name: str, kwargs: dict[str, Any], n: int):
+        values: list[Any] = []
+        failures = 0
+        for i in range(n):
+            single = {k: [v[i]] for k, v in kwargs.items()}
+            try:
+                result = func(**single)
+                if inspect.isawaitable(result):
+                    result = run_coroutine(result)
+                values.extend(self._check_values(name, result, 1))
+            except RewardFunctionError:
+                raise
+            except Exception as err:  # noqa: BLE001 - any failure of user code is isolated
+                self._record_failure(name, err)
+                values.append(None)
+                failures += 1
+        if n and failures / n > self.max_failure_fraction:
+            kinds = ", ".join(f"{k} x{v}" for k, v in self.error_counts[name].items())
+            raise RewardFunctionError(
+                f"reward function {name!r} failed on {failures} of {n} completions this step "
+                f"(more than max_failure_fraction={self.max_failure_fraction}); errors so far: "
+                f"{kinds}. The first traceback was logged to the 'groupwise.rewards' logger."
+            )
+        return values
+
+    def _call_all(self, kwargs: dict[str, Any], n: int) -> list[list[float | None]]:
+        results: list[Any] = [None] * len(self.funcs)
+        failed: list[int] = []
+        pending: dict[int, Any] = {}
+        for j, func in enumerate(self.funcs):
+            try:
+                out = func(**kwargs)
+            except Exception:  # noqa: BLE001 - retried completion by completion below
+                failed.append(j)
+                continue
+            if inspect.isawaitable(out):
+                pending[j] = out
+            else:
+                results[j] = out
+        if pending:
+
+            async def gather() -> list[Any]:
+                return await asyncio.gather(*pending.values(), return_exceptions=True)
+
+            for j, out in zip(pending, run_coroutine(gather()), strict=True):
+                if isinstance(out, Exception):
+                    failed.append(j)
+                else:
+                    results[j] = out
+        columns: list[list[float | None]] = []
+        for j, name in enumerate(self.names):
+            if j in failed:
+                columns.append(self._call_one_by_one(self.funcs[j], name, kwargs, n))
+            else:
+                columns.append(self._check_values(name, results[j], n))
+        return columns
+
+    # ------------------------------------------------------------------------------------------
+    def __call__(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        **columns: Sequence[Any],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rewards [N] (weighted sum; NaN where every function returned None) and the
+        per-function rewards [N, F] (NaN for None)."""
+        n = len(completions)
+        kwargs: dict[str, Any] = {"prompts": list(prompts), "completions": list(completions)}
+        if completion_ids is not None:
+            kwargs["completion_ids"] = list(completion_ids)
+        for key, values in columns.items():
+            if len(values) != n:
+                raise ValueError(f"column {key!r} has {len(values)} values for {n} completions")
+            kwargs[key] = list(values)
+        per_func = torch.full((n, len(self.funcs)), float("nan"))
+        for j, values in enumerate(self._call_all(kwargs, n)):
+            for i, value in enumerate(values):
+                if value is not None:
+                    per_func[i, j] = value
+        rewards = torch.nansum(per_func * self.weights, dim=1)
+        rewards[torch.isnan(per_func).all(dim=1)] = float("nan")
+        return rewards, per_func
+
+    def error_summary(self) -> dict[str, int]:
+        """Total failures per function so far (for logging)."""
+        return {name: sum(counts.values()) for name, counts in self.error_counts.items()}

@@ -1,0 +1,134 @@
+import asyncio
+import logging
+import math
+
+import pytest
+import torch
+
+from groupwise.rewards.combine import RewardFunctionError, RewardScorer
+
+PROMPTS = ["p0", "p1", "p2", "p3"]
+COMPLETIONS = ["a", "bb", "ccc", "dddd"]
+
+
+def length(prompts, completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def half(prompts, completions, **kwargs):
+    return [0.5 if i % 2 == 0 else None for i in range(len(completions))]
+
+
+def test_weighted_sum_with_none_as_not_applicable():
+    scorer = RewardScorer([length, half], weights=[2.0, -1.0])
+    rewards, per_func = scorer(PROMPTS, COMPLETIONS)
+    # row 0: 2*1 - 0.5 = 1.5; row 1: 2*2 (half is None) = 4; row 2: 2*3 - 0.5 = 5.5; row 3: 8
+    assert rewards.tolist() == [1.5, 4.0, 5.5, 8.0]
+    assert per_func[:, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert per_func[0, 1] == 0.5 and math.isnan(per_func[1, 1])
+
+
+def test_all_none_gives_nan_and_nan_counts_as_none():
+    def nothing(prompts, completions, **kwargs):
+        return [None, float("nan"), None, 1.0]
+
+    rewards, per_func = RewardScorer([nothing])(PROMPTS, COMPLETIONS)
+    assert torch.isnan(rewards[:3]).all() and rewards[3] == 1.0
+    assert torch.isnan(per_func[1, 0])
+
+
+def test_columns_and_completion_ids_are_passed_by_name():
+    seen = {}
+
+    def spy(prompts, completions, completion_ids, answer, **kwargs):
+        seen.update(ids=completion_ids, answer=answer, extra=kwargs)
+        return [1.0] * len(completions)
+
+    RewardScorer([spy])(PROMPTS, COMPLETIONS, [[1], [2], [3], [4]], answer=["1", "2", "3", "4"])
+    assert seen["ids"] == [[1], [2], [3], [4]] and seen["answer"] == ["1", "2", "3", "4"]
+    assert seen["extra"] == {}
+    with pytest.raises(ValueError, match="column 'answer' has 2 values for 4 completions"):
+        RewardScorer([spy])(PROMPTS, COMPLETIONS, answer=["1", "2"])
+
+
+def test_one_failing_completion_costs_one_none(caplog):
+    calls = []
+
+    def fragile(prompts, completions, **kwargs):
+        calls.append(len(completions))
+        if "ccc" in completions:
+            raise ZeroDivisionError("bad completion")
+        return [1.0] * len(completions)
+
+    scorer = RewardScorer([fragile, length], max_failure_fraction=0.5)
+    with caplog.at_level(logging.WARNING, logger="groupwise.rewards"):
+        rewards, per_func = scorer(PROMPTS, COMPLETIONS)
+        scorer(PROMPTS, COMPLETIONS)
+    assert calls[:5] == [4, 1, 1, 1, 1]  # the batch, then one by one
+    assert per_func[:, 0].tolist()[:2] == [1.0, 1.0] and math.isnan(per_func[2, 0])
+    assert rewards[2] == 3.0  # the other function still counts
+    assert scorer.error_counts["fragile"]["ZeroDivisionError"] == 2
+    assert scorer.error_summary() == {"fragile": 2, "length": 0}
+    tracebacks = [r for r in caplog.records if "Traceback" in r.getMessage()]
+    assert len(tracebacks) == 1 and "bad completion" in tracebacks[0].getMessage()
+
+
+def test_function_failing_too_often_stops_the_run():
+    def broken(prompts, completions, **kwargs):
+        if completions != ["a"]:
+            raise KeyError("missing column")
+        return [1.0]
+
+    scorer = RewardScorer([broken], max_failure_fraction=0.5)
+    with pytest.raises(RewardFunctionError, match=r"'broken' failed on 3 of 4 .*KeyError x3"):
+        scorer(PROMPTS, COMPLETIONS)
+    lenient = RewardScorer([broken], max_failure_fraction=0.75)
+    rewards, _ = lenient(PROMPTS, COMPLETIONS)
+    assert rewards[0] == 1.0 and torch.isnan(rewards[1:]).all()
+
+
+def test_contract_violations_are_clear_errors():
+    def short(prompts, completions, **kwargs):
+        return [1.0]
+
+    def text(prompts, completions, **kwargs):
+        return ["yes"] * len(completions)
+
+    with pytest.raises(RewardFunctionError, match="'short' must return a list of 4"):
+        RewardScorer([short])(PROMPTS, COMPLETIONS)
+    with pytest.raises(RewardFunctionError, match="'text' returned 'yes' for completion 0"):
+        RewardScorer([text])(PROMPTS, COMPLETIONS)
+    with pytest.raises(ValueError, match="2 reward weights for 1"):
+        RewardScorer([length], weights=[1.0, 2.0])
+
+
+def _handshake_pair():
+    # Each function waits for the other to have started: only concurrent awaiting finishes.
+    events = {}
+
+    def make(mine, other):
+        async def func(prompts, completions, **kwargs):
+            events.setdefault(mine, asyncio.Event()).set()
+            events.setdefault(other, asyncio.Event())
+            await asyncio.wait_for(events[other].wait(), timeout=5)
+            return [1.0] * len(completions)
+
+        func.__name__ = f"async_{mine}"
+        return func
+
+    return make("a", "b"), make("b", "a")
+
+
+def test_async_functions_are_awaited_concurrently():
+    scorer = RewardScorer(list(_handshake_pair()), max_failure_fraction=0.0)
+    rewards, per_func = scorer(PROMPTS, COMPLETIONS)
+    assert per_func.tolist() == [[1.0, 1.0]] * 4
+    assert rewards.tolist() == [2.0] * 4
+
+
+def test_async_scoring_works_inside_a_running_event_loop():
+    async def main():
+        return RewardScorer(list(_handshake_pair()))(PROMPTS, COMPLETIONS)
+
+    rewards, _ = asyncio.run(main())
+    assert rewards.tolist() == [2.0] * 4
