@@ -17,8 +17,8 @@ Tests (the ``tests`` column; ``tests_column`` renames it). Accepted forms, anyth
   ``if __name__ == "__main__":`` block does not run), then each test runs in the solution's
   namespace in its own try/except; a test passes when it raises nothing.
 
-  - a list of strings: each string is one test (a statement or a block of statements, e.g.
-    ``"x = f(3)\\nassert x == 9"``);
+  - a list of strings: each non-blank string is one test (a statement or a block of
+    statements, e.g. ``"x = f(3)\\nassert x == 9"``);
   - one string of Python: every top-level ``assert`` statement is one test (it may span several
     lines); the other top-level statements (imports, helper definitions, assignments) are setup
     that runs in order between the tests and is not counted. A string without any ``assert``
@@ -41,51 +41,64 @@ Tests (the ``tests`` column; ``tests_column`` renames it). Accepted forms, anyth
   None for that row; :func:`run_tests` refuses them with ``ValueError``.
 
 Limits (per completion): ``timeout_s`` is the wall-clock budget for *all* of a completion's tests
-(stdin/stdout cases share it and the cases after the budget is spent fail); each sandbox process
-also gets ``RLIMIT_CPU`` = ceil(remaining budget) s, ``RLIMIT_AS`` = ``memory_mb``,
-``RLIMIT_FSIZE`` = 64 MiB, ``RLIMIT_NOFILE`` = 256, no core dumps, at most ``max_processes``
-processes/threads (``RLIMIT_NPROC``), and ``max_output_bytes`` of stdout+stderr together: the
-trainer reads at most that much (plus one 64 KiB chunk) and kills the sandbox when it is exceeded.
+(the assert tests after one that hangs fail; stdin/stdout cases run one after the other on the
+remaining budget and those after it is spent fail); each sandbox process also gets
+``RLIMIT_CPU`` = ceil(remaining budget) s, ``RLIMIT_AS`` = ``memory_mb``, ``RLIMIT_FSIZE`` =
+64 MiB, ``RLIMIT_NOFILE`` = 256, no core dumps, at most ``max_processes`` processes/threads
+(``RLIMIT_NPROC``), and ``max_output_bytes`` of stdout+stderr together: the trainer keeps at most
+that much and kills the sandbox as soon as it is exceeded.
 
 Isolation. Code never runs in the trainer's process. Each run starts a fresh interpreter
 (``python -I -S -c LAUNCHER``: no user site, no site-packages, no ``PYTHON*`` variables, the
 script directory not on ``sys.path``) with an empty environment except ``PATH``, stdin from
-``/dev/null`` (or the case's input), a new session/process group (``os.killpg`` kills the tree on
-timeout), in a fresh ``tempfile.mkdtemp`` working directory that is deleted afterwards. The code
-and tests reach the sandbox in a root-owned file that the launcher reads and deletes before the
-solution starts. The launcher (trusted code, run by the sandbox interpreter) then, in order:
+``/dev/null`` (or the case's input), in a new session/process group (``os.killpg`` kills the tree
+on timeout or output overflow), in a fresh ``tempfile.mkdtemp`` working directory that is deleted
+afterwards (owned by the sandbox uid when root). The code and tests reach the sandbox in a 0600
+file of the trainer's user that the launcher reads and deletes before the solution starts. The
+launcher (trusted code, run by the sandbox interpreter) then, in order:
 
 1. sets ``PR_SET_PDEATHSIG`` so the sandbox dies with the trainer;
-2. ``unshare``s the namespaces the one-time probe found available: **network** (no interfaces but
-   a down loopback: no connection anywhere, not even to 127.0.0.1), **PID** (the solution cannot
-   see or signal any outside process; a tiny init reaps, and when it exits the kernel kills
-   every process left in the namespace, so nothing survives a run), **mount** and **IPC**.
+2. ``unshare``s the namespaces the one-time probe found available: **network** (only a down
+   loopback: no connection anywhere, not even to 127.0.0.1), **PID** (the solution cannot see
+   or signal any outside process; a tiny init reaps, and when it exits the kernel kills every
+   process left in the namespace, also those that called ``setsid``), **mount** and **IPC**.
    With the mount namespace every mount is remounted read-only, the world-writable ``/tmp``,
    ``/var/tmp``, ``/dev/shm`` and ``/run/lock`` get private 16 MiB tmpfs, the working directory
-   is a private 64 MiB tmpfs and ``/proc`` shows only the sandbox's processes;
-3. when the trainer runs as **root**: sets the rlimits and switches to a dedicated unprivileged
-   uid/gid (a pool of 64 uids starting at 59000 with no passwd/group entry and no process,
-   override the base with ``GROUPWISE_SANDBOX_UID_BASE``; a uid is leased per run through a
-   ``flock`` in a root-only directory, so concurrent runs, also from other trainer processes,
-   never share a uid). Root is exempt from ``RLIMIT_NPROC``; the dedicated uid makes the limit
-   bite, and its permissions make the project, the home directory and the trainer untouchable
-   even without namespaces. Without a PID namespace, processes that left the process group are
-   killed by uid after each run. When the trainer is **not root**, ``RLIMIT_NPROC`` counts all of
-   the user's tasks, so it is set to the user's current task count plus ``max_processes``;
-   namespaces come from an unprivileged user namespace where the system allows one (network,
-   PID, IPC; no mount namespace), and the solution can write wherever the trainer's user can;
-4. sets ``PR_SET_NO_NEW_PRIVS`` (set-uid binaries gain nothing);
-5. without a network namespace: blocks socket creation in Python (``socket.socket``,
+   is a private 64 MiB tmpfs and ``/proc`` shows only the sandbox's processes (an empty
+   tmpfs hides it where a new procfs cannot be mounted);
+3. sets the rlimits above;
+4. when the trainer runs as **root**: switches to a dedicated unprivileged uid/gid with no
+   supplementary groups (a pool of 64 uids from 59000, override with
+   ``GROUPWISE_SANDBOX_UID_BASE``, keeping those with no passwd/group entry and no process; one
+   uid is leased per run through a ``flock`` in a root-only directory, so concurrent runs, also
+   from other trainer processes, never share a uid). Root is exempt from ``RLIMIT_NPROC``; the
+   dedicated uid makes the limit bite, and its file permissions and signal rights keep the
+   project, the home directory and the trainer out of reach even without namespaces. After a run
+   that had to be killed, or after every run without a PID namespace, every process of the uid
+   is killed (this catches processes that left the process group).
+   When the trainer is **not root** the solution keeps the trainer's uid: ``RLIMIT_NPROC`` then
+   counts all of that user's tasks, so it is set to the user's current task count plus
+   ``max_processes``; the namespaces come from an unprivileged user namespace where the
+   system allows one (the user's own uid mapped to itself; every capability in it is dropped
+   before the solution runs, so it cannot undo the mounts). Without a mount namespace the
+   solution can write wherever the trainer's user can and read the trainer's ``/proc``
+   entries, environment included; without any namespace it can also signal the trainer, and
+   the processes of a run are found again after it by a random tag on their command line (best
+   effort: a process that ``exec``s something else escapes it, though not its rlimits);
+5. sets ``PR_SET_NO_NEW_PRIVS`` (set-uid binaries gain nothing);
+6. without a network namespace: blocks socket creation in Python (``socket.socket``,
    ``socketpair``, ``fromfd``, ``create_connection``, ``getaddrinfo``... raise
    ``PermissionError``; ``_socket`` and ``ctypes`` cannot be imported again). This stops
    Python-level networking only, not a subprocess such as ``curl``.
 
 The interpreter must be readable by the sandbox uid: the trainer's own (``sys.executable``
 resolved, without its venv) is tried first, then ``python3`` on ``/usr/local/bin:/usr/bin:/bin``
-(e.g. when the trainer's Python lives under a ``/root`` that other users cannot enter), or the
-one named by ``GROUPWISE_SANDBOX_PYTHON``. :func:`sandbox_info` reports what was detected. If no
-sandbox can be built (not Linux, or root but no usable uid/interpreter), the reward raises
-:class:`SandboxUnavailableError` rather than run untrusted code unsandboxed.
+(e.g. when the trainer's Python lives under a ``/root`` that other users cannot enter), or only
+the one named by ``GROUPWISE_SANDBOX_PYTHON``; solutions run on that interpreter's version.
+Detection runs once per process, on first use (a few short sandbox processes);
+:func:`sandbox_info` reports what it found. If no sandbox can be built (not Linux, or root but no
+usable uid/interpreter), the reward raises :class:`SandboxUnavailableError` rather than run
+untrusted code unsandboxed.
 
 Results. Assert results travel on their own file descriptor as lines ``<nonce> <i> P|F``, with a
 fresh random nonce per run and only from the harness's own pid (a forked copy cannot report), so
@@ -175,6 +188,7 @@ libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes
                        ctypes.c_char_p]
 libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
                        ctypes.c_ulong]
+libc.capset.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
 
 
 def check(ret, what):
@@ -310,11 +324,11 @@ def start_pid_namespace(cfg):
             os._exit(SETUP_FAILED)  # the launcher died before PDEATHSIG was armed
     except BlockingIOError:
         pass
-    if cfg["flags"] & NEWNS:
+    if cfg["flags"] & NEWNS:  # a /proc of this namespace only; failing that, none
         try:
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         except OSError:
-            pass
+            mount("tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=555")
     worker = os.fork()
     if worker == 0:
         os.close(alive_r)
@@ -326,6 +340,13 @@ def start_pid_namespace(cfg):
             os._exit(SETUP_FAILED)
         if pid == worker:
             os._exit(exit_code(status))
+
+
+def drop_capabilities():
+    # capset(2), version 3: empty effective, permitted and inheritable sets.
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+    data = (ctypes.c_uint32 * 6)()
+    check(libc.capset(header, data), "capset")
 
 
 def drop_privileges(cfg):
@@ -349,6 +370,8 @@ def drop_privileges(cfg):
             pass
         else:
             raise RuntimeError("could regain root after dropping it")
+    elif cfg["flags"] & NEWUSER:
+        drop_capabilities()  # those of the user namespace: no mount, no namespace tricks
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     prctl(PR_SET_DUMPABLE, 1)
     prctl(PR_SET_PDEATHSIG, 9)  # cleared by the uid change
@@ -399,7 +422,6 @@ def describe(exc):
 
 
 def run_asserts(cfg):
-    import builtins
     nonce, me, write = cfg["nonce"], os.getpid(), os.write
     results = os.dup(1)
     os.dup2(2, 1)  # the solution's stdout goes to stderr; fd `results` is the harness's
@@ -411,7 +433,12 @@ def run_asserts(cfg):
             except OSError:
                 pass
 
-    namespace = {"__name__": "solution", "__builtins__": builtins}
+    import builtins
+    module = type(sys)("solution")
+    module.__file__ = "solution.py"
+    module.__builtins__ = builtins
+    sys.modules["solution"] = module
+    namespace = module.__dict__
     run = exec
     compile_ = compile
     try:
@@ -442,7 +469,11 @@ def run_asserts(cfg):
 def run_io(cfg):
     import builtins
     sys.argv = ["solution.py"]
-    namespace = {"__name__": "__main__", "__builtins__": builtins, "__file__": "solution.py"}
+    module = type(sys)("__main__")
+    module.__file__ = "solution.py"
+    module.__builtins__ = builtins
+    sys.modules["__main__"] = module
+    namespace = module.__dict__
     status = 0
     try:
         exec(compile(cfg["code"], "solution.py", "exec", dont_inherit=True, optimize=0), namespace)
@@ -470,9 +501,9 @@ def main():
         if cfg["flags"] & NEWPID:
             start_pid_namespace(cfg)
         set_stdin(cfg)
-        drop_privileges(cfg)
         if cfg["block_network"]:
-            block_network()
+            block_network()  # imports socket while the stdlib is surely readable
+        drop_privileges(cfg)
         os.write(2, ("%s READY\n" % cfg["nonce"]).encode())
     except BaseException as exc:
         fail("%s: %s" % (type(exc).__name__, exc))
@@ -533,6 +564,23 @@ class SandboxInfo:
     masked_dirs: tuple[str, ...] = ()  # world-writable dirs hidden behind private tmpfs
     error: str | None = None  # set when no sandbox is available
 
+    def summary(self) -> str:
+        if self.error:
+            return f"unavailable: {self.error}"
+        names = {
+            CLONE_NEWUSER: "user",
+            CLONE_NEWNET: "network",
+            CLONE_NEWPID: "pid",
+            CLONE_NEWNS: "mount",
+            CLONE_NEWIPC: "ipc",
+        }
+        spaces = [name for flag, name in names.items() if self.unshare_flags & flag] or ["none"]
+        who = f"dedicated uids {self.uids[0]}.." if self.root and self.uids else "trainer's uid"
+        return (
+            f"python {self.python_version} ({self.python}); runs as {who}; "
+            f"namespaces: {', '.join(spaces)}; network: {self.network_isolation}"
+        )
+
     @property
     def network_isolation(self) -> str:
         """'namespace' (no network at all) or 'socket-block' (Python sockets blocked only)."""
@@ -560,12 +608,17 @@ class SandboxInfo:
         """True when the solution cannot signal the trainer or other processes."""
         return self.pid_namespace or self.root
 
+    @property
+    def trainer_invisible(self) -> bool:
+        """True when the solution cannot read the trainer's /proc entries (its environment)."""
+        return self.root or (self.pid_namespace and self.mount_namespace)
+
 
 # ------------------------------------------------------------------------------------------------
 # Code extraction and test parsing
 
 _FENCE = re.compile(
-    r"^[ \t]*```[ \t]*(?P<lang>[\w+.-]*)[^\n]*\n(?P<body>.*?)^[ \t]*```[ \t]*$",
+    r"^[ \t]*```[ \t]*(?P<lang>[\w+.-]*)[^\n]*\n(?P<body>.*?)^[ \t]*```[ \t\r]*$",
     re.MULTILINE | re.DOTALL,
 )
 _OPEN_FENCE = re.compile(r"^[ \t]*```[ \t]*(?P<lang>[\w+.-]*)[^\n]*\n(?P<body>.*)\Z", re.M | re.S)
@@ -613,15 +666,22 @@ def _split_assert_source(source: str) -> tuple[tuple[str, str], ...]:
         return tuple(("test", line) for line in lines if line and not line.startswith("#"))
     if not any(isinstance(node, ast.Assert) for node in tree.body):
         return (("test", source),)
-    lines = source.splitlines(keepends=True)
+    lines = source.encode("utf-8").splitlines(keepends=True)  # ast columns are UTF-8 offsets
     items = []
     for node in tree.body:
-        start, stop = node.lineno - 1, node.end_lineno or node.lineno
         decorators = getattr(node, "decorator_list", [])
-        if decorators:
-            start = min(start, min(d.lineno for d in decorators) - 1)
-        segment = textwrap.dedent("".join(lines[start:stop]))
-        items.append(("test" if isinstance(node, ast.Assert) else "setup", segment))
+        if decorators:  # a decorated definition starts at its first "@", always on a new line
+            start, col = min(d.lineno for d in decorators), 0
+        else:
+            start, col = node.lineno, node.col_offset
+        end, end_col = node.end_lineno or node.lineno, node.end_col_offset or 0
+        if start == end:
+            text = lines[start - 1][col:end_col]
+        else:
+            text = lines[start - 1][col:] + b"".join(lines[start : end - 1])
+            text += lines[end - 1][:end_col]
+        kind = "test" if isinstance(node, ast.Assert) else "setup"
+        items.append((kind, text.decode("utf-8")))
     return tuple(items)
 
 
@@ -665,7 +725,8 @@ def parse_tests(tests: Any) -> ParsedTests | None:
         return ("io", (_io_case(tests),))
     if isinstance(tests, (list, tuple)):
         if all(isinstance(t, str) for t in tests):
-            return ("asserts", tuple(("test", textwrap.dedent(t)) for t in tests))
+            items = tuple(("test", textwrap.dedent(t)) for t in tests if t.strip())
+            return ("asserts", items) if items else None
         if all(isinstance(t, dict) for t in tests):
             return ("io", tuple(_io_case(t) for t in tests))
         raise ValueError("a list of tests must hold only strings (asserts) or only dicts (I/O)")
@@ -696,7 +757,7 @@ def sandbox_info() -> SandboxInfo:
             if _info.error:
                 logger.warning("code sandbox unavailable: %s", _info.error)
             else:
-                logger.info("code sandbox: %s", _info)
+                logger.info("code sandbox: %s", _info.summary())
         return _info
 
 
@@ -794,6 +855,7 @@ def _probe_namespaces(python: str, root: bool) -> tuple[int, str] | None:
             ("user", CLONE_NEWUSER),
             ("net", CLONE_NEWUSER | CLONE_NEWNET),
             ("pid", CLONE_NEWUSER | CLONE_NEWPID),
+            ("mnt", CLONE_NEWUSER | CLONE_NEWNS),
             ("ipc", CLONE_NEWUSER | CLONE_NEWIPC),
         ]
     nonce = secrets.token_hex(16)
@@ -820,6 +882,7 @@ def _probe_namespaces(python: str, root: bool) -> tuple[int, str] | None:
 
 
 def _detect() -> SandboxInfo:
+    global _uid_pool
     if not sys.platform.startswith("linux"):
         return SandboxInfo(error=f"the code sandbox needs Linux, not {sys.platform}")
     root = os.geteuid() == 0
@@ -833,29 +896,31 @@ def _detect() -> SandboxInfo:
             errors.append(f"{python}: does not start")
             continue
         flags, version = probed
-        info = SandboxInfo(
-            python=python,
-            python_version=version,
-            root=root,
-            uids=uids,
-            unshare_flags=flags,
-            masked_dirs=_masked_dirs() if flags & CLONE_NEWNS else (),
-        )
-        global _uid_pool
         if root and _uid_pool is None:
             _uid_pool = _UidPool(uids)
-        check = _run(
-            "import json, math, collections, re, itertools\nvalue = json.loads('[1, 2]')",
-            ("asserts", (("test", "assert value == [1, 2]"),)),
-            info,
-            timeout_s=20.0,
-            memory_mb=512,
-            max_output_bytes=65536,
-            max_processes=32,
-        )
-        if check.passed == 1:
-            return info
-        errors.append(f"{python}: {check.error}")
+        # A layer the probe accepted may still fail in the full setup: drop mount, then all.
+        ladder = dict.fromkeys([flags, flags & ~CLONE_NEWNS, 0])
+        for attempt in ladder:
+            info = SandboxInfo(
+                python=python,
+                python_version=version,
+                root=root,
+                uids=uids,
+                unshare_flags=attempt,
+                masked_dirs=_masked_dirs() if attempt & CLONE_NEWNS else (),
+            )
+            check = _run(
+                "import json, math, collections, re, itertools\nvalue = json.loads('[1, 2]')",
+                ("asserts", (("test", "assert value == [1, 2]"),)),
+                info,
+                timeout_s=20.0,
+                memory_mb=512,
+                max_output_bytes=65536,
+                max_processes=32,
+            )
+            if check.passed == 1:
+                return info
+            errors.append(f"{python} (namespaces {attempt:#x}): {check.error}")
     return SandboxInfo(root=root, uids=uids, error="; ".join(errors) or "no Python interpreter")
 
 
@@ -916,14 +981,15 @@ def _workdir(uid: int | None) -> Iterator[str]:
 
 
 def _remove_tree(path: str) -> None:
-    def make_writable(func: Any, failed: str, exc: Any) -> None:
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(failed) or failed, 0o700)
-            func(failed)
-
     try:
-        shutil.rmtree(path, onerror=make_writable)
-    except OSError:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError:  # e.g. directories the sandbox made unreadable (same user, not root)
+        for root, dirs, _ in os.walk(path):
+            for name in dirs:
+                with contextlib.suppress(OSError):
+                    os.chmod(os.path.join(root, name), 0o700, follow_symlinks=False)
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -962,6 +1028,28 @@ def _kill_uid(uid: int) -> None:
     logger.warning("processes of sandbox uid %d survived 50 kill rounds", uid)
 
 
+def _kill_tagged(tag: str) -> None:
+    """SIGKILL our processes whose command line carries ``tag`` (non-root, no PID namespace)."""
+    needle, me = tag.encode(), os.getpid()
+    for _ in range(50):
+        victims = []
+        for pid, owner in _process_uids(False).items():
+            if owner != os.getuid() or pid == me:
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if needle in f.read():
+                        victims.append(pid)
+            except OSError:
+                continue
+        if not victims:
+            return
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
 def _spawn(
     python: str,
     payload: dict[str, Any],
@@ -970,11 +1058,13 @@ def _spawn(
     deadline: float,
     limit: int,
     sweep_uid: int | None = None,
+    sweep_tagged: bool = False,
+    sweep_only_if_killed: bool = False,
 ) -> _Output:
     """Start the launcher with ``payload``, read at most ``limit`` bytes, kill at ``deadline``."""
     import marshal
 
-    payload["parent"] = os.getpid()
+    payload.update(parent=os.getpid(), euid=os.geteuid(), egid=os.getegid())
     data = marshal.dumps(payload, 4)
     fd = os.open(
         os.path.join(workdir, ".payload"),
@@ -983,16 +1073,21 @@ def _spawn(
     )
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-    proc = subprocess.Popen(
-        [python, "-I", "-S", "-c", _LAUNCHER],
-        cwd=workdir,
-        env={"PATH": SANDBOX_PATH},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        close_fds=True,
-    )
+    tag = f"groupwise-sandbox-{secrets.token_hex(8)}"  # marks the run's processes, not secret
+    try:
+        proc = subprocess.Popen(
+            [python, "-I", "-S", "-c", _LAUNCHER, tag],
+            cwd=workdir,
+            env={"PATH": SANDBOX_PATH},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        message = f"cannot start {python}: {exc}".encode()
+        return _Output(b"", message, None, timed_out=False, truncated=False)
     assert proc.stdout is not None and proc.stderr is not None
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
     buffers = {out_fd: bytearray(), err_fd: bytearray()}
@@ -1031,8 +1126,11 @@ def _spawn(
         proc.wait()
         proc.stdout.close()
         proc.stderr.close()
-        if sweep_uid is not None:
-            _kill_uid(sweep_uid)
+        killed = timed_out or truncated or exited_at is not None
+        if sweep_uid is not None and (killed or not sweep_only_if_killed):
+            _kill_uid(sweep_uid)  # also waits for processes still dying from the kill
+        if sweep_tagged:
+            _kill_tagged(tag)
     return _Output(
         stdout=bytes(buffers[out_fd]),
         stderr=bytes(buffers[err_fd]),
@@ -1083,12 +1181,12 @@ def _sandbox_once(
             "workdir": workdir,
             "disk_bytes": MAX_FILE_BYTES,
             "uid": uid,
-            "euid": os.geteuid(),
-            "egid": os.getegid(),
             "rlimits": rlimits,
             "block_network": not info.unshare_flags & CLONE_NEWNET,
         }
-        sweep = uid if uid is not None and not info.pid_namespace else None
+        # Without a PID namespace, processes that left the process group are hunted down: by
+        # uid when we run as root, else by the tag on their command line (best effort). With
+        # one, the uid is still checked after a kill: the namespace dies asynchronously.
         assert info.python is not None
         out = _spawn(
             info.python,
@@ -1096,7 +1194,9 @@ def _sandbox_once(
             workdir,
             deadline=deadline,
             limit=max_output_bytes,
-            sweep_uid=sweep,
+            sweep_uid=uid,
+            sweep_tagged=uid is None and not info.pid_namespace,
+            sweep_only_if_killed=info.pid_namespace,
         )
     marker = f"{nonce} READY\n".encode()
     ready = out.stderr.startswith(marker)

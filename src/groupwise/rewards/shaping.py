@@ -15,7 +15,7 @@ listed here:
   cheapest way to earn format credit is ``<think></think><answer></answer>``, which a policy
   learns in a few steps and which then drowns the accuracy signal (every short empty completion
   in a group beats a long failed attempt). :func:`make_format_reward` with
-  ``require_content=False`` gives the unguarded version (``basic.format_reward``'s semantics).
+  ``require_content=False`` gives the unguarded version.
 - :func:`soft_format_reward` (0, 0.25, 0.5, 0.75 or 1.0). Partial credit per tag, for models
   that do not yet produce the format at all. 0.25 each for:
 
@@ -109,7 +109,7 @@ def format_reward(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: 
 def make_format_reward(*, require_content: bool = True) -> RewardFunc:
     """The strict format reward, with the empty-block guard on (default, same as
     :func:`format_reward`) or off (``require_content=False``: tags-only completions such as
-    ``<think></think><answer></answer>`` get 1.0, as ``basic.format_reward`` gives)."""
+    ``<think></think><answer></answer>`` get 1.0)."""
     if not isinstance(require_content, bool):
         raise TypeError(f"require_content must be a bool, got {require_content!r}")
     if require_content:
