@@ -1,0 +1,426 @@
+"""Difficulty-aware curriculum: online pass@k classifier, Prompt-GDRO and Rollout-GDRO.
+
+Multi-Adversary GDRO (Panaganti et al., arXiv 2601.19280; docs/algorithms.md section 1). This
+module follows the paper's equations, not the released verl patch (algorithms.md 1.4 lists its
+defects). It talks to a trainer through two narrow interfaces:
+
+- :meth:`PromptGDRO.sample_weights`: a per-sample advantage multiplier (eq. 16), and
+- :meth:`RolloutGDRO.allocate` / :func:`sqrt_allocation`: a per-prompt rollout count.
+
+Bins are indexed 0..B-1 with **0 = hardest** (lowest recent pass rate), as in the paper.
+Everything here is plain Python / numpy and holds its state in a ``state_dict`` for checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+
+def default_edges(num_bins: int) -> list[float]:
+    """Equal-width bin edges inside (0, 1): 10 bins -> [0.1, 0.2, ..., 0.9] (eq. 11)."""
+    if num_bins < 1:
+        raise ValueError(f"num_bins must be >= 1, got {num_bins}")
+    return [i / num_bins for i in range(1, num_bins)]
+
+
+def bin_of(accuracy: float, edges: Sequence[float]) -> int:
+    """Eq. 11: the first i with accuracy < edges[i], else len(edges) (bin i = [a_{i-1}, a_i))."""
+    for i, edge in enumerate(edges):
+        if accuracy < edge:
+            return i
+    return len(edges)
+
+
+# ----------------------------------------------------------------------------------------------
+# Online difficulty classifier (section 3.1)
+
+
+class DifficultyClassifier:
+    """Bins prompts by their recent pass rate, with hysteresis.
+
+    For each prompt id, a window of the last ``window`` outcomes c(x) in {0, 1} ("any rollout of
+    this step was correct", eq. 10 with the window counted in appearances of the prompt). Unseen
+    prompts have accuracy 0 and start in the hardest bin. Hysteresis: a prompt leaves its
+    previous bin only if its accuracy passes the crossed edge of that bin by ``hysteresis``
+    (up: acc >= upper edge + delta; down: acc <= lower edge - delta); it then moves to the bin its
+    accuracy falls in. A step is classified with the history up to the previous step
+    (:meth:`classify`), and the history is updated after the step (:meth:`update`).
+    """
+
+    def __init__(
+        self,
+        num_bins: int = 10,
+        edges: Sequence[float] | None = None,
+        window: int = 50,
+        hysteresis: float = 0.0,
+    ) -> None:
+        edges = list(edges) if edges is not None else default_edges(num_bins)
+        if any(not 0.0 < e < 1.0 for e in edges) or any(
+            a >= b for a, b in zip(edges[:-1], edges[1:], strict=True)
+        ):
+            raise ValueError(f"bin edges must be strictly increasing inside (0, 1), got {edges}")
+        if window < 0:
+            raise ValueError(f"window must be >= 0 (0 = all history), got {window}")
+        if hysteresis < 0:
+            raise ValueError(f"hysteresis must be >= 0, got {hysteresis}")
+        self.edges = edges
+        self.num_bins = len(edges) + 1
+        self.window = window
+        self.hysteresis = hysteresis
+        self.history: dict[Hashable, deque] = {}
+        self.last_bin: dict[Hashable, int] = {}
+
+    def accuracy(self, uid: Hashable) -> float:
+        outcomes = self.history.get(uid)
+        return sum(outcomes) / len(outcomes) if outcomes else 0.0
+
+    def classify(self, uids: Sequence[Hashable]) -> list[int]:
+        """Bin of each prompt for this step (uses history up to the previous step)."""
+        bins = []
+        for uid in uids:
+            acc = self.accuracy(uid)
+            raw = bin_of(acc, self.edges)
+            prev = self.last_bin.get(uid)
+            new = raw
+            if prev is not None and raw != prev and self.hysteresis > 0:
+                if raw > prev and acc < self.edges[prev] + self.hysteresis:
+                    new = prev
+                elif raw < prev and acc > self.edges[prev - 1] - self.hysteresis:
+                    new = prev
+            self.last_bin[uid] = new
+            bins.append(new)
+        return bins
+
+    def update(self, uids: Sequence[Hashable], any_correct: Sequence[bool]) -> None:
+        """Append this step's outcome of each prompt (call after the policy update)."""
+        for uid, correct in zip(uids, any_correct, strict=True):
+            if uid not in self.history:
+                self.history[uid] = deque(maxlen=self.window or None)
+            self.history[uid].append(1 if correct else 0)
+
+    def state_dict(self) -> dict:
+        return {
+            "history": {k: list(v) for k, v in self.history.items()},
+            "last_bin": dict(self.last_bin),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = {
+            k: deque(v, maxlen=self.window or None) for k, v in state["history"].items()
+        }
+        self.last_bin = dict(state["last_bin"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Prompt-GDRO: EMA-debiased exponential weights (section 3.2)
+
+
+def per_response_loss(
+    logprobs: np.ndarray | Sequence,
+    old_logprobs: np.ndarray | Sequence,
+    advantages: Sequence[float],
+    mask: np.ndarray | Sequence,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+) -> np.ndarray:
+    """The adversary's signal per response, eqs. 5-6 without KL and with unweighted advantages:
+    ``l_i = (1/L_i) sum_t max(-A_i rho_t, -A_i clip(rho_t, 1-eps_low, 1+eps_high))``.
+
+    On-policy (rho = 1) this is -A_i, whose group mean is 0: the signal then only carries the
+    off-policy and clipping drift (algorithms.md 1.1, [obs])."""
+    logp = np.asarray(logprobs, dtype=np.float64)
+    old = np.asarray(old_logprobs, dtype=np.float64)
+    keep = np.asarray(mask, dtype=bool)
+    adv = np.asarray(advantages, dtype=np.float64)[:, None]
+    ratio = np.exp(np.where(keep, logp - old, 0.0))
+    clipped = np.clip(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token = np.maximum(-adv * ratio, -adv * clipped)
+    return np.where(keep, per_token, 0.0).sum(1) / np.maximum(keep.sum(1), 1)
+
+
+class PromptGDRO:
+    """Eqs. 12-16: per-bin EMA of the mean loss, exponential weights, advantage multipliers.
+
+    - eq. 13: step mean loss of bin b over its responses, optionally divided by its realised
+      share max(q_hat_b, share_floor) (``share_normalize``, the appendix's "loss normalized by
+      class share");
+    - eq. 12: S_b <- (1 - ema_beta) S_b + ema_beta * step mean (the first observation sets S_b);
+    - eq. 14-15: q_b = (1 - gamma) softmax(eta * clip(S, -C, C))_b + gamma / B (bins never seen
+      have S_b = 0);
+    - eq. 16: each sample's advantage is multiplied by q_{b(i)}, renormalised to mean 1 over the
+      batch and capped at ``weight_cap``. Only relative weights matter, so this equals the
+      paper's capped omega up to a constant; it changes no rollout count (compute-neutral).
+    Defaults are the paper's (App. A.2.1): eta 0.65, gamma 0.01, EMA beta 0.12, cap 15. The
+    paper's clip C is unspecified there; ``clip=None`` turns it off.
+    """
+
+    def __init__(
+        self,
+        num_bins: int,
+        eta: float = 0.65,
+        gamma: float = 0.01,
+        ema_beta: float = 0.12,
+        clip: float | None = None,
+        weight_cap: float = 15.0,
+        share_normalize: bool = True,
+        share_floor: float = 1e-3,
+    ) -> None:
+        if not 0 <= gamma <= 1 or not 0 < ema_beta <= 1 or eta < 0 or weight_cap <= 0:
+            raise ValueError("need 0 <= gamma <= 1, 0 < ema_beta <= 1, eta >= 0, weight_cap > 0")
+        self.num_bins = num_bins
+        self.eta, self.gamma, self.ema_beta = eta, gamma, ema_beta
+        self.clip, self.weight_cap = clip, weight_cap
+        self.share_normalize, self.share_floor = share_normalize, share_floor
+        self.scores: list[float | None] = [None] * num_bins
+
+    def bin_weights(self) -> np.ndarray:
+        """q_b of eq. 15 for every bin."""
+        s = np.array([0.0 if v is None else v for v in self.scores])
+        if self.clip is not None:
+            s = np.clip(s, -self.clip, self.clip)
+        z = self.eta * s
+        soft = np.exp(z - z.max())
+        soft /= soft.sum()
+        return (1 - self.gamma) * soft + self.gamma / self.num_bins
+
+    def sample_weights(self, bin_ids: Sequence[int]) -> np.ndarray:
+        """Per-sample advantage multipliers (eq. 16), mean 1 over the batch, capped."""
+        q = self.bin_weights()[np.asarray(bin_ids, dtype=int)]
+        w = q * len(q) / q.sum()
+        return np.minimum(w, self.weight_cap)
+
+    def update(self, bin_ids: Sequence[int], losses: Sequence[float]) -> None:
+        """Feed this step's per-response losses (eqs. 12-13); call after the policy update."""
+        bins = np.asarray(bin_ids, dtype=int)
+        values = np.asarray(losses, dtype=np.float64)
+        if bins.shape != values.shape:
+            raise ValueError(f"{bins.size} bin ids for {values.size} losses")
+        for b in np.unique(bins):
+            in_bin = bins == b
+            step = float(values[in_bin].mean())
+            if self.share_normalize:
+                step /= max(in_bin.mean(), self.share_floor)
+            old = self.scores[b]
+            self.scores[b] = (
+                step if old is None else (1 - self.ema_beta) * old + self.ema_beta * step
+            )
+
+    def state_dict(self) -> dict:
+        return {"scores": list(self.scores)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scores = list(state["scores"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Rollout-GDRO: shadow-price allocation of rollouts (section 3.3)
+
+
+def exact_budget_arms(
+    bin_counts: dict[int, int],
+    log_probs: dict[int, np.ndarray],
+    arms: Sequence[int],
+    total: int,
+) -> dict[int, int]:
+    """Eq. 20's joint choice: one arm per present bin maximising sum_b log p_b(arm), subject to
+    sum_b count_b * arm_b == total (dynamic programming over bins; state = rollouts so far).
+
+    If no combination hits ``total`` exactly, the closest reachable total is used (then the most
+    probable combination for it)."""
+    bins = list(bin_counts)
+    best: dict[int, tuple[float, list[int]]] = {0: (0.0, [])}
+    for b in bins:
+        nxt: dict[int, tuple[float, list[int]]] = {}
+        for used, (score, chosen) in best.items():
+            for k, arm in enumerate(arms):
+                key = used + bin_counts[b] * arm
+                cand = score + float(log_probs[b][k])
+                if key not in nxt or cand > nxt[key][0]:
+                    nxt[key] = (cand, chosen + [arm])
+        best = nxt
+    reachable = min(best, key=lambda t: (abs(t - total), -best[t][0]))
+    return dict(zip(bins, best[reachable][1], strict=True))
+
+
+class RolloutGDRO:
+    """Eqs. 17-21: per-bin bandits over integer rollout counts, priced by a shadow price mu.
+
+    - Each bin has a score per arm n in [n_min, n_max]; arm probabilities are
+      p_b = (1 - gamma) softmax(eta * score_b) + gamma / |arms| (EXP3P-style exploration).
+    - :meth:`allocate` picks one arm per present bin maximising the joint probability with the
+      step's total rollouts equal to prompts x mean_budget exactly (:func:`exact_budget_arms`).
+    - :meth:`update` scores the played arm with the paper's sign (eq. 20): reward
+      -L_b(n) = J_b - mu n, where J_b = -(mean loss of bin b); scores are an EMA with
+      ``score_decay`` (the appendix's "arm score EMA decay 0.4"; [recon]: the paper does not
+      spell out the estimator).
+    - mu moves by dual ascent (eq. 21) on the *pre-rounding* allocation, the mean arm under the
+      bandits' own probabilities weighted by the bins' shares: mu += dual_lr (n_hat - mean_budget).
+      The exactly-matched allocation always equals the budget, so using it would freeze mu.
+    Defaults are the paper's (App. A.2.2): arms 2..12, mean budget 4, eta 0.65, gamma 0.01,
+    dual_lr 0.05, score decay 0.4.
+    """
+
+    def __init__(
+        self,
+        num_bins: int,
+        n_min: int = 2,
+        n_max: int = 12,
+        mean_budget: float = 4.0,
+        eta: float = 0.65,
+        gamma: float = 0.01,
+        dual_lr: float = 0.05,
+        score_decay: float = 0.4,
+    ) -> None:
+        if not 1 <= n_min <= mean_budget <= n_max:
+            raise ValueError(
+                f"need 1 <= n_min <= mean_budget <= n_max, got {n_min}, {mean_budget}, {n_max}"
+            )
+        self.num_bins = num_bins
+        self.arms = list(range(n_min, n_max + 1))
+        self.n_min, self.n_max, self.mean_budget = n_min, n_max, mean_budget
+        self.eta, self.gamma, self.dual_lr, self.score_decay = eta, gamma, dual_lr, score_decay
+        self.scores = np.zeros((num_bins, len(self.arms)))
+        self.mu = 0.0
+
+    def arm_probs(self, b: int) -> np.ndarray:
+        z = self.eta * self.scores[b]
+        soft = np.exp(z - z.max())
+        soft /= soft.sum()
+        return (1 - self.gamma) * soft + self.gamma / len(self.arms)
+
+    def allocate(self, bin_ids: Sequence[int]) -> list[int]:
+        """Rollouts per prompt: the most probable per-bin arms with an exact total budget."""
+        counts: dict[int, int] = {}
+        for b in bin_ids:
+            counts[int(b)] = counts.get(int(b), 0) + 1
+        total = round(len(bin_ids) * self.mean_budget)
+        log_probs = {b: np.log(self.arm_probs(b)) for b in counts}
+        chosen = exact_budget_arms(counts, log_probs, self.arms, total)
+        return [chosen[int(b)] for b in bin_ids]
+
+    def expected_mean(self, bin_ids: Sequence[int]) -> float:
+        """Pre-rounding allocation: sum_b q_hat_b E_{p_b}[n]."""
+        bins = np.asarray(bin_ids, dtype=int)
+        arms = np.asarray(self.arms, dtype=np.float64)
+        return float(np.mean([self.arm_probs(b) @ arms for b in bins]))
+
+    def update(self, bin_ids: Sequence[int], rollouts: Sequence[int], losses: Sequence[float]):
+        """Feed the step: per-prompt bin and rollout count, per-prompt mean loss (eq. 17)."""
+        bins = np.asarray(bin_ids, dtype=int)
+        n = np.asarray(rollouts, dtype=int)
+        values = np.asarray(losses, dtype=np.float64)
+        pre_rounding = self.expected_mean(bins)
+        for b in np.unique(bins):
+            in_bin = bins == b
+            j_b = -float(values[in_bin].mean())  # eq. 18
+            for arm in np.unique(n[in_bin]):
+                k = self.arms.index(int(arm))
+                reward = j_b - self.mu * float(arm)  # -L_b(n), eq. 20
+                d = self.score_decay
+                self.scores[b, k] = (1 - d) * self.scores[b, k] + d * reward
+        self.mu += self.dual_lr * (pre_rounding - self.mean_budget)  # eq. 21
+
+    def state_dict(self) -> dict:
+        return {"scores": self.scores.tolist(), "mu": self.mu}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scores = np.asarray(state["scores"], dtype=np.float64)
+        self.mu = float(state["mu"])
+
+
+def sqrt_allocation(
+    bin_ids: Sequence[int],
+    variances: Sequence[float],
+    mean_budget: float,
+    n_min: int,
+    n_max: int,
+) -> list[int]:
+    """Closed-form Rollout-GDRO (Theorem 4.2, eq. 30): n_b = n_bar sqrt(v_b) / sum_j q_j sqrt(v_j).
+
+    ``bin_ids``: one bin per prompt; ``variances``: v_b per bin index (e.g. p_b (1 - p_b)).
+    Bounds are enforced by water-filling (the scale s in n_b = clip(s sqrt(v_b), n_min, n_max) is
+    chosen so the real-valued total is exact), then each prompt's real target is floored and the
+    remaining units go to the largest fractional parts, so prompts of one bin differ by at most 1
+    and the total is exactly ``len(bin_ids) * mean_budget`` (rounded) whenever it is reachable
+    within the bounds (otherwise the nearest reachable total). All-zero variances give the
+    uniform allocation."""
+    if not 1 <= n_min <= n_max:
+        raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
+    count = len(bin_ids)
+    if count == 0:
+        return []
+    total = min(max(round(count * mean_budget), count * n_min), count * n_max)
+    roots = np.sqrt(np.maximum(np.asarray(variances, dtype=np.float64), 0.0))
+    weight = roots[np.asarray(bin_ids, dtype=int)]
+    if weight.sum() == 0:
+        weight = np.ones(count)
+
+    def real_total(scale: float) -> float:
+        return float(np.clip(scale * weight, n_min, n_max).sum())
+
+    low, high = 0.0, 1.0
+    while real_total(high) < total:
+        high *= 2
+        if high > 1e12:
+            break
+    for _ in range(200):  # bisection on the monotone total
+        mid = (low + high) / 2
+        if real_total(mid) < total:
+            low = mid
+        else:
+            high = mid
+    target = np.clip(high * weight, n_min, n_max)
+    deficit = total - target.sum()
+    if deficit > 1e-9:
+        # Every prompt with v_b > 0 is at n_max: the rest of the exact budget goes evenly to
+        # the zero-variance prompts (no variance to reduce there, but the budget is fixed).
+        zero = weight == 0
+        target[zero] = np.minimum(target[zero] + deficit / max(zero.sum(), 1), n_max)
+    base = np.floor(target + 1e-9).astype(int)
+    remaining = total - int(base.sum())
+    frac = target - base
+    # Stable sort keeps prompt order for ties, so equal targets in one bin differ by at most 1.
+    order = sorted(range(count), key=lambda i: -frac[i])
+    for i in order:
+        if remaining <= 0:
+            break
+        if base[i] < n_max:
+            base[i] += 1
+            remaining -= 1
+    for i in order[::-1]:  # float slack the other way (only if the bisection overshot)
+        if remaining >= 0:
+            break
+        if base[i] > n_min:
+            base[i] -= 1
+            remaining += 1
+    return base.tolist()
+
+
+# ----------------------------------------------------------------------------------------------
+# Diagnostics (section 4)
+
+
+def weighted_standard_error(
+    shares: Sequence[float], sigmas: Sequence[float], rollouts: Sequence[float]
+) -> float:
+    """Eq. 33: WSE = sum_b q_b sigma_b / sqrt(n_b) over bins with n_b > 0."""
+    total = 0.0
+    for q, sigma, n in zip(shares, sigmas, rollouts, strict=True):
+        if n > 0:
+            total += q * sigma / math.sqrt(n)
+    return total
+
+
+def lead_lag(data_shares: Sequence[float], weights: Sequence[float]) -> tuple[float, float, float]:
+    """Eq. 32: mu_data = sum_b b q_b, mu_weight = sum_b b w_hat_b (weights normalised to sum 1),
+    and their difference (positive: the adversary leans to easier bins than the data)."""
+    q = np.asarray(data_shares, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    idx = np.arange(len(q))
+    mu_data = float((idx * q).sum() / max(q.sum(), 1e-12))
+    mu_weight = float((idx * w).sum() / max(w.sum(), 1e-12))
+    return mu_data, mu_weight, mu_weight - mu_data
