@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from groupwise.cli import main
 
 
@@ -68,4 +70,62 @@ def test_demo_yaml_matches_builtin_demo():
     builtin = GRPOConfig.from_dict(DEMO_CONFIG)
     for name, value in DEMO_CONFIG.items():
         assert getattr(from_yaml, name) == value, name
-    assert from_yaml.reward_funcs == builtin.reward_funcs
+    assert from_yaml.resolved_reward_funcs() == builtin.resolved_reward_funcs()
+
+
+def test_eval_command_greedy_sampled_and_compare(tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    args = [
+        "eval",
+        "--model", "tiny-random",
+        "--task", "arithmetic",
+        "--num_eval_prompts", "3",
+        "--eval_num_generations", "2",
+        "--max_completion_length", "4",
+        "--eval_output", str(out),
+        "--compare_model", "tiny-random",
+    ]  # fmt: skip
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["a"]["summary"]["overall"]["num_prompts"] == 3
+    assert "pass@2" in report["a"]["summary"]["overall"]
+    # The same seeded model against itself: the paired difference is exactly 0.
+    assert report["comparison"]["metrics"]["pass@1"]["diff"] == 0.0
+    assert "paired bootstrap 95% CI" in capsys.readouterr().out
+
+
+def test_train_on_a_jsonl_file(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(
+        "\n".join(json.dumps({"question": f"What is {i} + 1?", "gold": i + 1}) for i in range(4))
+    )
+    code = main(
+        [
+            "train", "--model", "tiny-random", "--task", str(data),
+            "--prompt_column", "question", "--answer_column", "gold",
+            "--system_prompt", "Answer in <answer> tags.",
+            "--max_steps", "1", "--num_generations", "2", "--per_device_train_batch_size", "4",
+            "--max_completion_length", "3", "--output_dir", str(tmp_path / "run"),
+            "--disable_tqdm",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text())["step"] == 1
+    assert main(["train", "--task", str(tmp_path / "missing.jsonl")]) == 2
+
+
+@pytest.mark.parametrize("task", ["countdown", "python", "gsm", "logic", "mixed"])
+def test_train_one_step_on_every_builtin_task(tmp_path, task):
+    out = tmp_path / task
+    code = main(
+        [
+            "train", "--model", "tiny-random", "--task", task, "--max_steps", "1",
+            "--num_generations", "2", "--per_device_train_batch_size", "4",
+            "--num_train_prompts", "8", "--num_eval_prompts", "2", "--eval_on_start",
+            "--max_completion_length", "3", "--output_dir", str(out), "--disable_tqdm",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["eval/num_prompts"] == 2
+    assert lines[1]["step"] == 1 and "reward" in lines[1]

@@ -17,14 +17,22 @@ def test_defaults_follow_deepseekmath_grpo():
     assert config.epsilon == 0.2
     assert config.epsilon_high is None
     assert config.num_generations == 8
-    assert config.reward_funcs == ["format", "accuracy"]
+    assert config.reward_funcs is None  # the task's own rewards
+    assert config.resolved_reward_funcs() == ["format", "accuracy"]
     assert config.reward_weights is None
 
 
-def test_default_list_is_not_shared_between_instances():
+def test_task_default_rewards():
+    assert GRPOConfig(task="python").resolved_reward_funcs() == ["code"]
+    assert GRPOConfig(task="countdown").resolved_reward_funcs() == ["format", "countdown"]
+    assert GRPOConfig(task="data.jsonl").resolved_reward_funcs() == ["format", "accuracy"]
+    assert GRPOConfig(reward_funcs=["soft_format"]).resolved_reward_funcs() == ["soft_format"]
+
+
+def test_resolved_list_is_not_shared_between_instances():
     first, second = GRPOConfig(), GRPOConfig()
-    first.reward_funcs.append("extra")
-    assert second.reward_funcs == ["format", "accuracy"]
+    first.resolved_reward_funcs().append("extra")
+    assert second.resolved_reward_funcs() == ["format", "accuracy"]
 
 
 def test_steps_properties():
@@ -205,7 +213,7 @@ def test_completions_per_step_must_be_multiple_of_num_generations():
 
 def test_reward_weights_length_mismatch():
     with pytest.raises(ConfigError) as info:
-        GRPOConfig(reward_weights=[1.0])
+        GRPOConfig(reward_funcs=["format", "accuracy"], reward_weights=[1.0])
     assert "reward_weights has 1 entries but reward_funcs has 2" in str(info.value)
     assert GRPOConfig(reward_weights=[0.5, 1.0]).reward_weights == [0.5, 1.0]
 

@@ -10,6 +10,7 @@ import pytest
 
 from groupwise.data import (
     arithmetic_dataset,
+    filter_long_prompts,
     is_conversational,
     load_jsonl,
     prompt_text,
@@ -336,3 +337,47 @@ def test_tokenize_prompts_truncation_keeps_generation_prompt():
     conversation = [{"role": "user", "content": "a long question"}]
     (ids,) = tokenize_prompts([conversation], tok, max_prompt_length=11)
     assert "".join(chr(i) for i in ids) == "[assistant]"
+
+
+# ---------------------------------------------------------------------------------------------
+# filter_long_prompts
+# ---------------------------------------------------------------------------------------------
+
+
+def test_filter_long_prompts_skips_and_counts():
+    tok = FakeTokenizer()
+    rows = [
+        {"prompt": "abc", "answer": "1"},  # 3 tokens
+        {"prompt": "abcd", "answer": "2"},  # 4 tokens: too long
+        {"prompt": [{"role": "u", "content": ""}], "answer": "3"},  # "[u][assistant]": 14
+        {"prompt": "", "answer": "4"},  # 0 tokens
+    ]
+    kept, skipped = filter_long_prompts(rows, tok, max_prompt_length=3)
+    assert kept == [rows[0], rows[3]] and skipped == 2
+    # The chat template with its generation prompt is counted, without a BOS.
+    kept, skipped = filter_long_prompts(rows, tok, max_prompt_length=14)
+    assert kept == rows and skipped == 0
+    kept, skipped = filter_long_prompts(rows, tok, max_prompt_length=13)
+    assert kept == [rows[0], rows[1], rows[3]] and skipped == 1
+    assert all(c["add_special_tokens"] is False for c in tok.encode_calls)
+
+
+def test_filter_long_prompts_error_names_row_and_length():
+    rows = [{"prompt": "ab"}, {"prompt": "abcdefg"}, {"prompt": "abcdefghi"}]
+    with pytest.raises(ValueError) as info:
+        filter_long_prompts(rows, FakeTokenizer(), max_prompt_length=5, on_long="error")
+    assert str(info.value) == "row 1: prompt is 7 tokens, longer than max_prompt_length=5"
+    kept, skipped = filter_long_prompts(rows, FakeTokenizer(), 9, on_long="error")
+    assert kept == rows and skipped == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"max_prompt_length": 0}, "max_prompt_length must be >= 1, got 0"),
+        ({"max_prompt_length": 4, "on_long": "truncate"}, "on_long must be 'skip' or 'error'"),
+    ],
+)
+def test_filter_long_prompts_bad_arguments(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        filter_long_prompts([{"prompt": "a"}], FakeTokenizer(), **kwargs)

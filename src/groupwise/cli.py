@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, GRPOConfig, parse_cli_overrides
-from .data import TASKS, arithmetic_dataset, load_jsonl
+from .data import TASKS, arithmetic_dataset, filter_long_prompts, load_dataset_rows
 
 USAGE = """usage: groupwise <command> [CONFIG.yaml] [--option value ...]
 
 commands:
   train   run GRPO; options come from CONFIG.yaml and/or --option value (any GRPOConfig field)
+  eval    evaluate --model (a path, checkpoint or built-in) on the task's held-out prompts:
+          greedy accuracy, and with --eval_num_generations N unbiased pass@k / mean@k, overall
+          and per difficulty; --compare_model M adds the paired difference with a 95% CI
   demo    fine-tune SmolLM2-135M-Instruct on arithmetic on the CPU, with held-out greedy
           accuracy before and after (--option value overrides the demo's settings)
 
@@ -44,8 +47,25 @@ DEMO_CONFIG: dict[str, Any] = {
 }
 
 
+def _file_rows(path: str, args: GRPOConfig, tokenizer=None) -> list[dict]:
+    rows, report = load_dataset_rows(
+        path,
+        prompt_column=args.prompt_column,
+        answer_column=args.answer_column,
+        system_prompt=args.system_prompt,
+        prompt_template=args.prompt_template,
+        on_invalid=args.on_invalid_rows,
+    )
+    print(f"[groupwise] {report.summary()}")
+    return rows
+
+
+def _is_data_file(task: str) -> bool:
+    return task.endswith((".jsonl", ".json", ".csv", ".parquet")) or os.path.isdir(task)
+
+
 def build_datasets(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
-    """Training and held-out rows for ``args.task``: a built-in task or a JSONL file."""
+    """Training and held-out rows for ``args.task``: a built-in task or a data file."""
     if args.task == "arithmetic":
         common = dict(
             digits=args.digits,
@@ -61,13 +81,46 @@ def build_datasets(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
             else None
         )
         return train, evals
-    if args.task.endswith(".jsonl"):
+    if _is_data_file(args.task):
         if not os.path.exists(args.task):
             raise ConfigError(f"task={args.task!r}: file does not exist")
-        return load_jsonl(args.task), None
+        train = _file_rows(args.task, args)
+        evals = None
+        if args.eval_task:
+            if not os.path.exists(args.eval_task):
+                raise ConfigError(f"eval_task={args.eval_task!r}: file does not exist")
+            evals = _file_rows(args.eval_task, args)[: args.num_eval_prompts or None]
+        return train, evals
+    try:
+        from .tasks import TASKS as BUILTIN_TASKS
+        from .tasks import build_task
+    except ImportError:
+        BUILTIN_TASKS, build_task = TASKS, None
+    if build_task is not None and args.task in BUILTIN_TASKS:
+        train = build_task(
+            args.task, args.num_train_prompts, "train", seed=args.seed, few_shot=args.few_shot
+        )
+        evals = (
+            build_task(args.task, args.num_eval_prompts, "eval", seed=0, few_shot=args.few_shot)
+            if args.num_eval_prompts
+            else None
+        )
+        return train, evals
     raise ConfigError(
-        f"task={args.task!r} is neither a built-in task {list(TASKS)} nor a .jsonl file"
+        f"task={args.task!r} is neither a built-in task {sorted(BUILTIN_TASKS)} nor a data file "
+        "(.jsonl, .json, .csv, .parquet, or a saved datasets folder)"
     )
+
+
+def apply_long_prompt_policy(rows: list[dict] | None, tokenizer, args: GRPOConfig):
+    """Skip (and count) or reject prompts over max_prompt_length; 'truncate' keeps them and the
+    trainer keeps their last max_prompt_length tokens."""
+    if rows is None or args.long_prompts == "truncate" or args.max_prompt_length is None:
+        return rows
+    kept, skipped = filter_long_prompts(rows, tokenizer, args.max_prompt_length, args.long_prompts)
+    if skipped:
+        print(f"[groupwise] skipped {skipped} prompts longer than {args.max_prompt_length} tokens")
+    return kept
 
 
 def _config_from_argv(argv: list[str], base: dict[str, Any] | None = None) -> GRPOConfig:
@@ -85,7 +138,11 @@ def run_train(args: GRPOConfig) -> dict[str, float]:
     from .trainer import GRPOTrainer
 
     train, evals = build_datasets(args)
-    trainer = GRPOTrainer(args.model, args.reward_funcs, train, args=args, eval_dataset=evals)
+    trainer = GRPOTrainer(
+        args.model, args.resolved_reward_funcs(), train, args=args, eval_dataset=evals
+    )
+    trainer.train_dataset = apply_long_prompt_policy(train, trainer.tokenizer, args)
+    trainer.eval_dataset = apply_long_prompt_policy(evals, trainer.tokenizer, args)
     history = trainer.train()
     print(f"[groupwise] metrics: {Path(args.output_dir) / 'metrics.jsonl'}")
     print(f"[groupwise] model:   {Path(args.output_dir)} (AutoModelForCausalLM.from_pretrained)")
@@ -102,7 +159,9 @@ def run_demo(args: GRPOConfig) -> tuple[float, float]:
         raise ConfigError("the demo needs num_eval_prompts >= 1")
     # The demo evaluates before and after itself, so the numbers can be printed side by side.
     args.eval_on_start, args.eval_steps = False, 0
-    trainer = GRPOTrainer(args.model, args.reward_funcs, train, args=args, eval_dataset=evals)
+    trainer = GRPOTrainer(
+        args.model, args.resolved_reward_funcs(), train, args=args, eval_dataset=evals
+    )
     acc, fmt = "eval/rewards/accuracy_reward/mean", "eval/rewards/format_reward/mean"
 
     def report(when: str, result: dict[str, float]) -> None:
@@ -128,6 +187,63 @@ def run_demo(args: GRPOConfig) -> tuple[float, float]:
     return before.get(acc, 0.0), after.get(acc, 0.0)
 
 
+def run_eval(args: GRPOConfig) -> dict:
+    """Evaluate ``args.model`` (and ``args.compare_model``) on the task's held-out prompts."""
+    from .evaluation import (
+        EvalConfig,
+        compare,
+        evaluate_model,
+        format_comparison,
+        format_table,
+        save_json,
+    )
+    from .models import load_model_and_tokenizer
+    from .rewards import build_reward_func
+    from .trainer import resolve_device
+
+    train, evals = build_datasets(args)
+    rows = evals if evals else train
+    config = EvalConfig(
+        n=args.eval_num_generations,
+        greedy=True,
+        ks=args.eval_ks if args.eval_num_generations else None,
+        temperature=args.temperature if args.eval_num_generations else 1.0,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_completion_length=args.max_completion_length,
+        max_prompt_length=args.max_prompt_length,
+        seed=args.seed,
+    )
+    device = resolve_device(args.device)
+    funcs = [build_reward_func(name, args) for name in args.resolved_reward_funcs()]
+
+    def run(model_name: str):
+        model, tokenizer = load_model_and_tokenizer(model_name, seed=args.seed)
+        model.to(device)
+        result = evaluate_model(model, tokenizer, rows, funcs, config)
+        print(f"[groupwise] {model_name} on {len(rows)} prompts")
+        print(format_table(result.summary))
+        return result
+
+    result = run(args.model)
+    output = Path(args.eval_output or Path(args.output_dir) / "eval.json")
+    report: dict = {"model": args.model, **result.to_dict()}
+    if args.compare_model:
+        other = run(args.compare_model)
+        diff = compare(result.per_prompt, other.per_prompt, config.ks)
+        print(f"[groupwise] {args.compare_model} minus {args.model} (paired bootstrap 95% CI)")
+        print(format_comparison(diff))
+        report = {
+            "a": report,
+            "b": {"model": args.compare_model, **other.to_dict()},
+            "comparison": diff,
+        }
+    output.parent.mkdir(parents=True, exist_ok=True)
+    save_json(report, output)
+    print(f"[groupwise] results: {output}")
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -137,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if command == "train":
             run_train(_config_from_argv(rest))
+        elif command == "eval":
+            run_eval(_config_from_argv(rest))
         elif command == "demo":
             run_demo(_config_from_argv(rest, base=DEMO_CONFIG))
         else:

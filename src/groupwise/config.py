@@ -10,7 +10,7 @@ import dataclasses
 import difflib
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,16 @@ class GRPOConfig:
     few_shot: bool = True  # prepend one worked example as a prior chat turn
     num_train_prompts: int = 200  # size of the generated training set
     num_eval_prompts: int = 64  # size of the held-out evaluation set (0: no evaluation)
-    reward_funcs: list[str] = field(default_factory=lambda: ["format", "accuracy"])
+    eval_task: str | None = None  # held-out data file (for file tasks); None: built-in split
+    prompt_column: str = "prompt"  # file tasks: column holding the prompt
+    answer_column: str = "answer"  # file tasks: column holding the ground truth
+    system_prompt: str | None = None  # file tasks: prepended as a system message
+    prompt_template: str | None = None  # file tasks: e.g. "Q: {prompt}\nA:" for base models
+    on_invalid_rows: str = "error"  # file tasks: error | skip (skipped rows are counted)
+    long_prompts: str = "truncate"  # prompts over max_prompt_length: truncate | skip | error
+    # None: the task's own rewards (arithmetic, gsm: format + accuracy; countdown: format +
+    # countdown; logic: format + reasoning_gym; python: code; mixed: format + task).
+    reward_funcs: list[str] | None = None
     reward_weights: list[float] | None = None  # None: every reward function weighs 1.0
     reward_max_failure_fraction: float = 0.5  # stop if a reward fails on more of a step
     accuracy_timeout: float = 5.0  # seconds per symbolic comparison (math-verify)
@@ -87,6 +96,10 @@ class GRPOConfig:
     save_steps: int = 0  # 0: save only at the end
     eval_steps: int = 0  # 0: evaluate only before and after training (if eval_on_start)
     eval_on_start: bool = False
+    eval_num_generations: int = 0  # groupwise eval: samples per prompt (0: greedy only)
+    eval_ks: list[int] | None = None  # groupwise eval: k of pass@k (None: 1, 2, 4, ..., n)
+    eval_output: str | None = None  # groupwise eval: JSON file (None: OUTPUT_DIR/eval.json)
+    compare_model: str | None = None  # groupwise eval: second model, paired difference + 95% CI
     log_completions: bool = False
     disable_tqdm: bool = False
 
@@ -102,6 +115,14 @@ class GRPOConfig:
     def prompts_per_step(self) -> int:
         return self.completions_per_step // self.num_generations
 
+    def resolved_reward_funcs(self) -> list[str]:
+        """``reward_funcs``, or the task's default rewards when it is None."""
+        if self.reward_funcs is not None:
+            return list(self.reward_funcs)
+        from .tasks import TASKS, task_reward_funcs
+
+        return task_reward_funcs(self.task) if self.task in TASKS else ["format", "accuracy"]
+
     def validate(self) -> None:
         choices = {
             "loss_type": ("grpo", "bnpo", "dapo", "dr_grpo"),
@@ -110,6 +131,8 @@ class GRPOConfig:
             "lr_scheduler_type": ("constant", "linear", "cosine"),
             "device": ("auto", "cpu", "cuda"),
             "dtype": ("auto", "float32", "bfloat16"),
+            "on_invalid_rows": ("error", "skip"),
+            "long_prompts": ("truncate", "skip", "error"),
         }
         for name, valid in choices.items():
             if getattr(self, name) not in valid and not (
@@ -177,9 +200,15 @@ class GRPOConfig:
                 "num_generations must be >= 2: a group of one completion has no baseline "
                 "(its advantage is always 0)"
             )
-        if not self.reward_funcs or any(not str(f).strip() for f in self.reward_funcs):
+        if self.reward_funcs is not None and (
+            not self.reward_funcs or any(not str(f).strip() for f in self.reward_funcs)
+        ):
             raise ConfigError("reward_funcs must name at least one reward function")
-        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+        if (
+            self.reward_funcs is not None
+            and self.reward_weights is not None
+            and len(self.reward_weights) != len(self.reward_funcs)
+        ):
             raise ConfigError(
                 f"reward_weights has {len(self.reward_weights)} entries but reward_funcs has "
                 f"{len(self.reward_funcs)} ({self.reward_funcs})"

@@ -8,10 +8,15 @@ reward functions by name, as in TRL.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
+import math
 import random
-from collections.abc import Sequence
+import string
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +52,11 @@ def prompt_text(prompt: Any, tokenizer: PreTrainedTokenizerBase) -> str:
     raise TypeError(f"prompt must be a string or a list of messages, got {type(prompt).__name__}")
 
 
+def _prompt_token_ids(prompt: Any, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    # The chat template already holds the special tokens; don't add a second BOS.
+    return list(tokenizer(prompt_text(prompt, tokenizer), add_special_tokens=False)["input_ids"])
+
+
 def tokenize_prompts(
     prompts: Sequence[Any], tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None
 ) -> list[list[int]]:
@@ -54,8 +64,7 @@ def tokenize_prompts(
     keeps the question and the generation prompt, as TRL does)."""
     ids = []
     for prompt in prompts:
-        # The chat template already holds the special tokens; don't add a second BOS.
-        tokens = tokenizer(prompt_text(prompt, tokenizer), add_special_tokens=False)["input_ids"]
+        tokens = _prompt_token_ids(prompt, tokenizer)
         if max_prompt_length is not None and len(tokens) > max_prompt_length:
             tokens = tokens[-max_prompt_length:]
         ids.append(tokens)
@@ -168,6 +177,484 @@ def load_jsonl(path: str | Path, prompt_column: str = "prompt") -> list[dict[str
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Loading prompt datasets from files (JSONL, JSON, CSV, Parquet), HF datasets, or in memory.
+
+
+@dataclass
+class LoadReport:
+    """What ``load_dataset_rows`` read and what it did with it: every row read is either kept
+    or counted in ``skipped`` under a reason (nothing is dropped silently). ``examples`` keeps
+    the first message seen for each skip reason."""
+
+    source: str
+    rows_read: int = 0
+    rows_kept: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        total = sum(self.skipped.values())
+        text = f"{self.source}: read {self.rows_read} rows, kept {self.rows_kept}, skipped {total}"
+        if total:
+            reasons = ", ".join(f"{reason}: {n}" for reason, n in sorted(self.skipped.items()))
+            first = "; ".join(self.examples[reason] for reason in sorted(self.skipped))
+            text += f" ({reasons}); first of each: {first}"
+        return text
+
+
+class _InvalidRow(Exception):
+    """A row that ``on_invalid="skip"`` may skip: ``reason`` is the report's counter key."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+# One raw record as read: where it came from (for messages) and a dict, or the reason and
+# message of a record that could not be read as a dict.
+_Raw = tuple[str, "dict[str, Any] | _InvalidRow"]
+
+
+def _columns_of(raws: list[_Raw]) -> list[str]:
+    columns: dict[str, None] = {}
+    for _, record in raws:
+        if isinstance(record, dict):
+            columns.update(dict.fromkeys(record))
+    return list(columns)
+
+
+def _read_jsonl(path: Path) -> tuple[list[_Raw], list[str]]:
+    raws: list[_Raw] = []
+    with open(path, encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                bad = _InvalidRow("malformed JSON", f"{where}: not valid JSON ({err.msg})")
+                raws.append((where, bad))
+                continue
+            if not isinstance(record, dict):
+                kind = type(record).__name__
+                bad = _InvalidRow("not an object", f"{where}: expected a JSON object, got {kind}")
+                raws.append((where, bad))
+                continue
+            raws.append((where, record))
+    return raws, _columns_of(raws)
+
+
+def _read_json(path: Path) -> tuple[list[_Raw], list[str]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    if not isinstance(data, list):
+        raise ValueError(
+            f"{path}: a .json dataset must be a list of objects, got {type(data).__name__} "
+            "(use .jsonl for one object per line)"
+        )
+    raws: list[_Raw] = []
+    for index, record in enumerate(data):
+        where = f"{path}[item {index}]"
+        if not isinstance(record, dict):
+            kind = type(record).__name__
+            raws.append(
+                (where, _InvalidRow("not an object", f"{where}: expected an object, got {kind}"))
+            )
+        else:
+            raws.append((where, record))
+    return raws, _columns_of(raws)
+
+
+def _read_csv(path: Path) -> tuple[list[_Raw], list[str]]:
+    raws: list[_Raw] = []
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None or not any(cell.strip() for cell in header):
+            raise ValueError(f"{path}: CSV file has no header line naming the columns")
+        if any(not cell.strip() for cell in header):
+            raise ValueError(
+                f"{path}: CSV header has an empty column name (header: {header}); the first "
+                "line must name every column"
+            )
+        duplicates = sorted({cell for cell in header if header.count(cell) > 1})
+        if duplicates:
+            raise ValueError(f"{path}: CSV header repeats column names {duplicates}")
+        for cells in reader:
+            where = f"{path}:{reader.line_num}"
+            if not any(cell.strip() for cell in cells):
+                continue
+            if len(cells) != len(header):
+                bad = _InvalidRow(
+                    "malformed CSV row",
+                    f"{where}: CSV row has {len(cells)} fields, the header has {len(header)}",
+                )
+                raws.append((where, bad))
+                continue
+            raws.append((where, dict(zip(header, cells, strict=True))))
+    return raws, list(header)
+
+
+def _missing_dependency(path: Any, what: str, package: str) -> ImportError:
+    return ImportError(
+        f"{path}: reading {what} needs the optional package {package!r}, which is not "
+        f"installed: pip install {package}"
+    )
+
+
+def _read_parquet(path: Path) -> tuple[list[_Raw], list[str]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise _missing_dependency(path, "a Parquet file", "pyarrow") from None
+    table = pq.read_table(path)
+    raws: list[_Raw] = [(f"{path}[row {i}]", r) for i, r in enumerate(table.to_pylist())]
+    return raws, list(table.column_names)
+
+
+def _select_split(source: Any, split: str | None, name: str) -> Any:
+    """The ``split`` of a DatasetDict-like mapping of splits; the only split if there is one."""
+    splits = list(source.keys())
+    if split is None:
+        if len(splits) != 1:
+            raise ValueError(f"{name} holds splits {splits}; pass split= to choose one")
+        split = splits[0]
+    if split not in source:
+        raise ValueError(f"{name} has no split {split!r}; splits: {splits}")
+    return source[split]
+
+
+def _read_hf(dataset: Any, name: str) -> tuple[list[_Raw], list[str]]:
+    raws: list[_Raw] = []
+    for index in range(len(dataset)):
+        where = f"{name}[row {index}]"
+        record = dataset[index]
+        if not isinstance(record, Mapping):
+            kind = type(record).__name__
+            raws.append(
+                (where, _InvalidRow("not an object", f"{where}: expected a dict, got {kind}"))
+            )
+        else:
+            raws.append((where, dict(record)))
+    return raws, list(dataset.column_names)
+
+
+def _is_dataset_like(obj: Any) -> bool:
+    # A DatasetDict also has column_names (a dict of them): it is a Mapping of splits.
+    return (
+        not isinstance(obj, Mapping)
+        and hasattr(obj, "column_names")
+        and hasattr(obj, "__len__")
+        and hasattr(obj, "__getitem__")
+    )
+
+
+def _read_source(source: Any, split: str | None) -> tuple[str, list[_Raw], list[str]]:
+    if isinstance(source, str | Path):
+        path = Path(source)
+        name = str(source)
+        if path.is_dir():
+            try:
+                import datasets
+            except ImportError:
+                raise _missing_dependency(
+                    path, "a saved Hugging Face dataset", "datasets"
+                ) from None
+            loaded = datasets.load_from_disk(str(path))
+            if not _is_dataset_like(loaded):
+                loaded = _select_split(loaded, split, name)
+            elif split is not None:
+                raise ValueError(f"{name} is a single dataset with no splits; split={split!r}")
+            return (name, *_read_hf(loaded, name))
+        if not path.exists():
+            raise FileNotFoundError(f"{name}: no such file or directory")
+        if split is not None:
+            raise ValueError(f"{name}: split= only applies to Hugging Face datasets with splits")
+        readers = {
+            ".jsonl": _read_jsonl,
+            ".json": _read_json,
+            ".csv": _read_csv,
+            ".parquet": _read_parquet,
+        }
+        reader = readers.get(path.suffix.lower())
+        if reader is None:
+            raise ValueError(
+                f"{name}: unknown dataset format {path.suffix!r}; expected one of "
+                f"{sorted(readers)} or a directory saved by datasets.save_to_disk"
+            )
+        return (name, *reader(path))
+    if _is_dataset_like(source):
+        name = f"<{type(source).__name__}>"
+        if split is not None:
+            raise ValueError(f"{name} is a single dataset with no splits; split={split!r}")
+        return (name, *_read_hf(source, name))
+    if isinstance(source, Mapping):
+        name = f"<{type(source).__name__}>"
+        chosen = _select_split(source, split, name)
+        if not _is_dataset_like(chosen):
+            raise TypeError(f"{name}: split values must be datasets, got {type(chosen).__name__}")
+        return (name, *_read_hf(chosen, f"{name}[{split or next(iter(source))!r}]"))
+    if isinstance(source, Sequence) and not isinstance(source, str | bytes):
+        name = f"<{type(source).__name__}>"
+        if split is not None:
+            raise ValueError(f"{name} is a single dataset with no splits; split={split!r}")
+        raws: list[_Raw] = []
+        for index, record in enumerate(source):
+            where = f"{name}[row {index}]"
+            if isinstance(record, Mapping):
+                raws.append((where, dict(record)))
+            else:
+                kind = type(record).__name__
+                raws.append(
+                    (where, _InvalidRow("not an object", f"{where}: expected a dict, got {kind}"))
+                )
+        return name, raws, _columns_of(raws)
+    raise TypeError(
+        "source must be a path (.jsonl, .json, .csv, .parquet or a saved HF dataset directory), "
+        f"a Hugging Face Dataset, or a list of dicts; got {type(source).__name__}"
+    )
+
+
+def _template_fields(template: str) -> list[str]:
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as err:
+        raise ValueError(
+            f"prompt_template {template!r} is not a valid format string: {err}"
+        ) from None
+    fields = []
+    for _, field_name, _, _ in parsed:
+        if field_name is None:
+            continue
+        base = field_name.split(".")[0].split("[")[0]
+        if not base or base.isdigit():
+            raise ValueError(
+                f"prompt_template {template!r}: fields must be column names, e.g. {{prompt}}"
+            )
+        fields.append(base)
+    return fields
+
+
+def _clean_answer(value: Any, column: str, where: str) -> str:
+    if isinstance(value, str):
+        if not value.strip():
+            raise _InvalidRow("empty answer", f"{where}: {column!r} is empty")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        kind = "None" if value is None else type(value).__name__
+        raise _InvalidRow(
+            "invalid answer", f"{where}: {column!r} must be a string or a number, got {kind}"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _InvalidRow("invalid answer", f"{where}: {column!r} is {value}")
+    return str(value)
+
+
+def _clean_prompt(value: Any, column: str, where: str) -> str | list[dict[str, Any]]:
+    if value is None or (isinstance(value, str | list) and not value):
+        raise _InvalidRow("empty prompt", f"{where}: {column!r} is empty")
+    if isinstance(value, str):
+        if not value.strip():
+            raise _InvalidRow("empty prompt", f"{where}: {column!r} is empty")
+        return value
+    if is_conversational(value):
+        return [dict(message) for message in value]
+    raise _InvalidRow(
+        "invalid prompt",
+        f"{where}: {column!r} must be a string or a list of {{'role', 'content'}} messages, "
+        f"got {type(value).__name__}",
+    )
+
+
+def load_dataset_rows(
+    source: Any,
+    *,
+    prompt_column: str = "prompt",
+    answer_column: str | None = "answer",
+    system_prompt: str | None = None,
+    prompt_template: str | None = None,
+    split: str | None = None,
+    on_invalid: str = "error",
+) -> tuple[list[dict[str, Any]], LoadReport]:
+    """Rows ``{"prompt", "answer", ...other columns}`` from a dataset, and a ``LoadReport``.
+
+    ``source``: a path to a ``.jsonl`` file (one object per line), a ``.json`` file (a list of
+    objects), a ``.csv`` file (the first line names the columns; every cell is a string, so
+    CSV prompts are plain text), a ``.parquet`` file (needs ``pyarrow``), or a directory
+    written by ``datasets.save_to_disk`` (needs ``datasets``); or an already-loaded Hugging
+    Face ``Dataset`` (anything with ``column_names``, ``len`` and integer indexing), a
+    ``DatasetDict``-like mapping of splits (pick one with ``split``; a single split is taken
+    as is), or a list of dicts.
+
+    ``prompt_column`` is renamed to ``"prompt"``: a plain string, or a conversation (a list of
+    ``{"role", "content"}`` messages). ``answer_column`` (``None``: no answer column) is
+    renamed to ``"answer"`` and converted to a string (numbers via ``str``). The default
+    ``"answer"`` column is optional; a column named explicitly must exist. Other columns are
+    kept as they are and are passed to reward functions by name.
+
+    ``prompt_template`` (e.g. ``"Question: {prompt}\\nAnswer:"``) formats plain-text prompts,
+    for base models without a chat template; it may use any column by name (``{prompt}`` is
+    the prompt, the original column names work too). A field no column provides is an error;
+    a conversational prompt with a template is an error. ``system_prompt`` is then added as a
+    system message: before the messages of a conversation (an error if it already starts
+    with a system message), or making a plain prompt the conversation
+    ``[{"role": "system", ...}, {"role": "user", "content": prompt}]``, which the tokenizer's
+    chat template then renders.
+
+    Invalid rows (not an object, malformed JSON/CSV line, missing or empty prompt, a prompt
+    that is neither a string nor a conversation, a missing, empty, ``None``, list or dict
+    answer) raise a ValueError naming the file and line (or row) with
+    ``on_invalid="error"``; with ``on_invalid="skip"`` they are skipped and counted in the
+    report by reason. Errors about the dataset as a whole (a missing prompt column, a CSV
+    without a header, a template or column name clash) always raise, as does a dataset with
+    no usable rows.
+    """
+    if on_invalid not in ("error", "skip"):
+        raise ValueError(f"on_invalid must be 'error' or 'skip', got {on_invalid!r}")
+    name, raws, columns = _read_source(source, split)
+    report = LoadReport(source=name, rows_read=len(raws))
+    if not raws:
+        raise ValueError(f"{name}: no rows")
+    if not columns and all(isinstance(record, _InvalidRow) for _, record in raws):
+        if on_invalid == "error":
+            raise ValueError(str(raws[0][1]))
+        for _, record in raws:
+            report.skipped[record.reason] += 1
+            report.examples.setdefault(record.reason, str(record))
+        raise ValueError(f"{name}: no usable rows; {report.summary()}")
+    if prompt_column not in columns:
+        raise ValueError(f"{name}: no {prompt_column!r} column; available columns: {columns}")
+    has_answer = answer_column is not None and answer_column in columns
+    if answer_column is not None and answer_column != "answer" and not has_answer:
+        raise ValueError(f"{name}: no {answer_column!r} column; available columns: {columns}")
+    for source_column, target in ((prompt_column, "prompt"), (answer_column, "answer")):
+        if source_column != target and target in columns and (target != "answer" or has_answer):
+            raise ValueError(
+                f"{name}: column {source_column!r} would be renamed to {target!r}, but a "
+                f"{target!r} column already exists; available columns: {columns}"
+            )
+    template_fields = _template_fields(prompt_template) if prompt_template is not None else []
+    available = set(columns) | {"prompt"} | ({"answer"} if has_answer else set())
+    missing_fields = [f for f in template_fields if f not in available]
+    if missing_fields:
+        raise ValueError(
+            f"prompt_template {prompt_template!r} uses {missing_fields}, which {name} does not "
+            f"have; available columns: {sorted(available)}"
+        )
+
+    rows: list[dict[str, Any]] = []
+    for where, record in raws:
+        try:
+            if isinstance(record, _InvalidRow):
+                raise record
+            row = _build_row(
+                record,
+                where,
+                prompt_column=prompt_column,
+                answer_column=answer_column if has_answer else None,
+                system_prompt=system_prompt,
+                prompt_template=prompt_template,
+            )
+        except _InvalidRow as invalid:
+            if on_invalid == "error":
+                raise ValueError(str(invalid)) from None
+            report.skipped[invalid.reason] += 1
+            report.examples.setdefault(invalid.reason, str(invalid))
+            continue
+        rows.append(row)
+    report.rows_kept = len(rows)
+    if not rows:
+        raise ValueError(f"{name}: no usable rows; {report.summary()}")
+    return rows, report
+
+
+def _build_row(
+    record: dict[str, Any],
+    where: str,
+    *,
+    prompt_column: str,
+    answer_column: str | None,
+    system_prompt: str | None,
+    prompt_template: str | None,
+) -> dict[str, Any]:
+    if prompt_column not in record:
+        raise _InvalidRow(
+            "missing prompt", f"{where}: no {prompt_column!r} key; keys: {list(record)}"
+        )
+    prompt = _clean_prompt(record[prompt_column], prompt_column, where)
+    row: dict[str, Any] = {"prompt": prompt}
+    if answer_column is not None:
+        if answer_column not in record:
+            raise _InvalidRow(
+                "missing answer", f"{where}: no {answer_column!r} key; keys: {list(record)}"
+            )
+        row["answer"] = _clean_answer(record[answer_column], answer_column, where)
+    for key, value in record.items():
+        if key not in (prompt_column, answer_column):
+            row[key] = value
+    if prompt_template is not None:
+        if not isinstance(prompt, str):
+            raise ValueError(
+                f"{where}: prompt_template applies to plain-text prompts, but this prompt is a "
+                "conversation; drop the template or use plain-text prompts"
+            )
+        fields = {**record, **row}
+        try:
+            row["prompt"] = prompt_template.format(**fields)
+        except KeyError as err:
+            raise _InvalidRow(
+                "missing template field",
+                f"{where}: prompt_template uses {err.args[0]!r}, which this row does not have; "
+                f"keys: {list(fields)}",
+            ) from None
+    if system_prompt is not None:
+        system = {"role": "system", "content": system_prompt}
+        if isinstance(row["prompt"], str):
+            row["prompt"] = [system, {"role": "user", "content": row["prompt"]}]
+        elif row["prompt"][0].get("role") == "system":
+            raise ValueError(
+                f"{where}: the conversation already starts with a system message; "
+                "system_prompt would add a second one"
+            )
+        else:
+            row["prompt"] = [system, *row["prompt"]]
+    return row
+
+
+def filter_long_prompts(
+    rows: Sequence[dict[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    max_prompt_length: int,
+    on_long: str = "skip",
+) -> tuple[list[dict[str, Any]], int]:
+    """The rows whose prompt, as fed to the model (chat template and generation prompt, as in
+    ``tokenize_prompts`` but untruncated), is at most ``max_prompt_length`` tokens, and how
+    many were skipped. ``on_long="error"`` raises a ValueError naming the first long row's
+    index and length instead of skipping (the trainer would otherwise cut its start)."""
+    if on_long not in ("skip", "error"):
+        raise ValueError(f"on_long must be 'skip' or 'error', got {on_long!r}")
+    if max_prompt_length < 1:
+        raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
+    kept = []
+    skipped = 0
+    for index, row in enumerate(rows):
+        length = len(_prompt_token_ids(row["prompt"], tokenizer))
+        if length <= max_prompt_length:
+            kept.append(row)
+        elif on_long == "error":
+            raise ValueError(
+                f"row {index}: prompt is {length} tokens, longer than "
+                f"max_prompt_length={max_prompt_length}"
+            )
+        else:
+            skipped += 1
+    return kept, skipped
 
 
 TASKS = ("arithmetic",)

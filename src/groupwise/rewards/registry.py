@@ -6,6 +6,9 @@
 - ``length_penalty``: DAPO soft overlong punishment (max_completion_length, overlong_buffer_len)
 - ``repetition_penalty``: n-gram repetition (repetition_ngram_size, repetition_max_penalty)
 - ``code`` / ``code_binary``: fraction / all of the ``tests`` column passed in a sandbox
+- ``countdown``: the answer expression uses each given number once and equals the target
+- ``reasoning_gym``: the reasoning-gym dataset's own scorer on the ``<answer>`` content
+- ``task``: the ``mixed`` task's dispatcher (each row scored by its own task's reward)
 - ``reward_model:PATH``: a sequence-classification checkpoint's score (model.RewardModel)
 - ``remote:URL``: an HTTP verifier (remote.RemoteReward)
 
@@ -29,6 +32,9 @@ REWARD_NAMES = (
     "repetition_penalty",
     "code",
     "code_binary",
+    "countdown",
+    "reasoning_gym",
+    "task",
     "reward_model:PATH",
     "remote:URL",
 )
@@ -77,6 +83,10 @@ def build_reward_func(spec: str | RewardFunc, args: GRPOConfig | None = None) ->
         return make_code_reward(
             timeout_s=_option(args, "code_timeout", 5.0), binary=spec == "code_binary"
         )
+    if spec in ("countdown", "reasoning_gym", "task"):
+        from ..tasks import task_reward_func
+
+        return task_reward_func(spec)
     if spec.startswith("reward_model:"):
         from .model import RewardModel
 

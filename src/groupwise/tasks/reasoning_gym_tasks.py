@@ -1,0 +1,157 @@
+"""Tasks from reasoning-gym: ``gsm`` (``gsm_symbolic`` grade-school word problems) and
+``logic`` (``knights_knaves`` truth-teller/liar puzzles).
+
+Entries come from ``reasoning_gym.create_dataset(name, size=..., seed=...)`` in chunks with
+derived seeds until the split has enough distinct questions; the split is by a hash of the
+question. Difficulty: ``gsm`` has one level (1; its generator has no working difficulty knob),
+``logic`` is the number of people (2..5, passed as ``n_people``).
+
+Rows: ``{"prompt", "answer", "difficulty", "task", "rg_dataset", "rg_entry"}`` where
+``rg_dataset`` is the reasoning-gym dataset name and ``rg_entry`` the full entry (question,
+answer, metadata) **as a JSON string** (a plain string column stays Arrow-friendly whatever the
+metadata holds). An entry that is not JSON-serialisable is skipped.
+
+:func:`reasoning_gym_reward` scores the content of the completion's single ``<answer>`` block
+(outside ``<think>``; see :func:`groupwise.tasks.answer_block`) with the dataset's own
+``score_answer`` (``reasoning_gym.get_score_answer_fn``); that score is in [0, 1] and for some
+datasets gives partial credit. No valid answer block scores 0.0; rows without ``rg_dataset`` get
+None. For ``gsm`` the answer is a number, so the built-in ``accuracy`` reward also applies (the
+default); the ``logic`` answer is a sentence, which ``accuracy`` cannot compare.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
+
+from ..rewards.basic import completion_text
+from . import answer_block, chat_prompt, check_level, check_split, is_eval_problem
+
+RG_NAMES = {"gsm": "gsm_symbolic", "logic": "knights_knaves"}
+CHUNK = 256
+
+SYSTEM_PROMPTS = {
+    "gsm": (
+        "You are a careful math tutor. Think step by step inside <think> </think>, then give "
+        "only the final number inside <answer> </answer>."
+    ),
+    "logic": (
+        "You are a careful logician. Think step by step inside <think> </think>, then give only "
+        "the final answer, in the format the question asks for, inside <answer> </answer>."
+    ),
+}
+WORKED_EXAMPLES = {
+    "gsm": (
+        "Tom has 3 bags with 4 apples each. He eats 2 apples. How many apples are left? "
+        "Give the result as your final answer. Do not include units.",
+        "<think> 3 * 4 = 12 apples, 12 - 2 = 10 </think> <answer> 10 </answer>",
+    ),
+    "logic": (
+        "A very special island is inhabited only by knights and knaves. Knights always tell the "
+        'truth, and knaves always lie. You meet 2 inhabitants: Ann and Bob. Ann says, "Bob is a '
+        'knave". Bob says, "Ann and I are both knights". So who is a knight and who is a knave? '
+        '(Format your answer like: "Ann is a knight/knave, and Bob is a knight/knave")',
+        "<think> If Bob were a knight, Ann would be a knight too, but then her claim that Bob is "
+        "a knave would be true: impossible. So Bob is a knave, Ann's claim is true and Ann is a "
+        "knight. </think> <answer> Ann is a knight, and Bob is a knave </answer>",
+    ),
+}
+
+
+def _create(rg_name: str, size: int, seed: int, level: int) -> Any:
+    import reasoning_gym
+
+    kwargs = {"n_people": level} if rg_name == "knights_knaves" else {}
+    return reasoning_gym.create_dataset(rg_name, size=size, seed=seed, **kwargs)
+
+
+def reasoning_gym_dataset(
+    name: str,
+    num_problems: int,
+    split: str = "train",
+    seed: int = 0,
+    difficulty: int | None = None,
+    few_shot: bool = True,
+) -> list[dict[str, Any]]:
+    """Rows of task ``name`` (``gsm`` or ``logic``); see the module docstring."""
+    if name not in RG_NAMES:
+        raise ValueError(f"not a reasoning-gym task: {name!r}")
+    want_eval = check_split(split)
+    level = check_level(name, difficulty)
+    assert level is not None
+    rg_name = RG_NAMES[name]
+    seeds = random.Random(f"{name}-{split}-{seed}-{level}")
+    seen: set[str] = set()
+    rows: list[dict[str, Any]] = []
+    chunks = 0
+    while len(rows) < num_problems:
+        chunks += 1
+        if chunks > 50 + 4 * num_problems // CHUNK:
+            raise ValueError(f"{name}: only {len(rows)} distinct {split} problems found")
+        dataset = _create(rg_name, CHUNK, seeds.randrange(2**31), level)
+        for i in range(len(dataset)):
+            entry = dataset[i]
+            question = entry["question"]
+            if question in seen or is_eval_problem(question) != want_eval:
+                continue
+            try:
+                entry_json = json.dumps(entry)
+            except (TypeError, ValueError):
+                continue
+            seen.add(question)
+            rows.append(
+                {
+                    "prompt": chat_prompt(
+                        SYSTEM_PROMPTS[name], question, WORKED_EXAMPLES[name], few_shot
+                    ),
+                    "answer": str(entry["answer"]),
+                    "difficulty": level,
+                    "task": name,
+                    "rg_dataset": rg_name,
+                    "rg_entry": entry_json,
+                }
+            )
+            if len(rows) == num_problems:
+                break
+    return rows
+
+
+@cache
+def _score_fn(rg_name: str) -> Any:
+    import reasoning_gym
+
+    return reasoning_gym.get_score_answer_fn(rg_name)
+
+
+def reasoning_gym_reward(
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    rg_dataset: Sequence[Any] | None = None,
+    rg_entry: Sequence[Any] | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
+    """The reasoning-gym dataset's own ``score_answer`` of the ``<answer>`` content (see the
+    module docstring); 0.0 without a valid answer block, None for rows of no dataset."""
+    n = len(completions)
+    if rg_dataset is None or rg_entry is None:
+        return [None] * n
+    scores: list[float | None] = []
+    for completion, rg_name, entry in zip(completions, rg_dataset, rg_entry, strict=True):
+        if not rg_name or entry is None:
+            scores.append(None)
+            continue
+        answer = answer_block(completion_text(completion))
+        if answer is None:
+            scores.append(0.0)
+            continue
+        if isinstance(entry, str):
+            entry = json.loads(entry)
+        try:
+            score = float(_score_fn(rg_name)(answer, entry))
+        except Exception:  # a scorer crashing on odd model output: no credit
+            score = 0.0
+        scores.append(min(1.0, max(0.0, score)))
+    return scores
