@@ -258,3 +258,24 @@ def test_new_run_keeps_earlier_metrics(tmp_path):
     assert steps == [1]
     (previous,) = run.glob("metrics-*.jsonl")
     assert previous.read_text() == '{"step": 99}\n'
+
+
+def test_periodic_eval_logs_pass_at_k_per_difficulty(tmp_path):
+    from groupwise.data import arithmetic_dataset
+
+    rows = arithmetic_dataset(4, "eval", max_operands=3)
+    args = _config(
+        tmp_path,
+        reward_funcs=["format", "accuracy"],
+        eval_num_generations=2,
+        max_steps=1,
+        eval_on_start=True,
+        max_completion_length=3,
+    )
+    trainer = GRPOTrainer("tiny-random", ["format", "accuracy"], rows, args=args, eval_dataset=rows)
+    result = trainer.evaluate()
+    for key in ("eval/pass@1", "eval/pass@2", "eval/mean@2", "eval/format_rate"):
+        assert result[key] == 0.0, key  # a random model: nothing correct, nothing formatted
+    levels = {row["difficulty"] for row in rows}
+    assert {f"eval/difficulty_{lv}/pass@2" for lv in levels} <= set(result)
+    assert sum(result[f"eval/difficulty_{lv}/num_prompts"] for lv in levels) == 4

@@ -255,7 +255,10 @@ def evaluate_model(
     if neither applies, a ValueError asks for ``correct_reward``."""
     config = config if config is not None else EvalConfig()
     if overrides:
-        config = EvalConfig(**{**asdict(config), **overrides})
+        base = asdict(config)
+        if "n" in overrides and "ks" not in overrides:
+            base["ks"] = None  # the ks that were derived from the old n may not fit the new one
+        config = EvalConfig(**{**base, **overrides})
     rows = list(rows)
     if not rows:
         raise ValueError("evaluate_model needs at least one row")

@@ -422,7 +422,40 @@ class GRPOTrainer:
         }
         for name, total, count in zip(self.reward_names, totals, counts, strict=True):
             result[f"eval/rewards/{name}/mean"] = float(total / count) if count else float("nan")
+        if greedy and self.args.eval_num_generations > 0:
+            result.update(self._sampled_eval(dataset))
         return result
+
+    def _sampled_eval(self, dataset: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """pass@k / mean@k / format rate from ``eval_num_generations`` samples per prompt, overall
+        and per difficulty level (the same metrics as ``groupwise eval``)."""
+        from .evaluation import evaluate_model
+
+        args = self.args
+        res = evaluate_model(
+            self.model,
+            self.tokenizer,
+            dataset,
+            self.reward_funcs,
+            n=args.eval_num_generations,
+            ks=args.eval_ks,
+            temperature=args.temperature if args.temperature > 0 else 1.0,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_completion_length=args.max_completion_length,
+            max_prompt_length=args.max_prompt_length,
+            seed=args.seed,
+        )
+        metrics: dict[str, float] = {}
+        for key, value in res.summary["overall"].items():
+            if key != "num_prompts" and isinstance(value, (int, float)):
+                metrics[f"eval/{key}"] = float(value)
+        for level, block in res.summary["by_difficulty"].items():
+            for key, value in block.items():
+                if key.startswith(("pass@", "mean@")) or key in ("accuracy", "num_prompts"):
+                    metrics[f"eval/difficulty_{level}/{key}"] = float(value)
+        self.model.train()
+        return metrics
 
     # ------------------------------------------------------------------------------------------
     def _log(self, logs: dict[str, float]) -> None:
