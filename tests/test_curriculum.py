@@ -184,3 +184,64 @@ def test_diagnostics_by_hand():
     assert weighted_standard_error([0.5, 0.5], [0.4, 0.2], [4, 1]) == pytest.approx(0.2)
     mu_data, mu_weight, delta = lead_lag([0.5, 0.5, 0.0], [0.0, 1.0, 1.0])
     assert (mu_data, mu_weight, delta) == (0.5, 1.5, 1.0)
+
+
+def _parity(prompts, completions, completion_ids, **kwargs):
+    # Deterministic, prompt-dependent signal: about half the sampled first tokens are even.
+    return [1.0 if ids[0] % 2 == 0 else 0.0 for ids in completion_ids]
+
+
+@pytest.mark.parametrize(
+    "mode, allocator",
+    [("prompt_gdro", "bandit"), ("rollout_gdro", "bandit"), ("rollout_gdro", "sqrt")],
+)
+def test_short_training_run_with_each_curriculum(tmp_path, mode, allocator):
+    from groupwise import GRPOConfig, GRPOTrainer
+
+    rows = [{"prompt": f"Say something number {i}"} for i in range(4)]
+    args = GRPOConfig(
+        model="tiny-random",
+        max_steps=5,
+        beta=0.0,
+        learning_rate=1e-3,
+        num_generations=4,
+        per_device_train_batch_size=6,
+        gradient_accumulation_steps=2,  # 3 prompts x 4 rollouts = 12 per step
+        max_completion_length=3,
+        curriculum=mode,
+        rollout_allocator=allocator,
+        gdro_num_bins=4,
+        rollout_min=2,
+        rollout_max=8,
+        output_dir=str(tmp_path / "run"),
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = GRPOTrainer("tiny-random", _parity, rows, args=args)
+    logs = trainer.train()
+    for log in logs:
+        rollouts = sum(log[f"curriculum/rollouts_bin_{b}"] for b in range(4))
+        prompts = sum(log[f"curriculum/prompts_bin_{b}"] for b in range(4))
+        assert rollouts == 12 and prompts == 3  # the budget is exact every step
+        for key in (
+            "curriculum/wse",
+            "curriculum/wse_uniform",
+            "curriculum/mu",
+            "curriculum/lead_lag",
+        ):
+            assert math.isfinite(log[key]), key
+    assert trainer.curriculum.classifier.history  # outcomes were recorded
+    if mode == "rollout_gdro":
+        # Prompts seen before leave the hardest bin, so allocations differ from uniform at
+        # some step (groups of different sizes went through generation and the loss).
+        sizes = [
+            sorted(
+                log[f"curriculum/rollouts_bin_{b}"] / max(log[f"curriculum/prompts_bin_{b}"], 1)
+                for b in range(4)
+                if log[f"curriculum/prompts_bin_{b}"]
+            )
+            for log in logs
+        ]
+        assert any(s != [4.0] * len(s) for s in sizes), sizes
+    else:
+        assert any(log["curriculum/weight_bin_0"] != 0.25 for log in logs[1:])

@@ -127,3 +127,12 @@ def test_sampled_rollout_shapes_and_masks(tiny_model, tokenizer):
         tiny_model, tokenizer, prompts, 4, SamplingParams(8, 1.0), torch.Generator().manual_seed(0)
     )
     assert torch.equal(out.completion_ids, again.completion_ids)  # seeded: reproducible
+
+
+def test_groups_of_different_sizes(tiny_model, tokenizer):
+    prompts = _prompts(tokenizer)
+    out = generate(tiny_model, tokenizer, prompts, [1, 3, 2], SamplingParams(6, temperature=0.0))
+    assert out.group_ids.tolist() == [0, 1, 1, 1, 2, 2]
+    same = generate(tiny_model, tokenizer, prompts, 1, SamplingParams(6, temperature=0.0))
+    for row, prompt in enumerate(out.group_ids.tolist()):
+        assert torch.equal(out.completion_ids[row], same.completion_ids[prompt])

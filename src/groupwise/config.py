@@ -66,6 +66,25 @@ class GRPOConfig:
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
     mask_truncated_completions: bool = False  # DAPO overlong filtering
 
+    # --- curriculum (Multi-Adversary GDRO, arXiv 2601.19280; paper defaults) -----------------
+    curriculum: str = "none"  # none | prompt_gdro | rollout_gdro
+    gdro_num_bins: int = 10  # online pass@k bins (equal width) unless gdro_bin_edges is set
+    gdro_bin_edges: list[float] | None = None  # sorted edges inside (0, 1)
+    gdro_window: int = 50  # H: last H outcomes per prompt (0: all history)
+    gdro_hysteresis: float = 0.0  # delta: margin past a bin edge before a prompt moves
+    gdro_correct_threshold: float = 0.5  # a rollout is correct if its correctness reward > this
+    gdro_eta: float = 0.65  # eta_q (Prompt-GDRO) and the arm bandits' eta (Rollout-GDRO)
+    gdro_gamma: float = 0.01  # uniform exploration mix
+    gdro_ema_beta: float = 0.12  # Prompt-GDRO EMA of bin losses
+    gdro_clip: float | None = None  # C: clip of the EMA scores (None: off)
+    gdro_weight_cap: float = 15.0  # cap of the per-sample advantage multiplier
+    gdro_share_normalize: bool = True  # divide a bin's mean loss by its realised share
+    rollout_min: int = 2  # Rollout-GDRO arms n_min..n_max; the mean budget is num_generations
+    rollout_max: int = 12
+    rollout_allocator: str = "bandit"  # bandit (eqs. 19-21) | sqrt (closed-form square-root law)
+    rollout_dual_lr: float = 0.05  # alpha_mu of the shadow price
+    rollout_score_decay: float = 0.4  # arm score EMA decay
+
     # --- generation -----------------------------------------------------------------------
     max_prompt_length: int | None = 512
     max_completion_length: int = 256
@@ -132,6 +151,8 @@ class GRPOConfig:
             "device": ("auto", "cpu", "cuda"),
             "dtype": ("auto", "float32", "bfloat16"),
             "on_invalid_rows": ("error", "skip"),
+            "curriculum": ("none", "prompt_gdro", "rollout_gdro"),
+            "rollout_allocator": ("bandit", "sqrt"),
             "long_prompts": ("truncate", "skip", "error"),
         }
         for name, valid in choices.items():
@@ -194,6 +215,13 @@ class GRPOConfig:
                 f"here {self.per_device_train_batch_size} * {self.gradient_accumulation_steps} = "
                 f"{self.completions_per_step}) must be a multiple of num_generations "
                 f"({self.num_generations}) so that every prompt gets a full group"
+            )
+        if self.curriculum == "rollout_gdro" and not (
+            1 <= self.rollout_min <= self.num_generations <= self.rollout_max
+        ):
+            raise ConfigError(
+                "rollout_gdro needs 1 <= rollout_min <= num_generations (the mean budget) <= "
+                f"rollout_max, got {self.rollout_min}, {self.num_generations}, {self.rollout_max}"
             )
         if self.num_generations < 2:
             raise ConfigError(

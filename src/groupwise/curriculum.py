@@ -424,3 +424,149 @@ def lead_lag(data_shares: Sequence[float], weights: Sequence[float]) -> tuple[fl
     mu_data = float((idx * q).sum() / max(q.sum(), 1e-12))
     mu_weight = float((idx * w).sum() / max(w.sum(), 1e-12))
     return mu_data, mu_weight, mu_weight - mu_data
+
+
+# ----------------------------------------------------------------------------------------------
+# The trainer's side: one object that plans a step and observes its outcome
+
+
+class Curriculum:
+    """Glue between the trainer and the adversaries (``mode``: none | prompt_gdro |
+    rollout_gdro). Per step the trainer calls :meth:`plan` (bins and rollouts per prompt), then
+    :meth:`advantage_weights` (per-row multiplier), and after the update :meth:`observe`.
+
+    Rollout allocation (``allocator``): ``bandit`` is eqs. 19-21 (:class:`RolloutGDRO`);
+    ``sqrt`` is the closed form (:func:`sqrt_allocation`) with v_b = p_b (1 - p_b), p_b the bin's
+    per-rollout success rate over its last ``window`` observed steps (a bin never observed uses
+    the midpoint of its accuracy range). Both keep the step's total at prompts x mean_budget."""
+
+    def __init__(
+        self,
+        mode: str = "none",
+        *,
+        num_bins: int = 10,
+        edges: Sequence[float] | None = None,
+        window: int = 50,
+        hysteresis: float = 0.0,
+        mean_budget: int = 4,
+        n_min: int = 2,
+        n_max: int = 12,
+        allocator: str = "bandit",
+        prompt_kwargs: dict | None = None,
+        rollout_kwargs: dict | None = None,
+    ) -> None:
+        if mode not in ("none", "prompt_gdro", "rollout_gdro"):
+            raise ValueError(f"curriculum must be none, prompt_gdro or rollout_gdro, got {mode!r}")
+        if allocator not in ("bandit", "sqrt"):
+            raise ValueError(f"allocator must be bandit or sqrt, got {allocator!r}")
+        self.mode, self.allocator = mode, allocator
+        self.classifier = DifficultyClassifier(num_bins, edges, window, hysteresis)
+        bins = self.classifier.num_bins
+        self.prompt_gdro = PromptGDRO(bins, **(prompt_kwargs or {}))
+        self.rollout_gdro = RolloutGDRO(
+            bins, n_min=n_min, n_max=n_max, mean_budget=mean_budget, **(rollout_kwargs or {})
+        )
+        self.mean_budget, self.n_min, self.n_max = mean_budget, n_min, n_max
+        self.success: list[deque] = [deque(maxlen=max(window, 1)) for _ in range(bins)]
+
+    def _bin_success_rate(self, b: int) -> float:
+        seen = self.success[b]
+        if seen and sum(n for _, n in seen):
+            return sum(s for s, _ in seen) / sum(n for _, n in seen)
+        edges = [0.0, *self.classifier.edges, 1.0]
+        return (edges[b] + edges[b + 1]) / 2
+
+    def plan(self, uids: Sequence[Hashable]) -> tuple[list[int], list[int]]:
+        """Bins (from history up to the previous step) and rollouts per prompt."""
+        bins = self.classifier.classify(uids)
+        if self.mode != "rollout_gdro":
+            return bins, [int(self.mean_budget)] * len(uids)
+        if self.allocator == "sqrt":
+            p = [self._bin_success_rate(b) for b in range(self.classifier.num_bins)]
+            variances = [x * (1 - x) for x in p]
+            return bins, sqrt_allocation(bins, variances, self.mean_budget, self.n_min, self.n_max)
+        return bins, self.rollout_gdro.allocate(bins)
+
+    def advantage_weights(self, bins: Sequence[int], row_prompt: Sequence[int]) -> np.ndarray:
+        """Per-row advantage multiplier (eq. 16): Prompt-GDRO's weights, else ones."""
+        row_bins = [bins[p] for p in row_prompt]
+        if self.mode != "prompt_gdro":
+            return np.ones(len(row_bins))
+        return self.prompt_gdro.sample_weights(row_bins)
+
+    def observe(
+        self,
+        uids: Sequence[Hashable],
+        bins: Sequence[int],
+        counts: Sequence[int],
+        row_prompt: Sequence[int],
+        row_correct: Sequence[bool],
+        row_loss: Sequence[float],
+        row_reward: Sequence[float],
+    ) -> dict[str, float]:
+        """Feed the step's outcome to every adversary and the classifier; return diagnostics."""
+        row_prompt = np.asarray(row_prompt, dtype=int)
+        correct = np.asarray(row_correct, dtype=bool)
+        loss = np.asarray(row_loss, dtype=np.float64)
+        reward = np.nan_to_num(np.asarray(row_reward, dtype=np.float64))
+        row_bins = np.asarray([bins[p] for p in row_prompt], dtype=int)
+        num_bins = self.classifier.num_bins
+        metrics: dict[str, float] = {}
+
+        # Diagnostics first: they describe the allocation and weights this step used.
+        shares = np.bincount(np.asarray(bins, dtype=int), minlength=num_bins) / max(len(bins), 1)
+        rollouts = np.bincount(row_bins, minlength=num_bins)
+        sigmas = np.array(
+            [reward[row_bins == b].std() if (row_bins == b).any() else 0.0 for b in range(num_bins)]
+        )
+        per_prompt_n = np.array(
+            [
+                np.mean([counts[i] for i in range(len(bins)) if bins[i] == b]) if shares[b] else 0.0
+                for b in range(num_bins)
+            ]
+        )
+        q = self.prompt_gdro.bin_weights()
+        for b in range(num_bins):
+            metrics[f"curriculum/prompts_bin_{b}"] = float(shares[b] * len(bins))
+            metrics[f"curriculum/rollouts_bin_{b}"] = float(rollouts[b])
+            metrics[f"curriculum/weight_bin_{b}"] = float(q[b])
+        metrics["curriculum/wse"] = weighted_standard_error(shares, sigmas, per_prompt_n)
+        metrics["curriculum/wse_uniform"] = weighted_standard_error(
+            shares, sigmas, [self.mean_budget if s else 0 for s in shares]
+        )
+        mu_data, mu_weight, delta = lead_lag(shares, q * (shares > 0))
+        metrics.update(
+            {
+                "curriculum/mu_data": mu_data,
+                "curriculum/mu_weight": mu_weight,
+                "curriculum/lead_lag": delta,
+                "curriculum/mu": self.rollout_gdro.mu,
+            }
+        )
+
+        # Adversaries learn from this step (order of algorithms.md 1.2: after the update).
+        self.prompt_gdro.update(row_bins.tolist(), loss.tolist())
+        prompt_loss = [float(loss[row_prompt == i].mean()) for i in range(len(bins))]
+        self.rollout_gdro.update(bins, counts, prompt_loss)
+        for b in np.unique(row_bins):
+            in_bin = row_bins == b
+            self.success[b].append((int(correct[in_bin].sum()), int(in_bin.sum())))
+        any_correct = [bool(correct[row_prompt == i].any()) for i in range(len(bins))]
+        self.classifier.update(uids, any_correct)
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {
+            "classifier": self.classifier.state_dict(),
+            "prompt_gdro": self.prompt_gdro.state_dict(),
+            "rollout_gdro": self.rollout_gdro.state_dict(),
+            "success": [list(d) for d in self.success],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.classifier.load_state_dict(state["classifier"])
+        self.prompt_gdro.load_state_dict(state["prompt_gdro"])
+        self.rollout_gdro.load_state_dict(state["rollout_gdro"])
+        for d, items in zip(self.success, state["success"], strict=True):
+            d.clear()
+            d.extend(tuple(x) for x in items)

@@ -112,22 +112,28 @@ def generate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompt_token_ids: list[list[int]],
-    num_generations: int,
+    num_generations: int | list[int],
     params: SamplingParams,
     generator: torch.Generator | None = None,
 ) -> Rollout:
-    """Generate ``num_generations`` completions for each tokenised prompt."""
-    if num_generations < 1:
-        raise ValueError(f"num_generations must be >= 1, got {num_generations}")
+    """Generate ``num_generations`` completions for each tokenised prompt (one count for all
+    prompts, or one count per prompt: groups of different sizes, as Rollout-GDRO allocates)."""
+    n_prompts = len(prompt_token_ids)
+    counts = (
+        [num_generations] * n_prompts if isinstance(num_generations, int) else list(num_generations)
+    )
+    if len(counts) != n_prompts or any(c < 1 for c in counts):
+        raise ValueError(f"need one count >= 1 per prompt, got {num_generations}")
     if any(len(p) == 0 for p in prompt_token_ids):
         raise ValueError("empty prompt: every prompt must have at least one token")
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
-    group = num_generations
     prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    n_prompts, n_rows = prompt_ids.shape[0], prompt_ids.shape[0] * group
+    repeats = torch.tensor(counts, device=device)
+    row_prompt = torch.arange(n_prompts, device=device).repeat_interleave(repeats)
+    n_rows = int(row_prompt.numel())
     max_new = params.max_completion_length
 
     was_training = model.training
@@ -145,11 +151,14 @@ def generate(
             logits_to_keep=1,
         )
         cache = out.past_key_values
-        # 2. Share the prompt cache across the group: row r = prompt r // G.
-        cache.batch_repeat_interleave(group)
-        logits = out.logits[:, -1, :].repeat_interleave(group, dim=0)
-        attn = prompt_mask.repeat_interleave(group, dim=0)
-        next_pos = positions[:, -1].repeat_interleave(group) + 1
+        # 2. Share the prompt cache across the group: row r belongs to prompt row_prompt[r].
+        if isinstance(num_generations, int):
+            cache.batch_repeat_interleave(num_generations)
+        else:
+            cache.batch_select_indices(row_prompt)
+        logits = out.logits[:, -1, :][row_prompt]
+        attn = prompt_mask[row_prompt]
+        next_pos = positions[:, -1][row_prompt] + 1
 
         tokens = torch.full((n_rows, max_new), pad_id, dtype=torch.long, device=device)
         lengths = torch.zeros(n_rows, dtype=torch.long, device=device)
@@ -199,6 +208,6 @@ def generate(
         completion_ids=completion_ids,
         completion_mask=completion_mask,
         truncated=~finished,
-        group_ids=torch.arange(n_prompts, device=device).repeat_interleave(group),
+        group_ids=row_prompt,
         texts=texts,
     )

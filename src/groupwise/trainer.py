@@ -31,6 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .config import GRPOConfig
 from .core import group_advantages, group_reward_std, policy_loss, zero_std_groups_fraction
+from .curriculum import Curriculum
 from .data import is_conversational, tokenize_prompts
 from .logprobs import completion_logprobs
 from .models import load_model_and_tokenizer
@@ -165,6 +166,34 @@ class GRPOTrainer:
             self.optimizer, _lr_lambda(args, total_updates)
         )
         self.sampler = PromptSampler(len(train_dataset), args.seed)
+        self.curriculum: Curriculum | None = None
+        if args.curriculum != "none":
+            self.curriculum = Curriculum(
+                args.curriculum,
+                num_bins=args.gdro_num_bins,
+                edges=args.gdro_bin_edges,
+                window=args.gdro_window,
+                hysteresis=args.gdro_hysteresis,
+                mean_budget=args.num_generations,
+                n_min=args.rollout_min,
+                n_max=args.rollout_max,
+                allocator=args.rollout_allocator,
+                prompt_kwargs=dict(
+                    eta=args.gdro_eta,
+                    gamma=args.gdro_gamma,
+                    ema_beta=args.gdro_ema_beta,
+                    clip=args.gdro_clip,
+                    weight_cap=args.gdro_weight_cap,
+                    share_normalize=args.gdro_share_normalize,
+                ),
+                rollout_kwargs=dict(
+                    eta=args.gdro_eta,
+                    gamma=args.gdro_gamma,
+                    dual_lr=args.rollout_dual_lr,
+                    score_decay=args.rollout_score_decay,
+                ),
+            )
+        self._uniform_groups = True
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
         self.sampling = SamplingParams(
             max_completion_length=args.max_completion_length,
@@ -217,7 +246,8 @@ class GRPOTrainer:
         start, stop = rows.start, rows.stop
         # Share the prompt forward across a group when the micro-batch holds whole groups.
         share = (
-            start % group == 0
+            self._uniform_groups
+            and start % group == 0
             and (stop - start) % group == 0
             and not self.args.gradient_checkpointing
         )
@@ -250,15 +280,23 @@ class GRPOTrainer:
         """Generate, score and update once; returns this step's metrics."""
         args = self.args
         t_start = time.perf_counter()
-        rows = [self.train_dataset[i] for i in self.sampler.take(args.prompts_per_step)]
+        indices = self.sampler.take(args.prompts_per_step)
+        rows = [self.train_dataset[i] for i in indices]
         prompt_ids = tokenize_prompts(
             [r["prompt"] for r in rows], self.tokenizer, args.max_prompt_length
         )
+        # Curriculum interface 1: rollouts per prompt (Rollout-GDRO; else G for every prompt).
+        bins, counts = (
+            self.curriculum.plan(indices)
+            if self.curriculum is not None
+            else (None, [args.num_generations] * len(rows))
+        )
+        self._uniform_groups = all(c == args.num_generations for c in counts)
         rollout = generate(
             self.model,
             self.tokenizer,
             prompt_ids,
-            args.num_generations,
+            args.num_generations if self._uniform_groups else counts,
             self.sampling,
             self.generator,
         )
@@ -266,7 +304,12 @@ class GRPOTrainer:
 
         rewards, per_func = self.score(rows, rollout)
         group_ids = rollout.group_ids.cpu()
-        advantages = group_advantages(rewards, group_ids, scale=args.scale_rewards)
+        raw_advantages = group_advantages(rewards, group_ids, scale=args.scale_rewards)
+        advantages = raw_advantages
+        if self.curriculum is not None:
+            # Curriculum interface 2: a per-sample advantage multiplier (Prompt-GDRO, eq. 16).
+            weights = self.curriculum.advantage_weights(bins, group_ids.tolist())
+            advantages = raw_advantages * torch.as_tensor(weights, dtype=raw_advantages.dtype)
         t_scored = time.perf_counter()
 
         advantages = advantages.to(self.device)
@@ -283,6 +326,7 @@ class GRPOTrainer:
                 if self.ref_model is not None:
                     ref_logps[k] = self._logprobs(self.ref_model, rollout, rows_k)[0]
 
+        last_logps: list[torch.Tensor | None] = [None] * len(micro_batches)
         total_rows = mask.shape[0]
         total_tokens = mask.sum().clamp(min=1)
         sums: dict[str, float] = {}
@@ -291,6 +335,7 @@ class GRPOTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             for k, rows_k in enumerate(micro_batches):
                 logps, entropy = self._logprobs(self.model, rollout, rows_k)
+                last_logps[k] = logps.detach()
                 mask_k = mask[rows_k]
                 loss, metrics = policy_loss(
                     logps,
@@ -325,6 +370,14 @@ class GRPOTrainer:
             self.scheduler.step()
         t_updated = time.perf_counter()
         self.global_step += 1
+        curriculum_logs = (
+            self._observe_curriculum(
+                indices, bins, counts, rollout, per_func, rewards, raw_advantages, mask,
+                old_logps, last_logps, micro_batches,
+            )
+            if self.curriculum is not None
+            else {}
+        )  # fmt: skip
 
         lengths = rollout.lengths.float()
         gen_tokens = int(rollout.completion_mask.sum())
@@ -373,6 +426,7 @@ class GRPOTrainer:
                 "generation_tokens_per_second": gen_tokens / max(t_generated - t_start, 1e-9),
             }
         )
+        logs.update(curriculum_logs)
         if args.log_completions:
             self._last_samples = [
                 {"prompt": rows[g]["prompt"], "completion": text, "reward": float(r)}
@@ -381,6 +435,54 @@ class GRPOTrainer:
                 )
             ]
         return logs
+
+    _CORRECTNESS_REWARDS = (
+        "accuracy_reward",
+        "code_reward",
+        "code_reward_binary",
+        "countdown_reward",
+        "task_reward",
+        "reasoning_gym_reward",
+    )
+
+    def _observe_curriculum(
+        self, indices, bins, counts, rollout, per_func, rewards, raw_advantages, mask,
+        old_logps, last_logps, micro_batches,
+    ) -> dict[str, float]:  # fmt: skip
+        """Feed the step's outcome to the curriculum: per-response loss signal (eqs. 5-6 with the
+        unweighted advantages, computed from the last pass), correctness, and rewards."""
+        from .curriculum import per_response_loss
+
+        args = self.args
+        losses = []
+        for k, rows_k in enumerate(micro_batches):
+            current = last_logps[k]
+            old = old_logps[k] if old_logps[k] is not None else current
+            losses.append(
+                per_response_loss(
+                    current.cpu().numpy(),
+                    old.cpu().numpy(),
+                    raw_advantages[rows_k].numpy(),
+                    mask[rows_k].cpu().numpy(),
+                    args.epsilon,
+                    args.epsilon_high if args.epsilon_high is not None else args.epsilon,
+                )
+            )
+        row_loss = np.concatenate(losses)
+        column = next(
+            (j for j, n in enumerate(self.reward_names) if n in self._CORRECTNESS_REWARDS), None
+        )
+        scores = per_func[:, column] if column is not None else rewards
+        row_correct = torch.nan_to_num(scores, nan=-math.inf) > args.gdro_correct_threshold
+        return self.curriculum.observe(
+            indices,
+            bins,
+            counts,
+            rollout.group_ids.cpu().tolist(),
+            row_correct.tolist(),
+            row_loss.tolist(),
+            rewards.tolist(),
+        )
 
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()
