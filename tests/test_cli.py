@@ -57,6 +57,7 @@ def test_python_dash_m_works(tmp_path):
         [sys.executable, "-m", "groupwise", "--help"], capture_output=True, text=True, check=True
     )
     assert "groupwise <command>" in result.stdout
+    assert main(["train", "--help"]) == 0
 
 
 def test_demo_yaml_matches_builtin_demo():

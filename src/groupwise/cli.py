@@ -250,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
+    if any(a in ("-h", "--help") for a in rest):
+        print(USAGE)
+        print("options (GRPOConfig fields, default in brackets):")
+        for name, value in GRPOConfig().to_dict().items():
+            print(f"  --{name} [{value}]")
+        return 0
     try:
         if command == "train":
             run_train(_config_from_argv(rest))
