@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench bench-curriculum clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,10 @@ test: lint
 bench: setup
 	$(PY) benchmarks/logprobs_memory.py
 	$(PY) benchmarks/sampling_speed.py
+
+# Uniform GRPO vs Prompt-GDRO vs Rollout-GDRO, 3 seeds (about 10 minutes on 2 cores).
+bench-curriculum: setup
+	$(PY) benchmarks/curriculum.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache src/*.egg-info
