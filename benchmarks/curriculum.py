@@ -97,7 +97,9 @@ def run(mode: str, base, tokenizer, train, evals, seed: int, steps: int) -> dict
         args = GRPOConfig(
             model="warm-start", max_steps=steps, beta=0.0, learning_rate=2e-4,
             num_generations=4, per_device_train_batch_size=32,  # 8 prompts x 4 rollouts
-            max_completion_length=5, temperature=1.0, curriculum=mode, gdro_num_bins=6,
+            max_completion_length=5, temperature=1.0, gdro_num_bins=6,
+            curriculum=mode.removesuffix("_failure"),
+            gdro_signal="failure_rate" if mode.endswith("_failure") else "pg_loss",
             gdro_window=8, rollout_min=2, rollout_max=8, output_dir=out, disable_tqdm=True,
             seed=seed, max_prompt_length=None,
         )  # fmt: skip
@@ -131,7 +133,8 @@ def main() -> None:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     train, evals = problems(600, "train", 0), problems(120, "eval", 0)
-    results: dict[str, list[dict]] = {"none": [], "prompt_gdro": [], "rollout_gdro": []}
+    modes = ["none", "prompt_gdro", "prompt_gdro_failure", "rollout_gdro"]
+    results: dict[str, list[dict]] = {mode: [] for mode in modes}
     # One warm start (seed 0) shared by every run: the seeds vary the GRPO runs only.
     base = warm_start(tokenizer, train, 0, opts.warm_steps)
     # The online classifier needs prompts to come back: GRPO draws from a pool of 64 training
@@ -148,14 +151,14 @@ def main() -> None:
         f"{opts.warm_steps}-step supervised warm start; mean +- stdev over {opts.seeds} seeds"
     )
     keys = ["greedy", "pass@8", "mean@8", "hard_greedy", "hard_pass@8", "hard_mean@8"]
-    print(f"{'mode':14s}" + "".join(f"{k:>16s}" for k in keys))
+    print(f"{'mode':20s}" + "".join(f"{k:>16s}" for k in keys))
     for mode, runs in results.items():
         cells = []
         for k in keys:
             values = [r[k] for r in runs]
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{statistics.mean(values):9.3f}+-{spread:5.3f}")
-        print(f"{mode:14s}" + "".join(f"{c:>16s}" for c in cells))
+        print(f"{mode:20s}" + "".join(f"{c:>16s}" for c in cells))
     ratios = [r["wse_ratio"] for r in results["rollout_gdro"]]
     print(f"Rollout-GDRO WSE / uniform-allocation WSE: {statistics.mean(ratios):.3f}")
 

@@ -245,3 +245,26 @@ def test_short_training_run_with_each_curriculum(tmp_path, mode, allocator):
         assert any(s != [4.0] * len(s) for s in sizes), sizes
     else:
         assert any(log["curriculum/weight_bin_0"] != 0.25 for log in logs[1:])
+
+
+def test_prompt_signal_pg_loss_is_flat_on_policy_and_failure_rate_is_not():
+    from groupwise.curriculum import Curriculum
+
+    # Two prompts in bins 0 and 2, two rollouts each; prompt 0 fails, prompt 1 succeeds.
+    row_prompt, correct = [0, 0, 1, 1], [False, False, True, True]
+    advantages = [0.7, -0.7, 0.7, -0.7]  # on-policy: the pg signal is -A, summing to 0 per group
+    flat = Curriculum("prompt_gdro", num_bins=3, prompt_kwargs={"eta": 1.0, "gamma": 0.0})
+    flat.observe(["a", "b"], [0, 2], [2, 2], row_prompt, correct, [-a for a in advantages],
+                 [0.0, 0.0, 1.0, 1.0])  # fmt: skip
+    assert flat.prompt_gdro.scores == [0.0, None, 0.0]
+    assert flat.advantage_weights([0, 2], row_prompt).tolist() == [1.0] * 4
+    hard = Curriculum(
+        "prompt_gdro", num_bins=3, prompt_signal="failure_rate",
+        prompt_kwargs={"eta": 1.0, "gamma": 0.0},
+    )  # fmt: skip
+    hard.observe(["a", "b"], [0, 2], [2, 2], row_prompt, correct, [0.0] * 4, [0.0, 0.0, 1.0, 1.0])
+    # bin 0: failure 1 / share 0.5 = 2; bin 2: 0. softmax([2, 0, 0]) -> bin 0 gets e^2 / (e^2 + 2)
+    assert hard.prompt_gdro.scores == [2.0, None, 0.0]
+    w = hard.advantage_weights([0, 2], row_prompt)
+    # per-sample q = [0.7870, 0.7870, 0.1065, 0.1065] -> mean-1 weights [1.762, 1.762, 0.238, 0.238]
+    np.testing.assert_allclose(w, [1.761594, 1.761594, 0.238406, 0.238406], atol=1e-5)

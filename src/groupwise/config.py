@@ -79,6 +79,9 @@ class GRPOConfig:
     gdro_clip: float | None = None  # C: clip of the EMA scores (None: off)
     gdro_weight_cap: float = 15.0  # cap of the per-sample advantage multiplier
     gdro_share_normalize: bool = True  # divide a bin's mean loss by its realised share
+    # Prompt-GDRO signal: pg_loss (the paper's; exactly 0 per bin when num_iterations = 1) |
+    # failure_rate (1 - correct per rollout)
+    gdro_signal: str = "pg_loss"
     rollout_min: int = 2  # Rollout-GDRO arms n_min..n_max; the mean budget is num_generations
     rollout_max: int = 12
     rollout_allocator: str = "bandit"  # bandit (eqs. 19-21) | sqrt (closed-form square-root law)
@@ -153,6 +156,7 @@ class GRPOConfig:
             "on_invalid_rows": ("error", "skip"),
             "curriculum": ("none", "prompt_gdro", "rollout_gdro"),
             "rollout_allocator": ("bandit", "sqrt"),
+            "gdro_signal": ("pg_loss", "failure_rate"),
             "long_prompts": ("truncate", "skip", "error"),
         }
         for name, valid in choices.items():

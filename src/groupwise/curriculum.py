@@ -438,7 +438,12 @@ class Curriculum:
     Rollout allocation (``allocator``): ``bandit`` is eqs. 19-21 (:class:`RolloutGDRO`);
     ``sqrt`` is the closed form (:func:`sqrt_allocation`) with v_b = p_b (1 - p_b), p_b the bin's
     per-rollout success rate over its last ``window`` observed steps (a bin never observed uses
-    the midpoint of its accuracy range). Both keep the step's total at prompts x mean_budget."""
+    the midpoint of its accuracy range). Both keep the step's total at prompts x mean_budget.
+
+    Prompt-GDRO's signal (``prompt_signal``): ``pg_loss``, the paper's per-response clipped
+    policy loss (eqs. 5-6, unweighted advantages), or ``failure_rate``, 1 - correct per rollout.
+    With one optimisation pass per batch the former is -A_i, whose mean over every group and
+    so every bin is exactly 0, which leaves all bin weights equal (algorithms.md 1.1 [obs])."""
 
     def __init__(
         self,
@@ -452,6 +457,7 @@ class Curriculum:
         n_min: int = 2,
         n_max: int = 12,
         allocator: str = "bandit",
+        prompt_signal: str = "pg_loss",
         prompt_kwargs: dict | None = None,
         rollout_kwargs: dict | None = None,
     ) -> None:
@@ -459,6 +465,11 @@ class Curriculum:
             raise ValueError(f"curriculum must be none, prompt_gdro or rollout_gdro, got {mode!r}")
         if allocator not in ("bandit", "sqrt"):
             raise ValueError(f"allocator must be bandit or sqrt, got {allocator!r}")
+        if prompt_signal not in ("pg_loss", "failure_rate"):
+            raise ValueError(
+                f"prompt_signal must be pg_loss or failure_rate, got {prompt_signal!r}"
+            )
+        self.prompt_signal = prompt_signal
         self.mode, self.allocator = mode, allocator
         self.classifier = DifficultyClassifier(num_bins, edges, window, hysteresis)
         bins = self.classifier.num_bins
@@ -545,7 +556,10 @@ class Curriculum:
         )
 
         # Adversaries learn from this step (order of algorithms.md 1.2: after the update).
-        self.prompt_gdro.update(row_bins.tolist(), loss.tolist())
+        # pg_loss is the paper's signal; on-policy its mean over a group (so over a bin) is 0.
+        # failure_rate (1 - correct per rollout) keeps the adversary informative in that case.
+        signal = loss if self.prompt_signal == "pg_loss" else 1.0 - correct.astype(np.float64)
+        self.prompt_gdro.update(row_bins.tolist(), signal.tolist())
         prompt_loss = [float(loss[row_prompt == i].mean()) for i in range(len(bins))]
         self.rollout_gdro.update(bins, counts, prompt_loss)
         for b in np.unique(row_bins):

@@ -178,6 +178,7 @@ class GRPOTrainer:
                 n_min=args.rollout_min,
                 n_max=args.rollout_max,
                 allocator=args.rollout_allocator,
+                prompt_signal=args.gdro_signal,
                 prompt_kwargs=dict(
                     eta=args.gdro_eta,
                     gamma=args.gdro_gamma,
