@@ -75,10 +75,10 @@ def tokenize_prompts(
 # Task: integer arithmetic with a difficulty knob.
 
 
-def _is_eval_expression(expression: str, eval_fraction: float) -> bool:
-    # The split is a function of the problem text alone, so train and eval never overlap,
-    # whatever seeds or sizes are asked for.
-    digest = hashlib.sha256(expression.encode()).digest()
+def is_eval_problem(text: str, eval_fraction: float = 0.25) -> bool:
+    """Whether a problem (by its canonical text) belongs to the eval split. The split is a
+    function of the text alone, so train and eval never overlap, whatever seeds or sizes."""
+    digest = hashlib.sha256(text.encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction
 
 
@@ -130,7 +130,7 @@ def arithmetic_dataset(
             )
         num_operands = rng.randint(min_operands, max_operands)
         expression = arithmetic_expression(rng, digits, num_operands, ops)
-        if expression in seen or _is_eval_expression(expression, eval_fraction) != want_eval:
+        if expression in seen or is_eval_problem(expression, eval_fraction) != want_eval:
             continue
         seen.add(expression)
         value = eval(expression, {"__builtins__": {}})  # digits and + - * only: safe

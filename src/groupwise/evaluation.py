@@ -42,8 +42,8 @@ import numpy as np
 import torch
 
 from .core import pass_at_k
-from .data import is_conversational, tokenize_prompts
-from .rewards.combine import RewardScorer
+from .data import tokenize_prompts
+from .rewards.combine import RewardScorer, score_rollout
 from .rollout import Rollout, SamplingParams, generate
 
 DEFAULT_THRESHOLD = 1.0 - 1e-6
@@ -214,21 +214,8 @@ def _batch_seed(seed: int, begin: int) -> int:
 def _score(
     scorer: RewardScorer, rows: Sequence[Mapping[str, Any]], rollout: Rollout
 ) -> torch.Tensor:
-    """Per-function rewards [N, F] (NaN for None), with the call of ``GRPOTrainer.score``."""
-    group_ids = rollout.group_ids.tolist()
-    prompts = [rows[g]["prompt"] for g in group_ids]
-    if is_conversational(rows[0]["prompt"]):
-        completions: list[Any] = [[{"role": "assistant", "content": t}] for t in rollout.texts]
-    else:
-        completions = list(rollout.texts)
-    keys = list(dict.fromkeys(k for row in rows for k in row if k != "prompt"))
-    columns = {key: [rows[g].get(key) for g in group_ids] for key in keys}
-    completion_ids = [
-        row[: int(n)].tolist()
-        for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)
-    ]
-    _, per_func = scorer(prompts, completions, completion_ids, **columns)
-    return per_func
+    """Per-function rewards [N, F] (NaN for None), called as in ``GRPOTrainer.score``."""
+    return score_rollout(scorer, rows, rollout)[1]
 
 
 def _nanmean(values: torch.Tensor) -> float:

@@ -32,11 +32,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .config import GRPOConfig
 from .core import group_advantages, group_reward_std, policy_loss, zero_std_groups_fraction
 from .curriculum import Curriculum
-from .data import is_conversational, tokenize_prompts
+from .data import tokenize_prompts
 from .logprobs import completion_logprobs
 from .models import load_model_and_tokenizer
 from .rewards import RewardFunc, build_reward_func, reward_func_name
-from .rewards.combine import RewardScorer
+from .rewards.combine import RewardScorer, score_rollout
 from .rollout import Rollout, SamplingParams, generate
 
 
@@ -226,18 +226,7 @@ class GRPOTrainer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rewards [N] (weighted sum; NaN where every function returned None) and the per-function
         rewards [N, F] (NaN for None). Dataset columns reach the functions by name, as in TRL."""
-        group_ids = rollout.group_ids.tolist()
-        prompts = [rows[g]["prompt"] for g in group_ids]
-        if is_conversational(rows[0]["prompt"]):
-            completions: list[Any] = [[{"role": "assistant", "content": t}] for t in rollout.texts]
-        else:
-            completions = list(rollout.texts)
-        columns = {key: [rows[g].get(key) for g in group_ids] for key in rows[0] if key != "prompt"}
-        completion_ids = [
-            row[: int(n)].tolist()
-            for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)
-        ]
-        return self.scorer(prompts, completions, completion_ids, **columns)
+        return score_rollout(self.scorer, rows, rollout)
 
     # ------------------------------------------------------------------------------------------
     def _logprobs(

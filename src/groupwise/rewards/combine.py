@@ -21,11 +21,14 @@ import math
 import traceback
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .basic import RewardFunc, reward_func_name
+
+if TYPE_CHECKING:
+    from ..rollout import Rollout
 
 logger = logging.getLogger("groupwise.rewards")
 
@@ -187,3 +190,26 @@ class RewardScorer:
     def error_summary(self) -> dict[str, int]:
         """Total failures per function so far (for logging)."""
         return {name: sum(counts.values()) for name, counts in self.error_counts.items()}
+
+
+def score_rollout(
+    scorer: RewardScorer, rows: Sequence[dict[str, Any]], rollout: Rollout
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Score a rollout's completions with TRL's call convention: prompts and completions
+    (conversational when the prompts are), ``completion_ids``, and every dataset column by name
+    (the union of the rows' keys; a row without a column passes None)."""
+    from ..data import is_conversational
+
+    group_ids = rollout.group_ids.tolist()
+    prompts = [rows[g]["prompt"] for g in group_ids]
+    if is_conversational(rows[0]["prompt"]):
+        completions: list[Any] = [[{"role": "assistant", "content": t}] for t in rollout.texts]
+    else:
+        completions = list(rollout.texts)
+    keys = list(dict.fromkeys(k for row in rows for k in row if k != "prompt"))
+    columns = {key: [rows[g].get(key) for g in group_ids] for key in keys}
+    completion_ids = [
+        row[: int(n)].tolist()
+        for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)
+    ]
+    return scorer(prompts, completions, completion_ids, **columns)

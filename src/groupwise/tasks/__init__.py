@@ -33,10 +33,11 @@ this package's (:func:`task_reward_func` returns them by name).
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable
 from typing import Any
+
+from ..data import is_eval_problem
 
 TASKS = ("arithmetic", "countdown", "gsm", "logic", "python", "mixed")
 
@@ -75,12 +76,6 @@ def check_split(split: str) -> bool:
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     return split == "eval"
-
-
-def is_eval_problem(text: str, eval_fraction: float = EVAL_FRACTION) -> bool:
-    """Whether a problem (by its canonical text) belongs to the eval split."""
-    digest = hashlib.sha256(text.encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction
 
 
 def chat_prompt(
@@ -202,6 +197,7 @@ __all__ = [
     "LEVELS",
     "TASKS",
     "answer_block",
+    "is_eval_problem",
     "build_task",
     "task_reward_func",
     "task_reward_funcs",
