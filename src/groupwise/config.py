@@ -53,6 +53,9 @@ class GRPOConfig:
     code_timeout: float = 5.0  # code / code_binary: wall-clock seconds per completion
     remote_timeout: float = 10.0  # remote:URL: seconds per request
 
+    # --- algorithm ------------------------------------------------------------------------
+    algorithm: str = "grpo"  # grpo (critic-free) | ppo (actor-critic with GAE, the baseline)
+
     # --- GRPO -----------------------------------------------------------------------------
     num_generations: int = 8  # G: completions per prompt
     per_device_train_batch_size: int = 8  # completions per micro-batch (TRL's meaning)
@@ -65,6 +68,17 @@ class GRPOConfig:
     scale_rewards: str = "group"  # group | batch | none
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
     mask_truncated_completions: bool = False  # DAPO overlong filtering
+
+    # --- PPO baseline (algorithms.md 3.6; verl defaults gamma = lambda = 1) ------------------
+    # With algorithm=ppo, beta is the per-token KL penalty inside the reward, and the policy
+    # uses the same clipped surrogate (epsilon, epsilon_high) with GAE advantages.
+    ppo_gamma: float = 1.0  # discount
+    ppo_lam: float = 1.0  # GAE lambda
+    vf_coef: float = 0.5  # weight of the value loss
+    cliprange_value: float = 0.2  # value clipping around the rollout-time values
+    whiten_advantages: bool = True  # normalise GAE advantages over the batch
+    critic_model: str | None = None  # None: value head on a copy of the policy backbone
+    critic_learning_rate: float | None = None  # None: learning_rate
 
     # --- curriculum (Multi-Adversary GDRO, arXiv 2601.19280; paper defaults) -----------------
     curriculum: str = "none"  # none | prompt_gdro | rollout_gdro
@@ -110,19 +124,42 @@ class GRPOConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 on GPUs that have it, else fp32) | float32 | bfloat16
     logprob_chunk_size: int = 512  # tokens per chunk of the LM head + log-softmax
+    logprob_impl: str = "chunked"  # chunked (no [tokens x vocab] logits kept) | naive (full)
     gradient_checkpointing: bool = False
+    bf16_autocast: bool = False  # bf16 autocast for forward passes (weights stay in dtype)
+    ref_model_offload: bool = False  # keep the reference model in CPU memory (GPU runs)
+
+    # --- LoRA (peft) ------------------------------------------------------------------------
+    use_peft: bool = False  # train a LoRA adapter; the reference is the adapter-disabled model
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: list[str] | None = None  # None: every linear layer but the LM head
+    save_merged_model: bool = False  # also write the merged model to OUTPUT_DIR/merged
 
     # --- logging and saving ---------------------------------------------------------------
     output_dir: str = "runs/grpo"
     logging_steps: int = 1
     save_steps: int = 0  # 0: save only at the end
+    save_total_limit: int | None = None  # keep the last N checkpoint-* folders (None: all)
+    resume_from_checkpoint: str | None = None  # auto (latest in output_dir) | PATH | None
     eval_steps: int = 0  # 0: evaluate only before and after training (if eval_on_start)
     eval_on_start: bool = False
     eval_num_generations: int = 0  # groupwise eval: samples per prompt (0: greedy only)
     eval_ks: list[int] | None = None  # groupwise eval: k of pass@k (None: 1, 2, 4, ..., n)
     eval_output: str | None = None  # groupwise eval: JSON file (None: OUTPUT_DIR/eval.json)
     compare_model: str | None = None  # groupwise eval: second model, paired difference + 95% CI
-    log_completions: bool = False
+    log_completions: bool = False  # keep the last step's completions on the trainer
+    log_completions_steps: int = 0  # every N steps: prompts, completions, rewards to
+    # OUTPUT_DIR/completions.jsonl (0: never)
+    num_completions_to_print: int = 0  # print that many prompts of each logged sample (rich)
+    completions_sample_size: int = 2  # prompts per completions.jsonl record (all G each)
+    report_to: list[str] | None = None  # extra loggers: tensorboard, wandb (offline)
+    max_bad_steps: int = 3  # consecutive NaN/inf steps (skipped) before the run stops
+    warn_zero_std_fraction: float = 0.9  # warn when more groups than this have one reward...
+    warn_zero_std_steps: int = 5  # ... for this many steps in a row
+    warn_entropy_min: float = 0.05  # warn when mean token entropy falls below this
+    warn_kl_max: float = 1.0  # warn when the KL to the reference rises above this
     disable_tqdm: bool = False
 
     def __post_init__(self) -> None:
@@ -158,6 +195,8 @@ class GRPOConfig:
             "rollout_allocator": ("bandit", "sqrt"),
             "gdro_signal": ("pg_loss", "failure_rate"),
             "long_prompts": ("truncate", "skip", "error"),
+            "algorithm": ("grpo", "ppo"),
+            "logprob_impl": ("chunked", "naive"),
         }
         for name, valid in choices.items():
             if getattr(self, name) not in valid and not (
@@ -188,6 +227,15 @@ class GRPOConfig:
             "num_eval_prompts",
             "top_k",
             "weight_decay",
+            "log_completions_steps",
+            "num_completions_to_print",
+            "max_bad_steps",
+            "warn_zero_std_steps",
+            "ppo_gamma",
+            "ppo_lam",
+            "vf_coef",
+            "cliprange_value",
+            "lora_dropout",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -227,7 +275,25 @@ class GRPOConfig:
                 "rollout_gdro needs 1 <= rollout_min <= num_generations (the mean budget) <= "
                 f"rollout_max, got {self.rollout_min}, {self.num_generations}, {self.rollout_max}"
             )
-        if self.num_generations < 2:
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise ConfigError(f"save_total_limit must be >= 1 or null, got {self.save_total_limit}")
+        if self.use_peft and (self.lora_r < 1 or self.lora_alpha < 1):
+            raise ConfigError(
+                f"lora_r and lora_alpha must be >= 1, got {self.lora_r} and {self.lora_alpha}"
+            )
+        if self.ppo_gamma > 1 or self.ppo_lam > 1:
+            raise ConfigError(
+                f"ppo_gamma and ppo_lam must be in [0, 1], got {self.ppo_gamma}, {self.ppo_lam}"
+            )
+        if self.report_to:
+            unknown = [r for r in self.report_to if r not in ("tensorboard", "wandb")]
+            if unknown:
+                raise ConfigError(
+                    f"report_to: unknown logger(s) {unknown}; expected tensorboard and/or wandb"
+                )
+        if self.algorithm == "ppo" and self.curriculum != "none":
+            raise ConfigError("the curriculum works with algorithm=grpo only")
+        if self.num_generations < 2 and self.algorithm == "grpo":
             raise ConfigError(
                 "num_generations must be >= 2: a group of one completion has no baseline "
                 "(its advantage is always 0)"
