@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .checkpoint import CheckpointError, TrainingInterrupted, TrainingStopped
 from .config import ConfigError, GRPOConfig, parse_cli_overrides
 from .data import TASKS, arithmetic_dataset, filter_long_prompts, load_dataset_rows
 
@@ -128,6 +129,9 @@ def _config_from_argv(argv: list[str], base: dict[str, Any] | None = None) -> GR
     if argv and not argv[0].startswith("--"):
         config_path, argv = argv[0], argv[1:]
     overrides = parse_cli_overrides(argv)
+    if "resume" in overrides:  # --resume [PATH]: the newest checkpoint in output_dir, or PATH
+        value = overrides.pop("resume")
+        overrides["resume_from_checkpoint"] = "auto" if value == "true" else value
     if config_path is not None:
         values = dict(base or {})
         return GRPOConfig.from_yaml(config_path, {**values, **overrides})
@@ -269,4 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"groupwise: error: {err}", file=sys.stderr)
         return 2
+    except CheckpointError as err:
+        print(f"groupwise: error: {err}", file=sys.stderr)
+        return 2
+    except TrainingInterrupted as err:
+        print(f"groupwise: {err}", file=sys.stderr)
+        return 128 + err.signum
+    except TrainingStopped as err:
+        print(f"groupwise: stopped: {err}", file=sys.stderr)
+        return 1
     return 0

@@ -11,6 +11,7 @@ One step (DeepSeekMath Alg. 1 with TRL's options):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -18,7 +19,9 @@ import math
 import os
 import random
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +32,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from . import checkpoint as ckpt
+from .checkpoint import TrainingInterrupted, TrainingStopped
 from .config import GRPOConfig
 from .core import group_advantages, group_reward_std, policy_loss, zero_std_groups_fraction
 from .curriculum import Curriculum
@@ -85,6 +90,18 @@ class PromptSampler:
             batch.append(self.order.pop(0))
         return batch
 
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "generator": self.generator.get_state(),
+            "order": list(self.order),
+            "epoch": self.epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.order = list(state["order"])
+        self.epoch = int(state["epoch"])
+
 
 def _lr_lambda(args: GRPOConfig, total_steps: int) -> Callable[[int], float]:
     def factor(step: int) -> float:
@@ -99,6 +116,21 @@ def _lr_lambda(args: GRPOConfig, total_steps: int) -> Callable[[int], float]:
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
+
+
+def apply_lora(model: PreTrainedModel, args: GRPOConfig) -> PreTrainedModel:
+    """Wrap ``model`` in a peft LoRA adapter; only the adapter's parameters train."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        # "all-linear": every nn.Linear except the output layer (peft's rule).
+        target_modules=args.lora_target_modules or "all-linear",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
 
 
 class GRPOTrainer:
@@ -123,11 +155,14 @@ class GRPOTrainer:
         self.device = resolve_device(args.device)
         self.dtype = resolve_dtype(args.dtype, self.device)
         model, tokenizer = load_model_and_tokenizer(model, processing_class, seed=args.seed)
-        self.model: PreTrainedModel = model.to(device=self.device, dtype=self.dtype)
-        self.tokenizer = tokenizer
+        model = model.to(device=self.device, dtype=self.dtype)
         if args.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-            self.model.config.use_cache = False
+            model.gradient_checkpointing_enable()
+            model.config.use_cache = False
+        if args.use_peft:
+            model = apply_lora(model, args)
+        self.model: PreTrainedModel = model
+        self.tokenizer = tokenizer
         self.model.train()
 
         if callable(reward_funcs) or isinstance(reward_funcs, str):
@@ -150,10 +185,13 @@ class GRPOTrainer:
         if eval_dataset is not None:
             self._check_dataset(eval_dataset, "eval_dataset")
 
-        # The frozen reference exists only when the KL term is on (beta > 0).
+        # The frozen reference exists only when the KL term is on (beta > 0). With LoRA it is the
+        # same weights with the adapter disabled: no second copy.
         self.ref_model: PreTrainedModel | None = None
-        if args.beta > 0:
+        if args.beta > 0 and not args.use_peft:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+            if args.ref_model_offload:
+                self.ref_model.to("cpu")
 
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -206,6 +244,10 @@ class GRPOTrainer:
         self.log_history: list[dict[str, float]] = []
         self._metrics_started = False
         self.output_dir = Path(args.output_dir)
+        self._last_samples: list[dict[str, Any]] = []
+        self._stop_signal: int | None = None
+        self.monitor = None  # failure-mode warnings (groupwise.monitor), set below
+        self.loggers = None  # TensorBoard / wandb (groupwise.loggers), opened by train()
 
     # ------------------------------------------------------------------------------------------
     @staticmethod
@@ -266,6 +308,27 @@ class GRPOTrainer:
             group_size=group_size,
         )
 
+    def _reference_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
+        """Log-probs under the frozen reference: the adapter-disabled model with LoRA, else the
+        reference copy (moved to the device for the call when it is offloaded to CPU)."""
+        if self.args.use_peft:
+            with self.model.disable_adapter():
+                return self._logprobs(self.model, rollout, rows)[0]
+        assert self.ref_model is not None
+        offloaded = self.args.ref_model_offload and self.device.type != "cpu"
+        if offloaded:
+            self.ref_model.to(self.device)
+        try:
+            return self._logprobs(self.ref_model, rollout, rows)[0]
+        finally:
+            if offloaded:
+                self.ref_model.to("cpu")
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if not self.args.bf16_autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
     def train_step(self) -> dict[str, float]:
         """Generate, score and update once; returns this step's metrics."""
         args = self.args
@@ -282,14 +345,15 @@ class GRPOTrainer:
             else (None, [args.num_generations] * len(rows))
         )
         self._uniform_groups = all(c == args.num_generations for c in counts)
-        rollout = generate(
-            self.model,
-            self.tokenizer,
-            prompt_ids,
-            args.num_generations if self._uniform_groups else counts,
-            self.sampling,
-            self.generator,
-        )
+        with self._autocast():
+            rollout = generate(
+                self.model,
+                self.tokenizer,
+                prompt_ids,
+                args.num_generations if self._uniform_groups else counts,
+                self.sampling,
+                self.generator,
+            )
         t_generated = time.perf_counter()
 
         rewards, per_func = self.score(rows, rollout)
@@ -309,22 +373,25 @@ class GRPOTrainer:
         micro_batches = self._micro_batches(mask.shape[0])
         old_logps: list[torch.Tensor | None] = [None] * len(micro_batches)
         ref_logps: list[torch.Tensor | None] = [None] * len(micro_batches)
-        with torch.no_grad():
+        with torch.no_grad(), self._autocast():
             for k, rows_k in enumerate(micro_batches):
                 if args.num_iterations > 1:  # mu > 1: the ratio is against the sampling policy
                     old_logps[k] = self._logprobs(self.model, rollout, rows_k)[0]
-                if self.ref_model is not None:
-                    ref_logps[k] = self._logprobs(self.ref_model, rollout, rows_k)[0]
+                if args.beta > 0:
+                    ref_logps[k] = self._reference_logprobs(rollout, rows_k)
 
         last_logps: list[torch.Tensor | None] = [None] * len(micro_batches)
         total_rows = mask.shape[0]
         total_tokens = mask.sum().clamp(min=1)
         sums: dict[str, float] = {}
         entropy_sum = 0.0
+        nonfinite = False
+        grad_norm = torch.tensor(0.0)
         for _ in range(args.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for k, rows_k in enumerate(micro_batches):
-                logps, entropy = self._logprobs(self.model, rollout, rows_k)
+                with self._autocast():
+                    logps, entropy = self._logprobs(self.model, rollout, rows_k)
                 last_logps[k] = logps.detach()
                 mask_k = mask[rows_k]
                 loss, metrics = policy_loss(
@@ -350,12 +417,24 @@ class GRPOTrainer:
                     weight = 1.0 / len(micro_batches)
                 else:
                     weight = (rows_k.stop - rows_k.start) / total_rows
+                if not torch.isfinite(loss):
+                    nonfinite = True
+                    break
                 (loss * weight).backward()
                 sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight / args.num_iterations
                 for key, value in metrics.items():
                     sums[key] = sums.get(key, 0.0) + value * weight / args.num_iterations
                 entropy_sum += float((entropy * mask_k).sum())
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+            if not nonfinite:
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), args.max_grad_norm
+                )
+                nonfinite = not bool(torch.isfinite(grad_norm))
+            if nonfinite:
+                # A NaN/inf loss or gradient: skip the update so the weights stay good; the
+                # trainer logs the event and stops after max_bad_steps in a row.
+                self.optimizer.zero_grad(set_to_none=True)
+                break
             self.optimizer.step()
             self.scheduler.step()
         t_updated = time.perf_counter()
@@ -365,7 +444,7 @@ class GRPOTrainer:
                 indices, bins, counts, rollout, per_func, rewards, raw_advantages, mask,
                 old_logps, last_logps, micro_batches,
             )
-            if self.curriculum is not None
+            if self.curriculum is not None and not nonfinite
             else {}
         )  # fmt: skip
 
@@ -417,6 +496,9 @@ class GRPOTrainer:
             }
         )
         logs.update(curriculum_logs)
+        if nonfinite:
+            logs["nonfinite_step"] = 1.0
+        self._last_batch = (rows, rollout.texts, rewards, per_func, advantages.cpu(), group_ids)
         if args.log_completions:
             self._last_samples = [
                 {"prompt": rows[g]["prompt"], "completion": text, "reward": float(r)}
@@ -560,56 +642,321 @@ class GRPOTrainer:
             if path.exists():
                 stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
                 os.replace(path, path.with_name(f"metrics-{stamp}.jsonl"))
+            for name in ("events.jsonl", "completions.jsonl"):
+                if (self.output_dir / name).exists():
+                    (self.output_dir / name).unlink()
             self._metrics_started = True
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(logs) + "\n")
+        if self.loggers is not None:
+            self.loggers.log(logs, step=int(logs.get("step", self.global_step)))
+
+    def _append_jsonl(self, name: str, record: dict[str, Any]) -> None:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.output_dir / name, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def _warn(self, step: int, kind: str, message: str) -> None:
+        """A warning or note: console, events.jsonl (read by ``groupwise report``), loggers."""
+        tqdm.write(
+            f"[groupwise] {'note' if kind == 'info' else 'warning'} (step {step}): {message}"
+        )
+        self._append_jsonl("events.jsonl", {"step": step, "kind": kind, "message": message})
+        if self.loggers is not None:
+            self.loggers.log_warning(step, kind, message)
+
+    def completion_records(self, num_prompts: int | None = None) -> list[dict[str, Any]]:
+        """The last step's first ``num_prompts`` prompts with all their completions, each with
+        its reward, reward components and advantage, and the ground truth."""
+        if not getattr(self, "_last_batch", None):
+            return []
+        rows, texts, rewards, per_func, advantages, group_ids = self._last_batch
+        records: dict[int, dict[str, Any]] = {}
+        limit = len(rows) if num_prompts is None else num_prompts
+        for i, g in enumerate(group_ids.tolist()):
+            if g >= limit:
+                continue
+            if g not in records:
+                row = rows[g]
+                answer = row.get(self.args.answer_column, row.get("answer"))
+                records[g] = {
+                    "step": self.global_step,
+                    "prompt": row["prompt"],
+                    "answer": answer if isinstance(answer, (str, int, float, list, dict)) else None,
+                    "completions": [],
+                }
+            records[g]["completions"].append(
+                {
+                    "text": texts[i],
+                    "reward": _finite_or_none(rewards[i]),
+                    "rewards": {
+                        name: _finite_or_none(per_func[i, j])
+                        for j, name in enumerate(self.reward_names)
+                    },
+                    "advantage": float(advantages[i]),
+                }
+            )
+        return [records[g] for g in sorted(records)]
+
+    def _log_completions(self) -> None:
+        records = self.completion_records(self.args.completions_sample_size)
+        for record in records:
+            self._append_jsonl("completions.jsonl", record)
+        if self.args.num_completions_to_print:
+            print_completions(records[: self.args.num_completions_to_print])
+
+    # ------------------------------------------------------------------------------------------
+    def extra_state_dict(self) -> dict[str, Any]:
+        """State of subclasses (e.g. the PPO critic) to keep in checkpoints."""
+        return {}
+
+    def load_extra_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+    def _generators(self) -> dict[str, torch.Generator]:
+        return {"sampling": self.generator}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the model weights that a step depends on or that was logged."""
+        stats = {}
+        for name, func in zip(self.reward_names, self.reward_funcs, strict=True):
+            value = getattr(func, "stats", None)
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                stats[name] = dataclasses.asdict(value)
+            elif isinstance(value, dict):
+                stats[name] = dict(value)
+        return {
+            "format": 1,
+            "global_step": self.global_step,
+            "config": self.args.to_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": ckpt.rng_state(self._generators()),
+            "sampler": self.sampler.state_dict(),
+            "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
+            "monitor": self.monitor.state_dict() if self.monitor is not None else None,
+            "reward_errors": {k: dict(v) for k, v in self.scorer.error_counts.items()},
+            "reward_stats": stats,
+            "log_history": self.log_history,
+            "extra": self.extra_state_dict(),
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoint-<step>`` atomically and apply ``save_total_limit``."""
+
+        def write(folder: Path) -> None:
+            self.model.save_pretrained(folder)
+            self.tokenizer.save_pretrained(folder)
+            torch.save(self.state_dict(), folder / ckpt.STATE_FILE)
+
+        path = ckpt.write_checkpoint(self.output_dir, self.global_step, write)
+        ckpt.rotate_checkpoints(self.output_dir, self.args.save_total_limit)
+        return path
+
+    def _load_weights(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        if self.args.use_peft:
+            from peft import set_peft_model_state_dict
+
+            file = path / "adapter_model.safetensors"
+            if not file.is_file():
+                raise ckpt.CheckpointError(f"checkpoint {path}: {file.name} is missing")
+            result = set_peft_model_state_dict(self.model, load_file(file))
+            if getattr(result, "unexpected_keys", None):
+                raise ckpt.CheckpointError(
+                    f"checkpoint {path}: adapter does not match this model "
+                    f"({result.unexpected_keys[:3]} ...)"
+                )
+            return
+        files = sorted(path.glob("model*.safetensors"))
+        if not files:
+            raise ckpt.CheckpointError(f"checkpoint {path}: no model*.safetensors weights")
+        weights: dict[str, torch.Tensor] = {}
+        for file in files:
+            weights.update(load_file(file))
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        tied = {name for name, _ in _tied_parameter_names(self.model)}
+        missing = [m for m in missing if m not in tied]
+        if missing or unexpected:
+            raise ckpt.CheckpointError(
+                f"checkpoint {path}: weights do not match the model (missing {missing[:3]}, "
+                f"unexpected {unexpected[:3]})"
+            )
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore the state saved by :meth:`save_checkpoint`, refusing a checkpoint whose config
+        differs in options that change training, and cut the run's log files back to it."""
+        path = Path(path)
+        ckpt.verify_checkpoint(path)
+        state = torch.load(path / ckpt.STATE_FILE, map_location="cpu", weights_only=True)
+        ckpt.check_resume_config(state["config"], self.args.to_dict(), path)
+        self._load_weights(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        if self.curriculum is not None and state.get("curriculum") is not None:
+            self.curriculum.load_state_dict(state["curriculum"])
+        if self.monitor is not None and state.get("monitor") is not None:
+            self.monitor.load_state_dict(state["monitor"])
+        for name, counts in state.get("reward_errors", {}).items():
+            self.scorer.error_counts[name] = type(self.scorer.error_counts[name])(counts)
+        for name, func in zip(self.reward_names, self.reward_funcs, strict=True):
+            saved = state.get("reward_stats", {}).get(name)
+            current = getattr(func, "stats", None)
+            if saved is None or current is None:
+                continue
+            if isinstance(current, dict):
+                current.update(saved)
+            else:
+                for key, value in saved.items():
+                    setattr(current, key, value)
+        self.load_extra_state_dict(state.get("extra", {}))
+        ckpt.set_rng_state(state["rng"], self._generators())
+        self.global_step = int(state["global_step"])
+        self.log_history = list(state["log_history"])
+        # Rows that the interrupted run logged after this checkpoint would be logged again.
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        _write_jsonl_atomic(self.output_dir / "metrics.jsonl", self.log_history)
+        for name in ("events.jsonl", "completions.jsonl"):
+            _truncate_jsonl(self.output_dir / name, self.global_step)
+        self._metrics_started = True
+        tqdm.write(f"[groupwise] resumed from {path} at step {self.global_step}")
+
+    # ------------------------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """SIGINT/SIGTERM finish the current step, save a checkpoint and stop (a second SIGINT
+        aborts at once)."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._stop_signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self._stop_signal = signum
+            tqdm.write(
+                f"[groupwise] {signal.Signals(signum).name}: saving a checkpoint after this "
+                "step (Ctrl-C again to abort without saving)"
+            )
+
+        previous = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, handler)
+        return previous
+
+    def _resume_if_asked(self) -> None:
+        value = self.args.resume_from_checkpoint
+        if not value:
+            return
+        path = ckpt.resolve_resume_path(value, self.output_dir)
+        if path is None:
+            tqdm.write(f"[groupwise] no checkpoint in {self.output_dir}: starting from step 0")
+            return
+        self.load_checkpoint(path)
 
     def train(self) -> list[dict[str, float]]:
-        """Run ``max_steps`` GRPO steps, logging to ``output_dir/metrics.jsonl``, evaluating every
-        ``eval_steps`` and saving every ``save_steps`` and at the end."""
+        """Run ``max_steps`` GRPO steps (continuing from a checkpoint when
+        ``resume_from_checkpoint`` is set), logging to ``output_dir/metrics.jsonl``, evaluating
+        every ``eval_steps`` and saving every ``save_steps``, on SIGINT/SIGTERM, and at the end."""
         args = self.args
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._resume_if_asked()
         args.to_yaml(self.output_dir / "config.yaml")
-        if self.eval_dataset is not None and args.eval_on_start:
+        if self.loggers is None and args.report_to:
+            from .loggers import RunLoggers
+
+            self.loggers = RunLoggers(
+                self.output_dir,
+                args.report_to,
+                config=args.to_dict(),
+                resume=self.global_step > 0,
+            )
+        previous_handlers = self._install_signal_handlers()
+        try:
+            self._train_loop()
+        finally:
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
+            if self.loggers is not None:
+                self.loggers.close()
+                self.loggers = None
+        if args.use_peft and args.save_merged_model:
+            merged = copy.deepcopy(self.model).merge_and_unload()
+            merged.save_pretrained(self.output_dir / "merged")
+            self.tokenizer.save_pretrained(self.output_dir / "merged")
+        return self.log_history
+
+    def _train_loop(self) -> None:
+        args = self.args
+        if self.eval_dataset is not None and args.eval_on_start and self.global_step == 0:
             self._log({"step": self.global_step, **self.evaluate()})
         bar = tqdm(
             total=args.max_steps,
             initial=self.global_step,
-            desc="GRPO",
+            desc=args.algorithm.upper(),
             disable=args.disable_tqdm,
             dynamic_ncols=True,
         )
         while self.global_step < args.max_steps:
             logs = self.train_step()
-            if self.global_step % args.logging_steps == 0 or self.global_step == args.max_steps:
+            step = self.global_step
+            if step % args.logging_steps == 0 or step == args.max_steps:
                 self._log(logs)
-            postfix = {
-                "reward": f"{logs['reward']:.3f}",
-                "len": f"{logs['completions/mean_length']:.0f}",
-                "kl": f"{logs['kl']:.4f}",
-                "s/step": f"{logs['time/step']:.1f}",
-            }
-            for name in self.reward_names:
-                postfix[name.removesuffix("_reward")] = f"{logs[f'rewards/{name}/mean']:.2f}"
-            bar.set_postfix(postfix, refresh=False)
+            if args.log_completions_steps and step % args.log_completions_steps == 0:
+                self._log_completions()
+            if self.monitor is not None:
+                if logs.get("nonfinite_step"):
+                    for w in self.monitor.record_bad_step(step, "loss or gradient is NaN/inf"):
+                        self._warn(w.step, w.kind, w.message)
+                for w in self.monitor.update(logs):
+                    self._warn(w.step, w.kind, w.message)
+                if self.monitor.should_stop:
+                    bar.close()
+                    path = self.save_checkpoint()
+                    raise TrainingStopped(
+                        f"{args.max_bad_steps} steps in a row had a NaN/inf loss or gradient and "
+                        f"were skipped; the weights are unchanged since the last good step and "
+                        f"were saved to {path}. Lower learning_rate or check the rewards."
+                    )
+            bar.set_postfix(self._progress_postfix(logs), refresh=False)
             bar.update(1)
             if (
                 args.eval_steps
                 and self.eval_dataset is not None
-                and (self.global_step % args.eval_steps == 0)
-                and self.global_step < args.max_steps
+                and (step % args.eval_steps == 0)
+                and step < args.max_steps
             ):
-                self._log({"step": self.global_step, **self.evaluate()})
-            if args.save_steps and self.global_step % args.save_steps == 0:
-                self.save_model(self.output_dir / f"checkpoint-{self.global_step}")
+                self._log({"step": step, **self.evaluate()})
+            if args.save_steps and step % args.save_steps == 0:
+                self.save_checkpoint()
+            if self._stop_signal is not None:
+                bar.close()
+                path = self.save_checkpoint()
+                signum, self._stop_signal = self._stop_signal, None
+                raise TrainingInterrupted(signum, path)
         bar.close()
         if self.eval_dataset is not None and (args.eval_on_start or args.eval_steps):
-            self._log({"step": self.global_step, **self.evaluate()})
+            if not (self.log_history and self.log_history[-1].get("step") == self.global_step
+                    and "eval/reward" in self.log_history[-1]):  # fmt: skip
+                self._log({"step": self.global_step, **self.evaluate()})
+        if args.save_steps and not (self.output_dir / f"checkpoint-{self.global_step}").exists():
+            self.save_checkpoint()
         self.save_model(self.output_dir)
-        return self.log_history
+
+    def _progress_postfix(self, logs: dict[str, float]) -> dict[str, str]:
+        postfix = {
+            "reward": f"{logs['reward']:.3f}",
+            "len": f"{logs['completions/mean_length']:.0f}",
+            "kl": f"{logs['kl']:.4f}",
+            "s/step": f"{logs['time/step']:.1f}",
+        }
+        for name in self.reward_names:
+            postfix[name.removesuffix("_reward")] = f"{logs[f'rewards/{name}/mean']:.2f}"
+        return postfix
 
     def save_model(self, path: str | Path | None = None) -> Path:
-        """Save model and tokenizer in Hugging Face format (``from_pretrained``-loadable).
+        """Save model and tokenizer in Hugging Face format (``from_pretrained``-loadable; with
+        LoRA the adapter, ``PeftModel.from_pretrained``-loadable).
 
         Files are written into a temporary folder first and then moved into place one by one
         (``os.replace`` is atomic), so a crash never leaves a truncated weights file."""
@@ -624,3 +971,79 @@ class GRPOTrainer:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
+
+
+def _finite_or_none(value: torch.Tensor | float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _tied_parameter_names(model: torch.nn.Module) -> list[tuple[str, str]]:
+    """(name, first name) pairs for parameters that share storage with an earlier one."""
+    seen: dict[int, str] = {}
+    tied = []
+    for name, param in model.named_parameters(remove_duplicate=False):
+        key = id(param)
+        if key in seen:
+            tied.append((name, seen[key]))
+        else:
+            seen[key] = name
+    return tied
+
+
+def _write_jsonl_atomic(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+    os.replace(tmp, path)
+
+
+def _truncate_jsonl(path: Path, max_step: int) -> None:
+    """Keep the rows of a JSONL log whose step is <= max_step (and unreadable tails go)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by the crash
+        if int(row.get("step", 0)) <= max_step:
+            kept.append(row)
+    _write_jsonl_atomic(path, kept)
+
+
+def print_completions(records: Sequence[dict[str, Any]]) -> None:
+    """A rich table per prompt: each completion with its reward components and advantage."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for record in records:
+        prompt = record["prompt"]
+        if isinstance(prompt, list):
+            prompt = prompt[-1].get("content", "") if prompt else ""
+        table = Table(
+            title=f"step {record['step']}: {prompt[-200:]!s}",
+            caption=f"answer: {record.get('answer')}",
+            show_lines=True,
+        )
+        table.add_column("completion", overflow="fold")
+        names = list(record["completions"][0]["rewards"]) if record["completions"] else []
+        for name in names:
+            table.add_column(name.removesuffix("_reward"), justify="right")
+        table.add_column("reward", justify="right")
+        table.add_column("advantage", justify="right")
+
+        def fmt(value: float | None) -> str:
+            return "-" if value is None else f"{value:.2f}"
+
+        for item in record["completions"]:
+            table.add_row(
+                item["text"],
+                *(fmt(item["rewards"][n]) for n in names),
+                fmt(item["reward"]),
+                f"{item['advantage']:+.2f}",
+            )
+        console.print(table)

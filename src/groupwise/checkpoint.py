@@ -1,0 +1,258 @@
+"""Checkpoints that a run can continue from exactly.
+
+A checkpoint is a folder ``OUTPUT_DIR/checkpoint-<step>`` holding the model in Hugging Face format
+(or the LoRA adapter), the tokenizer, ``training_state.pt`` (optimizer, scheduler, every RNG, the
+prompt sampler, curriculum and monitor state, the metrics so far) and ``checkpoint.json``, a
+manifest of every file with its size. It is written into a temporary folder first and renamed
+into place, so a crash during a save leaves the previous checkpoint intact and never a half
+checkpoint under a checkpoint-<step> name; the manifest catches folders damaged afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import ConfigError
+
+PREFIX = "checkpoint-"
+STATE_FILE = "training_state.pt"
+MANIFEST_FILE = "checkpoint.json"
+_NAME = re.compile(rf"^{PREFIX}(\d+)$")
+
+# Options a resumed run may change: they do not alter the training trajectory (what is logged,
+# saved or evaluated, where, and for how long).
+RESUME_SAFE_FIELDS = frozenset(
+    {
+        "max_steps",
+        "output_dir",
+        "device",
+        "logging_steps",
+        "save_steps",
+        "save_total_limit",
+        "resume_from_checkpoint",
+        "eval_steps",
+        "eval_on_start",
+        "eval_num_generations",
+        "eval_ks",
+        "eval_output",
+        "compare_model",
+        "num_eval_prompts",
+        "eval_task",
+        "log_completions",
+        "log_completions_steps",
+        "num_completions_to_print",
+        "completions_sample_size",
+        "report_to",
+        "disable_tqdm",
+        "max_bad_steps",
+        "warn_zero_std_fraction",
+        "warn_zero_std_steps",
+        "warn_entropy_min",
+        "warn_kl_max",
+        "save_merged_model",
+        "accuracy_timeout",
+        "code_timeout",
+        "remote_timeout",
+        "reward_max_failure_fraction",
+    }
+)
+
+
+class TrainingInterrupted(RuntimeError):
+    """SIGINT/SIGTERM stopped the run after a checkpoint was written."""
+
+    def __init__(self, signum: int, path: Path) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(f"{name}: stopped after saving {path}; continue with --resume")
+        self.signum = signum
+        self.path = path
+
+
+class TrainingStopped(RuntimeError):
+    """The run cannot continue (repeated non-finite steps); the last good state was saved."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: the message names the folder and what is wrong."""
+
+
+def checkpoint_dirs(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete-looking ``checkpoint-<step>`` folders in ``output_dir``, oldest first."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for path in output_dir.iterdir():
+        match = _NAME.match(path.name)
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    dirs = checkpoint_dirs(output_dir)
+    return dirs[-1][1] if dirs else None
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(output_dir: str | Path, step: int, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp_folder)`` to fill a temporary folder, add the manifest, flush everything
+    to disk and rename it to ``checkpoint-<step>`` (replacing an older one of that step)."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for stale in output_dir.glob(f".tmp-{PREFIX}*"):  # left by a crash during an earlier save
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{PREFIX}{step}-", dir=output_dir))
+    try:
+        write(tmp)
+        files = {}
+        for path in sorted(tmp.rglob("*")):
+            if path.is_file():
+                with open(path, "rb+") as handle:
+                    os.fsync(handle.fileno())
+                files[str(path.relative_to(tmp))] = path.stat().st_size
+        manifest = {"step": step, "files": files}
+        with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as handle:
+            json.dump(manifest, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        final = output_dir / f"{PREFIX}{step}"
+        old = None
+        if final.exists():
+            old = output_dir / f".tmp-{PREFIX}{step}-old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        _fsync_dir(output_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The manifest of checkpoint ``path``; raises CheckpointError naming the first missing or
+    truncated file."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist or is not a folder")
+    manifest_path = path / MANIFEST_FILE
+    if not manifest_path.is_file():
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete: {MANIFEST_FILE} is missing (the save did not "
+            "finish, or this is not a groupwise checkpoint)"
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST_FILE} is corrupt ({err})") from None
+    for name, size in files.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
+        if file.stat().st_size != size:
+            raise CheckpointError(
+                f"checkpoint {path}: {name} has {file.stat().st_size} bytes, the manifest says "
+                f"{size} (truncated or modified)"
+            )
+    if STATE_FILE not in files:
+        raise CheckpointError(f"checkpoint {path} is incomplete: {STATE_FILE} is missing")
+    return manifest
+
+
+def rotate_checkpoints(output_dir: str | Path, keep: int | None) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints (None keeps all); returns those removed."""
+    if keep is None:
+        return []
+    dirs = checkpoint_dirs(output_dir)
+    removed = [path for _, path in dirs[: max(len(dirs) - keep, 0)]]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def resolve_resume_path(value: str, output_dir: str | Path) -> Path | None:
+    """``auto``: the newest checkpoint in output_dir (None when there is none: a fresh start);
+    otherwise the given folder, which must exist."""
+    if value == "auto":
+        return latest_checkpoint(output_dir)
+    path = Path(value)
+    if not path.exists():
+        raise CheckpointError(f"resume_from_checkpoint={value!r}: {path} does not exist")
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
+    """Every random state a step consumes, in types ``torch.load(weights_only=True)`` accepts."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": [kind, torch.from_numpy(keys.copy()), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+        "generators": {name: g.get_state() for name, g in generators.items()},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    for name, generator in generators.items():
+        generator.set_state(state["generators"][name])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Options whose value differs and that would change the training trajectory."""
+    diffs = []
+    for name in sorted(set(saved) | set(current)):
+        if name in RESUME_SAFE_FIELDS:
+            continue
+        old, new = saved.get(name, "<absent>"), current.get(name, "<absent>")
+        if old != new:
+            diffs.append(f"{name}: {old!r} -> {new!r}")
+    return diffs
+
+
+def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
+    diffs = config_differences(saved, current)
+    if diffs:
+        raise ConfigError(
+            f"cannot resume from {path}: the config differs in options that change training:\n  "
+            + "\n  ".join(diffs)
+            + "\nUse the checkpoint's config (its values are above, on the left), or start a new "
+            f"run in another output_dir. Safe to change: {', '.join(sorted(RESUME_SAFE_FIELDS))}"
+        )
