@@ -38,8 +38,10 @@ from .config import GRPOConfig
 from .core import group_advantages, group_reward_std, policy_loss, zero_std_groups_fraction
 from .curriculum import Curriculum
 from .data import tokenize_prompts
+from .loggers import RunLoggers
 from .logprobs import completion_logprobs
 from .models import load_model_and_tokenizer
+from .monitor import TrainingMonitor
 from .rewards import RewardFunc, build_reward_func, reward_func_name
 from .rewards.combine import RewardScorer, score_rollout
 from .rollout import Rollout, SamplingParams, generate
@@ -246,8 +248,8 @@ class GRPOTrainer:
         self.output_dir = Path(args.output_dir)
         self._last_samples: list[dict[str, Any]] = []
         self._stop_signal: int | None = None
-        self.monitor = None  # failure-mode warnings (groupwise.monitor), set below
-        self.loggers = None  # TensorBoard / wandb (groupwise.loggers), opened by train()
+        self.monitor = TrainingMonitor(args)  # failure-mode warnings, checkpointed
+        self.loggers: RunLoggers | None = None  # TensorBoard / wandb, opened by train()
 
     # ------------------------------------------------------------------------------------------
     @staticmethod
@@ -734,7 +736,7 @@ class GRPOTrainer:
             "rng": ckpt.rng_state(self._generators()),
             "sampler": self.sampler.state_dict(),
             "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
-            "monitor": self.monitor.state_dict() if self.monitor is not None else None,
+            "monitor": self.monitor.state_dict(),
             "reward_errors": {k: dict(v) for k, v in self.scorer.error_counts.items()},
             "reward_stats": stats,
             "log_history": self.log_history,
@@ -797,7 +799,7 @@ class GRPOTrainer:
         self.sampler.load_state_dict(state["sampler"])
         if self.curriculum is not None and state.get("curriculum") is not None:
             self.curriculum.load_state_dict(state["curriculum"])
-        if self.monitor is not None and state.get("monitor") is not None:
+        if state.get("monitor") is not None:
             self.monitor.load_state_dict(state["monitor"])
         for name, counts in state.get("reward_errors", {}).items():
             self.scorer.error_counts[name] = type(self.scorer.error_counts[name])(counts)
@@ -863,13 +865,13 @@ class GRPOTrainer:
         self._resume_if_asked()
         args.to_yaml(self.output_dir / "config.yaml")
         if self.loggers is None and args.report_to:
-            from .loggers import RunLoggers
-
             self.loggers = RunLoggers(
                 self.output_dir,
                 args.report_to,
                 config=args.to_dict(),
+                run_name=self.output_dir.name,
                 resume=self.global_step > 0,
+                resume_step=self.global_step,
             )
         previous_handlers = self._install_signal_handlers()
         try:
@@ -904,20 +906,19 @@ class GRPOTrainer:
                 self._log(logs)
             if args.log_completions_steps and step % args.log_completions_steps == 0:
                 self._log_completions()
-            if self.monitor is not None:
-                if logs.get("nonfinite_step"):
-                    for w in self.monitor.record_bad_step(step, "loss or gradient is NaN/inf"):
-                        self._warn(w.step, w.kind, w.message)
-                for w in self.monitor.update(logs):
+            if logs.get("nonfinite_step"):
+                for w in self.monitor.record_bad_step(step, "loss or gradient is NaN/inf"):
                     self._warn(w.step, w.kind, w.message)
-                if self.monitor.should_stop:
-                    bar.close()
-                    path = self.save_checkpoint()
-                    raise TrainingStopped(
-                        f"{args.max_bad_steps} steps in a row had a NaN/inf loss or gradient and "
-                        f"were skipped; the weights are unchanged since the last good step and "
-                        f"were saved to {path}. Lower learning_rate or check the rewards."
-                    )
+            for w in self.monitor.update(logs):
+                self._warn(w.step, w.kind, w.message)
+            if self.monitor.should_stop:
+                bar.close()
+                path = self.save_checkpoint()
+                raise TrainingStopped(
+                    f"{args.max_bad_steps} steps in a row had a NaN/inf loss or gradient and "
+                    f"were skipped; the weights are unchanged since the last good step and "
+                    f"were saved to {path}. Lower learning_rate or check the rewards."
+                )
             bar.set_postfix(self._progress_postfix(logs), refresh=False)
             bar.update(1)
             if (

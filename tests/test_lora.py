@@ -1,0 +1,138 @@
+"""LoRA (peft): only the adapter trains, the reference is the adapter-disabled model (no copy),
+saving writes the adapter (and optionally the merged model), and resume is exact."""
+
+import collections
+import copy
+
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from groupwise import GRPOConfig, GRPOTrainer
+from groupwise.models import load_model_and_tokenizer
+
+ROWS = [{"prompt": f"Say something number {i}", "answer": str(i)} for i in range(16)]
+
+
+def _reward(completions, completion_ids, **kwargs):
+    # Fraction of token ids below 64: an easy, dense signal for the random model.
+    return [sum(t < 64 for t in ids) / max(len(ids), 1) for ids in completion_ids]
+
+
+def _args(tmp_path, **overrides) -> GRPOConfig:
+    values = dict(
+        model="tiny-random",
+        use_peft=True,
+        lora_r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        max_steps=3,
+        learning_rate=5e-3,
+        beta=0.04,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=6,
+        output_dir=str(tmp_path / "run"),
+        disable_tqdm=True,
+        seed=0,
+    )
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+def test_lora_reference_is_the_adapter_disabled_base(tmp_path):
+    trainer = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path))
+    assert trainer.ref_model is None  # no second copy of the weights
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    base, _ = load_model_and_tokenizer("tiny-random", None, seed=0)
+    base_state = {k: v.clone() for k, v in base.state_dict().items()}
+
+    logs = trainer.train_step()
+    assert abs(logs["kl"]) < 1e-6  # B = 0 at init: policy == reference on the first step
+    trainer.train_step()
+    trainer.train_step()
+    # The base weights never move; the reference log-probs equal the untouched base model's.
+    wrapped = trainer.model.get_base_model().state_dict()
+    for name, value in base_state.items():
+        key = next(k for k in wrapped if k.replace(".base_layer", "") == name)
+        assert torch.equal(wrapped[key], value), name
+    ids = torch.tensor([[5, 9, 3, 7, 11, 2]])
+    with torch.no_grad():
+        with trainer.model.disable_adapter():
+            ref_logits = trainer.model(input_ids=ids).logits
+        policy_logits = trainer.model(input_ids=ids).logits
+        base_logits = base(input_ids=ids).logits
+    torch.testing.assert_close(ref_logits, base_logits, rtol=0, atol=1e-6)
+    assert not torch.allclose(policy_logits, base_logits, atol=1e-4)  # the adapter learned
+
+
+def test_lora_saves_adapter_and_merged_model(tmp_path):
+    trainer = GRPOTrainer(
+        "tiny-random", _reward, ROWS, args=_args(tmp_path, save_merged_model=True)
+    )
+    trainer.train()
+    run = tmp_path / "run"
+    assert (run / "adapter_model.safetensors").is_file()
+    assert (run / "adapter_config.json").is_file()
+    assert not (run / "model.safetensors").exists()  # the adapter only, not a full copy
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    with torch.no_grad():
+        expected = trainer.model(input_ids=ids).logits
+        base, _ = load_model_and_tokenizer("tiny-random", None, seed=0)
+        reloaded = PeftModel.from_pretrained(base, run)(input_ids=ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(run / "merged")(input_ids=ids).logits
+    torch.testing.assert_close(reloaded, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(merged, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_lora_resume_is_exact(tmp_path):
+    full = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "a", max_steps=4))
+    full.train()
+    GRPOTrainer(
+        "tiny-random", _reward, ROWS, args=_args(tmp_path / "b", max_steps=2, save_steps=2)
+    ).train()
+    rest = GRPOTrainer(
+        "tiny-random",
+        _reward,
+        ROWS,
+        args=_args(tmp_path / "b", max_steps=4, save_steps=2, resume_from_checkpoint="auto"),
+    )
+    rest.train()
+    for (name, p), q in zip(full.model.named_parameters(), rest.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+class TargetToken:
+    """Reward = fraction of tokens equal to the most frequent token of the first batch."""
+
+    __name__ = "target_token"
+
+    def __init__(self):
+        self.target = None
+
+    def __call__(self, prompts, completions, completion_ids, **kwargs):
+        if self.target is None:
+            counts = collections.Counter(t for ids in completion_ids for t in ids)
+            self.target = counts.most_common(1)[0][0]
+        return [sum(t == self.target for t in ids) / len(ids) for ids in completion_ids]
+
+
+def test_lora_learns(tmp_path):
+    args = _args(
+        tmp_path,
+        max_steps=12,
+        learning_rate=1e-2,
+        beta=0.0,
+        temperature=0.1,
+        lora_r=8,
+        num_generations=8,
+        per_device_train_batch_size=16,
+        max_completion_length=8,
+    )
+    rows = [{"prompt": "Say something"}] * 4  # one context: the target is always reachable
+    trainer = GRPOTrainer("tiny-random", TargetToken(), rows, args=copy.deepcopy(args))
+    rewards = [row["reward"] for row in trainer.train()]
+    # Measured: 0.03 -> 0.97 (lr 1e-2, seed 0); the same run without updates stays ~0.03.
+    assert rewards[0] < 0.2, rewards
+    assert sum(rewards[-4:]) / 4 > 0.8, rewards
