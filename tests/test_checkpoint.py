@@ -256,3 +256,26 @@ def test_run_killed_then_resumed_is_bitwise_identical(tmp_path):
     ]
     assert [r["step"] for r in rows[1]] == list(range(1, 8))
     assert rows[0] == rows[1]
+
+
+@pytest.mark.parametrize("curriculum", ["prompt_gdro", "rollout_gdro"])
+def test_resume_with_curriculum_is_exact(tmp_path, curriculum):
+    extra = dict(curriculum=curriculum, gdro_signal="failure_rate", rollout_min=2, rollout_max=6)
+    full = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "a", **extra))
+    full.train()
+    GRPOTrainer(
+        "tiny-random", _reward, ROWS, args=_args(tmp_path / "b", max_steps=2, **extra)
+    ).train()
+    rest = GRPOTrainer(
+        "tiny-random",
+        _reward,
+        ROWS,
+        args=_args(tmp_path / "b", resume_from_checkpoint="auto", **extra),
+    )
+    rest.train()
+    assert rest.curriculum.state_dict() == full.curriculum.state_dict()
+    for (name, p), q in zip(full.model.named_parameters(), rest.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    a = [_without_timing(r) for r in full.log_history]
+    assert a == [_without_timing(r) for r in rest.log_history]
+    assert any(k.startswith("curriculum/") for k in a[-1])

@@ -235,6 +235,20 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator])
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def plain(value: Any) -> Any:
+    """``value`` with numpy scalars and arrays turned into Python numbers and lists, so that
+    ``torch.load(weights_only=True)`` (no arbitrary unpickling) can read it back."""
+    if isinstance(value, dict):
+        return {plain(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Options whose value differs and that would change the training trajectory."""
     diffs = []

@@ -21,6 +21,12 @@ commands:
           and per difficulty; --compare_model M adds the paired difference with a 95% CI
   demo    fine-tune SmolLM2-135M-Instruct on arithmetic on the CPU, with held-out greedy
           accuracy before and after (--option value overrides the demo's settings)
+  memory  plan the memory of a run, PPO vs GRPO side by side (groupwise memory --help);
+          --measure runs one real step of each and prints predicted vs measured
+  report  write RUN_DIR/report.html: curves, warnings, config, example completions
+
+train options worth knowing: --resume (continue from the newest checkpoint in output_dir),
+--algorithm ppo (the actor-critic baseline), --use_peft true (LoRA), --report_to tensorboard
 
 e.g. groupwise train --model tiny-random --task arithmetic --max_steps 5 --output_dir runs/x
 """
@@ -139,7 +145,10 @@ def _config_from_argv(argv: list[str], base: dict[str, Any] | None = None) -> GR
 
 
 def run_train(args: GRPOConfig) -> dict[str, float]:
-    from .trainer import GRPOTrainer
+    if args.algorithm == "ppo":
+        from .ppo import PPOTrainer as GRPOTrainer
+    else:
+        from .trainer import GRPOTrainer
 
     train, evals = build_datasets(args)
     trainer = GRPOTrainer(
@@ -254,6 +263,14 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
+    if command == "memory":
+        from .memory import main as memory_main
+
+        return memory_main(rest)
+    if command == "report":
+        from .report import main as report_main
+
+        return report_main(rest)
     if any(a in ("-h", "--help") for a in rest):
         print(USAGE)
         print("options (GRPOConfig fields, default in brackets):")

@@ -735,11 +735,13 @@ class GRPOTrainer:
             "scheduler": self.scheduler.state_dict(),
             "rng": ckpt.rng_state(self._generators()),
             "sampler": self.sampler.state_dict(),
-            "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
-            "monitor": self.monitor.state_dict(),
+            "curriculum": ckpt.plain(self.curriculum.state_dict())
+            if self.curriculum is not None
+            else None,
+            "monitor": ckpt.plain(self.monitor.state_dict()),
             "reward_errors": {k: dict(v) for k, v in self.scorer.error_counts.items()},
-            "reward_stats": stats,
-            "log_history": self.log_history,
+            "reward_stats": ckpt.plain(stats),
+            "log_history": ckpt.plain(self.log_history),
             "extra": self.extra_state_dict(),
         }
 

@@ -1,0 +1,485 @@
+"""groupwise report: the HTML page built from a synthetic run folder, its errors, and a check of
+the page in headless Chromium (skipped only where Chromium is not installed)."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import math
+import random
+import re
+import shutil
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from groupwise import report
+from groupwise.report import ReportError, build_report, check_in_browser, main
+
+STEPS = 30
+# The figures a full run without a curriculum must have, and the extra ones with a curriculum.
+BASE_PLOTS = {
+    "reward",
+    "accuracy",
+    "eval",
+    "eval_difficulty",
+    "loss",
+    "kl",
+    "entropy",
+    "length",
+    "clip",
+    "zero_std",
+    "time",
+    "optim",
+}
+CURRICULUM_PLOTS = {
+    "curriculum_weights",
+    "curriculum_rollouts",
+    "curriculum_prompts",
+    "curriculum_stats",
+}
+OLD_KEYS = ("step", "reward", "kl", "time/step")
+CONFIG = {
+    "model": "smollm2-135m-instruct",
+    "task": "arithmetic",
+    "num_generations": 8,
+    "learning_rate": 1.0e-5,
+    "beta": 0.0,
+    "reward_weights": [1.0, 2.0],
+}
+EVENTS = [
+    {"step": 2, "kind": "zero_std", "message": "92% of groups have one reward"},
+    {"step": 5, "kind": "nan_step", "message": "loss is NaN; step skipped"},
+    {"step": 6, "kind": "zero_std", "message": "95% of groups have one reward"},
+    {"step": 9, "kind": "zero_std", "message": "100% of groups have one reward"},
+]
+EVIL = "<script>alert('pwned')</script>"
+
+
+def _train_row(step: int, curriculum: bool) -> dict:
+    accuracy = min(1.0, 0.1 + step / STEPS)
+    noise = random.Random(step).uniform(-0.1, 0.1)  # so the moving average has work to do
+    row = {
+        "step": step,
+        "reward": 1.0 + accuracy,
+        "reward_std": 0.3 + noise,
+        "frac_reward_zero_std": 0.5 - step / 100,
+        "rewards/format_reward/mean": 1.0,
+        "rewards/format_reward/std": 0.0,
+        "rewards/accuracy_reward/mean": accuracy,
+        "rewards/accuracy_reward/std": 0.4,
+        "completions/mean_length": 30.0 + step + 20 * noise,
+        "completions/max_length": 48.0,
+        "completions/clipped_ratio": 0.1,
+        "loss": 0.01 * step,
+        "kl": 0.001 * step * (1 + noise),
+        "entropy": 1.0 - step / 50,
+        "clip_ratio/low_mean": 0.0,
+        "clip_ratio/high_mean": 0.01,
+        "clip_ratio/region_mean": 0.01,
+        "grad_norm": 0.5,
+        "learning_rate": 1e-5,
+        "time/generation": 1.0,
+        "time/scoring": 0.25,
+        "time/update": 0.75,
+        "time/step": 2.0,
+        "tokens_per_second": 100.0,
+    }
+    if curriculum:
+        for b in range(3):
+            row[f"curriculum/weight_bin_{b}"] = (b + 1) / 6
+            row[f"curriculum/rollouts_bin_{b}"] = 8.0 * (3 - b)
+            row[f"curriculum/prompts_bin_{b}"] = float(b + 1)
+        row["curriculum/mu"] = 0.1 * step
+        row["curriculum/wse"] = 0.05
+    return row
+
+
+def write_run(
+    root: Path,
+    name: str = "run",
+    curriculum: bool = False,
+    extras: bool = True,
+) -> Path:
+    """A run folder as the trainer writes it; ``extras=False``: an old run, metrics.jsonl only."""
+    run = root / name
+    run.mkdir()
+    rows = []
+    for step in (0, 10, 20, 30):  # evaluations before training and every 10 steps
+        evals = {
+            "step": step,
+            "eval/reward": 1.0 + step / 40,
+            "eval/rewards/accuracy_reward/mean": step / 40,
+            "eval/pass@1": 0.2 + step / 100,
+            "eval/pass@4": 0.4 + step / 100,
+            "eval/mean@8": 0.3 + step / 100,
+            "eval/accuracy": 0.2 + step / 100,
+            "eval/num_prompts": 64,
+            "eval/difficulty_1/pass@1": 0.5,
+            "eval/difficulty_2/pass@1": 0.1 + step / 100,
+        }
+        if step == 20:
+            evals["eval/pass@1"] = 0.9  # the best pass@1, not the last one
+        if step:
+            rows.append(_train_row(step, curriculum))
+        rows.append(evals)
+    for step in range(1, STEPS + 1):
+        if step % 10:
+            rows.append(_train_row(step, curriculum))
+    rows.sort(key=lambda r: r["step"])
+    if not extras:  # an old trainer logged fewer metrics, and no eval rows here
+        rows = [{k: r[k] for k in OLD_KEYS if k in r} for r in rows if "reward" in r]
+    for row in rows:
+        if row["step"] == 5 and "loss" in row:
+            row["loss"] = math.nan  # the NaN step
+        if row["step"] == 3:
+            row.pop("entropy", None)  # a missing value
+    with open(run / "metrics.jsonl", "w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    # An earlier run in the same folder, which the report must ignore.
+    (run / "metrics-20240101-000000.jsonl").write_text(
+        json.dumps({"step": 1, "reward": 777.25, "time/step": 5000.0}) + "\n"
+    )
+    if not extras:
+        return run
+    (run / "config.yaml").write_text(yaml.safe_dump(CONFIG, sort_keys=False))
+    with open(run / "events.jsonl", "w", encoding="utf-8") as out:
+        for event in EVENTS:
+            out.write(json.dumps(event) + "\n")
+    records = [
+        {
+            "step": 5,
+            "prompt": [
+                {"role": "system", "content": "Answer in <answer> tags"},
+                {"role": "user", "content": "What is 7 * 3?"},
+            ],
+            "answer": "21",
+            "completions": [
+                {
+                    "text": f"<think>easy</think> <answer> 21 </answer> {EVIL}",
+                    "reward": 2.0,
+                    "rewards": {"format_reward": 1.0, "accuracy_reward": 1.0},
+                    "advantage": 0.8125,
+                },
+                {
+                    "text": "I do not know",
+                    "reward": None,
+                    "rewards": {"format_reward": 0.0, "accuracy_reward": None},
+                    "advantage": -0.8125,
+                },
+            ],
+        },
+        {
+            "step": 30,
+            "prompt": "What is 2 + 2?",
+            "answer": None,
+            "completions": [
+                {"text": "the last step's sample", "reward": 1.0, "rewards": {}, "advantage": 0.0}
+            ],
+        },
+    ]
+    with open(run / "completions.jsonl", "w", encoding="utf-8") as out:
+        for record in records:
+            out.write(json.dumps(record) + "\n")
+    return run
+
+
+def plot_ids(page: str) -> list[str]:
+    return re.findall(r'<figure id="plot-([\w]+)"', page)
+
+
+def png_sizes(page: str) -> list[tuple[int, int]]:
+    """Width and height of every embedded PNG (from the IHDR chunk), checking the signature."""
+    sizes = []
+    for data in re.findall(r'<img [^>]*src="data:image/png;base64,([^"]+)"', page):
+        raw = base64.b64decode(data, validate=True)
+        assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+        sizes.append(struct.unpack(">II", raw[16:24]))
+    return sizes
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+    """Build the reports once: plain, with a curriculum, and an old metrics-only run."""
+    root = tmp_path_factory.mktemp("runs")
+    built = {}
+    for name, kwargs in {
+        "plain": {},
+        "curriculum": {"curriculum": True},
+        "old": {"extras": False},
+    }.items():
+        run = write_run(root, name, **kwargs)
+        path = build_report(run, dpi=40)  # low dpi: these tests check content, not looks
+        built[name] = (path, path.read_text(encoding="utf-8"))
+    return built
+
+
+# ----------------------------------------------------------------------------------------------
+# Content
+
+
+def test_report_written_atomically_next_to_the_run(runs):
+    path, page = runs["plain"]
+    assert path.name == "report.html"
+    assert sorted(p.name for p in path.parent.iterdir() if p.name.startswith(".")) == []
+    assert page.startswith("<!DOCTYPE html>")
+    assert page.rstrip().endswith("</html>")
+
+
+def test_every_section_present(runs):
+    _, page = runs["plain"]
+    for section in ("summary", "warnings", "plots", "config", "completions"):
+        assert f'<section id="{section}">' in page
+    assert f"<title>{report.REPORT_TITLE}: plain</title>" in page
+
+
+def test_plots_exactly_the_groups_present(runs):
+    _, page = runs["plain"]
+    ids = plot_ids(page)
+    assert set(ids) == BASE_PLOTS and len(ids) == len(BASE_PLOTS)
+    sizes = png_sizes(page)
+    assert page.count("<img") == len(sizes) == len(BASE_PLOTS)
+    assert all(w > 100 and h > 50 for w, h in sizes)
+
+
+def test_curriculum_plots_only_with_curriculum_keys(runs):
+    _, page = runs["curriculum"]
+    ids = plot_ids(page)
+    assert set(ids) == BASE_PLOTS | CURRICULUM_PLOTS
+    assert page.count("<img") == len(png_sizes(page)) == len(BASE_PLOTS | CURRICULUM_PLOTS)
+    assert not CURRICULUM_PLOTS & set(plot_ids(runs["plain"][1]))
+
+
+def test_no_external_resources(runs):
+    _, page = runs["curriculum"]
+    assert not re.search(r'(src|href)="(?!data:|#)', page)
+    assert "http://" not in page and "https://" not in page
+    assert page.count("<script") == 1  # only the load check
+
+
+def test_summary_numbers(runs):
+    _, page = runs["plain"]
+    summary = page.split('<section id="summary">')[1].split("</section>")[0]
+    # 30 steps at 2.0 s each; the earlier run's 5000 s step is not included.
+    assert "1m 00s (2 s per step)" in summary
+    assert "30 (steps 1 to 30)" in summary
+    # Reward = 1.1 + step/30: means over the first/last 3 steps are 1.167 and 2.067 (capped 2.0).
+    assert "1.167 → 2 (means of the first / last 3 logged steps)" in summary
+    assert "777.2" not in page
+    # The best pass@1 was at step 20 (0.9), not the last evaluation (0.5 at step 30).
+    row = re.search(r"<tr><td>pass@1</td>(.*?)</tr>", summary).group(1)
+    assert "0.2 <small>(step 0)</small>" in row
+    assert "0.5 <small>(step 30)</small>" in row
+    assert "<b>0.9</b> <small>(step 20)</small>" in row
+    assert "loss: 1 step (5)" in summary  # the NaN is reported, not silently dropped
+    assert "metrics-20240101-000000.jsonl" in page  # noted as an earlier run, not included
+
+
+def test_warnings_grouped_with_counts_and_near_the_top(runs):
+    _, page = runs["plain"]
+    banner = page.index('id="warnings-banner"')
+    assert banner < page.index('<section id="summary">')
+    assert "4 warnings</b>: zero_std ×3, nan_step ×1" in page
+    rows = re.findall(
+        r'<tr><td><b>(\w+)</b></td><td class="num">(\d+)</td><td class="num">(\d+)</td>'
+        r'<td class="num">(\d+)</td><td>(.*?)</td></tr>',
+        page,
+    )
+    assert rows == [
+        ("zero_std", "3", "2", "9", "92% of groups have one reward"),
+        ("nan_step", "1", "5", "5", "loss is NaN; step skipped"),
+    ]
+
+
+def test_config_table(runs):
+    _, page = runs["plain"]
+    config = page.split('<section id="config">')[1].split("</section>")[0]
+    assert "<tr><td>model</td><td>smollm2-135m-instruct</td></tr>" in config
+    assert "<tr><td>learning_rate</td><td>1e-05</td></tr>" in config
+    assert "<tr><td>reward_weights</td><td>[1.0, 2.0]</td></tr>" in config
+    assert "<tr><td>num_generations</td><td>8</td></tr>" in config
+
+
+def test_completions_escaped_with_rewards_advantage_and_answer(runs):
+    _, page = runs["plain"]
+    samples = page.split('<section id="completions">')[1].split("</section>")[0]
+    assert EVIL not in page
+    assert "&lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt;" in samples
+    assert "&lt;think&gt;easy&lt;/think&gt;" in samples
+    assert "<b>system</b>: Answer in &lt;answer&gt; tags" in samples
+    assert "answer: <code>21</code>" in samples
+    assert "format_reward: 1<br>accuracy_reward: 1" in samples
+    assert "accuracy_reward: —" in samples  # None: not applicable
+    assert "+0.812" in samples and "-0.812" in samples
+    # First and last logged steps, in that order.
+    assert samples.index("Step 5 (first") < samples.index("Step 30 (last")
+    assert "the last step&#x27;s sample" in samples
+
+
+def test_old_run_with_only_metrics(runs):
+    _, page = runs["old"]
+    assert plot_ids(page) == ["reward", "kl", "time"]
+    assert page.count("<img") == 3
+    assert "No events.jsonl" in page
+    assert "No config.yaml" in page
+    assert "No completions.jsonl" in page
+    assert 'id="warnings-banner"' not in page
+
+
+def test_minimal_metrics_plot_only_what_exists(tmp_path):
+    run = tmp_path / "tiny"
+    run.mkdir()
+    lines = [{"step": 1, "reward": 0.5, "kl": "n/a"}, {"step": 2, "reward": math.nan}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (run / "events.jsonl").write_text("")
+    page = build_report(run, tmp_path / "out" / "r.html", dpi=30).read_text()
+    assert plot_ids(page) == ["reward"]  # kl is not a number, so no KL plot
+    assert "No warnings were raised" in page
+    assert (run / "report.html").exists() is False
+
+
+def test_partial_last_line_is_skipped_with_a_note(tmp_path):
+    run = tmp_path / "live"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "rew')
+    page = build_report(run, dpi=30).read_text()
+    assert "skipped an incomplete last line 2" in page
+    assert "1 (steps 1 to 1)" in page
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors
+
+
+def test_missing_run_dir(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(ReportError, match=re.escape(f"{missing} does not exist")):
+        build_report(missing)
+
+
+def test_run_dir_without_metrics(tmp_path):
+    with pytest.raises(ReportError) as err:
+        build_report(tmp_path)
+    assert str(tmp_path / "metrics.jsonl") in str(err.value)
+    assert "expected the metrics.jsonl" in str(err.value)
+
+
+def test_malformed_metrics_line_names_file_and_line(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n\n{"step": 2,,}\n{"step": 3}\n')
+    with pytest.raises(ReportError, match=r"metrics\.jsonl, line 3: malformed JSON"):
+        build_report(tmp_path)
+
+
+def test_malformed_events_line_names_file_and_line(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 1}\n')
+    (tmp_path / "events.jsonl").write_text('{"step": 1, "kind": "x"}\n[1, 2]\n')
+    with pytest.raises(ReportError, match=r"events\.jsonl, line 2: expected a JSON object"):
+        build_report(tmp_path)
+
+
+def test_missing_matplotlib_says_how_to_install(tmp_path, monkeypatch):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 1}\n')
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ReportError, match=re.escape("pip install groupwise[report]")):
+        build_report(tmp_path)
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_main_prints_path_and_errors(tmp_path, capsys):
+    assert main([str(tmp_path / "nope")]) == 1
+    assert "nope does not exist" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 1}\n{oops\n')
+    assert main([str(tmp_path)]) == 1
+    assert "metrics.jsonl, line 2" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 1}\n')
+    target = tmp_path / "elsewhere.html"
+    assert main([str(tmp_path), "--output", str(target)]) == 0
+    assert str(target) in capsys.readouterr().out
+    assert target.read_text().count("<img") == 1
+    assert main([]) == 2  # usage error from argparse, returned rather than exiting
+
+
+# ----------------------------------------------------------------------------------------------
+# The browser check
+
+
+CHROMIUM_150_STDERR = """\
+[1:2:1130/064858.054879:ERROR:dbus/bus.cc:405] Failed to connect to the bus: no socket
+[1:1:1130/064858.581569:INFO:CONSOLE:3] "my console error", source: file:///t/b.html (3)
+[1:1:1130/064858.581600:INFO:CONSOLE:3] "Uncaught ReferenceError: f is not defined", source: x (3)
+"""
+
+
+def test_console_messages_parses_chromium_logs():
+    assert report.console_messages(CHROMIUM_150_STDERR) == [
+        '"my console error", source: file:///t/b.html (3)',
+        '"Uncaught ReferenceError: f is not defined", source: x (3)',
+    ]
+    older = '[1:1:0101/000000.1:INFO:CONSOLE(7)] "Uncaught TypeError: x", source: y (7)'
+    assert report.console_messages(older) == ['"Uncaught TypeError: x", source: y (7)']
+    assert report.console_messages("[1:2:3:ERROR:dbus/bus.cc:405] Failed to connect") == []
+
+
+def test_dom_problems_reads_the_load_script_results():
+    good = f'<title>{report.REPORT_TITLE}</title><body data-images-loaded="1" '
+    good += 'data-images-ok="true" data-page-errors="0"><img src="x">'
+    assert report.dom_problems(good) == []
+    broken = good.replace('"true"', '"false"').replace('loaded="1"', 'loaded="0"')
+    assert report.dom_problems(broken) == ["images failed to load: 0 of 1 <img> loaded"]
+    assert "did not run" in report.dom_problems("<title>x</title><body>")[-1]
+
+
+needs_chromium = pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="chromium is not installed (apt-get install chromium)"
+)
+
+
+@needs_chromium
+def test_browser_renders_report_cleanly(runs):
+    path, page = runs["curriculum"]
+    assert check_in_browser(path) == []
+
+
+@needs_chromium
+def test_browser_check_catches_broken_page(runs, tmp_path):
+    _, page = runs["plain"]
+    broken = page.replace(
+        "</main>",
+        '<img alt="broken" src="data:image/png;base64,AAAA">'
+        "<script>notDefinedAnywhere();</script></main>",
+    )
+    (tmp_path / "broken.html").write_text(broken, encoding="utf-8")
+    problems = check_in_browser(tmp_path / "broken.html")
+    text = "\n".join(problems)
+    assert "Uncaught ReferenceError: notDefinedAnywhere is not defined" in text
+    images = len(BASE_PLOTS) + 1
+    assert f"images failed to load: {images - 1} of {images} <img> loaded" in text
+    assert "error event(s) on the page" in text
+
+
+@needs_chromium
+def test_browser_check_catches_foreign_page(tmp_path):
+    page = tmp_path / "other.html"
+    page.write_text("<html><body><script>console.error('boom')</script></body></html>")
+    problems = check_in_browser(page)
+    assert any("boom" in p for p in problems)
+    assert any("did not render" in p for p in problems)
+    assert any("load script did not run" in p for p in problems)
+
+
+def test_check_script_exit_codes(tmp_path, monkeypatch, capsys):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "check_report_browser.py"
+    spec = importlib.util.spec_from_file_location("check_report_browser", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "check_in_browser", lambda path, chromium: [])
+    assert module.main([str(tmp_path / "r.html")]) == 0
+    assert "OK" in capsys.readouterr().out
+    monkeypatch.setattr(module, "check_in_browser", lambda path, chromium: ["console: boom"])
+    assert module.main([str(tmp_path / "r.html")]) == 1
+    assert "console: boom" in capsys.readouterr().err
