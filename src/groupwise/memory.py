@@ -1,0 +1,1277 @@
+"""Memory planner: bytes for PPO and GRPO side by side, and a measurement that checks them.
+
+``groupwise memory [CONFIG.yaml] [--model NAME | --params 7e9 --layers ..] [--json] [--measure]``
+
+What is counted (``--accounting full``, the default), per network, for a LLaMA-style decoder
+with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size):
+
+- weights: P x bytes(dtype).
+- gradients: P_t x bytes(dtype).
+- fp32 master weights: P_t x 4, with ``--precision mixed`` (the default) in fp16/bf16. With
+  ``--precision pure`` weights, gradients and optimizer states all stay in the 16-bit dtype,
+  which is what groupwise's own trainer does with ``dtype=bfloat16`` (torch's AdamW keeps its
+  states in the parameters' dtype).
+- optimizer states: AdamW m and v, 2 x 4 B per trained parameter in mixed precision and fp32
+  (2 x bytes(dtype) when pure); adamw8bit 2 x 1 B (block-wise absmax scales, under 1%, are not
+  counted); sgd (no momentum) nothing. So full fine-tuning in mixed precision costs the usual
+  2 + 2 + 4 + 4 + 4 = 16 B per trained parameter, and fp32 costs 4 + 4 + 8 = 16 B too.
+- LoRA (``--lora-r R``): P_t = R x (d_in + d_out) summed over the targeted linears of every
+  layer (default: q, k, v, o, gate, up, down; never the LM head); the frozen base has no
+  gradients or optimizer states; the reference model is the base with the adapter disabled, so
+  it costs 0 extra bytes. ``--beta 0`` loads no reference at all (the row disappears).
+- reward model: none for rule rewards (the default), else ``--reward-model-params`` x
+  bytes(dtype), frozen, the same for both algorithms.
+- critic (PPO only): a copy of the policy backbone (the LM head dropped unless tied) plus a
+  value head (hidden + 1), trained like the policy. With LoRA the critic gets its own frozen
+  backbone copy and its own adapter (a second network cannot share the policy's activations).
+- activations (one micro-batch of ``--batch`` completions, in bytes(dtype); the update's forward
+  and backward pass of the policy, and of the critic for PPO, one combined loss). Per layer and
+  token, a LLaMA block (RMSNorm, GQA attention through SDPA, SwiGLU MLP) saves for backward
+  ``4h + 2q + 2kv + 4i`` values: both RMSNorms' input and output (4h), the rotated query and
+  the attention output (2q), the rotated key and the value (2kv), and the MLP's gate and up
+  projections, SiLU(gate) and their product (4i); q = heads x head_dim, kv = kv_heads x
+  head_dim, i = intermediate size. This is within a few percent of Korthikanti et al.'s
+  ``34 s b h`` bytes (16-bit) without the ``5 a s^2 / h`` attention-score term, which a fused
+  (SDPA/flash) attention never stores. Plus 2h per token for the final norm. With gradient
+  checkpointing only each layer's input (h per token per layer) is kept, plus one layer's full
+  activations while it is recomputed in the backward pass.
+  Tokens per micro-batch: batch x (prompt + completion). groupwise's policy forward (GRPO's and
+  PPO's) encodes a group's prompt once and shares it when a micro-batch holds whole groups and
+  checkpointing is off, so its prompt tokens are batch / G x prompt, plus the prompt's keys and
+  values repeated G times for the completions' attention; PPO's critic runs every completion
+  with its own prompt (batch x (prompt + completion) tokens).
+- logits (fp32 math, groupwise's logprobs.py): ``chunked`` (``logprob_impl``, the default)
+  applies the LM head to at most ``logprob_chunk_size`` completion tokens at a time and keeps
+  only logsumexp per token, recomputing the chunk in the backward pass: one chunk's logits and
+  exponentials, 2 x min(chunk, batch x completion) x vocab x 4 B. ``naive``: full logits at
+  every completion position, their log-softmax (kept for backward) and one more buffer of the
+  same size (the entropy's exponentials, or the gradient), 3 x batch x completion x vocab x 4 B.
+- KV cache during generation: 2 x layers x kv_heads x head_dim x (prompt + completion) x N x
+  bytes(dtype), N = batch x gradient accumulation, every completion of a step being generated
+  together.
+
+Total (the peak): weights, master weights and optimizer states are resident throughout; the
+generation phase adds the KV cache, the update phase adds gradients, activations and logits;
+peak = resident + max(generation, update). Not counted: the CUDA context and allocator slack,
+small per-token vectors (log-probs, advantages, values), transient buffers of no-grad forwards.
+
+The seeds' figures (mission.md: "PPO ... 112 GB before activations; GRPO ... roughly 56 GB"
+for 7B in fp16) are reproduced exactly by one accounting only among the natural ones tried:
+each *trained* network at 8 B per parameter (fp16 weights, fp16 gradients, fp16 Adam m and v:
+4 copies x 14 GB = 56 GB) and the frozen networks not counted: PPO's actor + critic = 112 GB,
+GRPO's actor = 56 GB, ratio 0.5 (``--accounting seeds``). Weights only (2 B per parameter,
+``--accounting weights-only``) gives 14 GB per model copy: PPO's 4 networks 56 GB, GRPO's 3
+(actor, reference, reward model) 42 GB. The usual mixed-precision 16 B per trained parameter
+gives 112 GB for one trained network alone, i.e. the GRPO actor; then PPO (actor + critic
+trained, reference and reward model frozen) is 252 GB vs GRPO's 140 GB, ratio 0.56 (238 vs
+126 GB, 0.53, with rule rewards for both).
+
+``--measure`` runs real training steps of each algorithm in a fresh subprocess (one per
+algorithm, so neither sees the other's peak) and prints the measured peak next to the plan for
+the same settings: on the CPU the peak RSS (VmHWM) minus the RSS after imports and the tokenizer,
+before the model is loaded; on a GPU ``torch.cuda.max_memory_allocated``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+OPTIMIZERS = ("adamw", "adamw8bit", "sgd")
+PRECISIONS = ("mixed", "pure")
+ACCOUNTINGS = ("full", "seeds", "weights-only")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SEEDS_NOTE = (
+    "mission.md: PPO keeps four networks (actor, frozen reference, frozen reward model, critic), "
+    "'roughly 112 GB before activations' for 7B in fp16; GRPO 'roughly 56 GB'"
+)
+
+# Component names (the JSON keys). Rows of the generation phase and of the update phase are
+# not resident at the same time; everything else is (see total_bytes).
+POLICY_WEIGHTS = "policy weights"
+POLICY_GRADS = "policy gradients"
+POLICY_MASTER = "policy fp32 master weights"
+POLICY_OPTIM = "policy optimizer states"
+POLICY_ACTS = "policy activations"
+LOGITS = "logits"
+KV_CACHE = "KV cache (generation)"
+REF_WEIGHTS = "reference weights"
+RM_WEIGHTS = "reward model weights"
+CRITIC_WEIGHTS = "critic weights"
+CRITIC_GRADS = "critic gradients"
+CRITIC_MASTER = "critic fp32 master weights"
+CRITIC_OPTIM = "critic optimizer states"
+CRITIC_ACTS = "critic activations"
+ROW_ORDER = (
+    POLICY_WEIGHTS, POLICY_GRADS, POLICY_MASTER, POLICY_OPTIM, POLICY_ACTS, LOGITS, KV_CACHE,
+    REF_WEIGHTS, RM_WEIGHTS,
+    CRITIC_WEIGHTS, CRITIC_GRADS, CRITIC_MASTER, CRITIC_OPTIM, CRITIC_ACTS,
+)  # fmt: skip
+GENERATION_PHASE = frozenset({KV_CACHE})
+UPDATE_PHASE = frozenset({POLICY_GRADS, POLICY_ACTS, LOGITS, CRITIC_GRADS, CRITIC_ACTS})
+
+
+class MemoryPlanError(ValueError):
+    """A bad option for the planner: the message names the option."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Model shapes
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A LLaMA-style decoder: embeddings, ``layers`` x (RMSNorm, GQA attention, RMSNorm, SwiGLU
+    MLP), final RMSNorm, LM head (tied to the embeddings or not). Any field may be None when only
+    a parameter count is known (``--params``); ``params`` then overrides the computed count."""
+
+    name: str = "custom"
+    hidden: int | None = None
+    layers: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None  # None: same as heads (multi-head attention)
+    intermediate: int | None = None
+    vocab: int | None = None
+    head_dim: int | None = None  # None: hidden // heads
+    tie_embeddings: bool = False
+    attention_bias: bool = False  # q, k, v biases (Qwen2)
+    params: int | None = None  # explicit parameter count, e.g. --params 7e9
+    note: str = ""  # e.g. how a missing shape was inferred
+
+    @property
+    def head_size(self) -> int:
+        if self.head_dim is not None:
+            return self.head_dim
+        return self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_size
+
+    @property
+    def kv_dim(self) -> int:
+        return (self.kv_heads if self.kv_heads is not None else self.heads) * self.head_size
+
+    def missing(self, *names: str) -> list[str]:
+        """Which of the named shape fields are unknown."""
+        return [n for n in names if getattr(self, n) is None]
+
+    @property
+    def has_layer_shapes(self) -> bool:
+        return not self.missing("hidden", "layers", "heads", "intermediate")
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(d_in, d_out) of every linear layer inside one decoder block."""
+        h, i = self.hidden, self.intermediate
+        return {
+            "q_proj": (h, self.q_dim),
+            "k_proj": (h, self.kv_dim),
+            "v_proj": (h, self.kv_dim),
+            "o_proj": (self.q_dim, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    def computed_params(self) -> int:
+        """Parameter count from the shapes alone (needs every shape field)."""
+        missing = self.missing("hidden", "layers", "heads", "intermediate", "vocab")
+        if missing:
+            raise MemoryPlanError(f"the parameter count needs {_flags(missing)}")
+        h = self.hidden
+        block = sum(d_in * d_out for d_in, d_out in self.linear_shapes().values()) + 2 * h
+        if self.attention_bias:
+            block += self.q_dim + 2 * self.kv_dim
+        embed = self.vocab * h
+        return embed + self.layers * block + h + (0 if self.tie_embeddings else embed)
+
+    def num_params(self) -> int:
+        return self.params if self.params is not None else self.computed_params()
+
+    def lm_head_params(self) -> int:
+        """Parameters only the LM head holds (0 when tied: the embedding stays for the input)."""
+        if self.tie_embeddings or self.vocab is None or self.hidden is None:
+            return 0
+        return self.vocab * self.hidden
+
+    def lora_params(self, rank: int, targets: Sequence[str] | None = None) -> int:
+        """Trainable LoRA parameters: rank x (d_in + d_out) per targeted linear, every layer."""
+        if not self.has_layer_shapes:
+            missing = self.missing("hidden", "layers", "heads", "intermediate")
+            raise MemoryPlanError(f"--lora-r needs the layer shapes: give {_flags(missing)}")
+        shapes = self.linear_shapes()
+        chosen = list(LORA_TARGETS if not targets or "all-linear" in targets else targets)
+        unknown = [t for t in chosen if t not in shapes]
+        if unknown:
+            raise MemoryPlanError(
+                f"--lora-targets: unknown module(s) {unknown}; "
+                f"expected some of {list(LORA_TARGETS)}"
+            )
+        return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in chosen)
+
+    def describe(self) -> str:
+        parts = [f"{self.name}: {human_count(self.num_params())} parameters"]
+        if self.params is not None and not self.missing("hidden", "layers", "heads", "vocab"):
+            try:
+                parts[0] += f" (shapes give {human_count(self.computed_params())})"
+            except MemoryPlanError:
+                pass
+        if self.layers is not None and self.hidden is not None:
+            detail = f"{self.layers} layers, hidden {self.hidden}"
+            if self.heads is not None:
+                detail += f", {self.heads} heads / {self.kv_heads or self.heads} KV heads"
+                detail += f" of {self.head_size}"
+            if self.intermediate is not None:
+                detail += f", MLP {self.intermediate}"
+            if self.vocab is not None:
+                detail += f", vocab {self.vocab}"
+            detail += ", tied embeddings" if self.tie_embeddings else ""
+            parts.append(detail)
+        if self.note:
+            parts.append(self.note)
+        return "; ".join(parts)
+
+
+# The built-in models' shapes, so that planning never loads weights (tests check both against
+# the real models: tiny_random_model() and SmolLM2-135M-Instruct's config.json).
+BUILTIN_SHAPES = {
+    "tiny-random": ModelShape(
+        name="tiny-random", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
+        vocab=49152, tie_embeddings=True,
+    ),
+    "smollm2-135m-instruct": ModelShape(
+        name="smollm2-135m-instruct", hidden=576, layers=30, heads=9, kv_heads=3,
+        intermediate=1536, vocab=49152, head_dim=64, tie_embeddings=True,
+    ),
+}  # fmt: skip
+
+
+def shape_from_hf_config(config: dict[str, Any], name: str = "custom") -> ModelShape:
+    """A ModelShape from a Hugging Face ``config.json`` mapping (multimodal: its text_config)."""
+    if isinstance(config.get("text_config"), dict):
+        config = {**config["text_config"], **{k: v for k, v in config.items() if k == "name"}}
+    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    missing = [k for k in required + ("vocab_size",) if config.get(k) is None]
+    if missing:
+        raise MemoryPlanError(f"model {name!r}: config.json lacks {missing}")
+    return ModelShape(
+        name=name,
+        hidden=int(config["hidden_size"]),
+        layers=int(config["num_hidden_layers"]),
+        heads=int(config["num_attention_heads"]),
+        kv_heads=int(config.get("num_key_value_heads") or config["num_attention_heads"]),
+        intermediate=int(config["intermediate_size"]),
+        vocab=int(config["vocab_size"]),
+        head_dim=int(config["head_dim"]) if config.get("head_dim") else None,
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        attention_bias=bool(config.get("attention_bias", False)),
+    )
+
+
+def infer_intermediate(shape: ModelShape) -> ModelShape:
+    """Fill in the MLP width from --params when every other shape is known: the SwiGLU MLP's
+    3 x hidden x intermediate per layer is what the attention, embeddings and norms leave."""
+    if shape.params is None or shape.missing("hidden", "layers", "heads", "vocab"):
+        return shape
+    without_mlp = replace(shape, intermediate=0, params=None).computed_params()
+    width = round((shape.params - without_mlp) / (3 * shape.hidden * shape.layers))
+    if width < 1:
+        return shape
+    return replace(shape, intermediate=width, note=f"MLP width {width} inferred from --params")
+
+
+def resolve_model_shape(model: str) -> ModelShape:
+    """Shape of a built-in model name or of a local Hugging Face model folder (config.json)."""
+    if model in BUILTIN_SHAPES:
+        return BUILTIN_SHAPES[model]
+    path = Path(model)
+    config_file = path / "config.json" if path.is_dir() else path
+    if config_file.name == "config.json" and config_file.exists():
+        with open(config_file, encoding="utf-8") as handle:
+            return shape_from_hf_config(json.load(handle), name=str(model))
+    raise MemoryPlanError(
+        f"--model {model!r} is neither a built-in model {sorted(BUILTIN_SHAPES)} nor a local "
+        "folder with a config.json (or give --params/--layers/--hidden/...)"
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Options and the per-component formulas (all pure)
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    dtype: str = "bf16"  # fp32 | fp16 | bf16
+    precision: str = "mixed"  # mixed (fp32 master + fp32 optimizer states) | pure
+    optimizer: str = "adamw"  # adamw | adamw8bit | sgd
+    lora_r: int = 0  # 0: full fine-tuning
+    lora_targets: tuple[str, ...] | None = None  # None: every linear but the LM head
+    batch: int = 8  # completions per micro-batch (per_device_train_batch_size)
+    group_size: int = 8  # G (num_generations)
+    grad_accum: int = 1  # micro-batches per step (generated together)
+    prompt_len: int = 512
+    completion_len: int = 256
+    gradient_checkpointing: bool = False
+    logprob_impl: str = "chunked"  # chunked | naive
+    logprob_chunk_size: int = 512
+    beta: float = 0.04  # 0: no reference model
+    reward_model_params: int = 0  # 0: rule rewards, no reward model
+    share_prompt: bool = True  # the policy encodes a group's prompt once (groupwise)
+
+    def validate(self) -> None:
+        if self.dtype not in DTYPE_BYTES:
+            raise MemoryPlanError(f"--dtype {self.dtype!r} is not one of {list(DTYPE_BYTES)}")
+        if self.precision not in PRECISIONS:
+            raise MemoryPlanError(
+                f"--precision {self.precision!r} is not one of {list(PRECISIONS)}"
+            )
+        if self.optimizer not in OPTIMIZERS:
+            raise MemoryPlanError(
+                f"--optimizer {self.optimizer!r} is not one of {list(OPTIMIZERS)}"
+            )
+        if self.logprob_impl not in ("chunked", "naive"):
+            raise MemoryPlanError(
+                f"--logprob-impl {self.logprob_impl!r} is not one of ['chunked', 'naive']"
+            )
+        for flag, value in (
+            ("--batch", self.batch),
+            ("--group-size", self.group_size),
+            ("--grad-accum", self.grad_accum),
+            ("--prompt-len", self.prompt_len),
+            ("--completion-len", self.completion_len),
+            ("--logprob-chunk-size", self.logprob_chunk_size),
+        ):
+            if value < 1:
+                raise MemoryPlanError(f"{flag} must be >= 1, got {value}")
+        if self.lora_r < 0:
+            raise MemoryPlanError(f"--lora-r must be >= 0 (0: full fine-tuning), got {self.lora_r}")
+        if self.beta < 0:
+            raise MemoryPlanError(f"--beta must be >= 0, got {self.beta}")
+        if self.reward_model_params < 0:
+            raise MemoryPlanError(
+                f"--reward-model-params must be >= 0, got {self.reward_model_params}"
+            )
+        if (self.batch * self.grad_accum) % self.group_size:
+            raise MemoryPlanError(
+                f"--batch x --grad-accum ({self.batch} x {self.grad_accum}) must be a multiple of "
+                f"--group-size ({self.group_size}) so that every prompt gets a full group"
+            )
+
+
+def trained_bytes_per_param(opts: MemoryOptions) -> dict[str, int]:
+    """Bytes per *trained* parameter, by kind: weights, gradients, fp32 master, optimizer."""
+    width = DTYPE_BYTES[opts.dtype]
+    mixed = opts.precision == "mixed" and width < 4
+    state = 4 if (mixed or width == 4) else width  # Adam's m and v: fp32 unless pure 16-bit
+    optimizer = {"adamw": 2 * state, "adamw8bit": 2, "sgd": 0}[opts.optimizer]
+    return {
+        "weights": width,
+        "gradients": width,
+        "master": 4 if mixed else 0,
+        "optimizer": optimizer,
+    }
+
+
+def layer_activation_values(shape: ModelShape) -> int:
+    """Values one LLaMA block saves for backward, per token: 4h + 2q + 2kv + 4i (module doc)."""
+    return 4 * shape.hidden + 2 * shape.q_dim + 2 * shape.kv_dim + 4 * shape.intermediate
+
+
+def activation_bytes(
+    shape: ModelShape,
+    batch: int,
+    prompt_len: int,
+    completion_len: int,
+    dtype_bytes: int,
+    checkpointing: bool,
+    group_size: int = 1,
+) -> int:
+    """Saved activations of one micro-batch's forward pass through the decoder (no LM head).
+
+    ``group_size`` > 1: the prompt is encoded once per group of ``group_size`` completions
+    (groupwise's GRPO), and its keys and values are repeated for the completions' attention.
+    """
+    per_layer = layer_activation_values(shape)
+    if checkpointing or group_size <= 1:
+        tokens = batch * (prompt_len + completion_len)
+        repeated_kv = 0
+    else:
+        tokens = batch // group_size * prompt_len + batch * completion_len
+        repeated_kv = (batch - batch // group_size) * prompt_len * 2 * shape.kv_dim
+    final_norm = 2 * shape.hidden * tokens
+    if checkpointing:
+        # Each layer's input is kept; one layer's activations exist while it is recomputed.
+        values = shape.layers * shape.hidden * tokens + per_layer * tokens + final_norm
+    else:
+        values = shape.layers * (per_layer * tokens + repeated_kv) + final_norm
+    return values * dtype_bytes
+
+
+def logits_bytes(vocab: int, batch: int, completion_len: int, impl: str, chunk_size: int) -> int:
+    """Peak bytes of the LM-head outputs on the way to per-token log-probs (module doc)."""
+    if impl == "naive":
+        return 3 * batch * completion_len * vocab * 4
+    return 2 * min(chunk_size, batch * completion_len) * vocab * 4
+
+
+def kv_cache_bytes(
+    shape: ModelShape, sequences: int, prompt_len: int, completion_len: int, dtype_bytes: int
+) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x (prompt + completion) x sequences x bytes."""
+    return 2 * shape.layers * shape.kv_dim * (prompt_len + completion_len) * sequences * dtype_bytes
+
+
+def _network_rows(prefix: str, frozen: int, trained: int, opts: MemoryOptions) -> dict[str, int]:
+    """Weights of a network with ``frozen`` + ``trained`` parameters, and the trained part's
+    gradients, fp32 master weights and optimizer states (rows of 0 bytes are left out)."""
+    per = trained_bytes_per_param(opts)
+    rows = {
+        f"{prefix} weights": (frozen + trained) * per["weights"],
+        f"{prefix} gradients": trained * per["gradients"],
+        f"{prefix} fp32 master weights": trained * per["master"],
+        f"{prefix} optimizer states": trained * per["optimizer"],
+    }
+    always = (f"{prefix} weights", f"{prefix} gradients")
+    return {k: v for k, v in rows.items() if v or k in always}
+
+
+def _policy_split(shape: ModelShape, opts: MemoryOptions) -> tuple[int, int]:
+    """(frozen, trained) parameters of the policy."""
+    if opts.lora_r:
+        return shape.num_params(), shape.lora_params(opts.lora_r, opts.lora_targets)
+    return 0, shape.num_params()
+
+
+def _common_rows(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
+    """Rows both algorithms have: the policy, its activations and logits, the KV cache of
+    generation, the reference and the reward model."""
+    opts.validate()
+    width = DTYPE_BYTES[opts.dtype]
+    frozen, trained = _policy_split(shape, opts)
+    rows = _network_rows("policy", frozen, trained, opts)
+    if shape.has_layer_shapes:
+        group = opts.group_size
+        share = group if opts.share_prompt and opts.batch % group == 0 else 1
+        rows[POLICY_ACTS] = activation_bytes(
+            shape, opts.batch, opts.prompt_len, opts.completion_len, width,
+            opts.gradient_checkpointing, share,
+        )  # fmt: skip
+        if shape.vocab is not None:
+            rows[LOGITS] = logits_bytes(
+                shape.vocab, opts.batch, opts.completion_len, opts.logprob_impl,
+                opts.logprob_chunk_size,
+            )  # fmt: skip
+        rows[KV_CACHE] = kv_cache_bytes(
+            shape, opts.batch * opts.grad_accum, opts.prompt_len, opts.completion_len, width
+        )
+    if opts.beta > 0:
+        # LoRA: the reference is the base with the adapter disabled, no second copy.
+        rows[REF_WEIGHTS] = 0 if opts.lora_r else shape.num_params() * width
+    if opts.reward_model_params:
+        rows[RM_WEIGHTS] = opts.reward_model_params * width
+    return rows
+
+
+def plan_grpo(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
+    """Bytes per component for GRPO: policy, reference (beta > 0), reward model (if any)."""
+    return _ordered(_common_rows(shape, opts))
+
+
+def critic_split(shape: ModelShape, opts: MemoryOptions) -> tuple[int, int]:
+    """(frozen, trained) parameters of PPO's critic: the backbone without the LM head plus a
+    value head (hidden -> 1, with bias); with LoRA the backbone is frozen and gets an adapter."""
+    head = shape.hidden + 1 if shape.hidden is not None else 0
+    backbone = shape.num_params() - shape.lm_head_params()
+    if opts.lora_r:
+        return backbone, shape.lora_params(opts.lora_r, opts.lora_targets) + head
+    return 0, backbone + head
+
+
+def plan_ppo(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
+    """Bytes per component for PPO: GRPO's rows plus a trained critic and its activations.
+    groupwise's PPO samples the same G completions per prompt and computes the policy's
+    log-probs as GRPO does (prompt shared); the critic runs every completion with its own copy
+    of the prompt."""
+    rows = _common_rows(shape, opts)
+    frozen, trained = critic_split(shape, opts)
+    rows.update(_network_rows("critic", frozen, trained, opts))
+    if POLICY_ACTS in rows:
+        rows[CRITIC_ACTS] = activation_bytes(
+            shape, opts.batch, opts.prompt_len, opts.completion_len, DTYPE_BYTES[opts.dtype],
+            opts.gradient_checkpointing,
+        )  # fmt: skip
+    return _ordered(rows)
+
+
+def _ordered(rows: dict[str, int]) -> dict[str, int]:
+    return {k: rows[k] for k in ROW_ORDER if k in rows}
+
+
+def total_bytes(components: dict[str, int]) -> int:
+    """Peak: resident rows + max(generation phase, update phase). Components of other
+    accountings (seeds, weights-only) are all resident, i.e. summed."""
+    generation = sum(v for k, v in components.items() if k in GENERATION_PHASE)
+    update = sum(v for k, v in components.items() if k in UPDATE_PHASE)
+    resident = sum(components.values()) - generation - update
+    return resident + max(generation, update)
+
+
+def missing_rows(shape: ModelShape) -> dict[str, str]:
+    """Rows that cannot be computed for this shape, with what they need."""
+    notes: dict[str, str] = {}
+    if not shape.has_layer_shapes:
+        need = _flags(shape.missing("layers", "hidden", "heads", "intermediate"))
+        for row in (POLICY_ACTS, LOGITS, KV_CACHE, CRITIC_ACTS):
+            notes[row] = f"needs {need}"
+    elif shape.vocab is None:
+        notes[LOGITS] = "needs --vocab"
+    return notes
+
+
+def _flags(names: Sequence[str]) -> str:
+    return "/".join("--" + n.replace("_", "-") for n in names)
+
+
+# ------------------------------------------------------------------------------------------------
+# The seeds' accountings
+
+
+def seeds_weights_only(params: int, dtype_bytes: int) -> dict[str, dict[str, int]]:
+    """Weights only: one copy per network. PPO: actor, reference, reward model, critic; GRPO:
+    actor, reference, reward model (the seeds' PPO setting has a learned reward model)."""
+    copy = params * dtype_bytes
+    grpo = {"actor weights": copy, "reference weights": copy, "reward model weights": copy}
+    return {"ppo": {**grpo, "critic weights": copy}, "grpo": grpo}
+
+
+def seeds_trained_only(params: int, dtype_bytes: int) -> dict[str, dict[str, int]]:
+    """The accounting that gives the seeds' 112 GB vs 56 GB for 7B fp16: every trained network
+    holds weights, gradients, Adam m and v all in the 16-bit dtype (4 copies, 8 B per parameter
+    in fp16); frozen networks (reference, reward model) are not counted."""
+    per = 4 * params * dtype_bytes
+    label = f"weights + gradients + Adam m, v ({4 * dtype_bytes} B/param)"
+    return {
+        "ppo": {f"actor: {label}": per, f"critic: {label}": per},
+        "grpo": {f"actor: {label}": per},
+    }
+
+
+def seeds_lines(params: int, dtype: str) -> list[str]:
+    """The reconciliation of the seeds' figures, for this parameter count and dtype."""
+    width = DTYPE_BYTES[dtype]
+    copy = params * width
+    weights = seeds_weights_only(params, width)
+    trained = seeds_trained_only(params, width)
+    usual = 16 * params  # mixed precision: 2 + 2 + 4 + 4 + 4 bytes per trained parameter
+    backbone = params  # the critic ~ the policy at this level of accounting
+    ppo16 = usual + 16 * backbone + 2 * copy
+    grpo16, grpo16_rule = usual + 2 * copy, usual + copy
+    return [
+        f"The seeds' figures ({SEEDS_NOTE}), for {human_count(params)} parameters in {dtype}:",
+        f"  one model copy, weights only ({width} B/param): {human_bytes(copy)}",
+        f"  weights only: PPO 4 copies {human_bytes(sum(weights['ppo'].values()))}, GRPO 3 copies "
+        f"(actor, reference, reward model) {human_bytes(sum(weights['grpo'].values()))}"
+        "   [--accounting weights-only]",
+        f"  trained networks at {4 * width} B/param (weights, gradients, Adam m and v all in "
+        f"{dtype}), frozen ones not counted: PPO actor + critic "
+        f"{human_bytes(sum(trained['ppo'].values()))}, GRPO actor "
+        f"{human_bytes(sum(trained['grpo'].values()))}, ratio 0.50   [--accounting seeds; "
+        "the only accounting tried that gives 112 vs 56 GB exactly for 7B fp16]",
+        f"  the usual 16 B per trained parameter (mixed precision) is {human_bytes(usual)} for "
+        f"one trained network alone: PPO (actor + critic trained, reference and reward model "
+        f"frozen) {human_bytes(ppo16)} vs GRPO {human_bytes(grpo16)} (ratio "
+        f"{grpo16 / ppo16:.2f}), {human_bytes(grpo16_rule)} with rule rewards "
+        f"(ratio {grpo16_rule / (ppo16 - copy):.2f} against PPO without a reward model)",
+    ]
+
+
+# ------------------------------------------------------------------------------------------------
+# The plan and its presentation
+
+
+@dataclass
+class MemoryPlan:
+    shape: ModelShape
+    options: MemoryOptions
+    accounting: str
+    ppo: dict[str, int]
+    grpo: dict[str, int]
+    missing: dict[str, str] = field(default_factory=dict)
+    alternatives: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
+
+    @property
+    def ppo_total(self) -> int:
+        return total_bytes(self.ppo)
+
+    @property
+    def grpo_total(self) -> int:
+        return total_bytes(self.grpo)
+
+    @property
+    def ratio(self) -> float:
+        return self.grpo_total / self.ppo_total if self.ppo_total else float("nan")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ppo": {"components": dict(self.ppo), "total_bytes": self.ppo_total},
+            "grpo": {"components": dict(self.grpo), "total_bytes": self.grpo_total},
+            "ratio": self.ratio,
+        }
+
+
+def make_plan(shape: ModelShape, opts: MemoryOptions, accounting: str = "full") -> MemoryPlan:
+    opts.validate()
+    if accounting not in ACCOUNTINGS:
+        raise MemoryPlanError(f"--accounting {accounting!r} is not one of {list(ACCOUNTINGS)}")
+    width = DTYPE_BYTES[opts.dtype]
+    if accounting == "seeds":
+        parts = seeds_trained_only(shape.num_params(), width)
+        return MemoryPlan(shape, opts, accounting, parts["ppo"], parts["grpo"])
+    if accounting == "weights-only":
+        parts = seeds_weights_only(shape.num_params(), width)
+        return MemoryPlan(shape, opts, accounting, parts["ppo"], parts["grpo"])
+    plan = MemoryPlan(shape, opts, accounting, plan_ppo(shape, opts), plan_grpo(shape, opts))
+    plan.missing = missing_rows(shape)
+    # The alternatives the options did not choose, shown but not added to the totals.
+    if shape.has_layer_shapes:
+        other = replace(opts, gradient_checkpointing=not opts.gradient_checkpointing)
+        label = "activations " + (
+            "without gradient checkpointing" if opts.gradient_checkpointing else
+            "with gradient checkpointing"
+        )  # fmt: skip
+        ppo_alt, grpo_alt = plan_ppo(shape, other), plan_grpo(shape, other)
+        plan.alternatives[f"policy {label}"] = (ppo_alt[POLICY_ACTS], grpo_alt[POLICY_ACTS])
+        plan.alternatives[f"critic {label}"] = (ppo_alt[CRITIC_ACTS], None)
+        if shape.vocab is not None:
+            impl = "naive" if opts.logprob_impl == "chunked" else "chunked"
+            alt = replace(opts, logprob_impl=impl)
+            text = (
+                "logits, naive (full [tokens x vocab] fp32 buffers)" if impl == "naive" else
+                f"logits, chunked ({opts.logprob_chunk_size} tokens x vocab per chunk)"
+            )  # fmt: skip
+            plan.alternatives[text] = (plan_ppo(shape, alt)[LOGITS], plan_grpo(shape, alt)[LOGITS])
+    return plan
+
+
+def human_bytes(n: float) -> str:
+    """Decimal units (GB = 1e9 bytes), as model sizes are quoted (7B x 2 B = 14 GB)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}".rstrip("0").rstrip(".") + unit
+    return str(int(n))
+
+
+_NOTES = {
+    POLICY_WEIGHTS: "every parameter, {dtype}",
+    POLICY_GRADS: "trained parameters, {dtype}",
+    POLICY_MASTER: "trained parameters, 4 B",
+    POLICY_OPTIM: "{optimizer}",
+    POLICY_ACTS: "saved for backward, one micro-batch{shared}",
+    LOGITS: "{logits}",
+    KV_CACHE: "generation phase only",
+    REF_WEIGHTS: "{reference}",
+    RM_WEIGHTS: "frozen",
+    CRITIC_WEIGHTS: "backbone + value head",
+    CRITIC_GRADS: "",
+    CRITIC_MASTER: "",
+    CRITIC_OPTIM: "",
+    CRITIC_ACTS: "trained with the policy",
+}
+
+
+def _settings_lines(plan: MemoryPlan) -> list[str]:
+    o = plan.options
+    per = trained_bytes_per_param(o)
+    precision = (f"{o.dtype}, {o.precision} precision" if DTYPE_BYTES[o.dtype] < 4 else "fp32") + (
+        f": per trained parameter {per['weights']} B weights + {per['gradients']} B gradients + "
+        f"{per['master']} B fp32 master + {per['optimizer']} B {o.optimizer} states = "
+        f"{sum(per.values())} B"
+    )
+    tuning = (
+        f"LoRA r={o.lora_r} on {','.join(o.lora_targets or LORA_TARGETS)} "
+        f"({human_count(plan.shape.lora_params(o.lora_r, o.lora_targets))} trainable)"
+        if o.lora_r
+        else "full fine-tuning"
+    )
+    return [
+        f"groupwise memory plan: {plan.shape.describe()}",
+        f"  {precision}; {tuning}",
+        f"  {o.batch} completions per micro-batch x {o.grad_accum} accumulation, group size "
+        f"{o.group_size}, prompt {o.prompt_len} + completion {o.completion_len} tokens, "
+        f"{o.logprob_impl} log-probs"
+        + (f" ({o.logprob_chunk_size} tokens per chunk)" if o.logprob_impl == "chunked" else "")
+        + (", gradient checkpointing" if o.gradient_checkpointing else ", no checkpointing"),
+        f"  beta {o.beta:g}"
+        + (" (no reference model)" if o.beta == 0 else "")
+        + (
+            f", reward model of {human_count(o.reward_model_params)} parameters"
+            if o.reward_model_params
+            else ", rule rewards (no reward model)"
+        ),
+    ]
+
+
+def format_table(plan: MemoryPlan) -> str:
+    """Side-by-side PPO | GRPO table in human units, with totals and the GRPO/PPO ratio."""
+    o = plan.options
+    lines: list[str] = []
+    if plan.accounting == "full":
+        for line in _settings_lines(plan):
+            lines.append(textwrap.fill(line, 100, subsequent_indent="    "))
+    else:
+        what = (
+            "trained networks only, each at weights + gradients + Adam m, v in "
+            f"{o.dtype}; frozen networks not counted (reproduces the seeds' 112 vs 56 GB)"
+            if plan.accounting == "seeds"
+            else f"weights only, one {o.dtype} copy per network (reward model as large as the "
+            "policy, as the seeds assume)"
+        )
+        lines += [
+            f"groupwise memory plan ({plan.accounting} accounting): {plan.shape.describe()}",
+            f"  {what}",
+        ]
+    notes = {
+        "dtype": o.dtype,
+        "optimizer": {
+            "adamw": "AdamW m and v",
+            "adamw8bit": "8-bit AdamW m and v",
+            "sgd": "",
+        }[o.optimizer],
+        "logits": f"{o.logprob_impl} log-probs",
+        "shared": (
+            "; a group's prompt encoded once"
+            if o.share_prompt and not o.gradient_checkpointing and o.batch % o.group_size == 0
+            else ""
+        ),
+        "reference": "adapter-disabled base, no copy" if o.lora_r else "frozen copy",
+    }
+    present = {**plan.ppo, **plan.grpo, **plan.missing}
+    names = list(present)
+    if plan.accounting == "full":
+        names = [k for k in ROW_ORDER if k in present] + [k for k in names if k not in ROW_ORDER]
+    width = max(len(n) for n in names + ["peak total", *plan.alternatives]) + 2
+    lines.append("")
+    lines.append(f"{'component':<{width}}{'PPO':>12}{'GRPO':>12}   note")
+
+    def cell(value: int | None, row: str, table: dict[str, int]) -> str:
+        if row in plan.missing and row not in table:
+            return "?"
+        return "-" if value is None else human_bytes(value)
+
+    for name in names:
+        note = plan.missing.get(name) or (
+            _NOTES.get(name, "").format(**notes) if plan.accounting == "full" else ""
+        )
+        ppo = cell(plan.ppo.get(name), name, plan.ppo)
+        grpo = "-" if name.startswith("critic") else cell(plan.grpo.get(name), name, plan.grpo)
+        lines.append(f"{name:<{width}}{ppo:>12}{grpo:>12}   {note}".rstrip())
+    lines.append("-" * (width + 24))
+    lines.append(
+        f"{'peak total':<{width}}{human_bytes(plan.ppo_total):>12}"
+        f"{human_bytes(plan.grpo_total):>12}"
+    )
+    lines.append(f"{'GRPO / PPO':<{width}}{'':>12}{plan.ratio:>12.2f}")
+    if plan.accounting == "full":
+        lines.append(
+            textwrap.fill(
+                "peak = resident (weights, master weights, optimizer states) + max(generation: "
+                "KV cache, update: gradients + activations + logits); GB = 1e9 bytes",
+                100,
+            )
+        )
+        if plan.missing:
+            lines.append("'?': not in the totals, " + "; ".join(sorted(set(plan.missing.values()))))
+    if plan.alternatives:
+        lines.append("")
+        lines.append("not in the totals (the other choice of each option):")
+        for name, (ppo, grpo) in plan.alternatives.items():
+            ppo_s = human_bytes(ppo) if ppo is not None else "-"
+            grpo_s = human_bytes(grpo) if grpo is not None else "-"
+            lines.append(f"{name:<{width}}{ppo_s:>12}{grpo_s:>12}")
+    if plan.accounting == "full":
+        lines.append("")
+        for line in seeds_lines(plan.shape.num_params(), o.dtype):
+            lines.append(textwrap.fill(line, 100, subsequent_indent="    "))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# Measurement: real training steps in fresh subprocesses
+
+_RESULT_MARK = "GROUPWISE_MEMORY_RESULT "
+
+
+def _proc_status_bytes(key: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _current_rss() -> int:
+    rss = _proc_status_bytes("VmRSS")
+    if rss is not None:
+        return rss
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _peak_rss() -> int:
+    peak = _proc_status_bytes("VmHWM")
+    if peak is not None:
+        return peak
+    import resource
+
+    scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def _load_tokenizer(model: str):
+    from transformers import AutoTokenizer
+
+    from .models import smollm2_path, smollm2_tokenizer
+
+    if model == "tiny-random":
+        tok = smollm2_tokenizer()
+    elif model == "smollm2-135m-instruct":
+        tok = AutoTokenizer.from_pretrained(smollm2_path())
+    else:
+        tok = AutoTokenizer.from_pretrained(model)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
+    """Inside the fresh process: baseline, build the trainer, run the steps, report the peak."""
+    import gc
+    import tempfile
+
+    import torch
+
+    from .config import GRPOConfig
+    from .data import arithmetic_dataset, tokenize_prompts
+
+    if spec["algorithm"] == "ppo":
+        from .ppo import PPOTrainer as Trainer  # lazily: written alongside this planner
+    else:
+        from .trainer import GRPOTrainer as Trainer
+
+    steps = spec["steps"]
+    tokenizer = _load_tokenizer(spec["model"])
+    prompts_per_step = spec["batch"] * spec["grad_accum"] // spec["group_size"]
+    dataset = arithmetic_dataset(max(prompts_per_step * steps, 4), "train", seed=0)
+    prompt_len = max(
+        len(ids)
+        for ids in tokenize_prompts([r["prompt"] for r in dataset], tokenizer, spec["max_prompt"])
+    )
+    with tempfile.TemporaryDirectory(prefix="groupwise-memory-") as out:
+        config = GRPOConfig(
+            model=spec["model"],
+            algorithm=spec["algorithm"],
+            task="arithmetic",
+            reward_funcs=["format", "accuracy"],
+            per_device_train_batch_size=spec["batch"],
+            num_generations=spec["group_size"],
+            gradient_accumulation_steps=spec["grad_accum"],
+            max_prompt_length=spec["max_prompt"],
+            max_completion_length=spec["completion_len"],
+            beta=spec["beta"],
+            gradient_checkpointing=spec["gradient_checkpointing"],
+            logprob_impl=spec["logprob_impl"],
+            logprob_chunk_size=spec["logprob_chunk_size"],
+            use_peft=spec["lora_r"] > 0,
+            lora_r=max(spec["lora_r"], 1),
+            max_steps=steps,
+            num_eval_prompts=0,
+            output_dir=out,
+            disable_tqdm=True,
+            device=spec["device"],
+        )
+        cuda = config.device.startswith("cuda") or (
+            config.device == "auto" and torch.cuda.is_available()
+        )
+        gc.collect()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            baseline = torch.cuda.memory_allocated()
+        else:
+            baseline = _current_rss()
+        trainer = Trainer(config.model, ["format", "accuracy"], dataset, args=config,
+                          processing_class=tokenizer)  # fmt: skip
+        completion_len = 0
+        for _ in range(steps):
+            logs = trainer.train_step()
+            completion_len = max(completion_len, int(logs["completions/max_length"]))
+        peak = torch.cuda.max_memory_allocated() if cuda else _peak_rss()
+        model_config = trainer.model.config.to_dict()
+        dtype = str(next(trainer.model.parameters()).dtype)
+    return {
+        "algorithm": spec["algorithm"],
+        "device": "cuda" if cuda else "cpu",
+        "dtype": {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(
+            dtype, "fp32"
+        ),
+        "baseline_bytes": baseline,
+        "peak_bytes": peak,
+        "measured_bytes": peak - baseline,
+        "prompt_len": prompt_len,
+        "completion_len": completion_len,
+        "model_config": {k: model_config.get(k) for k in _HF_KEYS},
+        "steps": steps,
+    }
+
+
+_HF_KEYS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "intermediate_size", "vocab_size", "head_dim", "tie_word_embeddings", "attention_bias",
+)  # fmt: skip
+
+
+def ppo_available() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("groupwise.ppo") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def run_measurement(
+    model: str,
+    opts: MemoryOptions,
+    algorithms: Sequence[str] = ("grpo", "ppo"),
+    steps: int = 1,
+    device: str = "auto",
+    timeout: float = 1800.0,
+) -> list[dict[str, Any]]:
+    """Run each algorithm's steps in a fresh subprocess; results carry the plan for the same
+    settings (the dtype the trainer used, its pure-precision AdamW, the real prompt length and
+    the longest completion) as ``predicted_bytes``."""
+    results = []
+    for algorithm in algorithms:
+        if algorithm == "ppo" and not ppo_available():
+            results.append({"algorithm": "ppo", "error": "groupwise.ppo is not available yet"})
+            continue
+        spec = {
+            "algorithm": algorithm,
+            "model": model,
+            "steps": steps,
+            "batch": opts.batch,
+            "group_size": opts.group_size,
+            "grad_accum": opts.grad_accum,
+            "max_prompt": opts.prompt_len,
+            "completion_len": opts.completion_len,
+            "beta": opts.beta,
+            "gradient_checkpointing": opts.gradient_checkpointing,
+            "logprob_impl": opts.logprob_impl,
+            "logprob_chunk_size": opts.logprob_chunk_size,
+            "lora_r": opts.lora_r,
+            "device": device,
+        }
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        proc = subprocess.run(
+            [sys.executable, "-m", "groupwise.memory", "--_child", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT_MARK)]
+        if proc.returncode != 0 or not lines:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            results.append({"algorithm": algorithm, "error": " | ".join(tail) or "no output"})
+            continue
+        result = json.loads(lines[-1][len(_RESULT_MARK) :])
+        shape = shape_from_hf_config(result["model_config"], name=model)
+        same = replace(
+            opts,
+            dtype=result["dtype"],
+            precision="pure",  # the trainer keeps AdamW's states in the parameters' dtype
+            optimizer="adamw",
+            prompt_len=result["prompt_len"],
+            completion_len=max(result["completion_len"], 1),
+            reward_model_params=0,
+        )
+        plan = plan_ppo(shape, same) if algorithm == "ppo" else plan_grpo(shape, same)
+        result["predicted_bytes"] = total_bytes(plan)
+        result["predicted_components"] = plan
+        result["ratio"] = result["measured_bytes"] / result["predicted_bytes"]
+        results.append(result)
+    return results
+
+
+def format_measurement(results: Sequence[dict[str, Any]]) -> str:
+    lines = ["", "measured (one fresh process per algorithm) vs predicted for the same settings:"]
+    for r in results:
+        name = r["algorithm"].upper()
+        if "error" in r:
+            lines.append(f"  {name}: not measured: {r['error']}")
+            continue
+        what = (
+            "peak torch.cuda.max_memory_allocated"
+            if r["device"] == "cuda"
+            else "peak RSS (VmHWM) minus RSS before the model was loaded"
+        )
+        text = (
+            f"  {name}: measured {human_bytes(r['measured_bytes'])}, predicted "
+            f"{human_bytes(r['predicted_bytes'])}, measured / predicted {r['ratio']:.2f}  "
+            f"[{r['device']} {r['dtype']}, {r['steps']} step(s), prompt {r['prompt_len']} + "
+            f"completion {r['completion_len']} tokens; {what}; process baseline "
+            f"{human_bytes(r['baseline_bytes'])} subtracted]"
+        )
+        lines.append(textwrap.fill(text, 100, subsequent_indent="    "))
+    measured = {r["algorithm"]: r for r in results if "error" not in r}
+    if "ppo" in measured and "grpo" in measured:
+        lines.append(
+            f"  GRPO / PPO: measured "
+            f"{measured['grpo']['measured_bytes'] / measured['ppo']['measured_bytes']:.2f}, "
+            f"predicted "
+            f"{measured['grpo']['predicted_bytes'] / measured['ppo']['predicted_bytes']:.2f}"
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line
+
+
+class _ArgError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse would exit; main() returns 2 instead
+        raise _ArgError(message)
+
+
+def parse_count(text: str) -> int:
+    """'7e9', '7B', '135M', '1.5b' -> an integer count."""
+    match = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([kmbt]?)\s*", str(text), re.I)
+    if not match:
+        raise ValueError(text)
+    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[match.group(2).lower()]
+    value = float(match.group(1)) * scale
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(text)
+    return int(round(value))
+
+
+def _count_arg(text: str) -> int:
+    try:
+        return parse_count(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a count like 7e9, 7B or 135M, got {text!r}"
+        ) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="groupwise memory",
+        description="Memory plan for PPO and GRPO side by side (see groupwise.memory's docstring "
+        "for exactly what is counted).",
+    )
+    p.add_argument("config", nargs="?", help="a groupwise YAML config supplying defaults")
+    m = p.add_argument_group("model (a built-in name, a local HF folder, or shapes)")
+    m.add_argument(
+        "--model", help="tiny-random, smollm2-135m-instruct, or a folder with config.json"
+    )
+    m.add_argument("--params", type=_count_arg, help="parameter count, e.g. 7e9 or 7B")
+    for flag in ("layers", "hidden", "heads", "kv-heads", "vocab", "intermediate", "head-dim"):
+        m.add_argument(f"--{flag}", type=int)
+    m.add_argument("--tie-embeddings", action="store_true", default=None)
+    t = p.add_argument_group("training")
+    t.add_argument("--dtype", choices=list(DTYPE_BYTES))
+    t.add_argument("--precision", choices=list(PRECISIONS))
+    t.add_argument("--optimizer", choices=list(OPTIMIZERS))
+    t.add_argument("--lora-r", type=int, help="LoRA rank (0: full fine-tuning)")
+    t.add_argument("--lora-targets", help="comma-separated, e.g. q_proj,v_proj (default: all)")
+    t.add_argument("--batch", type=int, help="completions per micro-batch")
+    t.add_argument("--group-size", type=int, help="G, completions per prompt")
+    t.add_argument("--grad-accum", type=int, help="micro-batches per step")
+    t.add_argument("--prompt-len", type=int)
+    t.add_argument("--completion-len", type=int)
+    t.add_argument("--gradient-checkpointing", action="store_true", default=None)
+    t.add_argument("--logprob-impl", choices=["chunked", "naive"])
+    t.add_argument("--logprob-chunk-size", type=int)
+    t.add_argument("--beta", type=float, help="KL coefficient; 0: no reference model")
+    t.add_argument("--reward-model-params", type=_count_arg, help="0: rule rewards")
+    o = p.add_argument_group("output")
+    o.add_argument("--accounting", choices=list(ACCOUNTINGS), default="full")
+    o.add_argument("--json", action="store_true", help="print one JSON object")
+    o.add_argument("--measure", action="store_true", help="run real steps and compare")
+    o.add_argument("--measure-steps", type=int, default=1)
+    o.add_argument("--device", default="auto", help="device for --measure: auto, cpu, cuda")
+    o.add_argument("--_child", help=argparse.SUPPRESS)
+    return p
+
+
+def _config_defaults(path: str | None) -> dict[str, Any]:
+    """Planner defaults from GRPOConfig (a YAML file's values, else the dataclass defaults)."""
+    if path is None:
+        from dataclasses import fields
+
+        from .config import GRPOConfig
+
+        cfg = {f.name: f.default for f in fields(GRPOConfig)}
+    else:
+        from .config import ConfigError, GRPOConfig
+
+        try:
+            cfg = asdict(GRPOConfig.from_yaml(path))
+        except ConfigError as err:
+            raise MemoryPlanError(str(err)) from None
+    dtype = {"float32": "fp32", "bfloat16": "bf16"}.get(cfg["dtype"])  # auto: the default below
+    return {
+        "model": cfg["model"],
+        "dtype": dtype,
+        "batch": cfg["per_device_train_batch_size"],
+        "group_size": cfg["num_generations"],
+        "grad_accum": cfg["gradient_accumulation_steps"],
+        "prompt_len": cfg["max_prompt_length"] or 512,
+        "completion_len": cfg["max_completion_length"],
+        "gradient_checkpointing": cfg["gradient_checkpointing"],
+        "logprob_impl": cfg["logprob_impl"],
+        "logprob_chunk_size": cfg["logprob_chunk_size"],
+        "beta": cfg["beta"],
+        "lora_r": cfg["lora_r"] if cfg["use_peft"] else 0,
+        "lora_targets": cfg["lora_target_modules"],
+    }
+
+
+def options_from_args(args: argparse.Namespace) -> tuple[ModelShape, MemoryOptions, str]:
+    """Resolve the model shape and the options: command line over CONFIG over defaults."""
+    base = _config_defaults(args.config)
+    pick = {
+        k: getattr(args, k) if getattr(args, k, None) is not None else v for k, v in base.items()
+    }
+    shape_flags = ("layers", "hidden", "heads", "kv_heads", "vocab", "intermediate", "head_dim")
+    custom = args.params is not None or any(getattr(args, f) is not None for f in shape_flags)
+    if args.model is None and custom:
+        shape = ModelShape(name="custom")
+        model = "custom"
+    else:
+        model = pick["model"]
+        shape = resolve_model_shape(model)
+    overrides = {f: getattr(args, f) for f in shape_flags if getattr(args, f) is not None}
+    if args.tie_embeddings:
+        overrides["tie_embeddings"] = True
+    if args.params is not None:
+        if args.params <= 0:
+            raise MemoryPlanError(f"--params must be > 0, got {args.params}")
+        overrides["params"] = args.params
+    for name, value in overrides.items():
+        if name != "params" and value < 1:
+            raise MemoryPlanError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    shape = replace(shape, **overrides)
+    if shape.heads is not None and shape.head_dim is None and shape.hidden is not None:
+        if shape.hidden % shape.heads:
+            raise MemoryPlanError(
+                f"--hidden {shape.hidden} is not divisible by --heads {shape.heads}; "
+                "give --head-dim"
+            )
+    if shape.kv_heads is not None and shape.heads is not None and shape.heads % shape.kv_heads:
+        raise MemoryPlanError(
+            f"--heads {shape.heads} must be a multiple of --kv-heads {shape.kv_heads}"
+        )
+    if shape.params is not None and shape.intermediate is None:
+        shape = infer_intermediate(shape)
+    if shape.params is None and shape.missing("hidden", "layers", "heads", "intermediate", "vocab"):
+        missing = shape.missing("hidden", "layers", "heads", "intermediate", "vocab")
+        raise MemoryPlanError(f"give --params, or all of the shapes (missing {_flags(missing)})")
+    targets = pick["lora_targets"]
+    if isinstance(targets, str):
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    opts = MemoryOptions(
+        dtype=pick["dtype"] or "bf16",
+        precision=args.precision or "mixed",
+        optimizer=args.optimizer or "adamw",
+        lora_r=pick["lora_r"] or 0,
+        lora_targets=tuple(targets) if targets else None,
+        batch=pick["batch"],
+        group_size=pick["group_size"],
+        grad_accum=pick["grad_accum"],
+        prompt_len=pick["prompt_len"],
+        completion_len=pick["completion_len"],
+        gradient_checkpointing=bool(pick["gradient_checkpointing"]),
+        logprob_impl=pick["logprob_impl"],
+        logprob_chunk_size=pick["logprob_chunk_size"],
+        beta=pick["beta"],
+        reward_model_params=args.reward_model_params or 0,
+    )
+    opts.validate()
+    if opts.lora_r:
+        shape.lora_params(opts.lora_r, opts.lora_targets)  # raises on missing shapes/targets
+    return shape, opts, model
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``groupwise memory ...``; returns the exit status (2 for bad options)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args._child is not None:
+            result = _child_main(json.loads(args._child))
+            print(_RESULT_MARK + json.dumps(result), flush=True)
+            return 0
+        shape, opts, model = options_from_args(args)
+        plan = make_plan(shape, opts, args.accounting)
+        if args.measure and args.measure_steps < 1:
+            raise MemoryPlanError(f"--measure-steps must be >= 1, got {args.measure_steps}")
+        if args.measure and model == "custom":
+            raise MemoryPlanError("--measure needs --model (a built-in name or a local folder)")
+    except (_ArgError, MemoryPlanError) as err:
+        print(f"groupwise memory: error: {err}", file=sys.stderr)
+        return 2
+    if plan.missing and args.json:
+        rows = ", ".join(f"{k} ({v})" for k, v in plan.missing.items())
+        print(f"groupwise memory: not in the totals: {rows}", file=sys.stderr)
+    measured = None
+    if args.measure:
+        if not ppo_available():
+            print(
+                "groupwise memory: groupwise.ppo is not available yet: measuring GRPO only",
+                file=sys.stderr,
+            )
+        measured = run_measurement(model, opts, steps=args.measure_steps, device=args.device)
+    if args.json:
+        out = plan.to_json()
+        if measured is not None:
+            out["measured"] = {r["algorithm"]: r for r in measured}
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_table(plan))
+        if measured is not None:
+            print(format_measurement(measured))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
