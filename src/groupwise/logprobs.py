@@ -1,9 +1,32 @@
 """Per-token log-probabilities of completion tokens, computed without full logits.
 
-The decoder runs once over prompt + completion; only completion positions that are unmasked go
-through the LM head, in chunks of ``chunk_size`` tokens, each chunk wrapped in activation
-checkpointing when gradients are needed. A [batch x length x vocab] fp32 tensor never exists;
-at most [chunk_size x vocab] does, and it is recomputed in the backward pass instead of stored.
+The decoder runs once over prompt + completion; only unmasked completion positions go through
+the LM head. For the M selected rows h (hidden size H) and a head with weight W [V, H] and
+optional bias b, with logit soft-capping c (Gemma's ``final_logit_softcapping``) and sampling
+temperature T:
+
+    x = h W^T + b,   s(x) = c * tanh(x / c)   (s = identity without a cap),   z = s(x) / T  (1)
+    log p(y) = z_y - logsumexp(z)                                                          (2)
+    entropy = logsumexp(z) - sum_v p_v z_v                                                 (3)
+
+Three implementations (``impl``):
+
+- ``"chunked"`` (default): :class:`ChunkedLMHeadLogprob`, a custom autograd function that applies
+  the head itself, ``chunk_size`` rows at a time, and keeps only logsumexp(z) per row. Its
+  backward recomputes each chunk's logits and uses the closed-form gradient
+
+      d log p(y) / dz = onehot(y) - p                                                     (4)
+      dz / dx = (1 - tanh^2(x / c)) / T        (1 / T without a cap)                      (5)
+      grad_h = g_x W,   grad_W = sum over chunks of g_x^T h,   grad_b = sum of g_x         (6)
+
+  with g_x the upstream gradient chained through (4) and (5). Neither pass holds more than
+  [chunk_size x V] logits (the approach of Liger's fused linear cross-entropy, Unsloth and
+  torchtune). Heads that are not a plain ``nn.Linear`` (LoRA or quantised wrappers, hooks)
+  fall back to ``"checkpoint"``.
+- ``"checkpoint"``: the head module is called per chunk under activation checkpointing; the
+  same memory bound, but autograd rebuilds the chunk's graph in the backward pass.
+- ``"naive"``: full [N, T, V] logits at every completion position and one log-softmax, from
+  the same hidden states: the baseline for benchmarks (config option ``logprob_impl``).
 
 With ``group_size`` G > 1 (rows ordered group by group, each group sharing one prompt), the
 prompt is run once per group and its KV cache is repeated G times for the completions: exact,
@@ -15,8 +38,163 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+from torch.nn.modules import module as nn_module
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedModel
+
+IMPLS = ("chunked", "checkpoint", "naive")
+
+
+def _math_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Softmax math never runs in 16 bits: fp32 for bf16/fp16/fp32 models, fp64 stays fp64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _scale_logits(
+    raw: torch.Tensor, temperature: float, softcap: float | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """z of Eq. 1 in the math dtype, from raw head outputs x; also tanh(x / c) (for Eq. 5), or
+    None without a cap. May return ``raw`` itself (fp32, T = 1, no cap): callers own ``raw``."""
+    z = raw.to(_math_dtype(raw.dtype))
+    tanh = None
+    if softcap:
+        tanh = torch.tanh(z / softcap)
+        z = tanh * softcap
+    if temperature != 1.0:
+        z = z / temperature
+    return z, tanh
+
+
+def _scale_logits_(
+    raw: torch.Tensor, temperature: float, softcap: float | None, keep_tanh: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """In-place version of :func:`_scale_logits` for the custom function, which owns ``raw``
+    and runs outside autograd: fewer passes over [chunk, V]. With ``keep_tanh`` the cap's
+    tanh(x / c) gets its own buffer (the backward needs it for Eq. 5)."""
+    z = raw.to(_math_dtype(raw.dtype))
+    if softcap:
+        if keep_tanh:
+            tanh = z.div_(softcap).tanh_()
+            return tanh * (softcap / temperature), tanh
+        return z.div_(softcap).tanh_().mul_(softcap / temperature), None
+    if temperature != 1.0:
+        z.div_(temperature)
+    return z, None
+
+
+class ChunkedLMHeadLogprob(torch.autograd.Function):
+    """log p(target) (Eq. 2) and the entropy (Eq. 3, not differentiated) of softmax(z), z from
+    Eq. 1, for hidden rows [M, H], without ever holding more than [chunk_size, V] logits.
+
+    ``apply(hidden, targets, weight, bias, temperature, softcap, chunk_size)`` with
+    ``weight`` [V, H] (for tied embeddings, the embedding matrix: autograd adds both
+    gradients), ``bias`` [V] or None. Returns (logp [M], entropy [M]) in fp32 (fp64 for fp64
+    inputs). Saves only the inputs and logsumexp(z) [M] for the backward pass; gradients for
+    inputs that do not require them (e.g. a frozen head under LoRA) are not computed.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        hidden: torch.Tensor,
+        targets: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        temperature: float,
+        softcap: float | None,
+        chunk_size: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n_rows = hidden.shape[0]
+        math_dtype = _math_dtype(weight.dtype)
+        log_z = hidden.new_empty(n_rows, dtype=math_dtype)
+        logp = torch.empty_like(log_z)
+        entropy = torch.empty_like(log_z)
+        for begin in range(0, n_rows, chunk_size):
+            rows = slice(begin, begin + chunk_size)
+            raw = F.linear(hidden[rows], weight, bias)
+            z, _ = _scale_logits_(raw, temperature, softcap, keep_tanh=False)
+            # log Z = m + log sum exp(z - m) with m the row max; the exponentials are kept for
+            # the entropy (Eq. 3): sum_v p_v z_v = sum_v e_v z_v / sum_v e_v.
+            top = z.amax(dim=-1, keepdim=True)
+            exps = (z - top).exp_()
+            total = exps.sum(-1)
+            chunk_log_z = top.squeeze(-1) + total.log()
+            log_z[rows] = chunk_log_z
+            logp[rows] = z.gather(-1, targets[rows, None]).squeeze(-1) - chunk_log_z  # Eq. 2
+            entropy[rows] = chunk_log_z - exps.mul_(z).sum(-1) / total  # Eq. 3
+            del raw, z, exps  # free this chunk's [chunk, V] buffers before the next is made
+        ctx.save_for_backward(hidden, targets, weight, bias, log_z)
+        ctx.temperature, ctx.softcap, ctx.chunk_size = temperature, softcap, chunk_size
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx,
+        grad_logp: torch.Tensor,
+        grad_entropy: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, ...]:
+        hidden, targets, weight, bias, log_z = ctx.saved_tensors
+        need_hidden, _, need_weight, need_bias = ctx.needs_input_grad[:4]
+        math_dtype = log_z.dtype
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        # Head gradients are sums over all chunks: accumulate in (at least) fp32, cast at the end.
+        grad_weight = torch.zeros_like(weight, dtype=math_dtype) if need_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=math_dtype) if need_bias else None
+        for begin in range(0, hidden.shape[0], ctx.chunk_size):
+            rows = slice(begin, begin + ctx.chunk_size)
+            h, g = hidden[rows], grad_logp[rows].to(math_dtype)
+            raw = F.linear(h, weight, bias)
+            z, tanh = _scale_logits_(raw, ctx.temperature, ctx.softcap, keep_tanh=True)
+            # Eq. 4 times the upstream gradient g and Eq. 5's 1 / T, in place over z:
+            # g_z = (g / T) * (onehot(y) - p),  p = exp(z - log Z).
+            g = g / ctx.temperature
+            g_z = z.sub_(log_z[rows, None]).exp_().mul_(-g[:, None])
+            g_z.scatter_add_(-1, targets[rows, None], g[:, None])
+            if tanh is not None:  # Eq. 5: the cap's derivative 1 - tanh^2(x / c)
+                g_z.mul_(tanh.square_().neg_().add_(1.0))
+            g_x = g_z.to(weight.dtype)
+            # Eq. 6.
+            if need_hidden:
+                grad_hidden[rows] = g_x @ weight
+            if need_weight:
+                if grad_weight.dtype == weight.dtype:
+                    grad_weight.addmm_(g_x.T, h)
+                else:
+                    grad_weight += g_x.T @ h
+            if need_bias:
+                grad_bias += g_z.sum(0)
+            del raw, z, tanh, g_z, g_x  # as in the forward: one chunk's buffers at a time
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        if grad_bias is not None:
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_hidden, None, grad_weight, grad_bias, None, None, None
+
+
+def _is_plain_linear(head: torch.nn.Module) -> bool:
+    """True when head(h) is exactly F.linear(h, head.weight, head.bias), so the custom function
+    may bypass the module. Anything else (LoRA or quantised wrappers, Linear subclasses and
+    parametrisations, module or global hooks, a forward patched on the instance as accelerate
+    does) must run through the module itself."""
+    if type(head) is not torch.nn.Linear or "forward" in vars(head):
+        return False
+    hooks = (
+        head._forward_hooks,
+        head._forward_pre_hooks,
+        head._backward_hooks,
+        head._backward_pre_hooks,
+        getattr(nn_module, "_global_forward_hooks", None),
+        getattr(nn_module, "_global_forward_pre_hooks", None),
+        getattr(nn_module, "_global_backward_hooks", None),
+        getattr(nn_module, "_global_backward_pre_hooks", None),
+    )
+    if any(hooks):
+        return False
+    plain = (torch.Tensor, torch.nn.Parameter)
+    return type(head.weight) in plain and (head.bias is None or type(head.bias) in plain)
 
 
 def _token_logprobs_and_entropy(
@@ -26,18 +204,32 @@ def _token_logprobs_and_entropy(
     temperature: float,
     softcap: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log softmax(head(h) / T)[target] and the entropy of that distribution, for [M, H] rows."""
-    logits = lm_head(hidden).float()
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
-    if temperature != 1.0:
-        logits = logits / temperature
+    """Eqs. 2 and 3 for [M, H] rows through the head module (``"checkpoint"`` path)."""
+    logits, _ = _scale_logits(lm_head(hidden), temperature, softcap)
     log_z = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
     with torch.no_grad():
         probs = torch.exp(logits - log_z[:, None])
         entropy = log_z - (probs * logits).sum(-1)
     return logp, entropy
+
+
+def _naive_logprobs_and_entropy(
+    hidden: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    lm_head: torch.nn.Module,
+    temperature: float,
+    softcap: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eqs. 2 and 3 from full [N, T, V] logits at every completion position (``"naive"``)."""
+    logits, _ = _scale_logits(lm_head(hidden), temperature, softcap)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logp = log_probs.gather(-1, completion_ids[..., None]).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    padding = ~completion_mask.bool()
+    return logp.masked_fill(padding, 0.0), entropy.masked_fill(padding, 0.0)
 
 
 def _trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,6 +249,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 512,
     group_size: int = 1,
+    impl: str = "chunked",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs [N, T] of ``completion_ids`` under ``model`` (0 at masked positions) and the
     per-token entropy [N, T] (detached).
@@ -64,7 +257,12 @@ def completion_logprobs(
     prompt_ids/prompt_mask: [N / group_size, Lp], left-padded; row r of the completions belongs
     to prompt r // group_size. completion_ids/mask: [N, T], right-padded. Logits are divided by
     ``temperature`` so the log-probs are those of the sampling distribution (as TRL does).
+    ``impl`` picks how the LM head and log-softmax run (module docstring): ``"chunked"``
+    (custom autograd function, default), ``"checkpoint"`` or ``"naive"`` (full logits).
+    Results are fp32 (fp64 for an fp64 model).
     """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     n_rows, width = completion_ids.shape
     if prompt_ids.shape[0] * group_size != n_rows:
         raise ValueError(
@@ -117,32 +315,44 @@ def completion_logprobs(
         else:
             hidden = last_prompt_hidden
 
+    if impl == "naive":
+        return _naive_logprobs_and_entropy(
+            hidden, completion_ids, completion_mask, lm_head, temperature, softcap
+        )
     # LM head + log-softmax only at unmasked completion positions, chunk by chunk.
     select = completion_mask.bool()
     rows_hidden = hidden[select]  # [M, H]
     targets = completion_ids[select]
-    logp_parts, entropy_parts = [], []
-    for begin in range(0, rows_hidden.shape[0], chunk_size):
-        h, y = rows_hidden[begin : begin + chunk_size], targets[begin : begin + chunk_size]
-        if torch.is_grad_enabled() and h.requires_grad:
-            logp, entropy = checkpoint(
-                _token_logprobs_and_entropy,
-                h,
-                y,
-                lm_head,
-                temperature,
-                softcap,
-                use_reentrant=False,
-            )
-        else:
-            logp, entropy = _token_logprobs_and_entropy(h, y, lm_head, temperature, softcap)
-        logp_parts.append(logp)
-        entropy_parts.append(entropy)
-    logprobs = hidden.new_zeros((n_rows, width), dtype=torch.float32)
-    entropies = torch.zeros((n_rows, width), dtype=torch.float32, device=hidden.device)
-    if logp_parts:
-        logprobs = logprobs.masked_scatter(select, torch.cat(logp_parts))
-        entropies = entropies.masked_scatter(select, torch.cat(entropy_parts).detach())
+    out_dtype = _math_dtype(hidden.dtype)
+    logprobs = hidden.new_zeros((n_rows, width), dtype=out_dtype)
+    entropies = hidden.new_zeros((n_rows, width), dtype=out_dtype)
+    if rows_hidden.shape[0] == 0:
+        return logprobs, entropies
+    if impl == "chunked" and _is_plain_linear(lm_head):
+        logp, entropy = ChunkedLMHeadLogprob.apply(
+            rows_hidden, targets, lm_head.weight, lm_head.bias, temperature, softcap, chunk_size
+        )
+    else:
+        logp_parts, entropy_parts = [], []
+        for begin in range(0, rows_hidden.shape[0], chunk_size):
+            h, y = rows_hidden[begin : begin + chunk_size], targets[begin : begin + chunk_size]
+            if torch.is_grad_enabled() and h.requires_grad:
+                logp, entropy = checkpoint(
+                    _token_logprobs_and_entropy,
+                    h,
+                    y,
+                    lm_head,
+                    temperature,
+                    softcap,
+                    use_reentrant=False,
+                )
+            else:
+                logp, entropy = _token_logprobs_and_entropy(h, y, lm_head, temperature, softcap)
+            logp_parts.append(logp)
+            entropy_parts.append(entropy)
+        logp, entropy = torch.cat(logp_parts), torch.cat(entropy_parts)
+    logprobs = logprobs.masked_scatter(select, logp.to(out_dtype))
+    entropies = entropies.masked_scatter(select, entropy.detach().to(out_dtype))
     return logprobs, entropies
 
 

@@ -308,6 +308,7 @@ class GRPOTrainer:
             temperature=self.args.temperature if self.args.temperature > 0 else 1.0,
             chunk_size=self.args.logprob_chunk_size,
             group_size=group_size,
+            impl=self.args.logprob_impl,
         )
 
     def _reference_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
