@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
+import io
 import json
 import math
 import os
@@ -29,15 +31,25 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from . import checkpoint as ckpt
 from .checkpoint import TrainingInterrupted, TrainingStopped
-from .config import GRPOConfig
+from .config import ConfigError, GRPOConfig
 from .core import group_advantages, group_reward_std, policy_loss, zero_std_groups_fraction
 from .curriculum import Curriculum
 from .data import tokenize_prompts
+from .distributed import (
+    LogprobModule,
+    all_gather_objects,
+    all_reduce_sum,
+    any_rank,
+    barrier,
+    init_distributed,
+    reduce_metrics,
+)
 from .loggers import RunLoggers
 from .logprobs import completion_logprobs
 from .models import load_model_and_tokenizer
@@ -91,6 +103,14 @@ class PromptSampler:
                 self.epoch += 1
             batch.append(self.order.pop(0))
         return batch
+
+    def _all_rank_rng_states(self) -> list[dict[str, Any]]:
+        """Every rank's RNG states (a collective under data parallel). They travel as
+        torch.save bytes: all_gather_object cannot carry tensors between CPU processes."""
+        buffer = io.BytesIO()
+        torch.save(ckpt.rng_state(self._generators()), buffer)
+        blobs = all_gather_objects(buffer.getvalue(), self.dist)
+        return [torch.load(io.BytesIO(blob), weights_only=True) for blob in blobs]
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -154,7 +174,15 @@ class GRPOTrainer:
     ) -> None:
         self.args = args = args or GRPOConfig()
         seed_everything(args.seed)
+        self.dist = init_distributed(args.device)
         self.device = resolve_device(args.device)
+        if self.device.type == "cuda" and self.dist.enabled:
+            self.device = torch.device("cuda", self.dist.local_rank)
+        if self.dist.enabled and (args.curriculum != "none" or args.algorithm != "grpo"):
+            raise ConfigError(
+                "torchrun data parallel supports algorithm=grpo without a curriculum for now "
+                f"(got algorithm={args.algorithm!r}, curriculum={args.curriculum!r})"
+            )
         self.dtype = resolve_dtype(args.dtype, self.device)
         model, tokenizer = load_model_and_tokenizer(model, processing_class, seed=args.seed)
         model = model.to(device=self.device, dtype=self.dtype)
@@ -235,7 +263,16 @@ class GRPOTrainer:
                 ),
             )
         self._uniform_groups = True
-        self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
+        # Each rank samples its own completions (the model and prompt order are shared).
+        self.generator = torch.Generator(device=self.device).manual_seed(args.seed + self.dist.rank)
+        # DDP wraps the training forward (completion log-probs) so gradients are averaged;
+        # constructing it broadcasts rank 0's parameters.
+        self.ddp_model: DistributedDataParallel | None = None
+        if self.dist.enabled:
+            self.ddp_model = DistributedDataParallel(
+                LogprobModule(self.model),
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            )
         self.sampling = SamplingParams(
             max_completion_length=args.max_completion_length,
             temperature=args.temperature,
@@ -299,8 +336,10 @@ class GRPOTrainer:
                 rollout.prompt_mask[index],
                 1,
             )
-        return completion_logprobs(
-            model,
+        # The policy's forward with gradients goes through DDP when data parallel.
+        use_ddp = self.ddp_model is not None and model is self.model and torch.is_grad_enabled()
+        forward = self.ddp_model if use_ddp else functools.partial(completion_logprobs, model)
+        return forward(
             prompt_ids,
             prompt_mask,
             rollout.completion_ids[rows],
@@ -310,6 +349,24 @@ class GRPOTrainer:
             group_size=group_size,
             impl=self.args.logprob_impl,
         )
+
+    def _global_batch_advantages(
+        self, rewards: torch.Tensor, group_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """scale_rewards=batch under data parallel: the std is over every rank's rewards."""
+        gathered = all_gather_objects((rewards.tolist(), group_ids.tolist()), self.dist)
+        all_rewards, all_ids, start = [], [], 0
+        offset = 0
+        for rank, (r, g) in enumerate(gathered):
+            if rank == self.dist.rank:
+                start = len(all_rewards)
+            all_rewards += r
+            all_ids += [offset + i for i in g]
+            offset += max(g, default=-1) + 1
+        advantages = group_advantages(
+            torch.tensor(all_rewards, dtype=rewards.dtype), torch.tensor(all_ids), scale="batch"
+        )
+        return advantages[start : start + len(rewards)]
 
     def _reference_logprobs(self, rollout: Rollout, rows: slice) -> torch.Tensor:
         """Log-probs under the frozen reference: the adapter-disabled model with LoRA, else the
@@ -336,7 +393,10 @@ class GRPOTrainer:
         """Generate, score and update once; returns this step's metrics."""
         args = self.args
         t_start = time.perf_counter()
-        indices = self.sampler.take(args.prompts_per_step)
+        # Every rank draws the global batch in the same order and keeps its own share.
+        share = args.prompts_per_step
+        indices = self.sampler.take(share * self.dist.world_size)
+        indices = indices[self.dist.rank * share : (self.dist.rank + 1) * share]
         rows = [self.train_dataset[i] for i in indices]
         prompt_ids = tokenize_prompts(
             [r["prompt"] for r in rows], self.tokenizer, args.max_prompt_length
@@ -361,7 +421,10 @@ class GRPOTrainer:
 
         rewards, per_func = self.score(rows, rollout)
         group_ids = rollout.group_ids.cpu()
-        raw_advantages = group_advantages(rewards, group_ids, scale=args.scale_rewards)
+        if self.dist.enabled and args.scale_rewards == "batch":
+            raw_advantages = self._global_batch_advantages(rewards, group_ids)
+        else:  # groups never straddle ranks, so group statistics are local
+            raw_advantages = group_advantages(rewards, group_ids, scale=args.scale_rewards)
         advantages = raw_advantages
         if self.curriculum is not None:
             # Curriculum interface 2: a per-sample advantage multiplier (Prompt-GDRO, eq. 16).
@@ -385,7 +448,9 @@ class GRPOTrainer:
 
         last_logps: list[torch.Tensor | None] = [None] * len(micro_batches)
         total_rows = mask.shape[0]
-        total_tokens = mask.sum().clamp(min=1)
+        # dapo normalises by the active tokens of the global batch (all ranks); the gradient
+        # average over ranks then divides by world size, which the weight below undoes.
+        total_tokens = all_reduce_sum(mask.sum(), self.dist).clamp(min=1)
         sums: dict[str, float] = {}
         entropy_sum = 0.0
         nonfinite = False
@@ -393,7 +458,13 @@ class GRPOTrainer:
         for _ in range(args.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for k, rows_k in enumerate(micro_batches):
-                with self._autocast():
+                # DDP all-reduces gradients on the last micro-batch only.
+                sync = self.ddp_model is None or k == len(micro_batches) - 1
+
+                def no_sync(sync: bool = sync) -> contextlib.AbstractContextManager:
+                    return contextlib.nullcontext() if sync else self.ddp_model.no_sync()
+
+                with no_sync(), self._autocast():
                     logps, entropy = self._logprobs(self.model, rollout, rows_k)
                 last_logps[k] = logps.detach()
                 mask_k = mask[rows_k]
@@ -415,24 +486,22 @@ class GRPOTrainer:
                 # Re-weight micro-batch losses so their sum is the loss of the whole batch:
                 # sequence-normalised losses by rows, token-normalised ones by tokens.
                 if args.loss_type == "dapo":
-                    weight = float(mask_k.sum().clamp(min=1) / total_tokens)
+                    weight = float(mask_k.sum() / total_tokens) * self.dist.world_size
                 elif args.loss_type == "bnpo":
                     weight = 1.0 / len(micro_batches)
                 else:
                     weight = (rows_k.stop - rows_k.start) / total_rows
-                if not torch.isfinite(loss):
-                    nonfinite = True
-                    break
-                (loss * weight).backward()
+                # A non-finite loss still goes through backward: its NaN gradients make every
+                # rank skip the update together (no rank may leave the all-reduce).
+                nonfinite |= not bool(torch.isfinite(loss))
+                with no_sync():
+                    (loss * weight).backward()
                 sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight / args.num_iterations
                 for key, value in metrics.items():
                     sums[key] = sums.get(key, 0.0) + value * weight / args.num_iterations
                 entropy_sum += float((entropy * mask_k).sum())
-            if not nonfinite:
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    self.model.parameters(), args.max_grad_norm
-                )
-                nonfinite = not bool(torch.isfinite(grad_norm))
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+            nonfinite = any_rank(nonfinite or not bool(torch.isfinite(grad_norm)), self.dist)
             if nonfinite:
                 # A NaN/inf loss or gradient: skip the update so the weights stay good; the
                 # trainer logs the event and stops after max_bad_steps in a row.
@@ -499,6 +568,7 @@ class GRPOTrainer:
             }
         )
         logs.update(curriculum_logs)
+        logs = reduce_metrics(logs, self.dist)
         if nonfinite:
             logs["nonfinite_step"] = 1.0
         self._last_batch = (rows, rollout.texts, rewards, per_func, advantages.cpu(), group_ids)
@@ -637,6 +707,8 @@ class GRPOTrainer:
     # ------------------------------------------------------------------------------------------
     def _log(self, logs: dict[str, float]) -> None:
         self.log_history.append(logs)
+        if not self.dist.is_main:  # under data parallel only rank 0 writes
+            return
         self.output_dir.mkdir(parents=True, exist_ok=True)
         path = self.output_dir / "metrics.jsonl"
         if not self._metrics_started:
@@ -655,12 +727,16 @@ class GRPOTrainer:
             self.loggers.log(logs, step=int(logs.get("step", self.global_step)))
 
     def _append_jsonl(self, name: str, record: dict[str, Any]) -> None:
+        if not self.dist.is_main:
+            return
         self.output_dir.mkdir(parents=True, exist_ok=True)
         with open(self.output_dir / name, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
 
     def _warn(self, step: int, kind: str, message: str) -> None:
         """A warning or note: console, events.jsonl (read by ``groupwise report``), loggers."""
+        if not self.dist.is_main:
+            return
         tqdm.write(
             f"[groupwise] {'note' if kind == 'info' else 'warning'} (step {step}): {message}"
         )
@@ -702,6 +778,8 @@ class GRPOTrainer:
         return [records[g] for g in sorted(records)]
 
     def _log_completions(self) -> None:
+        if not self.dist.is_main:
+            return
         records = self.completion_records(self.args.completions_sample_size)
         for record in records:
             self._append_jsonl("completions.jsonl", record)
@@ -719,6 +797,14 @@ class GRPOTrainer:
     def _generators(self) -> dict[str, torch.Generator]:
         return {"sampling": self.generator}
 
+    def _all_rank_rng_states(self) -> list[dict[str, Any]]:
+        """Every rank's RNG states (a collective under data parallel). They travel as
+        torch.save bytes: all_gather_object cannot carry tensors between CPU processes."""
+        buffer = io.BytesIO()
+        torch.save(ckpt.rng_state(self._generators()), buffer)
+        blobs = all_gather_objects(buffer.getvalue(), self.dist)
+        return [torch.load(io.BytesIO(blob), weights_only=True) for blob in blobs]
+
     def state_dict(self) -> dict[str, Any]:
         """Everything but the model weights that a step depends on or that was logged."""
         stats = {}
@@ -734,7 +820,8 @@ class GRPOTrainer:
             "config": self.args.to_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "rng": ckpt.rng_state(self._generators()),
+            # One entry per rank: each samples with its own generator.
+            "rng": self._all_rank_rng_states(),
             "sampler": self.sampler.state_dict(),
             "curriculum": ckpt.plain(self.curriculum.state_dict())
             if self.curriculum is not None
@@ -749,13 +836,18 @@ class GRPOTrainer:
     def save_checkpoint(self) -> Path:
         """Write ``checkpoint-<step>`` atomically and apply ``save_total_limit``."""
 
+        state = self.state_dict()  # a collective under data parallel: every rank calls it
+
         def write(folder: Path) -> None:
             self.model.save_pretrained(folder)
             self.tokenizer.save_pretrained(folder)
-            torch.save(self.state_dict(), folder / ckpt.STATE_FILE)
+            torch.save(state, folder / ckpt.STATE_FILE)
 
-        path = ckpt.write_checkpoint(self.output_dir, self.global_step, write)
-        ckpt.rotate_checkpoints(self.output_dir, self.args.save_total_limit)
+        path = self.output_dir / f"{ckpt.PREFIX}{self.global_step}"
+        if self.dist.is_main:
+            path = ckpt.write_checkpoint(self.output_dir, self.global_step, write)
+            ckpt.rotate_checkpoints(self.output_dir, self.args.save_total_limit)
+        barrier(self.dist)
         return path
 
     def _load_weights(self, path: Path) -> None:
@@ -817,14 +909,22 @@ class GRPOTrainer:
                 for key, value in saved.items():
                     setattr(current, key, value)
         self.load_extra_state_dict(state.get("extra", {}))
-        ckpt.set_rng_state(state["rng"], self._generators())
+        rng = state["rng"]
+        if len(rng) != self.dist.world_size:
+            raise ckpt.CheckpointError(
+                f"checkpoint {path} was written by {len(rng)} process(es); resume it with the "
+                f"same number (this run has {self.dist.world_size})"
+            )
+        ckpt.set_rng_state(rng[self.dist.rank], self._generators())
         self.global_step = int(state["global_step"])
         self.log_history = list(state["log_history"])
         # Rows that the interrupted run logged after this checkpoint would be logged again.
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        _write_jsonl_atomic(self.output_dir / "metrics.jsonl", self.log_history)
-        for name in ("events.jsonl", "completions.jsonl"):
-            _truncate_jsonl(self.output_dir / name, self.global_step)
+        if self.dist.is_main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            _write_jsonl_atomic(self.output_dir / "metrics.jsonl", self.log_history)
+            for name in ("events.jsonl", "completions.jsonl"):
+                _truncate_jsonl(self.output_dir / name, self.global_step)
+        barrier(self.dist)
         self._metrics_started = True
         tqdm.write(f"[groupwise] resumed from {path} at step {self.global_step}")
 
@@ -866,8 +966,9 @@ class GRPOTrainer:
         args = self.args
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._resume_if_asked()
-        args.to_yaml(self.output_dir / "config.yaml")
-        if self.loggers is None and args.report_to:
+        if self.dist.is_main:
+            args.to_yaml(self.output_dir / "config.yaml")
+        if self.loggers is None and args.report_to and self.dist.is_main:
             self.loggers = RunLoggers(
                 self.output_dir,
                 args.report_to,
@@ -885,7 +986,7 @@ class GRPOTrainer:
             if self.loggers is not None:
                 self.loggers.close()
                 self.loggers = None
-        if args.use_peft and args.save_merged_model:
+        if args.use_peft and args.save_merged_model and self.dist.is_main:
             merged = copy.deepcopy(self.model).merge_and_unload()
             merged.save_pretrained(self.output_dir / "merged")
             self.tokenizer.save_pretrained(self.output_dir / "merged")
@@ -899,7 +1000,7 @@ class GRPOTrainer:
             total=args.max_steps,
             initial=self.global_step,
             desc=args.algorithm.upper(),
-            disable=args.disable_tqdm,
+            disable=args.disable_tqdm or not self.dist.is_main,
             dynamic_ncols=True,
         )
         while self.global_step < args.max_steps:
@@ -933,19 +1034,22 @@ class GRPOTrainer:
                 self._log({"step": step, **self.evaluate()})
             if args.save_steps and step % args.save_steps == 0:
                 self.save_checkpoint()
-            if self._stop_signal is not None:
+            if any_rank(self._stop_signal is not None, self.dist):
                 bar.close()
                 path = self.save_checkpoint()
-                signum, self._stop_signal = self._stop_signal, None
+                signum, self._stop_signal = self._stop_signal or signal.SIGTERM, None
                 raise TrainingInterrupted(signum, path)
         bar.close()
         if self.eval_dataset is not None and (args.eval_on_start or args.eval_steps):
             if not (self.log_history and self.log_history[-1].get("step") == self.global_step
                     and "eval/reward" in self.log_history[-1]):  # fmt: skip
                 self._log({"step": self.global_step, **self.evaluate()})
-        if args.save_steps and not (self.output_dir / f"checkpoint-{self.global_step}").exists():
+        saved = (self.output_dir / f"checkpoint-{self.global_step}").exists()
+        if args.save_steps and any_rank(not saved, self.dist):
             self.save_checkpoint()
-        self.save_model(self.output_dir)
+        if self.dist.is_main:
+            self.save_model(self.output_dir)
+        barrier(self.dist)
 
     def _progress_postfix(self, logs: dict[str, float]) -> dict[str, str]:
         postfix = {

@@ -1,0 +1,119 @@
+"""Data parallelism over ``torch.distributed`` (``torchrun --nproc_per_node N -m groupwise train``).
+
+Each rank generates for its own share of the step's prompts, so a group never straddles two
+ranks and group statistics stay local (``scale_rewards: batch`` all-gathers the rewards for its
+batch std). Gradients are averaged by DistributedDataParallel; the loss weights are chosen so
+the average equals the single-process gradient of the global batch (token-normalised losses
+all-reduce the token count). Metrics are averaged across ranks; only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str) -> DistributedContext:
+    """Join the process group that torchrun describes in the environment (WORLD_SIZE > 1);
+    a plain ``python`` run is a world of one and touches nothing."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistributedContext()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if not dist.is_initialized():
+        cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+        if cuda:
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return DistributedContext(rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+def all_reduce_sum(value: torch.Tensor, ctx: DistributedContext) -> torch.Tensor:
+    if ctx.enabled:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
+def any_rank(flag: bool, ctx: DistributedContext) -> bool:
+    """True on every rank when ``flag`` is true on at least one (keeps ranks in lock-step)."""
+    if not ctx.enabled:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
+
+
+def all_gather_objects(value: Any, ctx: DistributedContext) -> list[Any]:
+    if not ctx.enabled:
+        return [value]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
+_MIN_KEYS = ("completions/min_length",)
+_MAX_KEYS = ("completions/max_length",)
+
+
+def reduce_metrics(logs: dict[str, float], ctx: DistributedContext) -> dict[str, float]:
+    """Average every numeric metric over ranks (min/max lengths take the min/max; "step" is
+    shared). Every rank logs the same keys in the same order."""
+    if not ctx.enabled:
+        return logs
+    keys = [k for k, v in logs.items() if k != "step" and isinstance(v, (int, float))]
+    values = torch.tensor([float(logs[k]) for k in keys], dtype=torch.float64)
+    means = values.clone()
+    dist.all_reduce(means, op=dist.ReduceOp.SUM)
+    means /= ctx.world_size
+    mins, maxs = values.clone(), values.clone()
+    dist.all_reduce(mins, op=dist.ReduceOp.MIN)
+    dist.all_reduce(maxs, op=dist.ReduceOp.MAX)
+    out = dict(logs)
+    for i, key in enumerate(keys):
+        if key in _MIN_KEYS:
+            out[key] = float(mins[i])
+        elif key in _MAX_KEYS:
+            out[key] = float(maxs[i])
+        else:
+            out[key] = float(means[i])
+    return out
+
+
+def barrier(ctx: DistributedContext) -> None:
+    if ctx.enabled:
+        dist.barrier()
+
+
+class LogprobModule(torch.nn.Module):
+    """The policy's training forward (completion log-probs) as one module call, so that
+    DistributedDataParallel sees it and synchronises the gradients of every parameter used."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        from .logprobs import completion_logprobs
+
+        return completion_logprobs(self.model, *args, **kwargs)

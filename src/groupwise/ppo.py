@@ -1,0 +1,612 @@
+"""PPO with a learned critic and GAE: the actor-critic baseline for GRPO comparisons.
+
+The same codebase as GRPO (rollout, reward scoring, reference model, optimizer, loop, logging,
+saving), so a GRPO vs PPO comparison differs only in the algorithm. One step (algorithms.md
+§3.6, verl core_algos.py; DeepSeekMath eqs. 1-2):
+
+    prompts -> generate num_generations completions each         (rollout.generate)
+            -> sequence rewards                                 (GRPOTrainer.score)
+            -> old log-probs, reference log-probs, old values   (no grad, once per batch)
+            -> token rewards  r_t = -beta (logp_t - logp_ref_t) + R * 1[t = last]
+            -> GAE advantages and returns, advantages whitened over the batch
+            -> num_iterations passes of: clipped policy surrogate + vf_coef * clipped value loss
+
+The critic is a separate model (a copy of the policy's decoder, or ``critic_model``'s) with a
+scalar value head, trained by its own AdamW. V(s_t) is read from the critic's hidden state at
+the position whose policy hidden state predicts completion token t.
+
+The math is in pure functions (:func:`token_rewards`, :func:`gae_advantages`,
+:func:`masked_whiten`, :func:`value_loss`, :func:`ppo_policy_loss`,
+:func:`explained_variance`); :class:`PPOTrainer` only wires them to models.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .config import GRPOConfig
+from .core import group_reward_std, masked_mean, policy_loss
+from .data import tokenize_prompts
+from .models import load_model_and_tokenizer
+from .rewards import RewardFunc
+from .rollout import Rollout, generate
+from .trainer import GRPOTrainer, _lr_lambda
+
+CRITIC_DIR = "critic"
+CRITIC_WEIGHTS = "model.safetensors"
+CRITIC_CONFIG = "critic_config.json"
+
+
+# ----------------------------------------------------------------------------------------------
+# The math: pure functions on [B, T] tensors (B completions, T completion positions).
+
+
+def token_rewards(
+    seq_rewards: Tensor,
+    logps_old: Tensor | None,
+    logps_ref: Tensor | None,
+    mask: Tensor,
+    beta: float,
+) -> Tensor:
+    """Per-token rewards [B, T] with the KL penalty inside the reward (algorithms.md §3.6):
+
+        r_t = -beta * (logp_old_t - logp_ref_t) + R * 1[t = last unmasked token]
+
+    ``logp_old`` are the sampling policy's log-probs (k1 estimate of the KL). With beta == 0 the
+    log-probs may be None. Masked positions get 0; a row with no unmasked token gets no reward.
+
+    Args:
+        seq_rewards: [B] sequence rewards R (must be finite).
+        logps_old, logps_ref: [B, T] log-probs of the sampled tokens, or None when beta == 0.
+        mask: [B, T] 1 for completion tokens, 0 for padding.
+        beta: KL coefficient (>= 0).
+    """
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    keep = mask.bool()
+    batch, length = keep.shape
+    rewards = torch.zeros((batch, length), dtype=torch.float32, device=keep.device)
+    if beta > 0:
+        if logps_old is None or logps_ref is None:
+            raise ValueError("beta > 0 needs logps_old and logps_ref")
+        kl = logps_old.float() - logps_ref.float()  # k1 per token
+        rewards = torch.where(keep, -beta * kl, 0.0)
+    if length == 0:
+        return rewards
+    # Index of the last unmasked token of each row (-1 when the row has none).
+    positions = torch.arange(length, device=keep.device).expand(batch, length)
+    last = torch.where(keep, positions, -1).amax(dim=1)
+    has_token = last >= 0
+    rows = torch.arange(batch, device=keep.device)[has_token]
+    rewards[rows, last[has_token]] += seq_rewards.to(rewards)[has_token]
+    return rewards
+
+
+def gae_advantages(
+    rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation by reverse recursion (algorithms.md §3.6):
+
+        delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)
+        A_t     = delta_t + gamma * lam * A_{t+1}
+        returns = A + V
+
+    Masked positions are skipped (as in verl): the "next" value and advantage are those of the
+    next unmasked position, and after the last unmasked token both are 0 (episode end). Values
+    and rewards at masked positions are ignored, even NaN; there A = returns = 0.
+
+    Args:
+        rewards: [B, T] token rewards (e.g. from :func:`token_rewards`).
+        values: [B, T] V(s_t), the critic's estimate before token t.
+        mask: [B, T] 1 for completion tokens.
+        gamma, lam: discount and GAE lambda in [0, 1].
+
+    Returns:
+        ``(advantages, returns)``, both [B, T] float32, no grad.
+    """
+    keep = mask.bool()
+    rewards, values = rewards.detach().float(), values.detach().float()
+    batch, length = rewards.shape
+    advantages = torch.zeros_like(rewards)
+    next_value = rewards.new_zeros(batch)  # V(s_{t+1}); 0 after the last token
+    next_adv = rewards.new_zeros(batch)  # A_{t+1}; 0 after the last token
+    for t in reversed(range(length)):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv = delta + gamma * lam * next_adv
+        m = keep[:, t]
+        advantages[:, t] = torch.where(m, adv, 0.0)
+        next_value = torch.where(m, values[:, t], next_value)
+        next_adv = torch.where(m, adv, next_adv)
+    returns = torch.where(keep, advantages + values, 0.0)
+    return advantages, returns
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """``(x - mean) / sqrt(var + eps)`` with mean and unbiased (Bessel) variance over the unmasked
+    entries only, as TRL's and verl's ``masked_whiten``; masked entries become 0."""
+    keep = mask.bool()
+    count = keep.sum()
+    mean = masked_mean(x, keep)
+    centered = torch.where(keep, x - mean, 0.0)
+    var = (centered**2).sum() / (count - 1).clamp(min=1)
+    return centered * torch.rsqrt(var + eps)
+
+
+def value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, cliprange_value: float
+) -> tuple[Tensor, Tensor]:
+    """Clipped value loss (algorithms.md §3.6, verl ``compute_value_loss``):
+
+        V_clip = clip(V, V_old - eps_v, V_old + eps_v)
+        L_V    = 0.5 * mean_t max((V - R)^2, (V_clip - R)^2)      over unmasked tokens
+
+    Returns ``(loss, clip_frac)``; clip_frac (no grad) is the fraction of unmasked tokens where
+    the clipped term is the larger one.
+    """
+    keep = mask.bool()
+    v_clipped = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
+    loss_unclipped = (values - returns) ** 2
+    loss_clipped = (v_clipped - returns) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(loss_unclipped, loss_clipped), keep)
+    clip_frac = masked_mean((loss_clipped > loss_unclipped).float(), keep).detach()
+    return loss, clip_frac
+
+
+def ppo_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO's clipped surrogate with token-level advantages, token-mean over unmasked tokens:
+
+        loss = mean_t -min(rho_t A_t, clip(rho_t, 1 - eps_low, 1 + eps_high) A_t)
+
+    ``core.policy_loss`` takes one advantage per sequence; broadcasting would give every token
+    the same A. So each token is passed to it as a sequence of length 1 ([B*T, 1] log-probs, [B*T]
+    advantages) with ``loss_type="dapo"`` (sum over tokens / number of tokens): exactly the
+    formula above, with GRPO's clip code and metrics. beta = 0: PPO's KL is in the reward;
+    ``ref_logprobs`` only feeds the logged k3 ``kl``.
+    """
+    flat = (-1, 1)
+    return policy_loss(
+        logprobs.reshape(flat),
+        old_logprobs.reshape(flat),
+        ref_logprobs.reshape(flat) if ref_logprobs is not None else None,
+        advantages.reshape(-1),
+        mask.reshape(flat),
+        loss_type="dapo",
+        epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high,
+        beta=0.0,
+    )
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """``1 - Var[R - V] / Var[R]`` over unmasked tokens (1: perfect critic, 0: no better than a
+    constant). 0.0 when the returns have no variance (below 1e-10)."""
+    keep = mask.bool()
+    if keep.sum() < 2:
+        return 0.0
+    r, v = returns[keep].float(), values[keep].float()
+    var_returns = r.var()
+    if var_returns <= 1e-10:  # constant returns (up to rounding): the ratio is meaningless
+        return 0.0
+    return float(1.0 - (r - v).var() / var_returns)
+
+
+# ----------------------------------------------------------------------------------------------
+# The critic.
+
+
+class ValueModel(nn.Module):
+    """A decoder backbone (no LM head) and a scalar value head on its last hidden state.
+
+    The head is initialised to zero, so V = 0 everywhere at the start (a neutral prior; the head
+    then learns first and the backbone follows once the head is non-zero). The head stays in
+    float32 whatever the backbone's dtype, so values are not rounded to bf16."""
+
+    def __init__(self, backbone: PreTrainedModel, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        """Values [N, L] (float32) at every position of ``input_ids``."""
+        hidden = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        ).last_hidden_state
+        with torch.autocast(device_type=hidden.device.type, enabled=False):  # head in float32
+            return self.head(hidden.float()).squeeze(-1)
+
+
+def build_value_model(policy: PreTrainedModel, critic_model: str | None, seed: int) -> ValueModel:
+    """A copy of the policy's decoder (critic_model None; with LoRA, of the merged weights), or
+    the decoder of ``critic_model`` (a built-in name or path; it must use the policy's tokenizer),
+    with a zero value head."""
+    if critic_model is None and hasattr(policy, "merge_and_unload"):
+        # A LoRA policy (peft): the critic is a plain, fully trained copy of the merged weights.
+        backbone = copy.deepcopy(policy).merge_and_unload().get_decoder()
+    elif critic_model is None:
+        backbone = copy.deepcopy(policy.get_decoder())
+    else:
+        backbone = load_model_and_tokenizer(critic_model, seed=seed)[0].get_decoder()
+        if backbone.config.vocab_size != policy.config.vocab_size:
+            raise ValueError(
+                f"critic_model {critic_model!r} has a vocabulary of {backbone.config.vocab_size} "
+                f"tokens, the policy {policy.config.vocab_size}: the critic must read the "
+                "policy's token ids (use a model with the same tokenizer)"
+            )
+    backbone.requires_grad_(True)
+    return ValueModel(backbone, backbone.config.hidden_size)
+
+
+def completion_values(
+    critic: ValueModel,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+) -> Tensor:
+    """V(s_t) [N, T]: the critic's value at the position whose hidden state predicts completion
+    token t, i.e. position ``prompt_len - 1 + t`` of prompt + completion. This mirrors
+    ``logprobs.completion_logprobs`` with group_size 1 (same attention mask and position ids),
+    so V(s_t) sees exactly the context of pi(o_t | ...). One prompt row per completion row."""
+    # Drop left-padding columns shared by every row (as completion_logprobs does).
+    used = prompt_mask.any(dim=0).nonzero()
+    start = int(used[0]) if used.numel() else 0
+    prompt_ids, prompt_mask = prompt_ids[:, start:], prompt_mask[:, start:]
+    prompt_len, width = prompt_ids.shape[1], completion_ids.shape[1]
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    values = critic(ids, mask, positions)
+    # The hidden state at position p predicts token p + 1: V(s_t) is at prompt_len - 1 + t.
+    return values[:, prompt_len - 1 : prompt_len - 1 + width]
+
+
+# ----------------------------------------------------------------------------------------------
+# The trainer.
+
+
+class PPOTrainer(GRPOTrainer):
+    """PPO (clipped surrogate, GAE, learned critic, KL penalty in the reward) on the GRPO code.
+
+    Same constructor as :class:`GRPOTrainer`. Options used: ``ppo_gamma``, ``ppo_lam``,
+    ``vf_coef``, ``cliprange_value``, ``whiten_advantages``, ``critic_model``,
+    ``critic_learning_rate``, ``beta`` (per-token KL penalty in the reward), ``epsilon`` /
+    ``epsilon_high`` (policy ratio clip), ``num_iterations`` (PPO epochs per batch),
+    ``num_generations`` (1 is allowed). Both the policy and the value loss are token means over
+    the batch. GRPO-only options (``loss_type``, ``scale_rewards``) are ignored.
+    """
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs: RewardFunc | str | Sequence[RewardFunc | str],
+        train_dataset: Sequence[dict[str, Any]],
+        args: GRPOConfig | None = None,
+        eval_dataset: Sequence[dict[str, Any]] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+    ) -> None:
+        args = args or GRPOConfig(algorithm="ppo")
+        if args.importance_sampling_level != "token":
+            raise ValueError("PPOTrainer needs importance_sampling_level='token'")
+        if args.curriculum != "none":
+            raise ValueError("the curriculum works with GRPO only")
+        super().__init__(model, reward_funcs, train_dataset, args, eval_dataset, processing_class)
+        self.critic = build_value_model(self.model, args.critic_model, args.seed)
+        self.critic.backbone.to(device=self.device, dtype=self.dtype)
+        self.critic.head.to(device=self.device, dtype=torch.float32)
+        if args.gradient_checkpointing:
+            self.critic.backbone.gradient_checkpointing_enable()
+            self.critic.backbone.config.use_cache = False
+        self.critic.train()
+        critic_lr = args.critic_learning_rate
+        self.critic_optimizer = torch.optim.AdamW(
+            self.critic.parameters(),
+            lr=critic_lr if critic_lr is not None else args.learning_rate,
+            betas=(args.adam_beta1, args.adam_beta2),
+            weight_decay=args.weight_decay,
+        )
+        self.critic_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.critic_optimizer, _lr_lambda(args, args.max_steps * args.num_iterations)
+        )
+
+    # ------------------------------------------------------------------------------------------
+    def _values(self, rollout: Rollout, rows: slice) -> Tensor:
+        """V(s_t) [n, T] for the completions ``rows`` of the rollout (with grad if enabled)."""
+        index = rollout.group_ids[rows]
+        return completion_values(
+            self.critic,
+            rollout.prompt_ids[index],
+            rollout.prompt_mask[index],
+            rollout.completion_ids[rows],
+            rollout.completion_mask[rows],
+        )
+
+    def train_step(self) -> dict[str, float]:
+        """Generate, score, estimate advantages with the critic and update policy and critic
+        ``num_iterations`` times; returns this step's metrics."""
+        args = self.args
+        t_start = time.perf_counter()
+        indices = self.sampler.take(args.prompts_per_step)
+        rows = [self.train_dataset[i] for i in indices]
+        prompt_ids = tokenize_prompts(
+            [r["prompt"] for r in rows], self.tokenizer, args.max_prompt_length
+        )
+        self._uniform_groups = True
+        with self._autocast():
+            rollout = generate(
+                self.model,
+                self.tokenizer,
+                prompt_ids,
+                args.num_generations,
+                self.sampling,
+                self.generator,
+            )
+        t_generated = time.perf_counter()
+        rewards, per_func = self.score(rows, rollout)
+        t_scored = time.perf_counter()
+
+        # Completions whose every reward function said None take no part in the update.
+        mask = rollout.completion_mask.float()
+        mask = mask * (~torch.isnan(rewards)).float().to(mask.device)[:, None]
+        if args.mask_truncated_completions:
+            mask = mask * (~rollout.truncated).float()[:, None]
+        micro_batches = self._micro_batches(mask.shape[0])
+
+        # 1. Rollout-time quantities, once, without grad: old log-probs (needed for the KL
+        # reward and for ratios after the first pass), reference log-probs and values.
+        need_old = args.num_iterations > 1 or args.beta > 0
+        old_logps: list[Tensor | None] = [None] * len(micro_batches)
+        ref_logps: list[Tensor | None] = [None] * len(micro_batches)
+        value_parts = []
+        with torch.no_grad(), self._autocast():
+            for k, rows_k in enumerate(micro_batches):
+                if need_old:
+                    old_logps[k] = self._logprobs(self.model, rollout, rows_k)[0]
+                if args.beta > 0:
+                    ref_logps[k] = self._reference_logprobs(rollout, rows_k)
+                value_parts.append(self._values(rollout, rows_k))
+        old_values = torch.cat(value_parts)
+
+        # 2. Token rewards (KL penalty inside), GAE, whitening over the whole batch.
+        seq_rewards = torch.nan_to_num(rewards, nan=0.0).to(self.device)
+        kl_on = args.beta > 0
+        scores = token_rewards(
+            seq_rewards,
+            torch.cat(old_logps) if kl_on else None,
+            torch.cat(ref_logps) if kl_on else None,
+            mask,
+            args.beta,
+        )
+        kl_rewards = scores - token_rewards(seq_rewards, None, None, mask, 0.0)  # -beta k1
+        advantages, returns = gae_advantages(scores, old_values, mask, args.ppo_gamma, args.ppo_lam)
+        raw_advantages = advantages
+        if args.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)
+
+        # 3. num_iterations passes; micro-batch losses weighted by their share of the batch's
+        # tokens, so the accumulated gradient is that of the token mean over the whole batch.
+        total_tokens = mask.sum().clamp(min=1)
+        epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        sums: dict[str, float] = {}
+        entropy_sum = 0.0
+        nonfinite = False
+        grad_norm = value_grad_norm = torch.tensor(0.0)
+        for _ in range(args.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.critic_optimizer.zero_grad(set_to_none=True)
+            for k, rows_k in enumerate(micro_batches):
+                mask_k = mask[rows_k]
+                weight = float(mask_k.sum() / total_tokens)
+                with self._autocast():
+                    logps, entropy = self._logprobs(self.model, rollout, rows_k)
+                    values = self._values(rollout, rows_k)
+                old_k = old_logps[k] if old_logps[k] is not None else logps.detach()
+                pg_loss, metrics = ppo_policy_loss(
+                    logps,
+                    old_k,
+                    ref_logps[k],
+                    advantages[rows_k],
+                    mask_k,
+                    epsilon_low=args.epsilon,
+                    epsilon_high=epsilon_high,
+                )
+                vf_loss, vf_clip = value_loss(
+                    values, old_values[rows_k], returns[rows_k], mask_k, args.cliprange_value
+                )
+                loss = pg_loss + args.vf_coef * vf_loss
+                if not torch.isfinite(loss):
+                    nonfinite = True
+                    break
+                # Policy and critic share no parameters: one backward serves both.
+                (loss * weight).backward()
+                scale = weight / args.num_iterations
+                metrics = {
+                    **metrics,
+                    "loss": pg_loss.item(),
+                    "value_loss": vf_loss.item(),
+                    "value_clip_frac": float(vf_clip),
+                }
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value * scale
+                entropy_sum += float((entropy * mask_k).sum())
+            if not nonfinite:
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), args.max_grad_norm
+                )
+                value_grad_norm = torch.nn.utils.clip_grad_norm_(
+                    self.critic.parameters(), args.max_grad_norm
+                )
+                nonfinite = not bool(torch.isfinite(grad_norm) & torch.isfinite(value_grad_norm))
+            if nonfinite:
+                # A NaN/inf loss or gradient: skip the update of both models (as GRPOTrainer
+                # does); the loop logs it and stops after max_bad_steps in a row.
+                self.optimizer.zero_grad(set_to_none=True)
+                self.critic_optimizer.zero_grad(set_to_none=True)
+                break
+            self.optimizer.step()
+            self.scheduler.step()
+            self.critic_optimizer.step()
+            self.critic_scheduler.step()
+        t_updated = time.perf_counter()
+        self.global_step += 1
+
+        # 4. Metrics: GRPOTrainer's keys where they apply, plus the critic's.
+        group_ids = rollout.group_ids.cpu()
+        lengths = rollout.lengths.float()
+        gen_tokens = int(rollout.completion_mask.sum())
+        step_time = t_updated - t_start
+        logs: dict[str, float] = {
+            "step": self.global_step,
+            "reward": float(torch.nanmean(rewards)) if not torch.isnan(rewards).all() else 0.0,
+        }
+        if args.num_generations > 1:
+            # Not frac_reward_zero_std: with a critic, equal rewards in a group do not make the
+            # advantages 0, so the monitor's "nothing is being learned" warning would be wrong.
+            logs["reward_std"] = float(torch.nanmean(group_reward_std(rewards, group_ids)))
+        logs.update(self._reward_function_logs(per_func))
+        logs.update(
+            {
+                "completions/mean_length": float(lengths.mean()),
+                "completions/min_length": float(lengths.min()),
+                "completions/max_length": float(lengths.max()),
+                "completions/clipped_ratio": float(rollout.truncated.float().mean()),
+                "loss": sums.get("loss", 0.0),
+                "kl": sums.get("kl", 0.0),
+                "clip_ratio/low_mean": sums.get("clip_ratio/low_mean", 0.0),
+                "clip_ratio/high_mean": sums.get("clip_ratio/high_mean", 0.0),
+                "clip_ratio/region_mean": sums.get("clip_ratio/region_mean", 0.0),
+                "entropy": entropy_sum / float(total_tokens) / args.num_iterations,
+                "grad_norm": float(grad_norm),
+                "learning_rate": self.scheduler.get_last_lr()[0],
+                "value_loss": sums.get("value_loss", 0.0),
+                "value_clip_frac": sums.get("value_clip_frac", 0.0),
+                "value_grad_norm": float(value_grad_norm),
+                "critic_learning_rate": self.critic_scheduler.get_last_lr()[0],
+                "explained_variance": explained_variance(old_values, returns, mask),
+                "values/mean": float(masked_mean(old_values, mask)),
+                "returns/mean": float(masked_mean(returns, mask)),
+                "advantages/mean_raw": float(masked_mean(raw_advantages, mask)),
+                "non_score_reward": float(kl_rewards.sum(1).mean()),
+                "time/generation": t_generated - t_start,
+                "time/scoring": t_scored - t_generated,
+                "time/update": t_updated - t_scored,
+                "time/step": step_time,
+                "tokens_per_second": gen_tokens / step_time,
+                "generation_tokens_per_second": gen_tokens / max(t_generated - t_start, 1e-9),
+            }
+        )
+        if nonfinite:
+            logs["nonfinite_step"] = 1.0
+        # For completions.jsonl: one advantage per completion, the mean of its token advantages.
+        row_advantages = masked_mean(advantages, mask, dim=1).cpu()
+        self._last_batch = (rows, rollout.texts, rewards, per_func, row_advantages, group_ids)
+        if args.log_completions:
+            self._last_samples = [
+                {"prompt": rows[g]["prompt"], "completion": text, "reward": float(r)}
+                for g, text, r in zip(
+                    group_ids.tolist(), rollout.texts, rewards.tolist(), strict=True
+                )
+            ]
+        return logs
+
+    def _reward_function_logs(self, per_func: Tensor) -> dict[str, float]:
+        """Per reward function: mean, std, fraction None, errors and the function's own counters
+        (the same keys as GRPOTrainer.train_step)."""
+        logs: dict[str, float] = {}
+        errors = self.scorer.error_summary()
+        for j, name in enumerate(self.reward_names):
+            column = per_func[:, j]
+            valid = column[~torch.isnan(column)]
+            logs[f"rewards/{name}/mean"] = float(valid.mean()) if valid.numel() else float("nan")
+            logs[f"rewards/{name}/std"] = float(valid.std()) if valid.numel() > 1 else 0.0
+            logs[f"rewards/{name}/frac_none"] = 1.0 - valid.numel() / max(column.numel(), 1)
+            logs[f"rewards/{name}/errors"] = errors[name]
+            stats = getattr(self.reward_funcs[j], "stats", None)
+            if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+                stats = dataclasses.asdict(stats)
+            if isinstance(stats, dict):
+                for key, value in stats.items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        logs[f"rewards/{name}/{key}"] = float(value)
+        return logs
+
+    # ------------------------------------------------------------------------------------------
+    # Checkpoint hooks and saving.
+
+    def extra_state_dict(self) -> dict[str, Any]:
+        """The critic's weights, optimizer and scheduler state, for the trainer checkpoint."""
+        base = getattr(super(), "extra_state_dict", None)
+        state = dict(base()) if base is not None else {}
+        state.update(
+            {
+                "critic": self.critic.state_dict(),
+                "critic_optimizer": self.critic_optimizer.state_dict(),
+                "critic_scheduler": self.critic_scheduler.state_dict(),
+            }
+        )
+        return state
+
+    def load_extra_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`extra_state_dict` returned."""
+        base = getattr(super(), "load_extra_state_dict", None)
+        if base is not None:
+            base(state)
+        self.critic.load_state_dict(state["critic"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        if "critic_scheduler" in state:
+            self.critic_scheduler.load_state_dict(state["critic_scheduler"])
+
+    def save_model(self, path: str | Path | None = None) -> Path:
+        """Save the policy and tokenizer (as GRPOTrainer does) and the critic under
+        ``<path>/critic/``: ``model.safetensors`` (the ValueModel state dict) and
+        ``critic_config.json``. :meth:`load_critic` reads them back."""
+        target = super().save_model(path)
+        folder = target / CRITIC_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".save-", dir=folder))
+        try:
+            tensors = {
+                k: v.detach().contiguous().cpu() for k, v in self.critic.state_dict().items()
+            }
+            save_file(tensors, tmp / CRITIC_WEIGHTS)
+            info = {
+                "critic_model": self.args.critic_model,
+                "hidden_size": self.critic.head.in_features,
+            }
+            (tmp / CRITIC_CONFIG).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+            for item in tmp.iterdir():
+                os.replace(item, folder / item.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+    def load_critic(self, path: str | Path) -> None:
+        """Load critic weights written by :meth:`save_model` (``path`` is the saved folder)."""
+        tensors = load_file(Path(path) / CRITIC_DIR / CRITIC_WEIGHTS, device=str(self.device))
+        self.critic.load_state_dict(tensors)
