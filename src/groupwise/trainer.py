@@ -529,22 +529,7 @@ class GRPOTrainer:
             "reward_std": float(torch.nanmean(group_reward_std(rewards, group_ids))),
             "frac_reward_zero_std": zero_std_groups_fraction(rewards, group_ids),
         }
-        errors = self.scorer.error_summary()
-        for j, name in enumerate(self.reward_names):
-            column = per_func[:, j]
-            valid = column[~torch.isnan(column)]
-            logs[f"rewards/{name}/mean"] = float(valid.mean()) if valid.numel() else float("nan")
-            logs[f"rewards/{name}/std"] = float(valid.std()) if valid.numel() > 1 else 0.0
-            logs[f"rewards/{name}/frac_none"] = 1.0 - valid.numel() / max(column.numel(), 1)
-            logs[f"rewards/{name}/errors"] = errors[name]
-            # Functions that keep their own counters (remote failures, sandbox timeouts, ...).
-            stats = getattr(self.reward_funcs[j], "stats", None)
-            if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
-                stats = dataclasses.asdict(stats)
-            if isinstance(stats, dict):
-                for key, value in stats.items():
-                    if isinstance(value, (int, float)) and not isinstance(value, bool):
-                        logs[f"rewards/{name}/{key}"] = float(value)
+        logs.update(self._reward_function_logs(per_func))
         logs.update(
             {
                 "completions/mean_length": float(lengths.mean()),
@@ -579,6 +564,27 @@ class GRPOTrainer:
                     group_ids.tolist(), rollout.texts, rewards.tolist(), strict=True
                 )
             ]
+        return logs
+
+    def _reward_function_logs(self, per_func: torch.Tensor) -> dict[str, float]:
+        """Per reward function: mean, std, fraction None, errors and the function's own counters
+        (remote failures, sandbox timeouts, ...)."""
+        logs: dict[str, float] = {}
+        errors = self.scorer.error_summary()
+        for j, name in enumerate(self.reward_names):
+            column = per_func[:, j]
+            valid = column[~torch.isnan(column)]
+            logs[f"rewards/{name}/mean"] = float(valid.mean()) if valid.numel() else float("nan")
+            logs[f"rewards/{name}/std"] = float(valid.std()) if valid.numel() > 1 else 0.0
+            logs[f"rewards/{name}/frac_none"] = 1.0 - valid.numel() / max(column.numel(), 1)
+            logs[f"rewards/{name}/errors"] = errors[name]
+            stats = getattr(self.reward_funcs[j], "stats", None)
+            if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+                stats = dataclasses.asdict(stats)
+            if isinstance(stats, dict):
+                for key, value in stats.items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        logs[f"rewards/{name}/{key}"] = float(value)
         return logs
 
     _CORRECTNESS_REWARDS = (
