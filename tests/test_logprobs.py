@@ -361,3 +361,42 @@ def test_heads_that_are_not_plain_linear_fall_back_to_the_module(tiny_model):
     assert not _is_plain_linear(Wrapped(4, 5))
     with pytest.raises(ValueError, match="impl"):
         completion_logprobs(tiny_model, *_batch(), group_size=3, impl="fused")
+
+
+class _Float32Head(torch.nn.Module):
+    """The model's own head, run in fp32 even under autocast (the naive reference below)."""
+
+    def __init__(self, head: torch.nn.Linear) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            return self.head(hidden.float())
+
+
+def test_bf16_autocast_head_is_consistent_between_passes(tiny_model):
+    # Under autocast the decoder runs in bf16 but the custom function runs the head in the
+    # weight's dtype in both passes, so its gradient is exactly that of the log-probs it
+    # returned: it matches autograd through the naive path with an fp32 head, same autocast.
+    prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
+    head = tiny_model.lm_head
+    grads, values = {}, {}
+    for impl in ("chunked", "naive"):
+        tiny_model.zero_grad()
+        if impl == "naive":
+            tiny_model.lm_head = _Float32Head(head)
+        try:
+            with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+                logp, _ = completion_logprobs(
+                    tiny_model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                    chunk_size=4, group_size=3, impl=impl,
+                )  # fmt: skip
+            (logp * completion_mask).sum().backward()
+        finally:
+            tiny_model.lm_head = head
+        values[impl] = logp.detach()
+        grads[impl] = {n: p.grad.clone() for n, p in tiny_model.named_parameters()}
+    torch.testing.assert_close(values["chunked"], values["naive"], atol=1e-5, rtol=1e-5)
+    for name, grad in grads["naive"].items():
+        torch.testing.assert_close(grads["chunked"][name], grad, atol=1e-5, rtol=1e-4, msg=name)

@@ -329,9 +329,14 @@ def completion_logprobs(
     if rows_hidden.shape[0] == 0:
         return logprobs, entropies
     if impl == "chunked" and _is_plain_linear(lm_head):
-        logp, entropy = ChunkedLMHeadLogprob.apply(
-            rows_hidden, targets, lm_head.weight, lm_head.bias, temperature, softcap, chunk_size
-        )
+        # Under autocast the head runs in the weight's dtype in both passes: the backward
+        # (outside autocast) recomputes exactly the logits the forward used.
+        weight = lm_head.weight
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            logp, entropy = ChunkedLMHeadLogprob.apply(
+                rows_hidden.to(weight.dtype), targets, weight, lm_head.bias, temperature,
+                softcap, chunk_size,
+            )  # fmt: skip
     else:
         logp_parts, entropy_parts = [], []
         for begin in range(0, rows_hidden.shape[0], chunk_size):
