@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint browser bench bench-curriculum clean
+.PHONY: setup demo test lint browser bench bench-memory bench-curriculum clean
 
 setup: $(VENV)/.installed
 
@@ -43,6 +43,11 @@ test: lint browser
 bench: setup
 	$(PY) benchmarks/logprobs_memory.py
 	$(PY) benchmarks/sampling_speed.py
+	$(PY) benchmarks/bf16_autocast.py
+
+# Peak memory of real runs: PPO vs GRPO, LoRA, naive log-probs, checkpointing (about 15 minutes).
+bench-memory: setup
+	$(PY) benchmarks/memory.py
 
 # Uniform GRPO vs Prompt-GDRO vs Rollout-GDRO, 3 seeds (about 10 minutes on 2 cores).
 bench-curriculum: setup
