@@ -128,6 +128,10 @@ class GRPOConfig:
     gradient_checkpointing: bool = False
     bf16_autocast: bool = False  # bf16 autocast for forward passes (weights stay in dtype)
     ref_model_offload: bool = False  # keep the reference model in CPU memory (GPU runs)
+    # torchrun runs (world size > 1): ddp (a full replica per rank, gradients all-reduced) |
+    # fsdp (FSDP2 fully_shard: parameters, gradients and optimizer state sharded per decoder
+    # layer; checkpoints still hold full weights). Ignored by a single process.
+    data_parallel: str = "ddp"
 
     # --- LoRA (peft) ------------------------------------------------------------------------
     use_peft: bool = False  # train a LoRA adapter; the reference is the adapter-disabled model
@@ -197,6 +201,7 @@ class GRPOConfig:
             "long_prompts": ("truncate", "skip", "error"),
             "algorithm": ("grpo", "ppo"),
             "logprob_impl": ("chunked", "naive"),
+            "data_parallel": ("ddp", "fsdp"),
         }
         for name, valid in choices.items():
             if getattr(self, name) not in valid and not (

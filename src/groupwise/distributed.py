@@ -5,11 +5,19 @@ ranks and group statistics stay local (``scale_rewards: batch`` all-gathers the 
 batch std). Gradients are averaged by DistributedDataParallel; the loss weights are chosen so
 the average equals the single-process gradient of the global batch (token-normalised losses
 all-reduce the token count). Metrics are averaged across ranks; only rank 0 writes files.
+
+``data_parallel: fsdp`` shards instead of replicating (FSDP2 ``fully_shard``): each decoder layer
+is one unit, and the :class:`LogprobModule` wrapper is the root, holding the embeddings, final
+norm and LM head, which its forward all-gathers. Generation and other no-grad forwards call the
+Hugging Face model directly, so they run inside :func:`fsdp_full_weights`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,3 +125,58 @@ class LogprobModule(torch.nn.Module):
         from .logprobs import completion_logprobs
 
         return completion_logprobs(self.model, *args, **kwargs)
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(
+            f"data_parallel=fsdp: cannot find the decoder layers of {type(model).__name__} "
+            "(expected model.get_decoder().layers)"
+        )
+    return list(layers)
+
+
+def shard_fsdp(model: torch.nn.Module, ctx: DistributedContext, device: torch.device) -> Any:
+    """FSDP2: ``fully_shard`` every decoder layer, then a :class:`LogprobModule` around ``model``
+    as the root (embeddings, final norm, LM head). ``model``'s parameters become DTensor shards
+    in place (build the optimizer afterwards). Returns the root wrapper."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    # Every rank starts from rank 0's weights, as DistributedDataParallel's broadcast does.
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        dist.broadcast(tensor.data, src=0)
+    mesh = init_device_mesh(device.type, (ctx.world_size,))
+    for layer in _decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    root = fully_shard(LogprobModule(model), mesh=mesh)
+    # The root is otherwise chosen lazily by the first FSDP module to run forward; generation
+    # (which bypasses the wrapper) would make a decoder layer its own root.
+    root._get_fsdp_state()._lazy_init()
+    return root
+
+
+@contextlib.contextmanager
+def fsdp_full_weights(root: Any) -> Iterator[None]:
+    """Every FSDP unit under ``root`` unsharded for the block (no-grad use only: generation,
+    evaluation, old/reference log-probs): the Hugging Face model can be called directly, and
+    layers are gathered once rather than on every decoding step. Resharded on exit, so the
+    optimizer's updates to the shards are what the next forward gathers."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in root.modules() if isinstance(m, FSDPModule)]
+    layers = [m for m in units if m is not root]
+    for unit in layers:
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        for unit in units:
+            unit.unshard()
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+        for unit in layers:
+            unit.set_reshard_after_forward(True, recurse=False)

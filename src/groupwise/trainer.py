@@ -47,8 +47,10 @@ from .distributed import (
     all_reduce_sum,
     any_rank,
     barrier,
+    fsdp_full_weights,
     init_distributed,
     reduce_metrics,
+    shard_fsdp,
 )
 from .loggers import RunLoggers
 from .logprobs import completion_logprobs
@@ -183,6 +185,10 @@ class GRPOTrainer:
                 "torchrun data parallel supports algorithm=grpo without a curriculum for now "
                 f"(got algorithm={args.algorithm!r}, curriculum={args.curriculum!r})"
             )
+        # data_parallel only means something under torchrun; a single process ignores it.
+        self._fsdp = self.dist.enabled and args.data_parallel == "fsdp"
+        if self._fsdp and args.use_peft:
+            raise ConfigError("fsdp with use_peft is not supported yet (use data_parallel=ddp)")
         self.dtype = resolve_dtype(args.dtype, self.device)
         model, tokenizer = load_model_and_tokenizer(model, processing_class, seed=args.seed)
         model = model.to(device=self.device, dtype=self.dtype)
@@ -222,6 +228,20 @@ class GRPOTrainer:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
             if args.ref_model_offload:
                 self.ref_model.to("cpu")
+
+        # DDP wraps the training forward (completion log-probs) so gradients are averaged;
+        # constructing it broadcasts rank 0's parameters. FSDP shards the model in place (its
+        # parameters become DTensor shards), so the optimizer is built afterwards, on the shards.
+        self.ddp_model: DistributedDataParallel | None = None
+        self.fsdp_model: Any = None  # the FSDP root: LogprobModule(self.model)
+        self._full_weights_depth = 0
+        if self._fsdp:
+            self.fsdp_model = shard_fsdp(self.model, self.dist, self.device)
+        elif self.dist.enabled:
+            self.ddp_model = DistributedDataParallel(
+                LogprobModule(self.model),
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            )
 
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -265,14 +285,6 @@ class GRPOTrainer:
         self._uniform_groups = True
         # Each rank samples its own completions (the model and prompt order are shared).
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed + self.dist.rank)
-        # DDP wraps the training forward (completion log-probs) so gradients are averaged;
-        # constructing it broadcasts rank 0's parameters.
-        self.ddp_model: DistributedDataParallel | None = None
-        if self.dist.enabled:
-            self.ddp_model = DistributedDataParallel(
-                LogprobModule(self.model),
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            )
         self.sampling = SamplingParams(
             max_completion_length=args.max_completion_length,
             temperature=args.temperature,
@@ -309,6 +321,24 @@ class GRPOTrainer:
         rewards [N, F] (NaN for None). Dataset columns reach the functions by name, as in TRL."""
         return score_rollout(self.scorer, rows, rollout)
 
+    @contextlib.contextmanager
+    def _full_weights(self) -> Any:
+        """Under FSDP, the policy's full weights for no-grad calls of the Hugging Face model
+        (generation, evaluation, old log-probs); a no-op otherwise. Re-entrant."""
+        if self.fsdp_model is None or self._full_weights_depth > 0:
+            self._full_weights_depth += 1
+            try:
+                yield
+            finally:
+                self._full_weights_depth -= 1
+            return
+        self._full_weights_depth += 1
+        try:
+            with fsdp_full_weights(self.fsdp_model):
+                yield
+        finally:
+            self._full_weights_depth -= 1
+
     # ------------------------------------------------------------------------------------------
     def _logprobs(
         self, model: PreTrainedModel, rollout: Rollout, rows: slice
@@ -336,19 +366,31 @@ class GRPOTrainer:
                 rollout.prompt_mask[index],
                 1,
             )
-        # The policy's forward with gradients goes through DDP when data parallel.
-        use_ddp = self.ddp_model is not None and model is self.model and torch.is_grad_enabled()
-        forward = self.ddp_model if use_ddp else functools.partial(completion_logprobs, model)
-        return forward(
-            prompt_ids,
-            prompt_mask,
-            rollout.completion_ids[rows],
-            rollout.completion_mask[rows],
-            temperature=self.args.temperature if self.args.temperature > 0 else 1.0,
-            chunk_size=self.args.logprob_chunk_size,
-            group_size=group_size,
-            impl=self.args.logprob_impl,
+        # The policy's forward with gradients goes through the DDP / FSDP wrapper when data
+        # parallel; without gradients, FSDP gathers the full weights around the plain call.
+        policy_grad = model is self.model and torch.is_grad_enabled()
+        wrapper = self.ddp_model or self.fsdp_model
+        forward = (
+            wrapper
+            if policy_grad and wrapper is not None
+            else functools.partial(completion_logprobs, model)
         )
+        gather = (
+            self._full_weights()
+            if model is self.model and not policy_grad
+            else contextlib.nullcontext()
+        )
+        with gather:
+            return forward(
+                prompt_ids,
+                prompt_mask,
+                rollout.completion_ids[rows],
+                rollout.completion_mask[rows],
+                temperature=self.args.temperature if self.args.temperature > 0 else 1.0,
+                chunk_size=self.args.logprob_chunk_size,
+                group_size=group_size,
+                impl=self.args.logprob_impl,
+            )
 
     def _global_batch_advantages(
         self, rewards: torch.Tensor, group_ids: torch.Tensor
@@ -408,7 +450,7 @@ class GRPOTrainer:
             else (None, [args.num_generations] * len(rows))
         )
         self._uniform_groups = all(c == args.num_generations for c in counts)
-        with self._autocast():
+        with self._autocast(), self._full_weights():
             rollout = generate(
                 self.model,
                 self.tokenizer,
@@ -458,11 +500,15 @@ class GRPOTrainer:
         for _ in range(args.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for k, rows_k in enumerate(micro_batches):
-                # DDP all-reduces gradients on the last micro-batch only.
-                sync = self.ddp_model is None or k == len(micro_batches) - 1
+                # DDP all-reduces (FSDP reduce-scatters) gradients on the last micro-batch only.
+                sync = k == len(micro_batches) - 1
+                if self.fsdp_model is not None:
+                    self.fsdp_model.set_requires_gradient_sync(sync)
 
                 def no_sync(sync: bool = sync) -> contextlib.AbstractContextManager:
-                    return contextlib.nullcontext() if sync else self.ddp_model.no_sync()
+                    if self.ddp_model is None or sync:
+                        return contextlib.nullcontext()
+                    return self.ddp_model.no_sync()
 
                 with no_sync(), self._autocast():
                     logps, entropy = self._logprobs(self.model, rollout, rows_k)
@@ -501,6 +547,8 @@ class GRPOTrainer:
                     sums[key] = sums.get(key, 0.0) + value * weight / args.num_iterations
                 entropy_sum += float((entropy * mask_k).sum())
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+            if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor (a partial norm per rank)
+                grad_norm = grad_norm.full_tensor()
             nonfinite = any_rank(nonfinite or not bool(torch.isfinite(grad_norm)), self.dist)
             if nonfinite:
                 # A NaN/inf loss or gradient: skip the update so the weights stay good; the
@@ -645,6 +693,12 @@ class GRPOTrainer:
     ) -> dict[str, float]:
         """Mean of every reward function over ``dataset`` (default: eval_dataset), one greedy
         completion per prompt (or one sample at the training temperature)."""
+        with self._full_weights():  # FSDP: generation calls the unwrapped model
+            return self._evaluate(dataset, batch_size, greedy)
+
+    def _evaluate(
+        self, dataset: Sequence[dict[str, Any]] | None, batch_size: int, greedy: bool
+    ) -> dict[str, float]:
         dataset = dataset if dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("evaluate() needs a dataset: pass one or give eval_dataset")
@@ -824,7 +878,7 @@ class GRPOTrainer:
             "format": 1,
             "global_step": self.global_step,
             "config": self.args.to_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self._optimizer_state_dict(),
             "scheduler": self.scheduler.state_dict(),
             # One entry per rank: each samples with its own generator.
             "rng": self._all_rank_rng_states(),
@@ -839,13 +893,52 @@ class GRPOTrainer:
             "extra": self.extra_state_dict(),
         }
 
+    def _optimizer_state_dict(self) -> dict[str, Any]:
+        """The optimizer state; under FSDP the full (unsharded) state keyed by parameter name,
+        gathered to rank 0 (a collective; other ranks get an empty dict)."""
+        if self.fsdp_model is None:
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(self.model, self.optimizer, options=options)
+
+    def _full_model_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Under FSDP the full model weights on rank 0, in CPU memory (a collective: every rank
+        calls it; the others get an empty dict); None without FSDP (save_pretrained reads the
+        model itself)."""
+        if self.fsdp_model is None:
+            return None
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(self.model, options=options)
+        # Tied weights (the LM head) come back as separate copies; save_pretrained would keep
+        # both. Drop the duplicates, as a plain save_pretrained does.
+        for name, _ in _tied_parameter_names(self.model):
+            weights.pop(name, None)
+        return weights
+
+    def _save_pretrained(self, folder: Path, weights: dict[str, torch.Tensor] | None) -> None:
+        if weights is None:
+            self.model.save_pretrained(folder)
+        else:
+            self.model.save_pretrained(folder, state_dict=weights)
+
     def save_checkpoint(self) -> Path:
         """Write ``checkpoint-<step>`` atomically and apply ``save_total_limit``."""
 
         state = self.state_dict()  # a collective under data parallel: every rank calls it
+        weights = self._full_model_state_dict()  # FSDP: a collective too
 
         def write(folder: Path) -> None:
-            self.model.save_pretrained(folder)
+            self._save_pretrained(folder, weights)
             self.tokenizer.save_pretrained(folder)
             torch.save(state, folder / ckpt.STATE_FILE)
 
@@ -878,7 +971,17 @@ class GRPOTrainer:
         weights: dict[str, torch.Tensor] = {}
         for file in files:
             weights.update(load_file(file))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        if self.fsdp_model is not None:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+            )
+
+            # Every rank read the full weights; each keeps its own shards.
+            options = StateDictOptions(full_state_dict=True, strict=False)
+            missing, unexpected = set_model_state_dict(self.model, weights, options=options)
+        else:
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
         tied = {name for name, _ in _tied_parameter_names(self.model)}
         missing = [m for m in missing if m not in tied]
         if missing or unexpected:
@@ -886,6 +989,19 @@ class GRPOTrainer:
                 f"checkpoint {path}: weights do not match the model (missing {missing[:3]}, "
                 f"unexpected {unexpected[:3]})"
             )
+
+    def _load_optimizer_state_dict(self, state: dict[str, Any]) -> None:
+        if self.fsdp_model is None:
+            self.optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        # Every rank read the full state (keyed by parameter name); each keeps its own shards.
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore the state saved by :meth:`save_checkpoint`, refusing a checkpoint whose config
@@ -895,7 +1011,7 @@ class GRPOTrainer:
         state = torch.load(path / ckpt.STATE_FILE, map_location="cpu", weights_only=True)
         ckpt.check_resume_config(state["config"], self.args.to_dict(), path)
         self._load_weights(path)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_optimizer_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         if self.curriculum is not None and state.get("curriculum") is not None:
@@ -1053,7 +1169,7 @@ class GRPOTrainer:
         saved = (self.output_dir / f"checkpoint-{self.global_step}").exists()
         if args.save_steps and any_rank(not saved, self.dist):
             self.save_checkpoint()
-        if self.dist.is_main:
+        if self.dist.is_main or self.fsdp_model is not None:  # FSDP: gathering is collective
             self.save_model(self.output_dir)
         barrier(self.dist)
 
@@ -1073,12 +1189,17 @@ class GRPOTrainer:
         LoRA the adapter, ``PeftModel.from_pretrained``-loadable).
 
         Files are written into a temporary folder first and then moved into place one by one
-        (``os.replace`` is atomic), so a crash never leaves a truncated weights file."""
+        (``os.replace`` is atomic), so a crash never leaves a truncated weights file.
+
+        Under FSDP every rank must call it (the full weights are gathered); rank 0 writes."""
         target = Path(path) if path is not None else self.output_dir
+        weights = self._full_model_state_dict()
+        if not self.dist.is_main and self.fsdp_model is not None:
+            return target
         target.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".save-", dir=target))
         try:
-            self.model.save_pretrained(tmp)
+            self._save_pretrained(tmp, weights)
             self.tokenizer.save_pretrained(tmp)
             for item in tmp.iterdir():
                 os.replace(item, target / item.name)
