@@ -280,3 +280,11 @@ def test_resume_with_curriculum_is_exact(tmp_path, curriculum):
     a = [_without_timing(r) for r in full.log_history]
     assert a == [_without_timing(r) for r in rest.log_history]
     assert any(k.startswith("curriculum/") for k in a[-1])
+
+
+def test_option_added_after_the_checkpoint_counts_as_its_default():
+    saved = GRPOConfig().to_dict()
+    del saved["data_parallel"]  # a checkpoint written before the option existed
+    assert ckpt.config_differences(saved, GRPOConfig().to_dict()) == []
+    changed = GRPOConfig(data_parallel="fsdp").to_dict()
+    assert ckpt.config_differences(saved, changed) == ["data_parallel: 'ddp' -> 'fsdp'"]

@@ -250,7 +250,12 @@ def plain(value: Any) -> Any:
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Options whose value differs and that would change the training trajectory."""
+    """Options whose value differs and that would change the training trajectory. An option
+    the checkpoint predates counts as its default (what that run used)."""
+    from .config import GRPOConfig
+
+    defaults = GRPOConfig().to_dict()
+    saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
     diffs = []
     for name in sorted(set(saved) | set(current)):
         if name in RESUME_SAFE_FIELDS:
