@@ -477,9 +477,6 @@ class PPOTrainer(GRPOTrainer):
 
         # 4. Metrics: GRPOTrainer's keys where they apply, plus the critic's.
         group_ids = rollout.group_ids.cpu()
-        lengths = rollout.lengths.float()
-        gen_tokens = int(rollout.completion_mask.sum())
-        step_time = t_updated - t_start
         logs: dict[str, float] = {
             "step": self.global_step,
             "reward": float(torch.nanmean(rewards)) if not torch.isnan(rewards).all() else 0.0,
@@ -490,19 +487,13 @@ class PPOTrainer(GRPOTrainer):
             logs["reward_std"] = float(torch.nanmean(group_reward_std(rewards, group_ids)))
         logs.update(self._reward_function_logs(per_func))
         logs.update(
+            self._update_logs(
+                rollout, sums, entropy_sum / float(total_tokens) / args.num_iterations,
+                grad_norm, (t_start, t_generated, t_scored, t_updated),
+            )
+        )  # fmt: skip
+        logs.update(
             {
-                "completions/mean_length": float(lengths.mean()),
-                "completions/min_length": float(lengths.min()),
-                "completions/max_length": float(lengths.max()),
-                "completions/clipped_ratio": float(rollout.truncated.float().mean()),
-                "loss": sums.get("loss", 0.0),
-                "kl": sums.get("kl", 0.0),
-                "clip_ratio/low_mean": sums.get("clip_ratio/low_mean", 0.0),
-                "clip_ratio/high_mean": sums.get("clip_ratio/high_mean", 0.0),
-                "clip_ratio/region_mean": sums.get("clip_ratio/region_mean", 0.0),
-                "entropy": entropy_sum / float(total_tokens) / args.num_iterations,
-                "grad_norm": float(grad_norm),
-                "learning_rate": self.scheduler.get_last_lr()[0],
                 "value_loss": sums.get("value_loss", 0.0),
                 "value_clip_frac": sums.get("value_clip_frac", 0.0),
                 "value_grad_norm": float(value_grad_norm),
@@ -512,26 +503,13 @@ class PPOTrainer(GRPOTrainer):
                 "returns/mean": float(masked_mean(returns, mask)),
                 "advantages/mean_raw": float(masked_mean(raw_advantages, mask)),
                 "non_score_reward": float(kl_rewards.sum(1).mean()),
-                "time/generation": t_generated - t_start,
-                "time/scoring": t_scored - t_generated,
-                "time/update": t_updated - t_scored,
-                "time/step": step_time,
-                "tokens_per_second": gen_tokens / step_time,
-                "generation_tokens_per_second": gen_tokens / max(t_generated - t_start, 1e-9),
             }
         )
         if nonfinite:
             logs["nonfinite_step"] = 1.0
         # For completions.jsonl: one advantage per completion, the mean of its token advantages.
         row_advantages = masked_mean(advantages, mask, dim=1).cpu()
-        self._last_batch = (rows, rollout.texts, rewards, per_func, row_advantages, group_ids)
-        if args.log_completions:
-            self._last_samples = [
-                {"prompt": rows[g]["prompt"], "completion": text, "reward": float(r)}
-                for g, text, r in zip(
-                    group_ids.tolist(), rollout.texts, rewards.tolist(), strict=True
-                )
-            ]
+        self._keep_batch(rows, rollout, rewards, per_func, row_advantages, group_ids)
         return logs
 
     # ------------------------------------------------------------------------------------------

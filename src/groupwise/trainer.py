@@ -568,9 +568,6 @@ class GRPOTrainer:
             else {}
         )  # fmt: skip
 
-        lengths = rollout.lengths.float()
-        gen_tokens = int(rollout.completion_mask.sum())
-        step_time = t_updated - t_start
         logs = {
             "step": self.global_step,
             "reward": float(torch.nanmean(rewards)) if not torch.isnan(rewards).all() else 0.0,
@@ -579,40 +576,63 @@ class GRPOTrainer:
         }
         logs.update(self._reward_function_logs(per_func))
         logs.update(
-            {
-                "completions/mean_length": float(lengths.mean()),
-                "completions/min_length": float(lengths.min()),
-                "completions/max_length": float(lengths.max()),
-                "completions/clipped_ratio": float(rollout.truncated.float().mean()),
-                "loss": sums.get("loss", 0.0),
-                "kl": sums.get("kl", 0.0),
-                "clip_ratio/low_mean": sums.get("clip_ratio/low_mean", 0.0),
-                "clip_ratio/high_mean": sums.get("clip_ratio/high_mean", 0.0),
-                "clip_ratio/region_mean": sums.get("clip_ratio/region_mean", 0.0),
-                "entropy": entropy_sum / float(total_tokens) / args.num_iterations,
-                "grad_norm": float(grad_norm),
-                "learning_rate": self.scheduler.get_last_lr()[0],
-                "time/generation": t_generated - t_start,
-                "time/scoring": t_scored - t_generated,
-                "time/update": t_updated - t_scored,
-                "time/step": step_time,
-                "tokens_per_second": gen_tokens / step_time,
-                "generation_tokens_per_second": gen_tokens / max(t_generated - t_start, 1e-9),
-            }
-        )
+            self._update_logs(
+                rollout, sums, entropy_sum / float(total_tokens) / args.num_iterations,
+                grad_norm, (t_start, t_generated, t_scored, t_updated),
+            )
+        )  # fmt: skip
         logs.update(curriculum_logs)
         logs = reduce_metrics(logs, self.dist)
         if nonfinite:
             logs["nonfinite_step"] = 1.0
-        self._last_batch = (rows, rollout.texts, rewards, per_func, advantages.cpu(), group_ids)
-        if args.log_completions:
+        self._keep_batch(rows, rollout, rewards, per_func, advantages.cpu(), group_ids)
+        return logs
+
+    def _update_logs(
+        self,
+        rollout: Rollout,
+        sums: dict[str, float],
+        entropy: float,
+        grad_norm: torch.Tensor,
+        times: tuple[float, float, float, float],
+    ) -> dict[str, float]:
+        """Completion lengths, loss terms, optimisation and timing metrics of a step (shared by
+        GRPO and PPO). times: start, generated, scored, updated (perf_counter seconds)."""
+        t_start, t_generated, t_scored, t_updated = times
+        lengths = rollout.lengths.float()
+        gen_tokens = int(rollout.completion_mask.sum())
+        step_time = t_updated - t_start
+        return {
+            "completions/mean_length": float(lengths.mean()),
+            "completions/min_length": float(lengths.min()),
+            "completions/max_length": float(lengths.max()),
+            "completions/clipped_ratio": float(rollout.truncated.float().mean()),
+            "loss": sums.get("loss", 0.0),
+            "kl": sums.get("kl", 0.0),
+            "clip_ratio/low_mean": sums.get("clip_ratio/low_mean", 0.0),
+            "clip_ratio/high_mean": sums.get("clip_ratio/high_mean", 0.0),
+            "clip_ratio/region_mean": sums.get("clip_ratio/region_mean", 0.0),
+            "entropy": entropy,
+            "grad_norm": float(grad_norm),
+            "learning_rate": self.scheduler.get_last_lr()[0],
+            "time/generation": t_generated - t_start,
+            "time/scoring": t_scored - t_generated,
+            "time/update": t_updated - t_scored,
+            "time/step": step_time,
+            "tokens_per_second": gen_tokens / step_time,
+            "generation_tokens_per_second": gen_tokens / max(t_generated - t_start, 1e-9),
+        }
+
+    def _keep_batch(self, rows, rollout, rewards, per_func, advantages, group_ids) -> None:
+        """The last step's batch, for completions.jsonl (one advantage per completion)."""
+        self._last_batch = (rows, rollout.texts, rewards, per_func, advantages, group_ids)
+        if self.args.log_completions:
             self._last_samples = [
                 {"prompt": rows[g]["prompt"], "completion": text, "reward": float(r)}
                 for g, text, r in zip(
                     group_ids.tolist(), rollout.texts, rewards.tolist(), strict=True
                 )
             ]
-        return logs
 
     def _reward_function_logs(self, per_func: torch.Tensor) -> dict[str, float]:
         """Per reward function: mean, std, fraction None, errors and the function's own counters
