@@ -9,8 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from groupwise import GRPOConfig, GRPOTrainer
+from groupwise.logprobs import completion_logprobs
 from groupwise.rewards.combine import RewardFunctionError
-from groupwise.trainer import _lr_lambda
+from groupwise.rollout import Rollout
+from groupwise.trainer import _lr_lambda, micro_batch_rows, scatter_rows, whole_groups
 
 ROWS = [{"prompt": f"Say something number {i}", "tag": i} for i in range(16)]
 
@@ -113,25 +115,102 @@ def test_multiple_iterations_use_old_logprobs(tmp_path):
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
 def test_micro_batches_give_same_update_as_one_batch(tmp_path, loss_type):
-    # Micro-batches of 4 rows (shared prompt) or 2 rows (per-row prompts) accumulate the same
-    # gradient as one batch of 8 rows: grpo/dr_grpo weigh micro-batches by rows, dapo by tokens.
+    # Micro-batches of 4 rows (shared prompt) or 2 rows (per-row prompts), length-sorted or in
+    # rollout order, accumulate the same gradient as one batch of 8 rows: grpo/dr_grpo weigh
+    # micro-batches by rows, dapo by tokens. EOS is the most likely token about a third of the
+    # time (bias on the LM head), so completions have different lengths and sorting matters.
     grads = []
-    for micro, accum in ((8, 1), (4, 2), (2, 4)):
+    for micro, accum, by_length in ((8, 1, True), (4, 2, True), (2, 4, True), (2, 4, False)):
         args = _config(
             tmp_path,
             per_device_train_batch_size=micro,
             gradient_accumulation_steps=accum,
+            group_by_length=by_length,
             max_steps=1,
             learning_rate=1e-3,
             max_grad_norm=1e9,
             loss_type=loss_type,
         )
         trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
-        trainer.train()
+        _favour_eos(trainer.model, trainer.tokenizer.eos_token_id)
+        log = trainer.train()[-1]
+        # The test needs completions of different lengths.
+        assert log["completions/min_length"] < log["completions/max_length"], log
         grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
-    assert grads[0].abs().max() > 0
-    torch.testing.assert_close(grads[1], grads[0], atol=1e-7, rtol=1e-4)
-    torch.testing.assert_close(grads[2], grads[0], atol=1e-7, rtol=1e-4)
+    scale = grads[0].abs().max()
+    assert scale > 0
+    for other in grads[1:]:
+        # fp32 summation order differs (micro-batch shapes, trimmed widths): ~1e-6 of the scale.
+        assert (other - grads[0]).abs().max() <= 1e-5 * scale
+
+
+def _favour_eos(model, eos_id: int) -> None:
+    with torch.no_grad():
+        head = model.get_output_embeddings()
+        head.weight[eos_id] = head.weight.mean(dim=0)
+        if head.bias is None:
+            head.bias = torch.nn.Parameter(torch.zeros(head.weight.shape[0]))
+        head.bias[eos_id] = 10.0  # exp(10) ~ half the summed mass of 49k near-zero logits
+
+
+def test_micro_batch_rows_sorts_whole_groups_longest_first():
+    # 3 groups of 2: group lengths (max) 3, 5, 4 -> order 1, 2, 0; micro-batches of 4 rows.
+    lengths = torch.tensor([3, 1, 2, 5, 4, 4])
+    batches = micro_batch_rows(lengths, 4, group_size=2)
+    assert [b.tolist() for b in batches] == [[2, 3, 4, 5], [0, 1]]
+    # Rows one by one when the micro-batch does not hold whole groups (stable for ties).
+    batches = micro_batch_rows(lengths, 3, group_size=2)
+    assert [b.tolist() for b in batches] == [[3, 4, 5], [0, 2, 1]]
+    # No grouping without uniform groups; rollout order when sorting is off or one batch fits.
+    assert [b.tolist() for b in micro_batch_rows(lengths, 4, None)] == [[3, 4, 5, 0], [2, 1]]
+    unsorted = micro_batch_rows(lengths, 4, group_size=2, by_length=False)
+    assert [b.tolist() for b in unsorted] == [[0, 1, 2, 3], [4, 5]]
+    assert [b.tolist() for b in micro_batch_rows(lengths, 6, 2)] == [[0, 1, 2, 3, 4, 5]]
+
+
+def test_whole_groups_and_scatter_rows():
+    assert whole_groups(torch.tensor([4, 5, 0, 1]), 2).tolist() == [2, 0]
+    assert whole_groups(torch.tensor([5, 4, 0, 1]), 2) is None  # a group out of order
+    assert whole_groups(torch.tensor([1, 2]), 2) is None  # straddles two groups
+    assert whole_groups(torch.tensor([0, 1, 2]), 2) is None
+    parts = [torch.tensor([[30.0], [40.0]]), torch.tensor([[10.0], [20.0]])]
+    batches = [torch.tensor([2, 3]), torch.tensor([0, 1])]
+    assert scatter_rows(parts, batches).flatten().tolist() == [10.0, 20.0, 30.0, 40.0]
+
+
+def test_logprobs_trim_padding_per_micro_batch(tmp_path, monkeypatch):
+    # A rollout of width 6 whose selected rows are at most 3 tokens long: the forward sees 3
+    # columns, and the log-probs equal those computed on the full padded width.
+    args = _config(tmp_path, num_generations=2)
+    trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
+    trainer._uniform_groups = True
+    lengths = torch.tensor([3, 2, 6, 5, 1, 3])
+    mask = (torch.arange(6)[None, :] < lengths[:, None]).long()
+    ids = torch.randint(5, 100, (6, 6), generator=torch.Generator().manual_seed(0)) * mask
+    prompt_ids = torch.tensor([[0, 7, 8, 9], [10, 11, 12, 13], [0, 0, 14, 15]])
+    prompt_mask = (prompt_ids != 0).long()
+    rollout = Rollout(
+        prompt_ids, prompt_mask, ids, mask, lengths == 6, torch.tensor([0, 0, 1, 1, 2, 2]), []
+    )
+    widths = []
+
+    def recording(model, p_ids, p_mask, c_ids, c_mask, **kw):
+        widths.append(c_ids.shape[1])
+        return completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, **kw)
+
+    monkeypatch.setattr("groupwise.trainer.completion_logprobs", recording)
+    rows = torch.tensor([4, 5, 0, 1])
+    with torch.no_grad():
+        logps, entropy = trainer._logprobs(trainer.model, rollout, rows)
+        reference, ref_entropy = completion_logprobs(
+            trainer.model, prompt_ids[[2, 0]], prompt_mask[[2, 0]], ids[rows], mask[rows],
+            group_size=2,
+        )  # fmt: skip
+    assert widths == [3]
+    assert logps.shape == (4, 6)
+    torch.testing.assert_close(logps, reference, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy, ref_entropy, atol=1e-5, rtol=1e-5)
+    assert (logps[:, 3:] == 0).all() and (logps * mask[rows] != 0).sum() == mask[rows].sum()
 
 
 def test_metrics_logged_and_model_saved(tmp_path):

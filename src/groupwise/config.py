@@ -126,6 +126,9 @@ class GRPOConfig:
     logprob_chunk_size: int = 512  # tokens per chunk of the LM head + log-softmax
     logprob_impl: str = "chunked"  # chunked (no [tokens x vocab] logits kept) | naive (full)
     gradient_checkpointing: bool = False
+    # Micro-batches of similar completion lengths (whole groups, longest first), so each one is
+    # padded only to its own longest completion. Only matters with several micro-batches.
+    group_by_length: bool = True
     bf16_autocast: bool = False  # bf16 autocast for forward passes (weights stay in dtype)
     ref_model_offload: bool = False  # keep the reference model in CPU memory (GPU runs)
     # torchrun runs (world size > 1): ddp (a full replica per rank, gradients all-reduced) |

@@ -64,8 +64,9 @@ def _atomic_save(target: Path, write) -> None:
         try:
             os.rename(tmp, target)
         except OSError:
-            # Another process finished first; its copy is complete, keep it.
-            if not (target / "config.json").exists():
+            # Another process finished first (a rename is atomic, so its copy is complete): keep
+            # it. Checked on the folder itself: a tokenizer folder has no config.json.
+            if not target.is_dir():
                 raise
     finally:
         if tmp.exists():

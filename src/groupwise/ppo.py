@@ -43,7 +43,7 @@ from .data import tokenize_prompts
 from .models import load_model_and_tokenizer
 from .rewards import RewardFunc
 from .rollout import Rollout, generate
-from .trainer import GRPOTrainer, _lr_lambda
+from .trainer import GRPOTrainer, _lr_lambda, scatter_rows
 
 CRITIC_DIR = "critic"
 CRITIC_WEIGHTS = "model.safetensors"
@@ -335,16 +335,20 @@ class PPOTrainer(GRPOTrainer):
         )
 
     # ------------------------------------------------------------------------------------------
-    def _values(self, rollout: Rollout, rows: slice) -> Tensor:
-        """V(s_t) [n, T] for the completions ``rows`` of the rollout (with grad if enabled)."""
+    def _values(self, rollout: Rollout, rows: Tensor) -> Tensor:
+        """V(s_t) [n, T] for the completions ``rows`` (row indices) of the rollout, with grad if
+        enabled; computed on the rows' longest completion and zero-padded back to width T."""
         index = rollout.group_ids[rows]
-        return completion_values(
+        completion_mask = rollout.completion_mask[rows]
+        width = max(int(completion_mask.sum(dim=1).max()), 1)
+        values = completion_values(
             self.critic,
             rollout.prompt_ids[index],
             rollout.prompt_mask[index],
-            rollout.completion_ids[rows],
-            rollout.completion_mask[rows],
+            rollout.completion_ids[rows, :width],
+            completion_mask[:, :width],
         )
+        return torch.nn.functional.pad(values, (0, completion_mask.shape[1] - width))
 
     def train_step(self) -> dict[str, float]:
         """Generate, score, estimate advantages with the critic and update policy and critic
@@ -375,7 +379,7 @@ class PPOTrainer(GRPOTrainer):
         mask = mask * (~torch.isnan(rewards)).float().to(mask.device)[:, None]
         if args.mask_truncated_completions:
             mask = mask * (~rollout.truncated).float()[:, None]
-        micro_batches = self._micro_batches(mask.shape[0])
+        micro_batches = self._micro_batches(rollout)
 
         # 1. Rollout-time quantities, once, without grad: old log-probs (needed for the KL
         # reward and for ratios after the first pass), reference log-probs and values.
@@ -390,15 +394,15 @@ class PPOTrainer(GRPOTrainer):
                 if args.beta > 0:
                     ref_logps[k] = self._reference_logprobs(rollout, rows_k)
                 value_parts.append(self._values(rollout, rows_k))
-        old_values = torch.cat(value_parts)
+        old_values = scatter_rows(value_parts, micro_batches)
 
         # 2. Token rewards (KL penalty inside), GAE, whitening over the whole batch.
         seq_rewards = torch.nan_to_num(rewards, nan=0.0).to(self.device)
         kl_on = args.beta > 0
         scores = token_rewards(
             seq_rewards,
-            torch.cat(old_logps) if kl_on else None,
-            torch.cat(ref_logps) if kl_on else None,
+            scatter_rows(old_logps, micro_batches) if kl_on else None,
+            scatter_rows(ref_logps, micro_batches) if kl_on else None,
             mask,
             args.beta,
         )

@@ -309,9 +309,14 @@ class GRPOTrainer:
         if not isinstance(first, dict) or "prompt" not in first:
             raise ValueError(f"{name}: rows must be dicts with a 'prompt' column, got {first!r}")
 
-    def _micro_batches(self, n_rows: int) -> list[slice]:
-        size = self.args.per_device_train_batch_size
-        return [slice(i, min(i + size, n_rows)) for i in range(0, n_rows, size)]
+    def _micro_batches(self, rollout: Rollout) -> list[torch.Tensor]:
+        lengths = rollout.completion_mask.sum(dim=1).cpu()
+        return micro_batch_rows(
+            lengths,
+            self.args.per_device_train_batch_size,
+            self.args.num_generations if self._uniform_groups else None,
+            by_length=self.args.group_by_length,
+        )
 
     # ------------------------------------------------------------------------------------------
     def score(
@@ -341,19 +346,16 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------------------------------
     def _logprobs(
-        self, model: PreTrainedModel, rollout: Rollout, rows: slice
+        self, model: PreTrainedModel, rollout: Rollout, rows: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies [n, T] of the completions ``rows`` (row indices into the
+        rollout). The forward runs on the rows' own longest completion (padding trimmed per
+        micro-batch); the results are padded back to the rollout's width T with zeros."""
         group = self.args.num_generations
-        start, stop = rows.start, rows.stop
         # Share the prompt forward across a group when the micro-batch holds whole groups.
-        share = (
-            self._uniform_groups
-            and start % group == 0
-            and (stop - start) % group == 0
-            and not self.args.gradient_checkpointing
-        )
+        prompts = whole_groups(rows, group) if self._uniform_groups else None
+        share = prompts is not None and not self.args.gradient_checkpointing
         if share:
-            prompts = slice(start // group, stop // group)
             prompt_ids, prompt_mask, group_size = (
                 rollout.prompt_ids[prompts],
                 rollout.prompt_mask[prompts],
@@ -380,17 +382,22 @@ class GRPOTrainer:
             if model is self.model and not policy_grad
             else contextlib.nullcontext()
         )
+        completion_mask = rollout.completion_mask[rows]
+        full_width = completion_mask.shape[1]
+        width = max(int(completion_mask.sum(dim=1).max()), 1)
         with gather:
-            return forward(
+            logps, entropy = forward(
                 prompt_ids,
                 prompt_mask,
-                rollout.completion_ids[rows],
-                rollout.completion_mask[rows],
+                rollout.completion_ids[rows, :width],
+                completion_mask[:, :width],
                 temperature=self.args.temperature if self.args.temperature > 0 else 1.0,
                 chunk_size=self.args.logprob_chunk_size,
                 group_size=group_size,
                 impl=self.args.logprob_impl,
             )
+        pad = (0, full_width - width)
+        return torch.nn.functional.pad(logps, pad), torch.nn.functional.pad(entropy, pad)
 
     def _global_batch_advantages(
         self, rewards: torch.Tensor, group_ids: torch.Tensor
@@ -478,7 +485,7 @@ class GRPOTrainer:
         mask = rollout.completion_mask.float()
         if args.mask_truncated_completions:
             mask = mask * (~rollout.truncated).float()[:, None]
-        micro_batches = self._micro_batches(mask.shape[0])
+        micro_batches = self._micro_batches(rollout)
         old_logps: list[torch.Tensor | None] = [None] * len(micro_batches)
         ref_logps: list[torch.Tensor | None] = [None] * len(micro_batches)
         with torch.no_grad(), self._autocast():
@@ -536,7 +543,7 @@ class GRPOTrainer:
                 elif args.loss_type == "bnpo":
                     weight = 1.0 / len(micro_batches)
                 else:
-                    weight = (rows_k.stop - rows_k.start) / total_rows
+                    weight = len(rows_k) / total_rows
                 # A non-finite loss still goes through backward: its NaN gradients make every
                 # rank skip the update together (no rank may leave the all-reduce).
                 nonfinite |= not bool(torch.isfinite(loss))
@@ -673,21 +680,18 @@ class GRPOTrainer:
         from .curriculum import per_response_loss
 
         args = self.args
-        losses = []
+        row_loss = np.zeros(mask.shape[0])
         for k, rows_k in enumerate(micro_batches):
             current = last_logps[k]
             old = old_logps[k] if old_logps[k] is not None else current
-            losses.append(
-                per_response_loss(
-                    current.cpu().numpy(),
-                    old.cpu().numpy(),
-                    raw_advantages[rows_k].numpy(),
-                    mask[rows_k].cpu().numpy(),
-                    args.epsilon,
-                    args.epsilon_high if args.epsilon_high is not None else args.epsilon,
-                )
+            row_loss[rows_k.numpy()] = per_response_loss(
+                current.cpu().numpy(),
+                old.cpu().numpy(),
+                raw_advantages[rows_k].numpy(),
+                mask[rows_k].cpu().numpy(),
+                args.epsilon,
+                args.epsilon_high if args.epsilon_high is not None else args.epsilon,
             )
-        row_loss = np.concatenate(losses)
         column = next(
             (j for j, n in enumerate(self.reward_names) if n in self._CORRECTNESS_REWARDS), None
         )
@@ -1226,6 +1230,55 @@ class GRPOTrainer:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
+
+
+def micro_batch_rows(
+    lengths: torch.Tensor, size: int, group_size: int | None, *, by_length: bool = True
+) -> list[torch.Tensor]:
+    """Split the rows of a rollout into micro-batches of at most ``size`` rows (LongTensors of
+    row indices).
+
+    With ``group_size`` (uniform groups) and ``size`` a multiple of it, micro-batches hold whole
+    groups, so the prompt forward can be shared per group. With ``by_length`` the units (groups,
+    else single rows) are ordered longest first (a group counts as its longest completion), so
+    each micro-batch pads to a similar width; the order is stable, and a single micro-batch
+    keeps the rollout's order. The union of the micro-batches is every row exactly once.
+    """
+    n_rows = int(lengths.numel())
+    if size >= n_rows:
+        return [torch.arange(n_rows)]
+    unit = group_size if group_size and size % group_size == 0 and n_rows % group_size == 0 else 1
+    unit_length = lengths.view(-1, unit).max(dim=1).values
+    order = (
+        torch.sort(unit_length, descending=True, stable=True).indices
+        if by_length
+        else torch.arange(unit_length.numel())
+    )
+    rows = (order[:, None] * unit + torch.arange(unit)[None, :]).reshape(-1)
+    return list(rows.split(size))
+
+
+def whole_groups(rows: torch.Tensor, group_size: int) -> torch.Tensor | None:
+    """The prompt (group) indices if ``rows`` is a sequence of whole groups, each in order (the
+    layout the shared prompt forward needs), else None."""
+    if rows.numel() == 0 or rows.numel() % group_size != 0:
+        return None
+    blocks = rows.view(-1, group_size)
+    first = blocks[:, 0]
+    expected = first[:, None] + torch.arange(group_size)[None, :]
+    if bool((first % group_size != 0).any()) or not torch.equal(blocks, expected):
+        return None
+    return first // group_size
+
+
+def scatter_rows(
+    parts: Sequence[torch.Tensor], micro_batches: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """Re-assemble per-micro-batch results [n_k, ...] into rollout row order [N, ...]."""
+    index = torch.cat(list(micro_batches)).to(parts[0].device)
+    out = parts[0].new_empty((index.numel(), *parts[0].shape[1:]))
+    out[index] = torch.cat(list(parts))
+    return out
 
 
 def _finite_or_none(value: torch.Tensor | float) -> float | None:
