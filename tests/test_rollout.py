@@ -136,3 +136,18 @@ def test_groups_of_different_sizes(tiny_model, tokenizer):
     same = generate(tiny_model, tokenizer, prompts, 1, SamplingParams(6, temperature=0.0))
     for row, prompt in enumerate(out.group_ids.tolist()):
         assert torch.equal(out.completion_ids[row], same.completion_ids[prompt])
+
+
+def test_keeping_finished_rows_gives_the_same_greedy_completions(tiny_model, tokenizer):
+    # Make EOS the greedy choice for some rows only: prompt 0's 3rd greedy token becomes EOS.
+    prompts = _prompts(tokenizer)
+    free = generate(tiny_model, tokenizer, prompts, 1, SamplingParams(10, temperature=0.0))
+    tiny_model.generation_config.eos_token_id = int(free.completion_ids[0, 2])
+    dropped = generate(tiny_model, tokenizer, prompts, 2, SamplingParams(10, temperature=0.0))
+    kept = generate(
+        tiny_model, tokenizer, prompts, 2, SamplingParams(10, temperature=0.0), drop_finished=False
+    )
+    assert dropped.lengths.tolist() != [10] * 6  # some rows finished early
+    assert dropped.lengths.tolist() == kept.lengths.tolist()
+    assert torch.equal(dropped.completion_ids, kept.completion_ids)
+    assert torch.equal(dropped.truncated, kept.truncated)

@@ -115,9 +115,16 @@ def generate(
     num_generations: int | list[int],
     params: SamplingParams,
     generator: torch.Generator | None = None,
+    *,
+    drop_finished: bool = True,
 ) -> Rollout:
     """Generate ``num_generations`` completions for each tokenised prompt (one count for all
-    prompts, or one count per prompt: groups of different sizes, as Rollout-GDRO allocates)."""
+    prompts, or one count per prompt: groups of different sizes, as Rollout-GDRO allocates).
+
+    ``drop_finished=False`` keeps finished rows in the batch (decoding tokens that are thrown
+    away), as ``transformers.generate`` does; it exists to measure what dropping them saves
+    (benchmarks/optimisations.py). Greedy completions are the same either way; sampled ones
+    differ, as the kept rows also draw random numbers."""
     n_prompts = len(prompt_token_ids)
     counts = (
         [num_generations] * n_prompts if isinstance(num_generations, int) else list(num_generations)
@@ -166,9 +173,18 @@ def generate(
         live = torch.arange(n_rows, device=device)  # rows still decoding, in cache order
         for t in range(max_new):
             token = sample_next_token(logits, params, generator)
-            tokens[live, t] = token
-            lengths[live] = t + 1
-            done = torch.isin(token, eos)
+            if not drop_finished:
+                # Rows that finished earlier keep decoding, but their tokens are discarded.
+                running = ~finished
+                tokens[running, t] = token[running]
+                lengths[running] = t + 1
+                finished |= torch.isin(token, eos)
+                if bool(finished.all()):
+                    break
+            else:
+                tokens[live, t] = token
+                lengths[live] = t + 1
+            done = torch.isin(token, eos) if drop_finished else torch.zeros_like(finished)
             if done.any():
                 finished[live[done]] = True
                 keep = (~done).nonzero().squeeze(-1)
