@@ -151,3 +151,28 @@ def test_keeping_finished_rows_gives_the_same_greedy_completions(tiny_model, tok
     assert dropped.lengths.tolist() == kept.lengths.tolist()
     assert torch.equal(dropped.completion_ids, kept.completion_ids)
     assert torch.equal(dropped.truncated, kept.truncated)
+
+
+def test_sampling_logprobs_match_the_trainers_logprobs(tiny_model, tokenizer):
+    # The sampler's record of log softmax(logits / T) for each drawn token equals what the
+    # trainer computes for the same completions (same numerics: fp32 both).
+    from groupwise.logprobs import completion_logprobs
+
+    prompts = _prompts(tokenizer)
+    params = SamplingParams(8, temperature=0.7)
+    gen = torch.Generator().manual_seed(1)
+    out = generate(tiny_model, tokenizer, prompts, 2, params, gen, return_logprobs=True)
+    assert out.sampling_logprobs.shape == out.completion_ids.shape
+    with torch.no_grad():
+        trainer_logps, _ = completion_logprobs(
+            tiny_model,
+            out.prompt_ids,
+            out.prompt_mask,
+            out.completion_ids,
+            out.completion_mask,
+            temperature=0.7,
+            group_size=2,
+        )
+    torch.testing.assert_close(out.sampling_logprobs, trainer_logps, atol=1e-4, rtol=1e-4)
+    assert (out.sampling_logprobs[out.completion_mask == 0] == 0).all()
+    assert generate(tiny_model, tokenizer, prompts, 2, params, gen).sampling_logprobs is None

@@ -50,7 +50,11 @@ class TargetToken:
         return [sum(t == self.target for t in ids) / len(ids) for ids in completion_ids]
 
 
-def _learning_curve(tmp_path, learning_rate, seed=0):
+def _learning_curve(tmp_path, learning_rate, seed=0, **overrides):
+    return [log["reward"] for log in _learning_logs(tmp_path, learning_rate, seed, **overrides)]
+
+
+def _learning_logs(tmp_path, learning_rate, seed=0, **overrides):
     args = _config(
         tmp_path,
         seed=seed,
@@ -60,10 +64,11 @@ def _learning_curve(tmp_path, learning_rate, seed=0):
         per_device_train_batch_size=16,
         max_completion_length=8,
         temperature=0.1,
+        **overrides,
     )
     rows = [{"prompt": "Say something"}] * 4  # one context, so the target is always reachable
     trainer = GRPOTrainer("tiny-random", TargetToken(), rows, args=args)
-    return [log["reward"] for log in trainer.train()]
+    return trainer.train()
 
 
 def test_grpo_learns_target_token(tmp_path):
@@ -71,6 +76,42 @@ def test_grpo_learns_target_token(tmp_path):
     start, end = rewards[0], sum(rewards[-4:]) / 4
     assert start < 0.2, rewards
     assert end > 0.8, rewards
+
+
+def test_bf16_generation_with_rollout_correction_learns(tmp_path):
+    # Generation under bf16 autocast, update in fp32: the sampler's log-probs differ from the
+    # trainer's by bf16 rounding, the step logs that gap and the correction weights, and GRPO
+    # still learns.
+    logs = _learning_logs(tmp_path, learning_rate=1e-2, generation_dtype="bfloat16")
+    rewards = [log["reward"] for log in logs]
+    assert rewards[0] < 0.2 and sum(rewards[-4:]) / 4 > 0.8, rewards
+    first = logs[0]
+    assert 0 < first["sampling/sampling_logp_difference/mean"] < 0.1, first
+    assert (
+        first["sampling/sampling_logp_difference/max"]
+        >= first["sampling/sampling_logp_difference/mean"]
+    )
+    assert 0.5 < first["sampling/importance_sampling_ratio/mean"] < 2.0, first
+
+
+def test_rollout_correction_reweights_the_update(tmp_path):
+    # Same seed and rollout; only the correction switch differs, so the gradients differ by the
+    # weights (bf16 gaps of 1e-2 nats summed over a sequence move them well away from 1).
+    grads = []
+    for correction in (True, False):
+        args = _config(
+            tmp_path,
+            max_steps=1,
+            generation_dtype="bfloat16",
+            rollout_correction=correction,
+            rollout_correction_mode="sequence_truncate",
+            max_grad_norm=1e9,
+        )
+        trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
+        log = trainer.train()[-1]
+        assert log["sampling/importance_sampling_ratio/mean"] != 1.0
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
+    assert not torch.allclose(grads[0], grads[1], rtol=1e-3, atol=0)
 
 
 def test_no_learning_without_updates(tmp_path):

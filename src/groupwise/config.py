@@ -130,6 +130,15 @@ class GRPOConfig:
     # padded only to its own longest completion. Only matters with several micro-batches.
     group_by_length: bool = True
     bf16_autocast: bool = False  # bf16 autocast for forward passes (weights stay in dtype)
+    # auto: generate with the training forward's numerics | bfloat16: bf16 autocast for
+    # generation only (faster decoding where the hardware has bf16), the update stays in dtype.
+    generation_dtype: str = "auto"
+    # When generation numerics differ from the trainer's, weight the surrogate by
+    # pi_old / pi_rollout (core.rollout_correction_weights; TRL: vllm_importance_sampling_*).
+    rollout_correction: bool = True
+    rollout_correction_mode: str = "sequence_mask"  # token|sequence _truncate|_mask
+    rollout_correction_clip_min: float | None = None
+    rollout_correction_clip_max: float | None = 3.0
     ref_model_offload: bool = False  # keep the reference model in CPU memory (GPU runs)
     # torchrun runs (world size > 1): ddp (a full replica per rank, gradients all-reduced) |
     # fsdp (FSDP2 fully_shard: parameters, gradients and optimizer state sharded per decoder
@@ -205,6 +214,13 @@ class GRPOConfig:
             "algorithm": ("grpo", "ppo"),
             "logprob_impl": ("chunked", "naive"),
             "data_parallel": ("ddp", "fsdp"),
+            "generation_dtype": ("auto", "bfloat16"),
+            "rollout_correction_mode": (
+                "token_truncate",
+                "token_mask",
+                "sequence_truncate",
+                "sequence_mask",
+            ),
         }
         for name, valid in choices.items():
             if getattr(self, name) not in valid and not (
@@ -283,6 +299,9 @@ class GRPOConfig:
                 "rollout_gdro needs 1 <= rollout_min <= num_generations (the mean budget) <= "
                 f"rollout_max, got {self.rollout_min}, {self.num_generations}, {self.rollout_max}"
             )
+        for name in ("rollout_correction_clip_min", "rollout_correction_clip_max"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0 or null, got {getattr(self, name)}")
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise ConfigError(f"save_total_limit must be >= 1 or null, got {self.save_total_limit}")
         if self.use_peft and (self.lora_r < 1 or self.lora_alpha < 1):

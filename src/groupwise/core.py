@@ -6,6 +6,7 @@ holds state or touches a model. Section numbers refer to docs/algorithms.md, whi
 papers and the TRL / verl code these functions follow.
 """
 
+import math
 import operator
 
 import torch
@@ -14,6 +15,7 @@ from torch import Tensor
 SCALE_MODES = ("group", "batch", "none")
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+ROLLOUT_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
@@ -159,6 +161,46 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.exp(log_ratio) - log_ratio - 1
 
 
+def rollout_correction_weights(
+    old_logprobs: Tensor,
+    sampling_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    mode: str = "sequence_mask",
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
+) -> Tensor:
+    """Importance weights for the mismatch between the engine that sampled the completions and
+    the trainer (algorithms.md, pitfalls; TRL's ``vllm_importance_sampling_*`` options).
+
+    The rollout engine (bf16 generation here, vLLM elsewhere) samples from pi_rollout, which
+    differs from the trainer's pi_old by numerics, so the surrogate is reweighted by
+    ``rho = pi_old / pi_rollout``: per token, ``exp(old_t - sampling_t)``; per sequence,
+    ``exp(sum_t (old_t - sampling_t))`` over unmasked tokens. ``*_truncate`` clamps rho to
+    [clip_min, clip_max] (TIS); ``*_mask`` zeroes the weights outside it (MIS). A bound of None
+    is open. Returns [B, T] (token modes) or [B, 1] (sequence modes), without gradient; masked
+    positions and NaN sampling log-probs contribute a log-ratio of 0.
+    """
+    if mode not in ROLLOUT_CORRECTION_MODES:
+        raise ValueError(f"mode must be one of {ROLLOUT_CORRECTION_MODES}, got {mode!r}")
+    if old_logprobs.shape != sampling_logprobs.shape or old_logprobs.shape != mask.shape:
+        raise ValueError(
+            f"shapes differ: old {tuple(old_logprobs.shape)}, sampling "
+            f"{tuple(sampling_logprobs.shape)}, mask {tuple(mask.shape)}"
+        )
+    with torch.no_grad():
+        diff = torch.where(mask.bool(), old_logprobs - sampling_logprobs, 0.0)
+        diff = torch.nan_to_num(diff, nan=0.0)
+        if mode.startswith("sequence"):
+            diff = diff.sum(dim=1, keepdim=True)
+        rho = torch.exp(diff)
+        low = -math.inf if clip_min is None else clip_min
+        high = math.inf if clip_max is None else clip_max
+        if mode.endswith("truncate"):
+            return rho.clamp(min=low, max=high)
+        return torch.where((rho < low) | (rho > high), 0.0, rho)
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor | None,
@@ -172,6 +214,7 @@ def policy_loss(
     beta: float = 0.0,
     importance_sampling_level: str = "token",
     max_completion_length: int | None = None,
+    rollout_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped GRPO surrogate loss (to minimise) plus no-grad metrics.
 
@@ -202,6 +245,8 @@ def policy_loss(
             hold any value, NaN included; they affect neither the loss nor its gradient.
         loss_type, epsilon_low, epsilon_high, beta, importance_sampling_level,
         max_completion_length: as above.
+        rollout_weights: [B, T] or [B, 1] from :func:`rollout_correction_weights`, or None.
+            They multiply the clipped surrogate per token (not the KL term), as TRL does.
 
     Returns:
         ``(loss, metrics)``. metrics are python floats: ``"kl"`` (mean k3 over unmasked tokens;
@@ -239,6 +284,13 @@ def policy_loss(
     batch, length = logprobs.shape
     if advantages.shape != (batch,):
         raise ValueError(f"advantages must be [B]=[{batch}], got shape {tuple(advantages.shape)}")
+    if rollout_weights is not None and tuple(rollout_weights.shape) not in (
+        (batch, length),
+        (batch, 1),
+    ):
+        raise ValueError(
+            f"rollout_weights must be [B, T] or [B, 1], got shape {tuple(rollout_weights.shape)}"
+        )
 
     keep = mask.bool()
     if old_logprobs is None:
@@ -253,6 +305,8 @@ def policy_loss(
 
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     per_token = -torch.minimum(ratio * adv, clipped * adv).expand(batch, length)
+    if rollout_weights is not None:
+        per_token = per_token * rollout_weights.detach().to(per_token.dtype)
     kl = None
     if ref_logprobs is not None:
         kl = kl_k3(torch.where(keep, logprobs, 0.0), torch.where(keep, ref_logprobs, 0.0))

@@ -315,6 +315,8 @@ class PPOTrainer(GRPOTrainer):
             raise ValueError("PPOTrainer needs importance_sampling_level='token'")
         if args.curriculum != "none":
             raise ValueError("the curriculum works with GRPO only")
+        if args.generation_dtype != "auto":
+            raise ValueError("generation_dtype (with rollout correction) works with GRPO only")
         super().__init__(model, reward_funcs, train_dataset, args, eval_dataset, processing_class)
         self.critic = build_value_model(self.model, args.critic_model, args.seed)
         self.critic.backbone.to(device=self.device, dtype=self.dtype)

@@ -41,6 +41,9 @@ class Rollout:
     truncated: torch.Tensor  # [N] bool: hit max_completion_length without EOS
     group_ids: torch.Tensor  # [N] long: index of the prompt this completion answers
     texts: list[str]  # decoded completions (special tokens skipped)
+    # [N, T] fp32 log-prob of each sampled token under the sampler's softmax(logits / T) (T = 1
+    # when greedy), before top-k / top-p; 0 at padding. Only with generate(return_logprobs=True).
+    sampling_logprobs: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -117,6 +120,7 @@ def generate(
     generator: torch.Generator | None = None,
     *,
     drop_finished: bool = True,
+    return_logprobs: bool = False,
 ) -> Rollout:
     """Generate ``num_generations`` completions for each tokenised prompt (one count for all
     prompts, or one count per prompt: groups of different sizes, as Rollout-GDRO allocates).
@@ -124,7 +128,9 @@ def generate(
     ``drop_finished=False`` keeps finished rows in the batch (decoding tokens that are thrown
     away), as ``transformers.generate`` does; it exists to measure what dropping them saves
     (benchmarks/optimisations.py). Greedy completions are the same either way; sampled ones
-    differ, as the kept rows also draw random numbers."""
+    differ, as the kept rows also draw random numbers. ``return_logprobs`` also records the
+    sampler's log-prob of every token (``Rollout.sampling_logprobs``), which the trainer compares
+    with its own when the sampler runs different numerics (bf16 generation)."""
     n_prompts = len(prompt_token_ids)
     counts = (
         [num_generations] * n_prompts if isinstance(num_generations, int) else list(num_generations)
@@ -168,11 +174,18 @@ def generate(
         next_pos = positions[:, -1][row_prompt] + 1
 
         tokens = torch.full((n_rows, max_new), pad_id, dtype=torch.long, device=device)
+        token_logps = torch.zeros((n_rows, max_new), device=device) if return_logprobs else None
+        temperature = params.temperature if not params.greedy else 1.0
         lengths = torch.zeros(n_rows, dtype=torch.long, device=device)
         finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
         live = torch.arange(n_rows, device=device)  # rows still decoding, in cache order
         for t in range(max_new):
             token = sample_next_token(logits, params, generator)
+            if token_logps is not None:
+                scaled = logits.float() / temperature
+                logp = scaled.gather(1, token[:, None]).squeeze(1) - scaled.logsumexp(dim=-1)
+                rows = live if drop_finished else (~finished).nonzero().squeeze(-1)
+                token_logps[rows, t] = logp if drop_finished else logp[rows]
             if not drop_finished:
                 # Rows that finished earlier keep decoding, but their tokens are discarded.
                 running = ~finished
@@ -214,6 +227,9 @@ def generate(
     steps = torch.arange(width, device=device)[None, :]
     completion_mask = (steps < lengths[:, None]).long()
     completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
+    sampling_logprobs = None
+    if token_logps is not None:
+        sampling_logprobs = token_logps[:, :width].masked_fill(completion_mask == 0, 0.0)
     texts = tokenizer.batch_decode(
         [row[: int(n)].tolist() for row, n in zip(completion_ids, lengths, strict=True)],
         skip_special_tokens=True,
@@ -226,4 +242,5 @@ def generate(
         truncated=~finished,
         group_ids=row_prompt,
         texts=texts,
+        sampling_logprobs=sampling_logprobs,
     )

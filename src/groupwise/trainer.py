@@ -38,7 +38,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from . import checkpoint as ckpt
 from .checkpoint import TrainingInterrupted, TrainingStopped
 from .config import ConfigError, GRPOConfig
-from .core import group_advantages, group_reward_std, policy_loss, zero_std_groups_fraction
+from .core import (
+    group_advantages,
+    group_reward_std,
+    policy_loss,
+    rollout_correction_weights,
+    zero_std_groups_fraction,
+)
 from .curriculum import Curriculum
 from .data import tokenize_prompts
 from .distributed import (
@@ -438,6 +444,22 @@ class GRPOTrainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
+    @property
+    def _generation_differs(self) -> bool:
+        """True when generation runs other numerics than the update (bf16 autocast for
+        generation only, weights not already bf16): the sampler's log-probs are then recorded
+        and compared with the trainer's (rollout correction)."""
+        return (
+            self.args.generation_dtype == "bfloat16"
+            and not self.args.bf16_autocast
+            and self.dtype != torch.bfloat16
+        )
+
+    def _generation_autocast(self) -> contextlib.AbstractContextManager:
+        if self._generation_differs:
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return self._autocast()
+
     def train_step(self) -> dict[str, float]:
         """Generate, score and update once; returns this step's metrics."""
         args = self.args
@@ -457,7 +479,7 @@ class GRPOTrainer:
             else (None, [args.num_generations] * len(rows))
         )
         self._uniform_groups = all(c == args.num_generations for c in counts)
-        with self._autocast(), self._full_weights():
+        with self._generation_autocast(), self._full_weights():
             rollout = generate(
                 self.model,
                 self.tokenizer,
@@ -465,6 +487,7 @@ class GRPOTrainer:
                 args.num_generations if self._uniform_groups else counts,
                 self.sampling,
                 self.generator,
+                return_logprobs=self._generation_differs,
             )
         t_generated = time.perf_counter()
 
@@ -496,6 +519,11 @@ class GRPOTrainer:
                     ref_logps[k] = self._reference_logprobs(rollout, rows_k)
 
         last_logps: list[torch.Tensor | None] = [None] * len(micro_batches)
+        # Rollout correction weights per micro-batch, from the first pass's log-probs (equal to
+        # the old log-probs: the weights have no gradient).
+        correction: list[torch.Tensor | None] = [None] * len(micro_batches)
+        mismatch = self._generation_differs and rollout.sampling_logprobs is not None
+        mismatch_stats: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         total_rows = mask.shape[0]
         # dapo normalises by the active tokens of the global batch (all ranks); the gradient
         # average over ranks then divides by world size, which the weight below undoes.
@@ -521,6 +549,13 @@ class GRPOTrainer:
                     logps, entropy = self._logprobs(self.model, rollout, rows_k)
                 last_logps[k] = logps.detach()
                 mask_k = mask[rows_k]
+                if mismatch and len(mismatch_stats) < len(micro_batches):
+                    correction[k], stats = self._rollout_correction(
+                        old_logps[k] if old_logps[k] is not None else last_logps[k],
+                        rollout.sampling_logprobs[rows_k].to(self.device),
+                        mask_k,
+                    )
+                    mismatch_stats.append(stats)
                 loss, metrics = policy_loss(
                     logps,
                     old_logps[k],
@@ -535,6 +570,7 @@ class GRPOTrainer:
                     beta=args.beta,
                     importance_sampling_level=args.importance_sampling_level,
                     max_completion_length=args.max_completion_length,
+                    rollout_weights=correction[k],
                 )
                 # Re-weight micro-batch losses so their sum is the loss of the whole batch:
                 # sequence-normalised losses by rows, token-normalised ones by tokens.
@@ -589,11 +625,32 @@ class GRPOTrainer:
             )
         )  # fmt: skip
         logs.update(curriculum_logs)
+        if mismatch_stats:
+            logs.update(rollout_mismatch_logs(mismatch_stats))
         logs = reduce_metrics(logs, self.dist)
         if nonfinite:
             logs["nonfinite_step"] = 1.0
         self._keep_batch(rows, rollout, rewards, per_func, advantages.cpu(), group_ids)
         return logs
+
+    def _rollout_correction(
+        self, old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The rollout-correction weights of one micro-batch (None when switched off) and what
+        the step logs: |old - sampling| over its tokens, the weights and their mask."""
+        args = self.args
+        weights = rollout_correction_weights(
+            old_logps,
+            sampling_logps,
+            mask,
+            mode=args.rollout_correction_mode,
+            clip_min=args.rollout_correction_clip_min,
+            clip_max=args.rollout_correction_clip_max,
+        )
+        keep = mask.bool()
+        diff = (old_logps - sampling_logps).abs()[keep]
+        selected = weights.flatten() if weights.shape[1] == 1 else weights[keep]
+        return (weights if args.rollout_correction else None), (diff, selected, keep)
 
     def _update_logs(
         self,
@@ -1230,6 +1287,24 @@ class GRPOTrainer:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
+
+
+def rollout_mismatch_logs(
+    stats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+) -> dict[str, float]:
+    """TRL's sampling/* metrics over a step: |logp_trainer - logp_sampler| per token and the
+    rollout-correction weights (whether or not they are applied)."""
+    diff = torch.cat([d for d, _, _ in stats])
+    weights = torch.cat([w for _, w, _ in stats])
+    if diff.numel() == 0:  # every token masked; all ranks must still log the same keys
+        diff = weights = torch.zeros(1)
+    return {
+        "sampling/sampling_logp_difference/mean": float(diff.mean()),
+        "sampling/sampling_logp_difference/max": float(diff.max()),
+        "sampling/importance_sampling_ratio/min": float(weights.min()),
+        "sampling/importance_sampling_ratio/mean": float(weights.mean()),
+        "sampling/importance_sampling_ratio/max": float(weights.max()),
+    }
 
 
 def micro_batch_rows(
