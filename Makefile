@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint browser bench bench-memory bench-curriculum clean
+.PHONY: setup demo test lint browser bench bench-speed bench-memory bench-curriculum clean
 
 setup: $(VENV)/.installed
 
@@ -44,6 +44,10 @@ bench: setup
 	$(PY) benchmarks/logprobs_memory.py
 	$(PY) benchmarks/sampling_speed.py
 	$(PY) benchmarks/bf16_autocast.py
+
+# Before/after of each generation and update optimisation, SmolLM2-135M (about 10 minutes).
+bench-speed: setup
+	$(PY) benchmarks/optimisations.py
 
 # Peak memory of real runs: PPO vs GRPO, LoRA, naive log-probs, checkpointing (about 15 minutes).
 bench-memory: setup
