@@ -63,6 +63,15 @@ def all_reduce_sum(value: torch.Tensor, ctx: DistributedContext) -> torch.Tensor
     return value
 
 
+def max_over_ranks(value: int, ctx: DistributedContext) -> int:
+    """The largest ``value`` of any rank, on every rank."""
+    if not ctx.enabled:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def any_rank(flag: bool, ctx: DistributedContext) -> bool:
     """True on every rank when ``flag`` is true on at least one (keeps ranks in lock-step)."""
     if not ctx.enabled:
@@ -78,6 +87,22 @@ def all_gather_objects(value: Any, ctx: DistributedContext) -> list[Any]:
     out: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(out, value)
     return out
+
+
+def concat_over_ranks(columns: tuple[list, ...], ctx: DistributedContext) -> tuple[list, ...]:
+    """Every rank's per-row lists, each column concatenated in rank order: the same tuple on
+    every rank. Values travel pickled, so floats arrive bit for bit."""
+    if not ctx.enabled:
+        return columns
+    gathered = all_gather_objects(columns, ctx)
+    return tuple([x for part in gathered for x in part[j]] for j in range(len(columns)))
+
+
+def rows_count(rows: slice | torch.Tensor) -> int:
+    """Number of rows a micro-batch selects, given as a slice or as a tensor of row indices."""
+    if isinstance(rows, slice):  # the trainer's slices always have a stop and step 1
+        return rows.stop - (rows.start or 0)
+    return int(rows.numel())
 
 
 _MIN_KEYS = ("completions/min_length",)
