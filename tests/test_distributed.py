@@ -228,7 +228,8 @@ def test_ppo_two_ranks_match_one_process(tmp_path):
 def test_lora_fsdp_two_ranks_match_one_process(tmp_path):
     """LoRA under FSDP2: the adapters after 2 steps equal one process's (the frozen base
     weights stay equal too; the reference is the adapter-disabled model)."""
-    common = {"use_peft": True, "data_parallel": "fsdp", "steps": 2}
+    # No LoRA dropout: its masks are random and differ between processes.
+    common = {"use_peft": True, "lora_dropout": 0.0, "data_parallel": "fsdp", "steps": 2}
     single, ranks = _one_process_and_two_ranks(tmp_path, common)
     _assert_same_update(single, ranks)
     grads = torch.load(single / "grads.pt")
@@ -310,7 +311,8 @@ RESUME_SCRIPT = textwrap.dedent(
         return [sum(t % 2 == 0 for t in ids) / max(len(ids), 1) for ids in completion_ids]
 
     out, overrides = sys.argv[1], json.loads(sys.argv[2])
-    rows = [{"prompt": f"Problem number {i}: add {i} and {2 * i}."} for i in range(16)]
+    num_prompts = overrides.pop("num_prompts", 16)
+    rows = [{"prompt": f"Problem number {i}: add {i} and {2 * i}."} for i in range(num_prompts)]
     options = dict(model="tiny-random", learning_rate=1e-3, beta=0.04, num_generations=4,
                    per_device_train_batch_size=8, max_completion_length=6, seed=0,
                    save_steps=1, disable_tqdm=True, data_parallel="fsdp", output_dir=out)
@@ -320,29 +322,53 @@ RESUME_SCRIPT = textwrap.dedent(
 )
 
 
-def test_torchrun_fsdp_resume_matches_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize(
+    "options,weights_file",
+    [
+        ({}, "model.safetensors"),
+        # Ranks hold different numbers of rows once prompts fall into different bins.
+        ({"curriculum": "rollout_gdro", "gdro_num_bins": 2, "gdro_correct_threshold": 0.7,
+          "num_prompts": 4}, "model.safetensors"),
+        # No LoRA dropout: its masks come from the global RNG, which checkpoints do not keep.
+        ({"use_peft": True, "lora_dropout": 0.0}, "adapter_model.safetensors"),
+    ],
+    ids=["fsdp", "fsdp-rollout_gdro", "fsdp-lora"],
+)
+def test_torchrun_fsdp_resume_matches_an_uninterrupted_run(tmp_path, options, weights_file):
     from safetensors.torch import load_file
 
     script = tmp_path / "train.py"
     script.write_text(RESUME_SCRIPT)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _run(_torchrun(str(script), str(straight), json.dumps({"max_steps": 3})), tmp_path)
-    _run(_torchrun(str(script), str(resumed), json.dumps({"max_steps": 2})), tmp_path)
+    _run(_torchrun(str(script), str(straight), json.dumps({**options, "max_steps": 3})), tmp_path)
+    _run(_torchrun(str(script), str(resumed), json.dumps({**options, "max_steps": 2})), tmp_path)
     done = _run(
         _torchrun(
             str(script),
             str(resumed),
-            json.dumps({"max_steps": 3, "resume_from_checkpoint": "auto"}),
+            json.dumps({**options, "max_steps": 3, "resume_from_checkpoint": "auto"}),
         ),
         tmp_path,
     )
     assert "resumed from" in done.stdout + done.stderr
-    weights = [load_file(straight / f"checkpoint-{s}" / "model.safetensors") for s in (1, 2, 3)]
+    if "curriculum" in options:  # the curriculum state went through the checkpoint too
+        rows = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+        assert any(  # some step gave prompts other than 4 rollouts (so ranks held unequal rows)
+            r[f"curriculum/rollouts_bin_{b}"] != 4 * r[f"curriculum/prompts_bin_{b}"]
+            for r in rows
+            for b in (0, 1)
+        )
+        states = [
+            torch.load(run / "checkpoint-3" / "training_state.pt", weights_only=True)
+            for run in (straight, resumed)
+        ]
+        assert states[0]["curriculum"] == states[1]["curriculum"]
+    weights = [load_file(straight / f"checkpoint-{s}" / weights_file) for s in (1, 2, 3)]
     assert all(
         any(not torch.equal(a[k], b[k]) for k in a)
         for a, b in zip(weights, weights[1:], strict=False)
     )
-    a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
+    a, b = load_file(straight / weights_file), load_file(resumed / weights_file)
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)
