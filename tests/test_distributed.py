@@ -93,12 +93,14 @@ SCRIPT = textwrap.dedent(
         return real_step(*a, **k)
     trainer.optimizer.step = step
     for _ in range(steps):
-        trainer.train_step()
+        logs = trainer.train_step()
     params = {n: full(p.data) for n, p in trainer.model.named_parameters()}
     if args.algorithm == "ppo":
         params.update({f"critic.{n}": full(p.data) for n, p in trainer.critic.named_parameters()})
     if main:
         torch.save(params, os.path.join(out, "params.pt"))
+        with open(os.path.join(out, "logs.json"), "w") as f:
+            json.dump(logs, f)
     if trainer.curriculum is not None:  # every rank's, to compare them
         with open(os.path.join(out, f"curriculum-{rank}.json"), "w") as f:
             json.dump(trainer.curriculum.state_dict(), f)
@@ -156,6 +158,10 @@ def _assert_same_update(single: Path, ranks: Path, atol: float = 1e-6) -> dict[s
         worst[name] = max(float((a[k] - b[k]).abs().max()) for k in a)
     grads = torch.load(single / "grads.pt")
     assert any(g.abs().max() > 1e-4 for g in grads.values())  # a real, non-zero update
+    # Metrics of the global batch: reduced over ranks, they equal one process's.
+    logs = [json.loads((run / "logs.json").read_text()) for run in (single, ranks)]
+    for key in ("loss", "kl", "entropy", "reward"):
+        assert logs[1][key] == pytest.approx(logs[0][key], abs=1e-5), key
     return worst
 
 

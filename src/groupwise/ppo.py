@@ -511,9 +511,12 @@ class PPOTrainer(GRPOTrainer):
             # advantages 0, so the monitor's "nothing is being learned" warning would be wrong.
             logs["reward_std"] = float(torch.nanmean(group_reward_std(rewards, group_ids)))
         logs.update(self._reward_function_logs(per_func))
+        # Entropy per token: total_tokens counts every rank's tokens and reduce_metrics averages
+        # the ranks' shares, hence the world size.
+        entropy = entropy_sum * self.dist.world_size / float(total_tokens) / args.num_iterations
         logs.update(
             self._update_logs(
-                rollout, sums, entropy_sum / float(total_tokens) / args.num_iterations,
+                rollout, sums, entropy,
                 grad_norm, (t_start, t_generated, t_scored, t_updated),
             )
         )  # fmt: skip

@@ -615,9 +615,11 @@ class GRPOTrainer:
             "frac_reward_zero_std": zero_std_groups_fraction(rewards, group_ids),
         }
         logs.update(self._reward_function_logs(per_func))
+        # Entropy per token: total_tokens counts every rank's tokens and reduce_metrics averages
+        # the ranks' shares, hence the world size.
         logs.update(
             self._update_logs(
-                rollout, sums, entropy_sum / float(total_tokens) / args.num_iterations,
+                rollout, sums, entropy_sum * world / float(total_tokens) / args.num_iterations,
                 grad_norm, (t_start, t_generated, t_scored, t_updated),
             )
         )  # fmt: skip
