@@ -311,7 +311,7 @@ def test_torchrun_fsdp_cli_saves_full_weights_and_resumes(tmp_path):
 RESUME_SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from groupwise import GRPOConfig, GRPOTrainer
+    from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
 
     def even_tokens(completions, completion_ids, **kw):
         return [sum(t % 2 == 0 for t in ids) / max(len(ids), 1) for ids in completion_ids]
@@ -323,7 +323,8 @@ RESUME_SCRIPT = textwrap.dedent(
                    per_device_train_batch_size=8, max_completion_length=6, seed=0,
                    save_steps=1, disable_tqdm=True, data_parallel="fsdp", output_dir=out)
     args = GRPOConfig(**{**options, **overrides})
-    GRPOTrainer("tiny-random", even_tokens, rows, args=args).train()
+    cls = PPOTrainer if args.algorithm == "ppo" else GRPOTrainer
+    cls("tiny-random", even_tokens, rows, args=args).train()
     """
 )
 
@@ -337,10 +338,12 @@ RESUME_SCRIPT = textwrap.dedent(
           "num_prompts": 4}, "model.safetensors"),
         # No LoRA dropout: its masks come from the global RNG, which checkpoints do not keep.
         ({"use_peft": True, "lora_dropout": 0.0}, "adapter_model.safetensors"),
+        # The critic (its weights and optimizer) goes through the checkpoint as well.
+        ({"algorithm": "ppo", "data_parallel": "ddp"}, "critic/model.safetensors"),
     ],
-    ids=["fsdp", "fsdp-rollout_gdro", "fsdp-lora"],
+    ids=["fsdp", "fsdp-rollout_gdro", "fsdp-lora", "ddp-ppo"],
 )
-def test_torchrun_fsdp_resume_matches_an_uninterrupted_run(tmp_path, options, weights_file):
+def test_torchrun_resume_matches_an_uninterrupted_run(tmp_path, options, weights_file):
     from safetensors.torch import load_file
 
     script = tmp_path / "train.py"
@@ -369,7 +372,18 @@ def test_torchrun_fsdp_resume_matches_an_uninterrupted_run(tmp_path, options, we
             for run in (straight, resumed)
         ]
         assert states[0]["curriculum"] == states[1]["curriculum"]
-    weights = [load_file(straight / f"checkpoint-{s}" / weights_file) for s in (1, 2, 3)]
+    if weights_file.startswith("critic/"):  # the checkpoint holds the full critic state
+        state = torch.load(straight / "checkpoint-3" / "training_state.pt", weights_only=True)
+        critic = state["extra"]["critic"]
+        assert critic.keys() == load_file(straight / weights_file).keys()
+        weights = [
+            torch.load(straight / f"checkpoint-{s}" / "training_state.pt", weights_only=True)[
+                "extra"
+            ]["critic"]
+            for s in (1, 2, 3)
+        ]
+    else:
+        weights = [load_file(straight / f"checkpoint-{s}" / weights_file) for s in (1, 2, 3)]
     assert all(
         any(not torch.equal(a[k], b[k]) for k in a)
         for a, b in zip(weights, weights[1:], strict=False)
@@ -401,3 +415,21 @@ def test_torchrun_fsdp_matches_ddp_with_real_generation(tmp_path):
     assert rows["ddp"]["grad_norm"] > 0
     for key in ("reward", "completions/mean_length", "kl"):
         assert rows["fsdp"][key] == pytest.approx(rows["ddp"][key], abs=1e-6), key
+
+
+def test_ppo_with_fsdp_is_refused(tmp_path, monkeypatch):
+    """The critic is replicated with DDP only: ppo + fsdp under torchrun is a ConfigError,
+    raised before anything is loaded (a world of two is faked; no process group is joined)."""
+    import groupwise.trainer as trainer_module
+    from groupwise import GRPOConfig, PPOTrainer
+    from groupwise.config import ConfigError
+    from groupwise.distributed import DistributedContext
+
+    monkeypatch.setattr(
+        trainer_module, "init_distributed", lambda device: DistributedContext(world_size=2)
+    )
+    args = GRPOConfig(model="tiny-random", algorithm="ppo", data_parallel="fsdp",
+                      output_dir=str(tmp_path))  # fmt: skip
+    with pytest.raises(ConfigError, match="algorithm=ppo with data_parallel=fsdp"):
+        PPOTrainer("tiny-random", lambda completions, **kw: [0.0] * len(completions),
+                   [{"prompt": "x"}], args=args)  # fmt: skip
