@@ -9,7 +9,13 @@ all-reduce the token count). Metrics are averaged across ranks; only rank 0 writ
 ``data_parallel: fsdp`` shards instead of replicating (FSDP2 ``fully_shard``): each decoder layer
 is one unit, and the :class:`LogprobModule` wrapper is the root, holding the embeddings, final
 norm and LM head, which its forward all-gathers. Generation and other no-grad forwards call the
-Hugging Face model directly, so they run inside :func:`fsdp_full_weights`.
+Hugging Face model directly, so they run inside :func:`fsdp_full_weights`. With LoRA the base
+weights are sharded frozen and only the adapters train.
+
+With a curriculum every rank observes the global batch (:func:`concat_over_ranks`), so its state
+stays identical on every rank; Rollout-GDRO gives ranks different numbers of rows, so losses are
+normalised by the global row count and FSDP ranks equalise their micro-batch count
+(:func:`max_over_ranks`). PPO wraps the critic in DDP too.
 """
 
 from __future__ import annotations
