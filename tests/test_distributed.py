@@ -18,17 +18,24 @@ SCRIPT = textwrap.dedent(
     """
     import json, os, sys
     import torch
+    import groupwise.ppo as P
     import groupwise.trainer as T
-    from groupwise import GRPOConfig, GRPOTrainer
+    from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
     from groupwise.rollout import Rollout
 
-    def fake_generate(model, tokenizer, prompt_token_ids, num_generations, params, generator=None):
-        G, width, pad = num_generations, 6, tokenizer.pad_token_id
+    rows_generated = []  # completions per step on this rank
+
+    def fake_generate(model, tokenizer, prompt_token_ids, num_generations, params, generator=None,
+                      **kwargs):
+        # An int, or one count per prompt (Rollout-GDRO).
+        counts = ([num_generations] * len(prompt_token_ids) if isinstance(num_generations, int)
+                  else list(num_generations))
+        width, pad = 6, tokenizer.pad_token_id
         lp = max(len(p) for p in prompt_token_ids)
         prompt_ids = torch.full((len(prompt_token_ids), lp), pad)
         prompt_mask = torch.zeros_like(prompt_ids)
         comps, masks = [], []
-        for i, p in enumerate(prompt_token_ids):
+        for i, (p, G) in enumerate(zip(prompt_token_ids, counts)):
             prompt_ids[i, lp - len(p):] = torch.tensor(p)
             prompt_mask[i, lp - len(p):] = 1
             g = torch.Generator().manual_seed(sum(p) * 1009 + len(p))
@@ -38,22 +45,39 @@ SCRIPT = textwrap.dedent(
             comps.append(ids * m + pad * (1 - m))
             masks.append(m)
         comp, mask = torch.cat(comps), torch.cat(masks)
+        rows_generated.append(len(comp))
         return Rollout(prompt_ids, prompt_mask, comp, mask, mask.sum(1) == width,
-                       torch.arange(len(prompt_token_ids)).repeat_interleave(G),
+                       torch.arange(len(prompt_token_ids)).repeat_interleave(torch.tensor(counts)),
                        tokenizer.batch_decode(comp, skip_special_tokens=True))
 
-    T.generate = fake_generate
+    T.generate = P.generate = fake_generate
 
     def low_tokens(completions, completion_ids, **kw):
         return [sum(t < 100 for t in ids) / max(len(ids), 1) for ids in completion_ids]
 
     out, overrides = sys.argv[1], json.loads(sys.argv[2])
+    steps = overrides.pop("steps", 1)
+    easy = overrides.pop("easy_prompts", None)
     rows = [{"prompt": f"Problem number {i}: add {i} and {2 * i}."} for i in range(8)]
-    args = GRPOConfig(model="tiny-random", max_steps=1, learning_rate=1e-4, beta=0.04,
+    args = GRPOConfig(model="tiny-random", max_steps=steps, learning_rate=1e-4, beta=0.04,
                       num_generations=4, max_completion_length=6, seed=0, disable_tqdm=True,
                       output_dir=out, **overrides)
-    trainer = GRPOTrainer("tiny-random", low_tokens, rows, args=args)
-    main = int(os.environ.get("RANK", "0")) == 0
+    cls = PPOTrainer if args.algorithm == "ppo" else GRPOTrainer
+    trainer = cls("tiny-random", low_tokens, rows, args=args)
+    rank = int(os.environ.get("RANK", "0"))
+    main = rank == 0
+    if easy is not None:
+        # A curriculum that has seen every prompt once: the easy ones solved (top bin), the rest
+        # not (bottom bin); Prompt-GDRO weighs the hard bin up, Rollout-GDRO gives it 6 rollouts
+        # and the easy bin 2, so ranks holding different prompts hold different row counts.
+        state = trainer.curriculum.state_dict()
+        top = len(state["prompt_gdro"]["scores"]) - 1
+        state["classifier"]["history"] = {i: [int(i in easy)] for i in range(len(rows))}
+        state["prompt_gdro"]["scores"][0], state["prompt_gdro"]["scores"][top] = 1.0, -1.0
+        arms = trainer.curriculum.rollout_gdro.arms
+        state["rollout_gdro"]["scores"][0][arms.index(6)] = 5.0
+        state["rollout_gdro"]["scores"][top][arms.index(2)] = 5.0
+        trainer.curriculum.load_state_dict(state)
     sharded = [hasattr(p, "full_tensor") for p in trainer.model.parameters()]
     fsdp = args.data_parallel == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) > 1
     assert all(sharded) if fsdp else not any(sharded)  # one process ignores data_parallel
@@ -63,15 +87,26 @@ SCRIPT = textwrap.dedent(
 
     real_step = trainer.optimizer.step
     def step(*a, **k):
-        grads = {n: full(p.grad) for n, p in trainer.model.named_parameters()}
+        grads = {n: full(p.grad) for n, p in trainer.model.named_parameters()
+                 if p.grad is not None}
         if main:
             torch.save(grads, os.path.join(out, "grads.pt"))
         return real_step(*a, **k)
     trainer.optimizer.step = step
-    trainer.train_step()
+    for _ in range(steps):
+        logs = trainer.train_step()
     params = {n: full(p.data) for n, p in trainer.model.named_parameters()}
+    if args.algorithm == "ppo":
+        params.update({f"critic.{n}": full(p.data) for n, p in trainer.critic.named_parameters()})
     if main:
         torch.save(params, os.path.join(out, "params.pt"))
+        with open(os.path.join(out, "logs.json"), "w") as f:
+            json.dump(logs, f)
+    if trainer.curriculum is not None:  # every rank's, to compare them
+        with open(os.path.join(out, f"curriculum-{rank}.json"), "w") as f:
+            json.dump(trainer.curriculum.state_dict(), f)
+    with open(os.path.join(out, f"rows-{rank}.json"), "w") as f:
+        json.dump(rows_generated, f)
     """
 )
 
@@ -96,6 +131,41 @@ def _run(cmd, cwd):
     return done
 
 
+def _one_process_and_two_ranks(tmp_path: Path, common: dict) -> tuple[Path, Path]:
+    """Run SCRIPT on one process and on 2 ranks with the same global batch (4 prompts x 4
+    completions, 2 micro-batches per step on each side); return their output folders. The
+    single process is given the same data_parallel value, which it ignores."""
+    script = tmp_path / "step.py"
+    script.write_text(SCRIPT)
+    single, ranks = tmp_path / "single", tmp_path / "ranks"
+    single.mkdir()
+    ranks.mkdir()
+    one = {**common, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}
+    two = {**common, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}
+    _run([sys.executable, str(script), str(single), json.dumps(one)], tmp_path)
+    _run(_torchrun(str(script), str(ranks), json.dumps(two)), tmp_path)
+    return single, ranks
+
+
+def _assert_same_update(single: Path, ranks: Path, atol: float = 1e-6) -> dict[str, float]:
+    """The last step's gradients and the final parameters of both runs agree within atol;
+    returns the largest difference of each file."""
+    worst = {}
+    for name in ("grads.pt", "params.pt"):
+        a, b = torch.load(single / name), torch.load(ranks / name)
+        assert a.keys() == b.keys()
+        for key in a:
+            torch.testing.assert_close(b[key], a[key], rtol=0, atol=atol, msg=f"{name} {key}")
+        worst[name] = max(float((a[k] - b[k]).abs().max()) for k in a)
+    grads = torch.load(single / "grads.pt")
+    assert any(g.abs().max() > 1e-4 for g in grads.values())  # a real, non-zero update
+    # Metrics of the global batch: reduced over ranks, they equal one process's.
+    logs = [json.loads((run / "logs.json").read_text()) for run in (single, ranks)]
+    for key in ("loss", "kl", "entropy", "reward"):
+        assert logs[1][key] == pytest.approx(logs[0][key], abs=1e-5), key
+    return worst
+
+
 @pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
 @pytest.mark.parametrize(
     "loss_type,scale_rewards", [("grpo", "group"), ("dapo", "batch"), ("dr_grpo", "group")]
@@ -103,26 +173,74 @@ def _run(cmd, cwd):
 def test_two_ranks_match_one_process_on_the_global_batch(
     tmp_path, loss_type, scale_rewards, data_parallel
 ):
-    script = tmp_path / "step.py"
-    script.write_text(SCRIPT)
-    # The single process is given the same data_parallel value, which it ignores.
     common = {"loss_type": loss_type, "scale_rewards": scale_rewards,
               "data_parallel": data_parallel}  # fmt: skip
-    single, ranks = tmp_path / "single", tmp_path / "ranks"
-    single.mkdir()
-    ranks.mkdir()
-    # Global batch: 4 prompts x 4 completions, 2 micro-batches per step on each side.
-    one = {**common, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}
-    two = {**common, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}
-    _run([sys.executable, str(script), str(single), json.dumps(one)], tmp_path)
-    _run(_torchrun(str(script), str(ranks), json.dumps(two)), tmp_path)
-    for name in ("grads.pt", "params.pt"):
-        a, b = torch.load(single / name), torch.load(ranks / name)
-        assert a.keys() == b.keys()
+    _assert_same_update(*_one_process_and_two_ranks(tmp_path, common))
+
+
+def _assert_nested_close(a, b, atol: float, where: str = "") -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
         for key in a:
-            torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-6, msg=f"{name} {key}")
+            _assert_nested_close(a[key], b[key], atol, f"{where}/{key}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_nested_close(x, y, atol, f"{where}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert b == pytest.approx(a, abs=atol), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize(
+    "curriculum,data_parallel",
+    [("prompt_gdro", "ddp"), ("rollout_gdro", "ddp"), ("rollout_gdro", "fsdp")],
+)
+def test_curriculum_two_ranks_match_one_process(tmp_path, curriculum, data_parallel):
+    """Both ranks observe the global batch: their curriculum states are identical, equal to
+    one process's, and so are the updates, also when Rollout-GDRO gives the two ranks
+    different numbers of rows (and under FSDP, different numbers of micro-batches)."""
+    from groupwise.trainer import PromptSampler
+
+    easy = PromptSampler(8, seed=0).take(2)  # rank 0's prompts in the first step
+    common = {"curriculum": curriculum, "data_parallel": data_parallel, "steps": 2,
+              "easy_prompts": easy}  # fmt: skip
+    single, ranks = _one_process_and_two_ranks(tmp_path, common)
+    _assert_same_update(single, ranks)
+    states = [(ranks / f"curriculum-{r}.json").read_text() for r in (0, 1)]
+    assert states[0] == states[1]  # bit for bit
+    expected = json.loads((single / "curriculum-0.json").read_text())
+    _assert_nested_close(expected, json.loads(states[0]), atol=1e-6)
+    assert expected["classifier"]["history"] != {}
+    rows = [json.loads((ranks / f"rows-{r}.json").read_text()) for r in (0, 1)]
+    one = json.loads((single / "rows-0.json").read_text())
+    assert [a + b for a, b in zip(*rows, strict=True)] == one == [16, 16]
+    if curriculum == "rollout_gdro":
+        assert rows[0][0] != rows[1][0]  # 2 prompts x 2 rollouts vs 2 x 6
+    else:
+        assert rows[0] == rows[1]
+
+
+def test_ppo_two_ranks_match_one_process(tmp_path):
+    """PPO under DDP: policy and critic after 2 steps equal one process on the global batch
+    (advantages whitened over the global batch, token means over its tokens)."""
+    common = {"algorithm": "ppo", "data_parallel": "ddp", "steps": 2}
+    single, ranks = _one_process_and_two_ranks(tmp_path, common)
+    _assert_same_update(single, ranks)
+    params = torch.load(single / "params.pt")
+    assert any(k.startswith("critic.backbone.") for k in params)
+
+
+def test_lora_fsdp_two_ranks_match_one_process(tmp_path):
+    """LoRA under FSDP2: the adapters after 2 steps equal one process's (the frozen base
+    weights stay equal too; the reference is the adapter-disabled model)."""
+    # No LoRA dropout: its masks are random and differ between processes.
+    common = {"use_peft": True, "lora_dropout": 0.0, "data_parallel": "fsdp", "steps": 2}
+    single, ranks = _one_process_and_two_ranks(tmp_path, common)
+    _assert_same_update(single, ranks)
     grads = torch.load(single / "grads.pt")
-    assert any(g.abs().max() > 1e-4 for g in grads.values())  # a real, non-zero update
+    assert grads and all("lora_" in k for k in grads)
 
 
 def test_torchrun_cli_trains_logs_once_and_resumes(tmp_path):
@@ -194,45 +312,91 @@ def test_torchrun_fsdp_cli_saves_full_weights_and_resumes(tmp_path):
 RESUME_SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from groupwise import GRPOConfig, GRPOTrainer
+    from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
 
     def even_tokens(completions, completion_ids, **kw):
         return [sum(t % 2 == 0 for t in ids) / max(len(ids), 1) for ids in completion_ids]
 
     out, overrides = sys.argv[1], json.loads(sys.argv[2])
-    rows = [{"prompt": f"Problem number {i}: add {i} and {2 * i}."} for i in range(16)]
+    num_prompts = overrides.pop("num_prompts", 16)
+    rows = [{"prompt": f"Problem number {i}: add {i} and {2 * i}."} for i in range(num_prompts)]
     options = dict(model="tiny-random", learning_rate=1e-3, beta=0.04, num_generations=4,
                    per_device_train_batch_size=8, max_completion_length=6, seed=0,
                    save_steps=1, disable_tqdm=True, data_parallel="fsdp", output_dir=out)
     args = GRPOConfig(**{**options, **overrides})
-    GRPOTrainer("tiny-random", even_tokens, rows, args=args).train()
+    cls = PPOTrainer if args.algorithm == "ppo" else GRPOTrainer
+    cls("tiny-random", even_tokens, rows, args=args).train()
     """
 )
 
 
-def test_torchrun_fsdp_resume_matches_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize(
+    "options,weights_file",
+    [
+        ({}, "model.safetensors"),
+        # Ranks hold different numbers of rows once prompts fall into different bins.
+        (
+            {
+                "curriculum": "rollout_gdro",
+                "gdro_num_bins": 2,
+                "gdro_correct_threshold": 0.7,
+                "num_prompts": 4,
+            },
+            "model.safetensors",
+        ),
+        # No LoRA dropout: its masks come from the global RNG, which checkpoints do not keep.
+        ({"use_peft": True, "lora_dropout": 0.0}, "adapter_model.safetensors"),
+        # The critic (its weights and optimizer) goes through the checkpoint as well.
+        ({"algorithm": "ppo", "data_parallel": "ddp"}, "critic/model.safetensors"),
+    ],
+    ids=["fsdp", "fsdp-rollout_gdro", "fsdp-lora", "ddp-ppo"],
+)
+def test_torchrun_resume_matches_an_uninterrupted_run(tmp_path, options, weights_file):
     from safetensors.torch import load_file
 
     script = tmp_path / "train.py"
     script.write_text(RESUME_SCRIPT)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _run(_torchrun(str(script), str(straight), json.dumps({"max_steps": 3})), tmp_path)
-    _run(_torchrun(str(script), str(resumed), json.dumps({"max_steps": 2})), tmp_path)
+    _run(_torchrun(str(script), str(straight), json.dumps({**options, "max_steps": 3})), tmp_path)
+    _run(_torchrun(str(script), str(resumed), json.dumps({**options, "max_steps": 2})), tmp_path)
     done = _run(
         _torchrun(
             str(script),
             str(resumed),
-            json.dumps({"max_steps": 3, "resume_from_checkpoint": "auto"}),
+            json.dumps({**options, "max_steps": 3, "resume_from_checkpoint": "auto"}),
         ),
         tmp_path,
     )
     assert "resumed from" in done.stdout + done.stderr
-    weights = [load_file(straight / f"checkpoint-{s}" / "model.safetensors") for s in (1, 2, 3)]
+    if "curriculum" in options:  # the curriculum state went through the checkpoint too
+        rows = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+        assert any(  # some step gave prompts other than 4 rollouts (so ranks held unequal rows)
+            r[f"curriculum/rollouts_bin_{b}"] != 4 * r[f"curriculum/prompts_bin_{b}"]
+            for r in rows
+            for b in (0, 1)
+        )
+        states = [
+            torch.load(run / "checkpoint-3" / "training_state.pt", weights_only=True)
+            for run in (straight, resumed)
+        ]
+        assert states[0]["curriculum"] == states[1]["curriculum"]
+    if weights_file.startswith("critic/"):  # the checkpoint holds the full critic state
+        state = torch.load(straight / "checkpoint-3" / "training_state.pt", weights_only=True)
+        critic = state["extra"]["critic"]
+        assert critic.keys() == load_file(straight / weights_file).keys()
+        weights = [
+            torch.load(straight / f"checkpoint-{s}" / "training_state.pt", weights_only=True)[
+                "extra"
+            ]["critic"]
+            for s in (1, 2, 3)
+        ]
+    else:
+        weights = [load_file(straight / f"checkpoint-{s}" / weights_file) for s in (1, 2, 3)]
     assert all(
         any(not torch.equal(a[k], b[k]) for k in a)
         for a, b in zip(weights, weights[1:], strict=False)
     )
-    a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
+    a, b = load_file(straight / weights_file), load_file(resumed / weights_file)
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)
@@ -259,3 +423,21 @@ def test_torchrun_fsdp_matches_ddp_with_real_generation(tmp_path):
     assert rows["ddp"]["grad_norm"] > 0
     for key in ("reward", "completions/mean_length", "kl"):
         assert rows["fsdp"][key] == pytest.approx(rows["ddp"][key], abs=1e-6), key
+
+
+def test_ppo_with_fsdp_is_refused(tmp_path, monkeypatch):
+    """The critic is replicated with DDP only: ppo + fsdp under torchrun is a ConfigError,
+    raised before anything is loaded (a world of two is faked; no process group is joined)."""
+    import groupwise.trainer as trainer_module
+    from groupwise import GRPOConfig, PPOTrainer
+    from groupwise.config import ConfigError
+    from groupwise.distributed import DistributedContext
+
+    monkeypatch.setattr(
+        trainer_module, "init_distributed", lambda device: DistributedContext(world_size=2)
+    )
+    args = GRPOConfig(model="tiny-random", algorithm="ppo", data_parallel="fsdp",
+                      output_dir=str(tmp_path))  # fmt: skip
+    with pytest.raises(ConfigError, match="algorithm=ppo with data_parallel=fsdp"):
+        PPOTrainer("tiny-random", lambda completions, **kw: [0.0] * len(completions),
+                   [{"prompt": "x"}], args=args)  # fmt: skip

@@ -505,6 +505,16 @@ class Curriculum:
             return np.ones(len(row_bins))
         return self.prompt_gdro.sample_weights(row_bins)
 
+    def prompt_weights(self, bins: Sequence[int], counts: Sequence[int]) -> np.ndarray:
+        """:meth:`advantage_weights` per prompt, for a batch whose prompt i has ``counts[i]``
+        rows (its bins ``bins[i]``): eq. 16 normalises over all of the batch's rows. A data
+        parallel rank passes the global batch and keeps its own prompts' entries, so its rows
+        get exactly the weights one process would give them."""
+        row_prompt = np.repeat(np.arange(len(bins)), np.asarray(counts, dtype=int))
+        row_weights = self.advantage_weights(bins, row_prompt.tolist())
+        first_row = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
+        return np.asarray(row_weights)[first_row]
+
     def observe(
         self,
         uids: Sequence[Hashable],

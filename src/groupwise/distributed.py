@@ -9,7 +9,13 @@ all-reduce the token count). Metrics are averaged across ranks; only rank 0 writ
 ``data_parallel: fsdp`` shards instead of replicating (FSDP2 ``fully_shard``): each decoder layer
 is one unit, and the :class:`LogprobModule` wrapper is the root, holding the embeddings, final
 norm and LM head, which its forward all-gathers. Generation and other no-grad forwards call the
-Hugging Face model directly, so they run inside :func:`fsdp_full_weights`.
+Hugging Face model directly, so they run inside :func:`fsdp_full_weights`. With LoRA the base
+weights are sharded frozen and only the adapters train.
+
+With a curriculum every rank observes the global batch (:func:`concat_over_ranks`), so its state
+stays identical on every rank; Rollout-GDRO gives ranks different numbers of rows, so losses are
+normalised by the global row count and FSDP ranks equalise their micro-batch count
+(:func:`max_over_ranks`). PPO wraps the critic in DDP too.
 """
 
 from __future__ import annotations
@@ -63,6 +69,15 @@ def all_reduce_sum(value: torch.Tensor, ctx: DistributedContext) -> torch.Tensor
     return value
 
 
+def max_over_ranks(value: int, ctx: DistributedContext) -> int:
+    """The largest ``value`` of any rank, on every rank."""
+    if not ctx.enabled:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def any_rank(flag: bool, ctx: DistributedContext) -> bool:
     """True on every rank when ``flag`` is true on at least one (keeps ranks in lock-step)."""
     if not ctx.enabled:
@@ -80,8 +95,21 @@ def all_gather_objects(value: Any, ctx: DistributedContext) -> list[Any]:
     return out
 
 
-_MIN_KEYS = ("completions/min_length",)
-_MAX_KEYS = ("completions/max_length",)
+def concat_over_ranks(columns: tuple[list, ...], ctx: DistributedContext) -> tuple[list, ...]:
+    """Every rank's per-row lists, each column concatenated in rank order: the same tuple on
+    every rank. Values travel pickled, so floats arrive bit for bit."""
+    if not ctx.enabled:
+        return columns
+    gathered = all_gather_objects(columns, ctx)
+    return tuple([x for part in gathered for x in part[j]] for j in range(len(columns)))
+
+
+_MIN_KEYS = ("completions/min_length", "sampling/importance_sampling_ratio/min")
+_MAX_KEYS = (
+    "completions/max_length",
+    "sampling/sampling_logp_difference/max",
+    "sampling/importance_sampling_ratio/max",
+)
 
 
 def reduce_metrics(logs: dict[str, float], ctx: DistributedContext) -> dict[str, float]:

@@ -28,18 +28,20 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .config import GRPOConfig
 from .core import group_reward_std, masked_mean, policy_loss
 from .data import tokenize_prompts
+from .distributed import all_reduce_sum, any_rank, reduce_metrics
 from .models import load_model_and_tokenizer
 from .rewards import RewardFunc
 from .rollout import Rollout, generate
@@ -134,14 +136,24 @@ def gae_advantages(
     return advantages, returns
 
 
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+def masked_whiten(
+    x: Tensor,
+    mask: Tensor,
+    eps: float = 1e-8,
+    reduce: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
     """``(x - mean) / sqrt(var + eps)`` with mean and unbiased (Bessel) variance over the unmasked
-    entries only, as TRL's and verl's ``masked_whiten``; masked entries become 0."""
+    entries only, as TRL's and verl's ``masked_whiten``; masked entries become 0.
+
+    ``reduce`` sums a tensor over data parallel ranks: the sums and counts behind the mean and
+    the variance are then those of the global batch, so every rank whitens with the same
+    statistics as one process holding the whole batch."""
+    total = reduce if reduce is not None else (lambda t: t)
     keep = mask.bool()
-    count = keep.sum()
-    mean = masked_mean(x, keep)
+    count = total(keep.sum())
+    mean = total(torch.where(keep, x, 0.0).sum()) / count.clamp(min=1)
     centered = torch.where(keep, x - mean, 0.0)
-    var = (centered**2).sum() / (count - 1).clamp(min=1)
+    var = total((centered**2).sum()) / (count - 1).clamp(min=1)
     return centered * torch.rsqrt(var + eps)
 
 
@@ -263,7 +275,7 @@ def build_value_model(policy: PreTrainedModel, critic_model: str | None, seed: i
 
 
 def completion_values(
-    critic: ValueModel,
+    critic: ValueModel | DistributedDataParallel,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     completion_ids: Tensor,
@@ -325,6 +337,15 @@ class PPOTrainer(GRPOTrainer):
             self.critic.backbone.gradient_checkpointing_enable()
             self.critic.backbone.config.use_cache = False
         self.critic.train()
+        # Data parallel: DDP averages the critic's gradients as it does the policy's (and
+        # broadcasts rank 0's critic on construction). self.critic stays the plain module, so
+        # checkpoints and save_model hold its full state.
+        self.critic_ddp: DistributedDataParallel | None = None
+        if self.dist.enabled:
+            self.critic_ddp = DistributedDataParallel(
+                self.critic,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            )
         critic_lr = args.critic_learning_rate
         self.critic_optimizer = torch.optim.AdamW(
             self.critic.parameters(),
@@ -339,12 +360,14 @@ class PPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------
     def _values(self, rollout: Rollout, rows: Tensor) -> Tensor:
         """V(s_t) [n, T] for the completions ``rows`` (row indices) of the rollout, with grad if
-        enabled; computed on the rows' longest completion and zero-padded back to width T."""
+        enabled (the training forward goes through DDP under data parallel); computed on the
+        rows' longest completion and zero-padded back to width T."""
         index = rollout.group_ids[rows]
         completion_mask = rollout.completion_mask[rows]
         width = max(int(completion_mask.sum(dim=1).max()), 1)
+        train = torch.is_grad_enabled() and self.critic_ddp is not None
         values = completion_values(
-            self.critic,
+            self.critic_ddp if train else self.critic,
             rollout.prompt_ids[index],
             rollout.prompt_mask[index],
             rollout.completion_ids[rows, :width],
@@ -357,7 +380,8 @@ class PPOTrainer(GRPOTrainer):
         ``num_iterations`` times; returns this step's metrics."""
         args = self.args
         t_start = time.perf_counter()
-        indices = self.sampler.take(args.prompts_per_step)
+        global_indices, mine = self._take_prompts()
+        indices = global_indices[mine]
         rows = [self.train_dataset[i] for i in indices]
         prompt_ids = tokenize_prompts(
             [r["prompt"] for r in rows], self.tokenizer, args.max_prompt_length
@@ -411,12 +435,15 @@ class PPOTrainer(GRPOTrainer):
         kl_rewards = scores - token_rewards(seq_rewards, None, None, mask, 0.0)  # -beta k1
         advantages, returns = gae_advantages(scores, old_values, mask, args.ppo_gamma, args.ppo_lam)
         raw_advantages = advantages
-        if args.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
+        if args.whiten_advantages:  # with the global batch's mean and std
+            advantages = masked_whiten(advantages, mask, reduce=self._sum_over_ranks)
 
         # 3. num_iterations passes; micro-batch losses weighted by their share of the batch's
-        # tokens, so the accumulated gradient is that of the token mean over the whole batch.
-        total_tokens = mask.sum().clamp(min=1)
+        # tokens, so the accumulated gradient is that of the token mean over the whole batch
+        # (every rank's tokens; DDP's gradient average over ranks divides by world size, which
+        # the weight undoes). Every micro-batch's backward all-reduces under DDP: correct for
+        # accumulation, and every rank holds the same number of micro-batches (no curriculum).
+        total_tokens = self._sum_over_ranks(mask.sum()).clamp(min=1)
         epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
         sums: dict[str, float] = {}
         entropy_sum = 0.0
@@ -427,7 +454,7 @@ class PPOTrainer(GRPOTrainer):
             self.critic_optimizer.zero_grad(set_to_none=True)
             for k, rows_k in enumerate(micro_batches):
                 mask_k = mask[rows_k]
-                weight = float(mask_k.sum() / total_tokens)
+                weight = float(mask_k.sum() / total_tokens) * self.dist.world_size
                 with self._autocast():
                     logps, entropy = self._logprobs(self.model, rollout, rows_k)
                     values = self._values(rollout, rows_k)
@@ -445,9 +472,9 @@ class PPOTrainer(GRPOTrainer):
                     values, old_values[rows_k], returns[rows_k], mask_k, args.cliprange_value
                 )
                 loss = pg_loss + args.vf_coef * vf_loss
-                if not torch.isfinite(loss):
-                    nonfinite = True
-                    break
+                # A non-finite loss still goes through backward: under DDP no rank may leave
+                # the gradient all-reduce; its NaN gradients then make every rank skip.
+                nonfinite |= not bool(torch.isfinite(loss))
                 # Policy and critic share no parameters: one backward serves both.
                 (loss * weight).backward()
                 scale = weight / args.num_iterations
@@ -460,14 +487,12 @@ class PPOTrainer(GRPOTrainer):
                 for key, value in metrics.items():
                     sums[key] = sums.get(key, 0.0) + value * scale
                 entropy_sum += float((entropy * mask_k).sum())
-            if not nonfinite:
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    self.model.parameters(), args.max_grad_norm
-                )
-                value_grad_norm = torch.nn.utils.clip_grad_norm_(
-                    self.critic.parameters(), args.max_grad_norm
-                )
-                nonfinite = not bool(torch.isfinite(grad_norm) & torch.isfinite(value_grad_norm))
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+            value_grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.critic.parameters(), args.max_grad_norm
+            )
+            finite = bool(torch.isfinite(grad_norm) & torch.isfinite(value_grad_norm))
+            nonfinite = any_rank(nonfinite or not finite, self.dist)
             if nonfinite:
                 # A NaN/inf loss or gradient: skip the update of both models (as GRPOTrainer
                 # does); the loop logs it and stops after max_bad_steps in a row.
@@ -492,9 +517,12 @@ class PPOTrainer(GRPOTrainer):
             # advantages 0, so the monitor's "nothing is being learned" warning would be wrong.
             logs["reward_std"] = float(torch.nanmean(group_reward_std(rewards, group_ids)))
         logs.update(self._reward_function_logs(per_func))
+        # Entropy per token: total_tokens counts every rank's tokens and reduce_metrics averages
+        # the ranks' shares, hence the world size.
+        entropy = entropy_sum * self.dist.world_size / float(total_tokens) / args.num_iterations
         logs.update(
             self._update_logs(
-                rollout, sums, entropy_sum / float(total_tokens) / args.num_iterations,
+                rollout, sums, entropy,
                 grad_norm, (t_start, t_generated, t_scored, t_updated),
             )
         )  # fmt: skip
@@ -511,12 +539,16 @@ class PPOTrainer(GRPOTrainer):
                 "non_score_reward": float(kl_rewards.sum(1).mean()),
             }
         )
+        logs = reduce_metrics(logs, self.dist)
         if nonfinite:
             logs["nonfinite_step"] = 1.0
         # For completions.jsonl: one advantage per completion, the mean of its token advantages.
         row_advantages = masked_mean(advantages, mask, dim=1).cpu()
         self._keep_batch(rows, rollout, rewards, per_func, row_advantages, group_ids)
         return logs
+
+    def _sum_over_ranks(self, value: Tensor) -> Tensor:
+        return all_reduce_sum(value, self.dist)
 
     # ------------------------------------------------------------------------------------------
     # Checkpoint hooks and saving.
@@ -549,6 +581,8 @@ class PPOTrainer(GRPOTrainer):
         ``<path>/critic/``: ``model.safetensors`` (the ValueModel state dict) and
         ``critic_config.json``. :meth:`load_critic` reads them back."""
         target = super().save_model(path)
+        if not self.dist.is_main:  # under data parallel only rank 0 writes
+            return target
         folder = target / CRITIC_DIR
         folder.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".save-", dir=folder))

@@ -53,8 +53,10 @@ from .distributed import (
     all_reduce_sum,
     any_rank,
     barrier,
+    concat_over_ranks,
     fsdp_full_weights,
     init_distributed,
+    max_over_ranks,
     reduce_metrics,
     shard_fsdp,
 )
@@ -186,15 +188,13 @@ class GRPOTrainer:
         self.device = resolve_device(args.device)
         if self.device.type == "cuda" and self.dist.enabled:
             self.device = torch.device("cuda", self.dist.local_rank)
-        if self.dist.enabled and (args.curriculum != "none" or args.algorithm != "grpo"):
-            raise ConfigError(
-                "torchrun data parallel supports algorithm=grpo without a curriculum for now "
-                f"(got algorithm={args.algorithm!r}, curriculum={args.curriculum!r})"
-            )
         # data_parallel only means something under torchrun; a single process ignores it.
         self._fsdp = self.dist.enabled and args.data_parallel == "fsdp"
-        if self._fsdp and args.use_peft:
-            raise ConfigError("fsdp with use_peft is not supported yet (use data_parallel=ddp)")
+        if self._fsdp and args.algorithm == "ppo":
+            raise ConfigError(
+                "algorithm=ppo with data_parallel=fsdp is not supported: the critic is only "
+                "replicated with DDP (use data_parallel=ddp)"
+            )
         self.dtype = resolve_dtype(args.dtype, self.device)
         model, tokenizer = load_model_and_tokenizer(model, processing_class, seed=args.seed)
         model = model.to(device=self.device, dtype=self.dtype)
@@ -323,6 +323,33 @@ class GRPOTrainer:
             self.args.num_generations if self._uniform_groups else None,
             by_length=self.args.group_by_length,
         )
+
+    def _take_prompts(self) -> tuple[list[int], slice]:
+        """The step's global batch of prompt indices and this rank's share of it: every rank
+        draws the global batch in the same order and keeps its own consecutive prompts."""
+        share = self.args.prompts_per_step
+        indices = self.sampler.take(share * self.dist.world_size)
+        return indices, slice(self.dist.rank * share, (self.dist.rank + 1) * share)
+
+    def _padding_micro_batches(self, micro_batches: list[Any]) -> list[Any]:
+        """Extra micro-batches (repeats of the last) that this rank runs with weight 0.
+
+        FSDP2 gathers weights in every training forward and backward, which are collectives,
+        so every rank must run the same number of them; ranks can hold different numbers of
+        rows (Rollout-GDRO's rollouts per prompt). DDP needs none: only the last micro-batch's
+        backward synchronises (the others run under no_sync), and its one buffer broadcast per
+        step happens in the first forward whatever the count."""
+        if self.fsdp_model is None:
+            return []
+        most = max_over_ranks(len(micro_batches), self.dist)
+        return [micro_batches[-1]] * (most - len(micro_batches))
+
+    def _zero_weight_pass(self, rollout: Rollout, rows: Any) -> None:
+        """A training forward and backward that adds nothing to the gradients (see
+        :meth:`_padding_micro_batches`)."""
+        with self._autocast():
+            logps, _ = self._logprobs(self.model, rollout, rows)
+        (logps.sum() * 0.0).backward()
 
     # ------------------------------------------------------------------------------------------
     def score(
@@ -464,20 +491,20 @@ class GRPOTrainer:
         """Generate, score and update once; returns this step's metrics."""
         args = self.args
         t_start = time.perf_counter()
-        # Every rank draws the global batch in the same order and keeps its own share.
-        share = args.prompts_per_step
-        indices = self.sampler.take(share * self.dist.world_size)
-        indices = indices[self.dist.rank * share : (self.dist.rank + 1) * share]
+        global_indices, mine = self._take_prompts()
+        indices = global_indices[mine]
         rows = [self.train_dataset[i] for i in indices]
         prompt_ids = tokenize_prompts(
             [r["prompt"] for r in rows], self.tokenizer, args.max_prompt_length
         )
         # Curriculum interface 1: rollouts per prompt (Rollout-GDRO; else G for every prompt).
-        bins, counts = (
-            self.curriculum.plan(indices)
-            if self.curriculum is not None
-            else (None, [args.num_generations] * len(rows))
-        )
+        # Every rank plans the global batch from the same state (so its classifier state stays
+        # identical, and Rollout-GDRO's exact budget is the global one) and keeps its share.
+        global_bins: list[int] | None = None
+        global_counts = [args.num_generations] * len(global_indices)
+        if self.curriculum is not None:
+            global_bins, global_counts = self.curriculum.plan(global_indices)
+        counts = global_counts[mine]
         self._uniform_groups = all(c == args.num_generations for c in counts)
         with self._generation_autocast(), self._full_weights():
             rollout = generate(
@@ -500,8 +527,11 @@ class GRPOTrainer:
         advantages = raw_advantages
         if self.curriculum is not None:
             # Curriculum interface 2: a per-sample advantage multiplier (Prompt-GDRO, eq. 16).
-            weights = self.curriculum.advantage_weights(bins, group_ids.tolist())
-            advantages = raw_advantages * torch.as_tensor(weights, dtype=raw_advantages.dtype)
+            # Eq. 16 normalises over the global batch (group ids are this rank's prompts).
+            weights = self.curriculum.prompt_weights(global_bins, global_counts)[mine]
+            advantages = (
+                raw_advantages * torch.as_tensor(weights, dtype=raw_advantages.dtype)[group_ids]
+            )
         t_scored = time.perf_counter()
 
         advantages = advantages.to(self.device)
@@ -509,9 +539,12 @@ class GRPOTrainer:
         if args.mask_truncated_completions:
             mask = mask * (~rollout.truncated).float()[:, None]
         micro_batches = self._micro_batches(rollout)
+        padding = self._padding_micro_batches(micro_batches)
         old_logps: list[torch.Tensor | None] = [None] * len(micro_batches)
         ref_logps: list[torch.Tensor | None] = [None] * len(micro_batches)
-        with torch.no_grad(), self._autocast():
+        # FSDP: the full weights are gathered once for the loop, so the no-grad forwards hold
+        # no collective (ranks may run different numbers of them).
+        with torch.no_grad(), self._autocast(), self._full_weights():
             for k, rows_k in enumerate(micro_batches):
                 if args.num_iterations > 1:  # mu > 1: the ratio is against the sampling policy
                     old_logps[k] = self._logprobs(self.model, rollout, rows_k)[0]
@@ -524,21 +557,27 @@ class GRPOTrainer:
         correction: list[torch.Tensor | None] = [None] * len(micro_batches)
         mismatch = self._generation_differs and rollout.sampling_logprobs is not None
         mismatch_stats: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        total_rows = mask.shape[0]
-        # dapo normalises by the active tokens of the global batch (all ranks); the gradient
-        # average over ranks then divides by world size, which the weight below undoes.
+        # Losses are normalised over the global batch (all ranks): rows (their number differs
+        # between ranks under Rollout-GDRO), active tokens for dapo, micro-batches for bnpo.
+        # The gradient average over ranks then divides by world size, which the weights undo.
+        world = self.dist.world_size
+        total_rows = int(all_reduce_sum(torch.tensor(mask.shape[0]), self.dist))
         total_tokens = all_reduce_sum(mask.sum(), self.dist).clamp(min=1)
+        total_micro_batches = int(all_reduce_sum(torch.tensor(len(micro_batches)), self.dist))
         sums: dict[str, float] = {}
         entropy_sum = 0.0
         nonfinite = False
         grad_norm = torch.tensor(0.0)
         for _ in range(args.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for k, rows_k in enumerate(micro_batches):
+            for k, rows_k in enumerate(micro_batches + padding):
                 # DDP all-reduces (FSDP reduce-scatters) gradients on the last micro-batch only.
-                sync = k == len(micro_batches) - 1
+                sync = k == len(micro_batches) + len(padding) - 1
                 if self.fsdp_model is not None:
                     self.fsdp_model.set_requires_gradient_sync(sync)
+                if k >= len(micro_batches):
+                    self._zero_weight_pass(rollout, rows_k)
+                    continue
 
                 def no_sync(sync: bool = sync) -> contextlib.AbstractContextManager:
                     if self.ddp_model is None or sync:
@@ -575,11 +614,11 @@ class GRPOTrainer:
                 # Re-weight micro-batch losses so their sum is the loss of the whole batch:
                 # sequence-normalised losses by rows, token-normalised ones by tokens.
                 if args.loss_type == "dapo":
-                    weight = float(mask_k.sum() / total_tokens) * self.dist.world_size
+                    weight = float(mask_k.sum() / total_tokens) * world
                 elif args.loss_type == "bnpo":
-                    weight = 1.0 / len(micro_batches)
+                    weight = world / total_micro_batches
                 else:
-                    weight = len(rows_k) / total_rows
+                    weight = len(rows_k) / total_rows * world
                 # A non-finite loss still goes through backward: its NaN gradients make every
                 # rank skip the update together (no rank may leave the all-reduce).
                 nonfinite |= not bool(torch.isfinite(loss))
@@ -604,8 +643,8 @@ class GRPOTrainer:
         self.global_step += 1
         curriculum_logs = (
             self._observe_curriculum(
-                indices, bins, counts, rollout, per_func, rewards, raw_advantages, mask,
-                old_logps, last_logps, micro_batches,
+                global_indices, global_bins, global_counts, mine.start, rollout, per_func,
+                rewards, raw_advantages, mask, old_logps, last_logps, micro_batches,
             )
             if self.curriculum is not None and not nonfinite
             else {}
@@ -618,9 +657,11 @@ class GRPOTrainer:
             "frac_reward_zero_std": zero_std_groups_fraction(rewards, group_ids),
         }
         logs.update(self._reward_function_logs(per_func))
+        # Entropy per token: total_tokens counts every rank's tokens and reduce_metrics averages
+        # the ranks' shares, hence the world size.
         logs.update(
             self._update_logs(
-                rollout, sums, entropy_sum / float(total_tokens) / args.num_iterations,
+                rollout, sums, entropy_sum * world / float(total_tokens) / args.num_iterations,
                 grad_norm, (t_start, t_generated, t_scored, t_updated),
             )
         )  # fmt: skip
@@ -729,11 +770,16 @@ class GRPOTrainer:
     )
 
     def _observe_curriculum(
-        self, indices, bins, counts, rollout, per_func, rewards, raw_advantages, mask,
-        old_logps, last_logps, micro_batches,
+        self, indices, bins, counts, first_prompt, rollout, per_func, rewards, raw_advantages,
+        mask, old_logps, last_logps, micro_batches,
     ) -> dict[str, float]:  # fmt: skip
         """Feed the step's outcome to the curriculum: per-response loss signal (eqs. 5-6 with the
-        unweighted advantages, computed from the last pass), correctness, and rewards."""
+        unweighted advantages, computed from the last pass), correctness, and rewards.
+
+        ``indices``, ``bins``, ``counts``: the global batch's prompts; this rank's rollout holds
+        the prompts from ``first_prompt`` on. Under data parallel every rank gathers all ranks'
+        rows and observes the same global batch in the same order, so the curriculum state
+        stays identical on every rank (and equal to one process's on that batch)."""
         from .curriculum import per_response_loss
 
         args = self.args
@@ -754,14 +800,11 @@ class GRPOTrainer:
         )
         scores = per_func[:, column] if column is not None else rewards
         row_correct = torch.nan_to_num(scores, nan=-math.inf) > args.gdro_correct_threshold
+        row_prompt = (rollout.group_ids.cpu() + first_prompt).tolist()
+        columns = (row_prompt, row_correct.tolist(), row_loss.tolist(), rewards.tolist())
+        row_prompt, row_correct, row_loss, row_reward = concat_over_ranks(columns, self.dist)
         return self.curriculum.observe(
-            indices,
-            bins,
-            counts,
-            rollout.group_ids.cpu().tolist(),
-            row_correct.tolist(),
-            row_loss.tolist(),
-            rewards.tolist(),
+            indices, bins, counts, row_prompt, row_correct, row_loss, row_reward
         )
 
     # ------------------------------------------------------------------------------------------
