@@ -41,7 +41,7 @@ from groupwise.data import arithmetic_dataset, tokenize_prompts
 from groupwise.logprobs import completion_logprobs
 from groupwise.models import load_model_and_tokenizer
 from groupwise.rollout import Rollout, SamplingParams, generate
-from groupwise.trainer import micro_batch_rows
+from groupwise.trainer import micro_batch_rows, prompt_blocks
 
 # ---------------------------------------------------------------------------------------------
 # Generation variants.
@@ -219,11 +219,8 @@ def update_pass(
     for rows in batches:
         width = int(lengths[rows].max()) if sort_and_trim else rollout.completion_ids.shape[1]
         ids, mask = rollout.completion_ids[rows, :width], rollout.completion_mask[rows, :width]
-        if share_prompt and len(rows) % opts.group == 0:
-            prompts = rows.view(-1, opts.group)[:, 0] // opts.group
-            group_size = opts.group
-        else:
-            prompts, group_size = rollout.group_ids[rows], 1
+        blocks = prompt_blocks(rollout.group_ids[rows], opts.group) if share_prompt else None
+        prompts, group_size = blocks if blocks is not None else (rollout.group_ids[rows], 1)
         with torch.set_grad_enabled(grad):
             logps, _ = completion_logprobs(
                 model,
@@ -297,6 +294,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--compile", action="store_true", help="also try torch.compile")
+    parser.add_argument("--only", choices=["generation", "update"], help="one half only")
     opts = parser.parse_args()
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -310,8 +308,10 @@ def main() -> None:
         f"tokens, fp32, {torch.get_num_threads()} threads, {opts.rounds} rounds (+ warm-up)"
     )
 
-    print("generation:", flush=True)
-    gen_times = measure(generation_variants(model, tokenizer, prompts, opts), opts.rounds)
+    gen_times = {}
+    if opts.only != "update":
+        print("generation:", flush=True)
+        gen_times = measure(generation_variants(model, tokenizer, prompts, opts), opts.rounds)
     rollout = generate(
         model,
         tokenizer,
@@ -321,21 +321,26 @@ def main() -> None:
         torch.Generator().manual_seed(0),
     )
     lengths = rollout.lengths.tolist()
-    print("update:", flush=True)
-    upd_times = measure(update_variants(model, rollout, opts), opts.rounds)
+    upd_times = {}
+    if opts.only != "generation":
+        print("update:", flush=True)
+        upd_times = measure(update_variants(model, rollout, opts), opts.rounds)
 
-    print_table(
-        "Generation (one rollout)",
-        gen_times,
-        "groupwise sampler",
-        f": {sum(lengths)} tokens, lengths {min(lengths)}-{max(lengths)}",
-    )
-    print_table(
-        "Update (forward + backward over all micro-batches; '+' rows are extra no-grad passes)",
-        upd_times,
-        "groupwise update",
-        f": micro-batches of {opts.micro} rows",
-    )
+    if gen_times:
+        print_table(
+            "Generation (one rollout)",
+            gen_times,
+            "groupwise sampler",
+            f": {sum(lengths)} tokens, lengths {min(lengths)}-{max(lengths)}",
+        )
+    if upd_times:
+        print_table(
+            "Update (forward + backward over all micro-batches; '+' rows: extra no-grad passes)",
+            upd_times,
+            "groupwise update",
+            f": micro-batches of {opts.micro} rows, completion lengths {min(lengths)}-"
+            f"{max(lengths)}",
+        )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.logprobs import completion_logprobs
 from groupwise.rewards.combine import RewardFunctionError
 from groupwise.rollout import Rollout
-from groupwise.trainer import _lr_lambda, micro_batch_rows, scatter_rows, whole_groups
+from groupwise.trainer import _lr_lambda, micro_batch_rows, prompt_blocks, scatter_rows
 
 ROWS = [{"prompt": f"Say something number {i}", "tag": i} for i in range(16)]
 
@@ -209,11 +209,23 @@ def test_micro_batch_rows_sorts_whole_groups_longest_first():
     assert [b.tolist() for b in micro_batch_rows(lengths, 6, 2)] == [[0, 1, 2, 3, 4, 5]]
 
 
-def test_whole_groups_and_scatter_rows():
-    assert whole_groups(torch.tensor([4, 5, 0, 1]), 2).tolist() == [2, 0]
-    assert whole_groups(torch.tensor([5, 4, 0, 1]), 2) is None  # a group out of order
-    assert whole_groups(torch.tensor([1, 2]), 2) is None  # straddles two groups
-    assert whole_groups(torch.tensor([0, 1, 2]), 2) is None
+def test_micro_batch_rows_splits_groups_into_pieces_longest_rows_together():
+    # Groups of 4, micro-batches of 2: each group's rows sorted longest first and cut in two
+    # (group 0: rows 3, 0 | 2, 1; group 1: rows 7, 4 | 5, 6), pieces ordered by longest row.
+    lengths = torch.tensor([3, 1, 2, 5, 4, 4, 0, 6])
+    batches = micro_batch_rows(lengths, 2, group_size=4)
+    assert [b.tolist() for b in batches] == [[7, 4], [3, 0], [5, 6], [2, 1]]
+    unsorted = micro_batch_rows(lengths, 2, group_size=4, by_length=False)
+    assert [b.tolist() for b in unsorted] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_prompt_blocks_and_scatter_rows():
+    prompts, block = prompt_blocks(torch.tensor([2, 2, 0, 0]), 2)  # two whole groups
+    assert prompts.tolist() == [2, 0] and block == 2
+    prompts, block = prompt_blocks(torch.tensor([1, 1, 1]), 4)  # part of one group
+    assert prompts.tolist() == [1] and block == 3
+    assert prompt_blocks(torch.tensor([0, 1]), 2) is None  # two prompts in one block
+    assert prompt_blocks(torch.tensor([0, 0, 1]), 2) is None  # not whole blocks
     parts = [torch.tensor([[30.0], [40.0]]), torch.tensor([[10.0], [20.0]])]
     batches = [torch.tensor([2, 3]), torch.tensor([0, 1])]
     assert scatter_rows(parts, batches).flatten().tolist() == [10.0, 20.0, 30.0, 40.0]

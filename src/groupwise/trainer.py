@@ -385,15 +385,12 @@ class GRPOTrainer:
         rollout). The forward runs on the rows' own longest completion (padding trimmed per
         micro-batch); the results are padded back to the rollout's width T with zeros."""
         group = self.args.num_generations
-        # Share the prompt forward across a group when the micro-batch holds whole groups.
-        prompts = whole_groups(rows, group) if self._uniform_groups else None
-        share = prompts is not None and not self.args.gradient_checkpointing
-        if share:
-            prompt_ids, prompt_mask, group_size = (
-                rollout.prompt_ids[prompts],
-                rollout.prompt_mask[prompts],
-                group,
-            )
+        # Share the prompt forward across the rows of a prompt: whole groups, or a micro-batch
+        # that holds part of one group (micro_batch_rows lays them out so).
+        blocks = prompt_blocks(rollout.group_ids[rows].cpu(), group)
+        if blocks is not None and not self.args.gradient_checkpointing:
+            prompts, group_size = blocks
+            prompt_ids, prompt_mask = rollout.prompt_ids[prompts], rollout.prompt_mask[prompts]
         else:
             index = rollout.group_ids[rows]
             prompt_ids, prompt_mask, group_size = (
@@ -1354,39 +1351,52 @@ def micro_batch_rows(
     lengths: torch.Tensor, size: int, group_size: int | None, *, by_length: bool = True
 ) -> list[torch.Tensor]:
     """Split the rows of a rollout into micro-batches of at most ``size`` rows (LongTensors of
-    row indices).
+    row indices), laid out so that each can share its prompt forward (see :func:`prompt_blocks`).
 
-    With ``group_size`` (uniform groups) and ``size`` a multiple of it, micro-batches hold whole
-    groups, so the prompt forward can be shared per group. With ``by_length`` the units (groups,
-    else single rows) are ordered longest first (a group counts as its longest completion), so
-    each micro-batch pads to a similar width; the order is stable, and a single micro-batch
-    keeps the rollout's order. The union of the micro-batches is every row exactly once.
+    With uniform groups of ``group_size`` rows (rows of a group contiguous): if ``size`` is a
+    multiple of it, micro-batches hold whole groups; if it divides it, each micro-batch holds
+    ``size`` rows of one group (with ``by_length``, a group's longest rows go together). Else
+    the units are single rows. With ``by_length`` the units are ordered longest first (a unit
+    counts as its longest completion; stable for ties), so each micro-batch pads to a similar
+    width. A single micro-batch keeps the rollout's order. Every row appears exactly once.
     """
     n_rows = int(lengths.numel())
     if size >= n_rows:
         return [torch.arange(n_rows)]
-    unit = group_size if group_size and size % group_size == 0 and n_rows % group_size == 0 else 1
-    unit_length = lengths.view(-1, unit).max(dim=1).values
-    order = (
-        torch.sort(unit_length, descending=True, stable=True).indices
-        if by_length
-        else torch.arange(unit_length.numel())
-    )
-    rows = (order[:, None] * unit + torch.arange(unit)[None, :]).reshape(-1)
-    return list(rows.split(size))
+    rows = torch.arange(n_rows)
+    uniform = group_size is not None and n_rows % group_size == 0
+    if uniform and size % group_size == 0:
+        units = rows.view(-1, group_size)  # whole groups
+    elif uniform and group_size % size == 0:
+        units = rows.view(-1, group_size)
+        if by_length:
+            within = torch.sort(lengths.view(-1, group_size), dim=1, descending=True, stable=True)
+            units = units.gather(1, within.indices)
+        units = units.reshape(-1, size)  # pieces of one group
+    else:
+        units = rows.view(-1, 1)
+    if by_length:
+        order = torch.sort(lengths[units].max(dim=1).values, descending=True, stable=True)
+        units = units[order.indices]
+    return list(units.reshape(-1).split(size))
 
 
-def whole_groups(rows: torch.Tensor, group_size: int) -> torch.Tensor | None:
-    """The prompt (group) indices if ``rows`` is a sequence of whole groups, each in order (the
-    layout the shared prompt forward needs), else None."""
-    if rows.numel() == 0 or rows.numel() % group_size != 0:
+def prompt_blocks(row_groups: torch.Tensor, group_size: int) -> tuple[torch.Tensor, int] | None:
+    """How a micro-batch can share its prompt forward: ``(prompts, block)`` when its rows form
+    consecutive blocks of ``block`` rows answering the same prompt (row r answers
+    ``prompts[r // block]``, the layout ``completion_logprobs(group_size=block)`` takes), else
+    None. ``row_groups``: the prompt (group) index of each row. Tried: every row one prompt
+    (block = all rows), then blocks of ``group_size``."""
+    n_rows = int(row_groups.numel())
+    if n_rows == 0:
         return None
-    blocks = rows.view(-1, group_size)
-    first = blocks[:, 0]
-    expected = first[:, None] + torch.arange(group_size)[None, :]
-    if bool((first % group_size != 0).any()) or not torch.equal(blocks, expected):
-        return None
-    return first // group_size
+    if bool((row_groups == row_groups[0]).all()):
+        return row_groups[:1], n_rows
+    if n_rows % group_size == 0:
+        blocks = row_groups.view(-1, group_size)
+        if bool((blocks == blocks[:, :1]).all()):
+            return blocks[:, 0], group_size
+    return None
 
 
 def scatter_rows(
