@@ -385,10 +385,20 @@ class GRPOTrainer:
         rollout). The forward runs on the rows' own longest completion (padding trimmed per
         micro-batch); the results are padded back to the rollout's width T with zeros."""
         group = self.args.num_generations
+        completion_mask = rollout.completion_mask[rows]
+        full_width = completion_mask.shape[1]
+        width = max(int(completion_mask.sum(dim=1).max()), 1)
         # Share the prompt forward across the rows of a prompt: whole groups, or a micro-batch
         # that holds part of one group (micro_batch_rows lays them out so).
         blocks = prompt_blocks(rollout.group_ids[rows].cpu(), group)
-        if blocks is not None and not self.args.gradient_checkpointing:
+        share = blocks is not None and not self.args.gradient_checkpointing
+        policy_grad = model is self.model and torch.is_grad_enabled()
+        if policy_grad and self.fsdp_model is not None:
+            # FSDP2 all-gathers each layer in every decoder call, and the shared path makes two
+            # (prompt, then completions; one when width is 1): every rank must take the same
+            # path for this micro-batch (ranks run equally many, see _padding_micro_batches).
+            share = not any_rank(not (share and width > 1), self.dist)
+        if share:
             prompts, group_size = blocks
             prompt_ids, prompt_mask = rollout.prompt_ids[prompts], rollout.prompt_mask[prompts]
         else:
@@ -400,7 +410,6 @@ class GRPOTrainer:
             )
         # The policy's forward with gradients goes through the DDP / FSDP wrapper when data
         # parallel; without gradients, FSDP gathers the full weights around the plain call.
-        policy_grad = model is self.model and torch.is_grad_enabled()
         wrapper = self.ddp_model or self.fsdp_model
         forward = (
             wrapper
@@ -412,9 +421,6 @@ class GRPOTrainer:
             if model is self.model and not policy_grad
             else contextlib.nullcontext()
         )
-        completion_mask = rollout.completion_mask[rows]
-        full_width = completion_mask.shape[1]
-        width = max(int(completion_mask.sum(dim=1).max()), 1)
         with gather:
             logps, entropy = forward(
                 prompt_ids,
