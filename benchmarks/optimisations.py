@@ -41,7 +41,7 @@ from groupwise.data import arithmetic_dataset, tokenize_prompts
 from groupwise.logprobs import completion_logprobs
 from groupwise.models import load_model_and_tokenizer
 from groupwise.rollout import Rollout, SamplingParams, generate
-from groupwise.trainer import micro_batch_rows, prompt_blocks
+from groupwise.trainer import micro_batch_rows, prompt_blocks, trimmed_completions
 
 # ---------------------------------------------------------------------------------------------
 # Generation variants.
@@ -217,8 +217,10 @@ def update_pass(
     batches = micro_batch_rows(lengths, opts.micro, opts.group, by_length=sort_and_trim)
     model.zero_grad(set_to_none=True)
     for rows in batches:
-        width = int(lengths[rows].max()) if sort_and_trim else rollout.completion_ids.shape[1]
-        ids, mask = rollout.completion_ids[rows, :width], rollout.completion_mask[rows, :width]
+        if sort_and_trim:
+            ids, mask, _ = trimmed_completions(rollout, rows)
+        else:
+            ids, mask = rollout.completion_ids[rows], rollout.completion_mask[rows]
         blocks = prompt_blocks(rollout.group_ids[rows], opts.group) if share_prompt else None
         prompts, group_size = blocks if blocks is not None else (rollout.group_ids[rows], 1)
         with torch.set_grad_enabled(grad):

@@ -45,7 +45,7 @@ from .distributed import all_reduce_sum, any_rank, reduce_metrics
 from .models import load_model_and_tokenizer
 from .rewards import RewardFunc
 from .rollout import Rollout, generate
-from .trainer import GRPOTrainer, _lr_lambda, scatter_rows
+from .trainer import GRPOTrainer, _lr_lambda, scatter_rows, trimmed_completions
 
 CRITIC_DIR = "critic"
 CRITIC_WEIGHTS = "model.safetensors"
@@ -363,17 +363,16 @@ class PPOTrainer(GRPOTrainer):
         enabled (the training forward goes through DDP under data parallel); computed on the
         rows' longest completion and zero-padded back to width T."""
         index = rollout.group_ids[rows]
-        completion_mask = rollout.completion_mask[rows]
-        width = max(int(completion_mask.sum(dim=1).max()), 1)
+        completion_ids, completion_mask, width = trimmed_completions(rollout, rows)
         train = torch.is_grad_enabled() and self.critic_ddp is not None
         values = completion_values(
             self.critic_ddp if train else self.critic,
             rollout.prompt_ids[index],
             rollout.prompt_mask[index],
-            rollout.completion_ids[rows, :width],
-            completion_mask[:, :width],
+            completion_ids,
+            completion_mask,
         )
-        return torch.nn.functional.pad(values, (0, completion_mask.shape[1] - width))
+        return torch.nn.functional.pad(values, (0, rollout.completion_ids.shape[1] - width))
 
     def train_step(self) -> dict[str, float]:
         """Generate, score, estimate advantages with the critic and update policy and critic

@@ -181,24 +181,22 @@ def generate(
         live = torch.arange(n_rows, device=device)  # rows still decoding, in cache order
         for t in range(max_new):
             token = sample_next_token(logits, params, generator)
+            # The batch rows whose token counts: all live rows, or, when finished rows are kept
+            # in the batch (drop_finished=False), the unfinished ones.
+            writes = slice(None) if drop_finished else ~finished
+            rows = live[writes]
+            tokens[rows, t] = token[writes]
+            lengths[rows] = t + 1
             if token_logps is not None:
                 scaled = logits.float() / temperature
                 logp = scaled.gather(1, token[:, None]).squeeze(1) - scaled.logsumexp(dim=-1)
-                rows = live if drop_finished else (~finished).nonzero().squeeze(-1)
-                token_logps[rows, t] = logp if drop_finished else logp[rows]
+                token_logps[rows, t] = logp[writes]
+            done = torch.isin(token, eos)
             if not drop_finished:
-                # Rows that finished earlier keep decoding, but their tokens are discarded.
-                running = ~finished
-                tokens[running, t] = token[running]
-                lengths[running] = t + 1
-                finished |= torch.isin(token, eos)
+                finished |= done
                 if bool(finished.all()):
                     break
-            else:
-                tokens[live, t] = token
-                lengths[live] = t + 1
-            done = torch.isin(token, eos) if drop_finished else torch.zeros_like(finished)
-            if done.any():
+            elif done.any():
                 finished[live[done]] = True
                 keep = (~done).nonzero().squeeze(-1)
                 if keep.numel() == 0:

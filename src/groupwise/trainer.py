@@ -385,9 +385,7 @@ class GRPOTrainer:
         rollout). The forward runs on the rows' own longest completion (padding trimmed per
         micro-batch); the results are padded back to the rollout's width T with zeros."""
         group = self.args.num_generations
-        completion_mask = rollout.completion_mask[rows]
-        full_width = completion_mask.shape[1]
-        width = max(int(completion_mask.sum(dim=1).max()), 1)
+        completion_ids, completion_mask, width = trimmed_completions(rollout, rows)
         # Share the prompt forward across the rows of a prompt: whole groups, or a micro-batch
         # that holds part of one group (micro_batch_rows lays them out so).
         blocks = prompt_blocks(rollout.group_ids[rows].cpu(), group)
@@ -425,14 +423,14 @@ class GRPOTrainer:
             logps, entropy = forward(
                 prompt_ids,
                 prompt_mask,
-                rollout.completion_ids[rows, :width],
-                completion_mask[:, :width],
+                completion_ids,
+                completion_mask,
                 temperature=self.args.temperature if self.args.temperature > 0 else 1.0,
                 chunk_size=self.args.logprob_chunk_size,
                 group_size=group_size,
                 impl=self.args.logprob_impl,
             )
-        pad = (0, full_width - width)
+        pad = (0, rollout.completion_ids.shape[1] - width)
         return torch.nn.functional.pad(logps, pad), torch.nn.functional.pad(entropy, pad)
 
     def _global_batch_advantages(
@@ -558,8 +556,7 @@ class GRPOTrainer:
         # Rollout correction weights per micro-batch, from the first pass's log-probs (equal to
         # the old log-probs: the weights have no gradient).
         correction: list[torch.Tensor | None] = [None] * len(micro_batches)
-        mismatch = self._generation_differs and rollout.sampling_logprobs is not None
-        mismatch_stats: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        mismatch_stats: list[tuple[torch.Tensor, torch.Tensor]] = []
         # Losses are normalised over the global batch (all ranks): rows (their number differs
         # between ranks under Rollout-GDRO), active tokens for dapo, micro-batches for bnpo.
         # The gradient average over ranks then divides by world size, which the weights undo.
@@ -571,7 +568,7 @@ class GRPOTrainer:
         entropy_sum = 0.0
         nonfinite = False
         grad_norm = torch.tensor(0.0)
-        for _ in range(args.num_iterations):
+        for iteration in range(args.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for k, rows_k in enumerate(micro_batches + padding):
                 # DDP all-reduces (FSDP reduce-scatters) gradients on the last micro-batch only.
@@ -591,7 +588,7 @@ class GRPOTrainer:
                     logps, entropy = self._logprobs(self.model, rollout, rows_k)
                 last_logps[k] = logps.detach()
                 mask_k = mask[rows_k]
-                if mismatch and len(mismatch_stats) < len(micro_batches):
+                if rollout.sampling_logprobs is not None and iteration == 0:
                     correction[k], stats = self._rollout_correction(
                         old_logps[k] if old_logps[k] is not None else last_logps[k],
                         rollout.sampling_logprobs[rows_k].to(self.device),
@@ -679,9 +676,9 @@ class GRPOTrainer:
 
     def _rollout_correction(
         self, old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
         """The rollout-correction weights of one micro-batch (None when switched off) and what
-        the step logs: |old - sampling| over its tokens, the weights and their mask."""
+        the step logs: |old - sampling| over its tokens and the weights."""
         args = self.args
         weights = rollout_correction_weights(
             old_logps,
@@ -694,7 +691,7 @@ class GRPOTrainer:
         keep = mask.bool()
         diff = (old_logps - sampling_logps).abs()[keep]
         selected = weights.flatten() if weights.shape[1] == 1 else weights[keep]
-        return (weights if args.rollout_correction else None), (diff, selected, keep)
+        return (weights if args.rollout_correction else None), (diff, selected)
 
     def _update_logs(
         self,
@@ -1336,12 +1333,12 @@ class GRPOTrainer:
 
 
 def rollout_mismatch_logs(
-    stats: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    stats: Sequence[tuple[torch.Tensor, torch.Tensor]],
 ) -> dict[str, float]:
     """TRL's sampling/* metrics over a step: |logp_trainer - logp_sampler| per token and the
     rollout-correction weights (whether or not they are applied)."""
-    diff = torch.cat([d for d, _, _ in stats])
-    weights = torch.cat([w for _, w, _ in stats])
+    diff = torch.cat([d for d, _ in stats])
+    weights = torch.cat([w for _, w in stats])
     if diff.numel() == 0:  # every token masked; all ranks must still log the same keys
         diff = weights = torch.zeros(1)
     return {
@@ -1351,6 +1348,16 @@ def rollout_mismatch_logs(
         "sampling/importance_sampling_ratio/mean": float(weights.mean()),
         "sampling/importance_sampling_ratio/max": float(weights.max()),
     }
+
+
+def trimmed_completions(
+    rollout: Rollout, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The completion ids and mask of ``rows``, cut to their longest completion (at least one
+    column), and that width: a micro-batch's forward pays only for its own padding."""
+    mask = rollout.completion_mask[rows]
+    width = max(int(mask.sum(dim=1).max()), 1)
+    return rollout.completion_ids[rows, :width], mask[:, :width], width
 
 
 def micro_batch_rows(
