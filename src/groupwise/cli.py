@@ -212,7 +212,7 @@ def run_eval(args: GRPOConfig) -> dict:
     )
     from .models import load_model_and_tokenizer
     from .rewards import build_reward_func
-    from .trainer import resolve_device
+    from .build import resolve_device
 
     train, evals = build_datasets(args)
     rows = evals if evals else train

@@ -8,12 +8,13 @@ papers and the TRL / verl code these functions follow.
 
 import math
 import operator
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 SCALE_MODES = ("group", "batch", "none")
-LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 ROLLOUT_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -201,6 +202,147 @@ def rollout_correction_weights(
         return torch.where((rho < low) | (rho > high), 0.0, rho)
 
 
+# ----------------------------------------------------------------------------------------------
+# Loss variants: a registry of (per-token surrogate, aggregation) pairs (algorithms.md §3.5).
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """What a micro-batch's loss is normalised by: the whole step's batch, over every rank.
+
+    ``rows`` completions, ``tokens`` unmasked tokens and ``micro_batches`` micro-batches in the
+    global batch; ``world_size`` ranks whose gradients are averaged (DDP/FSDP divide the summed
+    gradient by it, which :meth:`LossVariant.share` undoes)."""
+
+    rows: int
+    tokens: float
+    micro_batches: int
+    world_size: int = 1
+
+
+class LossVariant:
+    """A GRPO loss variant: how each token's loss is formed (:meth:`token_loss`), how a
+    micro-batch's tokens are reduced to one number (:meth:`reduce`), and that micro-batch's
+    share of the global batch (:meth:`share`), so that the sum of ``share * reduce`` over
+    micro-batches and ranks is the loss of the whole batch. Register one with
+    :func:`register_loss`; ``loss_type`` picks it by name."""
+
+    name = ""
+
+    def token_loss(
+        self,
+        logprobs: Tensor,
+        ratio: Tensor,
+        advantages: Tensor,
+        epsilon_low: float,
+        epsilon_high: float,
+    ) -> Tensor:
+        """The policy term per token (to minimise): PPO's clipped surrogate, DeepSeekMath eq. 3,
+        ``-min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)``. ``ratio`` is [B, T] or [B, 1]
+        (GSPO), ``advantages`` [B, 1]."""
+        clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+        return -torch.minimum(ratio * advantages, clipped * advantages)
+
+    def reduce(self, token_sum: Tensor, keep: Tensor, max_completion_length: int | None) -> Tensor:
+        """One micro-batch's loss from its masked per-token losses [B, T]."""
+        raise NotImplementedError
+
+    def share(self, rows: int, tokens: float, counts: BatchCounts) -> float:
+        """The weight of a micro-batch of ``rows`` completions and ``tokens`` unmasked tokens."""
+        raise NotImplementedError
+
+
+LOSSES: dict[str, LossVariant] = {}
+
+
+def register_loss(name: str) -> Callable[[type[LossVariant]], type[LossVariant]]:
+    """Class decorator: ``@register_loss("my_loss")`` makes ``loss_type: my_loss`` available."""
+
+    def add(cls: type[LossVariant]) -> type[LossVariant]:
+        variant = cls()
+        variant.name = name
+        LOSSES[name] = variant
+        return cls
+
+    return add
+
+
+def get_loss(name: str) -> LossVariant:
+    if name not in LOSSES:
+        raise ValueError(f"loss_type must be one of {sorted(LOSSES)}, got {name!r}")
+    return LOSSES[name]
+
+
+@register_loss("grpo")
+class SequenceMeanLoss(LossVariant):
+    """DeepSeekMath eq. 3: ``(1/B) sum_i (1/L_i) sum_t loss_it``; each micro-batch weighs its
+    share of the global batch's rows."""
+
+    def reduce(self, token_sum: Tensor, keep: Tensor, max_completion_length: int | None) -> Tensor:
+        return (token_sum.sum(1) / keep.sum(1).clamp(min=1)).mean()
+
+    def share(self, rows: int, tokens: float, counts: BatchCounts) -> float:
+        return rows / counts.rows * counts.world_size
+
+
+@register_loss("dapo")
+class TokenMeanLoss(LossVariant):
+    """DAPO (§3.2): ``sum_it loss_it / sum_i L_i`` over the whole batch (TRL's dapo: the token
+    count of the whole accumulated batch, every rank's)."""
+
+    def reduce(self, token_sum: Tensor, keep: Tensor, max_completion_length: int | None) -> Tensor:
+        return token_sum.sum() / keep.sum().clamp(min=1)
+
+    def share(self, rows: int, tokens: float, counts: BatchCounts) -> float:
+        return float(tokens / counts.tokens) * counts.world_size
+
+
+@register_loss("bnpo")
+class MicroBatchTokenMeanLoss(TokenMeanLoss):
+    """BNPO (TRL): the token mean of each micro-batch, micro-batches averaged."""
+
+    def share(self, rows: int, tokens: float, counts: BatchCounts) -> float:
+        return counts.world_size / counts.micro_batches
+
+
+@register_loss("dr_grpo")
+class ConstantNormaliserLoss(SequenceMeanLoss):
+    """Dr. GRPO (§3.1): ``sum_it loss_it / (B * max_completion_length)`` (T when None)."""
+
+    def reduce(self, token_sum: Tensor, keep: Tensor, max_completion_length: int | None) -> Tensor:
+        batch, length = token_sum.shape
+        normaliser = length if max_completion_length is None else max_completion_length
+        return token_sum.sum() / (batch * normaliser)
+
+
+def sequence_surrogate(
+    logprobs: Tensor,
+    old_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    loss_type: str = "grpo",
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    importance_sampling_level: str = "token",
+) -> Tensor:
+    """Per completion, the mean over its tokens of the variant's policy term (no KL, no
+    rollout correction, no gradient): [B]. GDRO's adversary signal, eqs. 5-6 with the
+    unweighted advantages (on-policy and for the clipped surrogate: -A_i)."""
+    with torch.no_grad():
+        keep = mask.bool()
+        old = logprobs if old_logprobs is None else old_logprobs
+        log_ratio = torch.where(keep, logprobs - old, 0.0)
+        if importance_sampling_level == "sequence":
+            log_ratio = masked_mean(log_ratio, keep, dim=1).unsqueeze(1)
+        ratio = torch.exp(log_ratio)
+        adv = advantages.to(ratio.dtype).unsqueeze(1)
+        batch, length = logprobs.shape
+        per_token = get_loss(loss_type).token_loss(logprobs, ratio, adv, epsilon_low, epsilon_high)
+        per_token = torch.where(keep, per_token.expand(batch, length), 0.0)
+        return per_token.sum(1) / keep.sum(1).clamp(min=1)
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor | None,
@@ -215,20 +357,22 @@ def policy_loss(
     importance_sampling_level: str = "token",
     max_completion_length: int | None = None,
     rollout_weights: Tensor | None = None,
+    row_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped GRPO surrogate loss (to minimise) plus no-grad metrics.
 
     Per token, DeepSeekMath eq. (3) with DAPO's separate clip bounds (algorithms.md §2, §3.2):
     ``loss_it = -min(rho_it A_i, clip(rho_it, 1 - eps_low, 1 + eps_high) A_i) + beta k3_it``,
-    with ``rho_it = exp(logp_it - old_it)`` and k3 from :func:`kl_k3`.
+    with ``rho_it = exp(logp_it - old_it)`` and k3 from :func:`kl_k3`. The policy term is the
+    registered variant's :meth:`LossVariant.token_loss`.
 
-    Aggregation by ``loss_type``, the TRL options of algorithms.md §3.5 (L_i = number of unmasked
-    tokens of sequence i, clamped at 1):
+    Aggregation by ``loss_type`` (:data:`LOSSES`), the TRL options of algorithms.md §3.5 (L_i =
+    number of unmasked tokens of sequence i, clamped at 1):
 
     - ``"grpo"``: ``(1/B) sum_i (1/L_i) sum_t loss_it``, DeepSeekMath eq. (3).
     - ``"bnpo"``, ``"dapo"``: ``sum_it loss_it / sum_i L_i``, the DAPO objective (§3.2). TRL's
       dapo divides by the token count of the whole accumulated batch; for gradient accumulation
-      over micro-batches, rescale each micro-batch loss by (its tokens / all tokens).
+      over micro-batches, rescale each micro-batch loss by :meth:`LossVariant.share`.
     - ``"dr_grpo"``: ``sum_it loss_it / (B * max_completion_length)``, Dr. GRPO (§3.1); the
       constant is T when ``max_completion_length`` is None.
 
@@ -247,6 +391,9 @@ def policy_loss(
         max_completion_length: as above.
         rollout_weights: [B, T] or [B, 1] from :func:`rollout_correction_weights`, or None.
             They multiply the clipped surrogate per token (not the KL term), as TRL does.
+        row_weights: [B] positive per-sequence multipliers of the policy term (not the KL), or
+            None: a curriculum's weights (Prompt-GDRO eq. 16). For the clipped surrogate,
+            ``w * -min(rho A, clip(rho) A) = -min(rho wA, clip(rho) wA)`` when w > 0.
 
     Returns:
         ``(loss, metrics)``. metrics are python floats: ``"kl"`` (mean k3 over unmasked tokens;
@@ -255,8 +402,7 @@ def policy_loss(
         (either) and ``"ratio_mean"``, averaged over unmasked tokens; at the sequence level they
         are averaged over the B sequences, as TRL does.
     """
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    variant = get_loss(loss_type)
     if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
         raise ValueError(
             f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
@@ -291,6 +437,8 @@ def policy_loss(
         raise ValueError(
             f"rollout_weights must be [B, T] or [B, 1], got shape {tuple(rollout_weights.shape)}"
         )
+    if row_weights is not None and tuple(row_weights.shape) != (batch,):
+        raise ValueError(f"row_weights must be [B]=[{batch}], got {tuple(row_weights.shape)}")
 
     keep = mask.bool()
     if old_logprobs is None:
@@ -303,10 +451,12 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
     adv = advantages.to(ratio.dtype).unsqueeze(1)  # [B, 1]: one advantage for all tokens
 
-    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    per_token = -torch.minimum(ratio * adv, clipped * adv).expand(batch, length)
+    per_token = variant.token_loss(logprobs, ratio, adv, epsilon_low, epsilon_high)
+    per_token = per_token.expand(batch, length)
     if rollout_weights is not None:
         per_token = per_token * rollout_weights.detach().to(per_token.dtype)
+    if row_weights is not None:
+        per_token = per_token * row_weights.detach().to(per_token.dtype).unsqueeze(1)
     kl = None
     if ref_logprobs is not None:
         kl = kl_k3(torch.where(keep, logprobs, 0.0), torch.where(keep, ref_logprobs, 0.0))
@@ -314,13 +464,7 @@ def policy_loss(
             per_token = per_token + beta * kl
 
     token_sum = torch.where(keep, per_token, 0.0)
-    if loss_type == "grpo":
-        loss = (token_sum.sum(1) / keep.sum(1).clamp(min=1)).mean()
-    elif loss_type in ("bnpo", "dapo"):
-        loss = token_sum.sum() / keep.sum().clamp(min=1)
-    else:  # dr_grpo
-        normaliser = length if max_completion_length is None else max_completion_length
-        loss = token_sum.sum() / (batch * normaliser)
+    loss = variant.reduce(token_sum, keep, max_completion_length)
 
     with torch.no_grad():
         ratio_d = ratio.detach()
@@ -361,3 +505,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     for i in range(n - c + 1, n + 1):
         prod *= 1.0 - k / i
     return 1.0 - prod
+
+
+# The registered loss variants (in registration order); config validation reads this.
+LOSS_TYPES = tuple(LOSSES)

@@ -136,6 +136,30 @@ def reduce_metrics(logs: dict[str, float], ctx: DistributedContext) -> dict[str,
     return out
 
 
+def global_group_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, scale: str, ctx: DistributedContext
+) -> torch.Tensor:
+    """Group-relative advantages (core.group_advantages) of this rank's rows. Groups never
+    straddle ranks, so group statistics are local; ``scale="batch"`` divides by the std of the
+    global batch, every rank's rewards gathered."""
+    from .core import group_advantages
+
+    if not (ctx.enabled and scale == "batch"):
+        return group_advantages(rewards, group_ids, scale=scale)
+    gathered = all_gather_objects((rewards.tolist(), group_ids.tolist()), ctx)
+    all_rewards, all_ids, start, offset = [], [], 0, 0
+    for rank, (r, g) in enumerate(gathered):
+        if rank == ctx.rank:
+            start = len(all_rewards)
+        all_rewards += r
+        all_ids += [offset + i for i in g]
+        offset += max(g, default=-1) + 1
+    advantages = group_advantages(
+        torch.tensor(all_rewards, dtype=rewards.dtype), torch.tensor(all_ids), scale="batch"
+    )
+    return advantages[start : start + len(rewards)]
+
+
 def barrier(ctx: DistributedContext) -> None:
     if ctx.enabled:
         dist.barrier()

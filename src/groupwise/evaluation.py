@@ -44,7 +44,7 @@ import torch
 from .core import pass_at_k
 from .data import tokenize_prompts
 from .rewards.combine import RewardScorer, score_rollout
-from .rollout import Rollout, SamplingParams, generate
+from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams
 
 DEFAULT_THRESHOLD = 1.0 - 1e-6
 
@@ -223,8 +223,49 @@ def _nanmean(values: torch.Tensor) -> float:
     return float(values[valid].double().mean()) if bool(valid.any()) else math.nan
 
 
+def as_engine(model: torch.nn.Module | RolloutEngine, tokenizer: Any) -> RolloutEngine:
+    """An engine as is; a model wrapped in the Hugging Face / torch engine."""
+    if isinstance(model, torch.nn.Module):
+        return HFEngine(model, tokenizer, SamplingParams())
+    return model
+
+
+@torch.no_grad()
+def reward_means(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    rows: Sequence[Mapping[str, Any]],
+    scorer: Callable[[Sequence[Mapping[str, Any]], Rollout], tuple[torch.Tensor, torch.Tensor]],
+    names: Sequence[str],
+    params: SamplingParams,
+    *,
+    batch_size: int = 64,
+    max_prompt_length: int | None = None,
+) -> dict[str, float]:
+    """One completion per row (greedy when ``params`` is): the mean total reward over the rows
+    where some function applied (``eval/reward``) and each function's mean over the rows where
+    it applied (``eval/rewards/<name>/mean``). ``scorer(rows, rollout) -> (total [N], per
+    function [N, F])``."""
+    totals = torch.zeros(len(names))
+    counts = torch.zeros(len(names))
+    reward_sum, reward_count = 0.0, 0
+    for begin in range(0, len(rows), batch_size):
+        batch = [rows[i] for i in range(begin, min(begin + batch_size, len(rows)))]
+        ids = tokenize_prompts([r["prompt"] for r in batch], tokenizer, max_prompt_length)
+        rewards, per_func = scorer(batch, engine.generate(ids, 1, params))
+        valid = ~torch.isnan(per_func)
+        totals += torch.where(valid, per_func, 0.0).sum(0)
+        counts += valid.sum(0)
+        reward_sum += float(torch.nansum(rewards))
+        reward_count += int((~torch.isnan(rewards)).sum())
+    result = {"eval/reward": reward_sum / max(reward_count, 1), "eval/num_prompts": len(rows)}
+    for name, total, count in zip(names, totals, counts, strict=True):
+        result[f"eval/rewards/{name}/mean"] = float(total / count) if count else float("nan")
+    return result
+
+
 def evaluate_model(
-    model: torch.nn.Module,
+    model: torch.nn.Module | RolloutEngine,
     tokenizer: Any,
     rows: Sequence[Mapping[str, Any]],
     reward_funcs: Sequence[Callable[..., Any]],
@@ -260,7 +301,8 @@ def evaluate_model(
         raise ValueError(f"which reward defines correctness? Set correct_reward to one of {names}")
     format_j = _resolve_reward(names, config.format_reward, "format_reward", "format_reward")
     threshold = config.correct_threshold
-    device = next(model.parameters()).device
+    engine = as_engine(model, tokenizer)
+    device = getattr(engine, "device", torch.device("cpu"))
     results: list[PromptResult] = []
 
     for begin in range(0, len(rows), config.batch_size):
@@ -272,7 +314,7 @@ def evaluate_model(
         ]
         if config.n > 0:
             generator = torch.Generator(device=device).manual_seed(_batch_seed(config.seed, begin))
-            rollout = generate(model, tokenizer, ids, config.n, config.sampling_params(), generator)
+            rollout = engine.generate(ids, config.n, config.sampling_params(), generator)
             per_func = _score(scorer, batch, rollout)
             lengths = rollout.lengths.cpu().double()
             truncated = rollout.truncated.cpu().double()
@@ -291,7 +333,7 @@ def evaluate_model(
             params = SamplingParams(
                 max_completion_length=config.max_completion_length, temperature=0.0
             )
-            rollout = generate(model, tokenizer, ids, 1, params)
+            rollout = engine.generate(ids, 1, params)
             per_func = _score(scorer, batch, rollout)
             for p, result in enumerate(batch_results):
                 result.greedy_correct = bool(per_func[p, correct_j] >= threshold)

@@ -4,8 +4,8 @@ The same codebase as GRPO (rollout, reward scoring, reference model, optimizer, 
 saving), so a GRPO vs PPO comparison differs only in the algorithm. One step (algorithms.md
 §3.6, verl core_algos.py; DeepSeekMath eqs. 1-2):
 
-    prompts -> generate num_generations completions each         (rollout.generate)
-            -> sequence rewards                                 (GRPOTrainer.score)
+    prompts -> generate num_generations completions each         (the rollout engine)
+            -> sequence rewards                                 (the run's scorer)
             -> old log-probs, reference log-probs, old values   (no grad, once per batch)
             -> token rewards  r_t = -beta (logp_t - logp_ref_t) + R * 1[t = last]
             -> GAE advantages and returns, advantages whitened over the batch
@@ -17,17 +17,15 @@ the position whose policy hidden state predicts completion token t.
 
 The math is in pure functions (:func:`token_rewards`, :func:`gae_advantages`,
 :func:`masked_whiten`, :func:`value_loss`, :func:`ppo_policy_loss`,
-:func:`explained_variance`); :class:`PPOTrainer` only wires them to models.
+:func:`explained_variance`); :class:`PPOTrainer` only wires them to models: it is built from
+the same pieces as the GRPO trainer (:class:`~groupwise.run.Trainer`), and its critic is a second
+trained network (:class:`~groupwise.policy.Trainable`) stepped with the policy.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
-import shutil
-import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,14 +36,15 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .config import GRPOConfig
-from .core import group_reward_std, masked_mean, policy_loss
-from .data import tokenize_prompts
-from .distributed import all_reduce_sum, any_rank, reduce_metrics
+from .batching import scatter_rows, trimmed_completions
+from .config import ConfigError, GRPOConfig
+from .core import masked_mean, policy_loss
+from .distributed import DistributedContext, all_reduce_sum
 from .models import load_model_and_tokenizer
+from .policy import LossTerms, MicroBatch, Trainable
 from .rewards import RewardFunc
-from .rollout import Rollout, generate
-from .trainer import GRPOTrainer, _lr_lambda, scatter_rows, trimmed_completions
+from .rollout import Rollout
+from .run import PhaseTimer, Trainer, staged_folder
 
 CRITIC_DIR = "critic"
 CRITIC_WEIGHTS = "model.safetensors"
@@ -302,15 +301,88 @@ def completion_values(
 # The trainer.
 
 
-class PPOTrainer(GRPOTrainer):
-    """PPO (clipped surrogate, GAE, learned critic, KL penalty in the reward) on the GRPO code.
+class Critic(Trainable):
+    """The value model as a trained network: replicated with DDP under data parallel (which
+    averages its gradients and broadcasts rank 0's weights on construction), its own AdamW
+    (``critic_learning_rate``, default ``learning_rate``) and LR schedule."""
 
-    Same constructor as :class:`GRPOTrainer`. Options used: ``ppo_gamma``, ``ppo_lam``,
-    ``vf_coef``, ``cliprange_value``, ``whiten_advantages``, ``critic_model``,
-    ``critic_learning_rate``, ``beta`` (per-token KL penalty in the reward), ``epsilon`` /
-    ``epsilon_high`` (policy ratio clip), ``num_iterations`` (PPO epochs per batch),
-    ``num_generations`` (1 is allowed). Both the policy and the value loss are token means over
-    the batch. GRPO-only options (``loss_type``, ``scale_rewards``) are ignored.
+    def __init__(
+        self, model: ValueModel, args: GRPOConfig, dist: DistributedContext, device: torch.device
+    ) -> None:
+        wrapper = None
+        if dist.enabled:
+            wrapper = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None
+            )
+        lr = args.critic_learning_rate
+        super().__init__(model, wrapper, args, dist, lr if lr is not None else args.learning_rate)
+
+    def values(self, rollout: Rollout, rows: Tensor) -> Tensor:
+        """V(s_t) [n, T] for the completions ``rows`` (row indices) of the rollout, with grad if
+        enabled (the training forward goes through DDP under data parallel); computed on the
+        rows' longest completion and zero-padded back to width T."""
+        index = rollout.group_ids[rows]
+        completion_ids, completion_mask, width = trimmed_completions(rollout, rows)
+        train = torch.is_grad_enabled() and self.wrapper is not None
+        values = completion_values(
+            self.wrapper if train else self.module,
+            rollout.prompt_ids[index],
+            rollout.prompt_mask[index],
+            completion_ids,
+            completion_mask,
+        )
+        return torch.nn.functional.pad(values, (0, rollout.completion_ids.shape[1] - width))
+
+
+class PPOLoss:
+    """Clipped policy surrogate + vf_coef * clipped value loss of one micro-batch, both token
+    means over the global batch (each micro-batch weighs its share of every rank's tokens; the
+    gradient average over ranks divides by the world size, which the weight undoes)."""
+
+    def __init__(
+        self,
+        args: GRPOConfig,
+        critic: Critic,
+        rollout: Rollout,
+        advantages: Tensor,
+        returns: Tensor,
+        old_values: Tensor,
+        autocast: Callable[[], Any],
+    ) -> None:
+        self.args, self.critic, self.rollout = args, critic, rollout
+        self.advantages, self.returns, self.old_values = advantages, returns, old_values
+        self.autocast = autocast
+
+    def __call__(self, logps: Tensor, mb: MicroBatch) -> LossTerms:
+        args = self.args
+        with self.autocast():
+            values = self.critic.values(self.rollout, mb.rows)
+        old = mb.old_logprobs if mb.old_logprobs is not None else logps.detach()
+        epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        pg_loss, metrics = ppo_policy_loss(
+            logps, old, mb.ref_logprobs, self.advantages[mb.rows], mb.mask,
+            epsilon_low=args.epsilon, epsilon_high=epsilon_high,
+        )  # fmt: skip
+        vf_loss, vf_clip = value_loss(
+            values, self.old_values[mb.rows], self.returns[mb.rows], mb.mask, args.cliprange_value
+        )
+        weight = float(mb.mask.sum() / mb.counts.tokens) * mb.counts.world_size
+        metrics = {**metrics, "loss": pg_loss.item(), "value_loss": vf_loss.item(),
+                   "value_clip_frac": float(vf_clip)}  # fmt: skip
+        # Policy and critic share no parameters: one backward serves both.
+        return LossTerms(pg_loss + args.vf_coef * vf_loss, weight, metrics)
+
+
+class PPOTrainer(Trainer):
+    """PPO (clipped surrogate, GAE, learned critic, KL penalty in the reward) on the same pieces
+    as :class:`~groupwise.trainer.GRPOTrainer`, with the same constructor.
+
+    Options used: ``ppo_gamma``, ``ppo_lam``, ``vf_coef``, ``cliprange_value``,
+    ``whiten_advantages``, ``critic_model``, ``critic_learning_rate``, ``beta`` (per-token KL
+    penalty in the reward), ``epsilon`` / ``epsilon_high`` (policy ratio clip),
+    ``num_iterations`` (PPO epochs per batch), ``num_generations`` (1 is allowed). Both the
+    policy and the value loss are token means over the batch. GRPO-only options (``loss_type``,
+    ``scale_rewards``) are ignored.
     """
 
     def __init__(
@@ -323,228 +395,94 @@ class PPOTrainer(GRPOTrainer):
         processing_class: PreTrainedTokenizerBase | None = None,
     ) -> None:
         args = args or GRPOConfig(algorithm="ppo")
+        super().__init__(model, reward_funcs, train_dataset, args, eval_dataset, processing_class)
+        critic = build_value_model(self.model, args.critic_model, args.seed)
+        critic.backbone.to(device=self.device, dtype=self.dtype)
+        critic.head.to(device=self.device, dtype=torch.float32)
+        if args.gradient_checkpointing:
+            critic.backbone.gradient_checkpointing_enable()
+            critic.backbone.config.use_cache = False
+        critic.train()
+        self.critic_trainable = Critic(critic, args, self.dist, self.device)
+
+    def check_options(self, args: GRPOConfig, dist: DistributedContext) -> None:
+        if dist.enabled and args.data_parallel == "fsdp":
+            raise ConfigError(
+                "algorithm=ppo with data_parallel=fsdp is not supported: the critic is only "
+                "replicated with DDP (use data_parallel=ddp)"
+            )
         if args.importance_sampling_level != "token":
             raise ValueError("PPOTrainer needs importance_sampling_level='token'")
         if args.curriculum != "none":
             raise ValueError("the curriculum works with GRPO only")
         if args.generation_dtype != "auto":
             raise ValueError("generation_dtype (with rollout correction) works with GRPO only")
-        super().__init__(model, reward_funcs, train_dataset, args, eval_dataset, processing_class)
-        self.critic = build_value_model(self.model, args.critic_model, args.seed)
-        self.critic.backbone.to(device=self.device, dtype=self.dtype)
-        self.critic.head.to(device=self.device, dtype=torch.float32)
-        if args.gradient_checkpointing:
-            self.critic.backbone.gradient_checkpointing_enable()
-            self.critic.backbone.config.use_cache = False
-        self.critic.train()
-        # Data parallel: DDP averages the critic's gradients as it does the policy's (and
-        # broadcasts rank 0's critic on construction). self.critic stays the plain module, so
-        # checkpoints and save_model hold its full state.
-        self.critic_ddp: DistributedDataParallel | None = None
-        if self.dist.enabled:
-            self.critic_ddp = DistributedDataParallel(
-                self.critic,
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            )
-        critic_lr = args.critic_learning_rate
-        self.critic_optimizer = torch.optim.AdamW(
-            self.critic.parameters(),
-            lr=critic_lr if critic_lr is not None else args.learning_rate,
-            betas=(args.adam_beta1, args.adam_beta2),
-            weight_decay=args.weight_decay,
-        )
-        self.critic_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.critic_optimizer, _lr_lambda(args, args.max_steps * args.num_iterations)
-        )
 
-    # ------------------------------------------------------------------------------------------
-    def _values(self, rollout: Rollout, rows: Tensor) -> Tensor:
-        """V(s_t) [n, T] for the completions ``rows`` (row indices) of the rollout, with grad if
-        enabled (the training forward goes through DDP under data parallel); computed on the
-        rows' longest completion and zero-padded back to width T."""
-        index = rollout.group_ids[rows]
-        completion_ids, completion_mask, width = trimmed_completions(rollout, rows)
-        train = torch.is_grad_enabled() and self.critic_ddp is not None
-        values = completion_values(
-            self.critic_ddp if train else self.critic,
-            rollout.prompt_ids[index],
-            rollout.prompt_mask[index],
-            completion_ids,
-            completion_mask,
-        )
-        return torch.nn.functional.pad(values, (0, rollout.completion_ids.shape[1] - width))
+    # TRL-style attribute names for the critic's parts.
+    @property
+    def critic(self) -> ValueModel:
+        return self.critic_trainable.module
+
+    @property
+    def critic_optimizer(self) -> torch.optim.Optimizer:
+        return self.critic_trainable.optimizer
+
+    @property
+    def critic_scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        return self.critic_trainable.scheduler
 
     def train_step(self) -> dict[str, float]:
         """Generate, score, estimate advantages with the critic and update policy and critic
         ``num_iterations`` times; returns this step's metrics."""
-        args = self.args
-        t_start = time.perf_counter()
-        global_indices, mine = self._take_prompts()
-        indices = global_indices[mine]
-        rows = [self.train_dataset[i] for i in indices]
-        prompt_ids = tokenize_prompts(
-            [r["prompt"] for r in rows], self.tokenizer, args.max_prompt_length
-        )
-        self._uniform_groups = True
-        with self._autocast():
-            rollout = generate(
-                self.model,
-                self.tokenizer,
-                prompt_ids,
-                args.num_generations,
-                self.sampling,
-                self.generator,
-            )
-        t_generated = time.perf_counter()
-        rewards, per_func = self.score(rows, rollout)
-        t_scored = time.perf_counter()
-
-        # Completions whose every reward function said None take no part in the update.
-        mask = rollout.completion_mask.float()
-        mask = mask * (~torch.isnan(rewards)).float().to(mask.device)[:, None]
-        if args.mask_truncated_completions:
-            mask = mask * (~rollout.truncated).float()[:, None]
-        micro_batches = self._micro_batches(rollout)
-
-        # 1. Rollout-time quantities, once, without grad: old log-probs (needed for the KL
-        # reward and for ratios after the first pass), reference log-probs and values.
-        need_old = args.num_iterations > 1 or args.beta > 0
-        old_logps: list[Tensor | None] = [None] * len(micro_batches)
-        ref_logps: list[Tensor | None] = [None] * len(micro_batches)
-        value_parts = []
-        with torch.no_grad(), self._autocast():
-            for k, rows_k in enumerate(micro_batches):
-                if need_old:
-                    old_logps[k] = self._logprobs(self.model, rollout, rows_k)[0]
-                if args.beta > 0:
-                    ref_logps[k] = self._reference_logprobs(rollout, rows_k)
-                value_parts.append(self._values(rollout, rows_k))
-        old_values = scatter_rows(value_parts, micro_batches)
-
-        # 2. Token rewards (KL penalty inside), GAE, whitening over the whole batch.
-        seq_rewards = torch.nan_to_num(rewards, nan=0.0).to(self.device)
-        kl_on = args.beta > 0
-        scores = token_rewards(
-            seq_rewards,
-            scatter_rows(old_logps, micro_batches) if kl_on else None,
-            scatter_rows(ref_logps, micro_batches) if kl_on else None,
-            mask,
-            args.beta,
-        )
-        kl_rewards = scores - token_rewards(seq_rewards, None, None, mask, 0.0)  # -beta k1
-        advantages, returns = gae_advantages(scores, old_values, mask, args.ppo_gamma, args.ppo_lam)
+        args, policy, critic = self.args, self.policy, self.critic_trainable
+        timer = PhaseTimer()
+        batch = self.prompts.next()
+        rollout = self.engine.generate(batch.prompt_ids, args.num_generations)
+        timer.mark("generation")
+        scores = self.scorer(batch.rows, rollout)
+        timer.mark("scoring")
+        # 1. Rollout-time quantities, once, without grad: old log-probs (for the KL reward and
+        # the ratios after the first pass), reference log-probs and values. Completions whose
+        # every reward function said None take no part in the update.
+        inputs = policy.prepare(rollout, None, need_old=args.num_iterations > 1 or args.beta > 0,
+                                exclude_rows=torch.isnan(scores.rewards))  # fmt: skip
+        mask, parts = inputs.mask, inputs.micro_batches
+        with torch.no_grad(), policy.autocast():
+            old_values = scatter_rows([critic.values(rollout, rows) for rows in parts], parts)
+        # 2. Token rewards (KL penalty inside), GAE, whitening over the global batch.
+        seq_rewards = torch.nan_to_num(scores.rewards, nan=0.0).to(self.device)
+        old, ref = (scatter_rows(x, parts) if args.beta > 0 else None
+                    for x in (inputs.old_logprobs, inputs.ref_logprobs))  # fmt: skip
+        rewards = token_rewards(seq_rewards, old, ref, mask, args.beta)
+        kl_rewards = rewards - token_rewards(seq_rewards, None, None, mask, 0.0)  # -beta k1
+        advantages, returns = gae_advantages(rewards, old_values, mask, args.ppo_gamma,
+                                             args.ppo_lam)  # fmt: skip
         raw_advantages = advantages
         if args.whiten_advantages:  # with the global batch's mean and std
             advantages = masked_whiten(advantages, mask, reduce=self._sum_over_ranks)
-
-        # 3. num_iterations passes; micro-batch losses weighted by their share of the batch's
-        # tokens, so the accumulated gradient is that of the token mean over the whole batch
-        # (every rank's tokens; DDP's gradient average over ranks divides by world size, which
-        # the weight undoes). Every micro-batch's backward all-reduces under DDP: correct for
-        # accumulation, and every rank holds the same number of micro-batches (no curriculum).
-        total_tokens = self._sum_over_ranks(mask.sum()).clamp(min=1)
-        epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
-        sums: dict[str, float] = {}
-        entropy_sum = 0.0
-        nonfinite = False
-        grad_norm = value_grad_norm = torch.tensor(0.0)
+        # 3. num_iterations passes of the joint loss; policy and critic step together.
+        loss = PPOLoss(args, critic, rollout, advantages, returns, old_values, policy.autocast)
         for _ in range(args.num_iterations):
-            self.optimizer.zero_grad(set_to_none=True)
-            self.critic_optimizer.zero_grad(set_to_none=True)
-            for k, rows_k in enumerate(micro_batches):
-                mask_k = mask[rows_k]
-                weight = float(mask_k.sum() / total_tokens) * self.dist.world_size
-                with self._autocast():
-                    logps, entropy = self._logprobs(self.model, rollout, rows_k)
-                    values = self._values(rollout, rows_k)
-                old_k = old_logps[k] if old_logps[k] is not None else logps.detach()
-                pg_loss, metrics = ppo_policy_loss(
-                    logps,
-                    old_k,
-                    ref_logps[k],
-                    advantages[rows_k],
-                    mask_k,
-                    epsilon_low=args.epsilon,
-                    epsilon_high=epsilon_high,
-                )
-                vf_loss, vf_clip = value_loss(
-                    values, old_values[rows_k], returns[rows_k], mask_k, args.cliprange_value
-                )
-                loss = pg_loss + args.vf_coef * vf_loss
-                # A non-finite loss still goes through backward: under DDP no rank may leave
-                # the gradient all-reduce; its NaN gradients then make every rank skip.
-                nonfinite |= not bool(torch.isfinite(loss))
-                # Policy and critic share no parameters: one backward serves both.
-                (loss * weight).backward()
-                scale = weight / args.num_iterations
-                metrics = {
-                    **metrics,
-                    "loss": pg_loss.item(),
-                    "value_loss": vf_loss.item(),
-                    "value_clip_frac": float(vf_clip),
-                }
-                for key, value in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + value * scale
-                entropy_sum += float((entropy * mask_k).sum())
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
-            value_grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.critic.parameters(), args.max_grad_norm
-            )
-            finite = bool(torch.isfinite(grad_norm) & torch.isfinite(value_grad_norm))
-            nonfinite = any_rank(nonfinite or not finite, self.dist)
-            if nonfinite:
-                # A NaN/inf loss or gradient: skip the update of both models (as GRPOTrainer
-                # does); the loop logs it and stops after max_bad_steps in a row.
-                self.optimizer.zero_grad(set_to_none=True)
-                self.critic_optimizer.zero_grad(set_to_none=True)
-                break
-            self.optimizer.step()
-            self.scheduler.step()
-            self.critic_optimizer.step()
-            self.critic_scheduler.step()
-        t_updated = time.perf_counter()
+            stats = policy.update(inputs, loss, also=[critic])
+        self.engine.sync(policy.model)
+        timer.mark("update")
         self.global_step += 1
-
-        # 4. Metrics: GRPOTrainer's keys where they apply, plus the critic's.
-        group_ids = rollout.group_ids.cpu()
-        logs: dict[str, float] = {
-            "step": self.global_step,
-            "reward": float(torch.nanmean(rewards)) if not torch.isnan(rewards).all() else 0.0,
+        # 4. Metrics: GRPO's keys where they apply (not frac_reward_zero_std: with a critic,
+        # equal rewards in a group do not make the advantages 0), plus the critic's.
+        critic_logs = {
+            "value_loss": stats.sums.get("value_loss", 0.0),
+            "value_clip_frac": stats.sums.get("value_clip_frac", 0.0),
+            "value_grad_norm": float(stats.grad_norms[1]),
+            "critic_learning_rate": critic.learning_rate,
+            "explained_variance": explained_variance(old_values, returns, mask),
+            "values/mean": float(masked_mean(old_values, mask)),
+            "returns/mean": float(masked_mean(returns, mask)),
+            "advantages/mean_raw": float(masked_mean(raw_advantages, mask)),
+            "non_score_reward": float(kl_rewards.sum(1).mean()),
         }
-        if args.num_generations > 1:
-            # Not frac_reward_zero_std: with a critic, equal rewards in a group do not make the
-            # advantages 0, so the monitor's "nothing is being learned" warning would be wrong.
-            logs["reward_std"] = float(torch.nanmean(group_reward_std(rewards, group_ids)))
-        logs.update(self._reward_function_logs(per_func))
-        # Entropy per token: total_tokens counts every rank's tokens and reduce_metrics averages
-        # the ranks' shares, hence the world size.
-        entropy = entropy_sum * self.dist.world_size / float(total_tokens) / args.num_iterations
-        logs.update(
-            self._update_logs(
-                rollout, sums, entropy,
-                grad_norm, (t_start, t_generated, t_scored, t_updated),
-            )
-        )  # fmt: skip
-        logs.update(
-            {
-                "value_loss": sums.get("value_loss", 0.0),
-                "value_clip_frac": sums.get("value_clip_frac", 0.0),
-                "value_grad_norm": float(value_grad_norm),
-                "critic_learning_rate": self.critic_scheduler.get_last_lr()[0],
-                "explained_variance": explained_variance(old_values, returns, mask),
-                "values/mean": float(masked_mean(old_values, mask)),
-                "returns/mean": float(masked_mean(returns, mask)),
-                "advantages/mean_raw": float(masked_mean(raw_advantages, mask)),
-                "non_score_reward": float(kl_rewards.sum(1).mean()),
-            }
-        )
-        logs = reduce_metrics(logs, self.dist)
-        if nonfinite:
-            logs["nonfinite_step"] = 1.0
         # For completions.jsonl: one advantage per completion, the mean of its token advantages.
-        row_advantages = masked_mean(advantages, mask, dim=1).cpu()
-        self._keep_batch(rows, rollout, rewards, per_func, row_advantages, group_ids)
-        return logs
+        self.keep_batch(batch.rows, rollout, scores, masked_mean(advantages, mask, dim=1))
+        return self.step_logs(rollout, scores, stats, timer, critic_logs, zero_std=False)
 
     def _sum_over_ranks(self, value: Tensor) -> Tensor:
         return all_reduce_sum(value, self.dist)
@@ -554,22 +492,14 @@ class PPOTrainer(GRPOTrainer):
 
     def extra_state_dict(self) -> dict[str, Any]:
         """The critic's weights, optimizer and scheduler state, for the trainer checkpoint."""
-        base = getattr(super(), "extra_state_dict", None)
-        state = dict(base()) if base is not None else {}
-        state.update(
-            {
-                "critic": self.critic.state_dict(),
-                "critic_optimizer": self.critic_optimizer.state_dict(),
-                "critic_scheduler": self.critic_scheduler.state_dict(),
-            }
-        )
-        return state
+        return {
+            "critic": self.critic.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "critic_scheduler": self.critic_scheduler.state_dict(),
+        }
 
     def load_extra_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`extra_state_dict` returned."""
-        base = getattr(super(), "load_extra_state_dict", None)
-        if base is not None:
-            base(state)
         self.critic.load_state_dict(state["critic"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         if "critic_scheduler" in state:
@@ -582,10 +512,7 @@ class PPOTrainer(GRPOTrainer):
         target = super().save_model(path)
         if not self.dist.is_main:  # under data parallel only rank 0 writes
             return target
-        folder = target / CRITIC_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".save-", dir=folder))
-        try:
+        with staged_folder(target / CRITIC_DIR) as tmp:
             tensors = {
                 k: v.detach().contiguous().cpu() for k, v in self.critic.state_dict().items()
             }
@@ -595,10 +522,6 @@ class PPOTrainer(GRPOTrainer):
                 "hidden_size": self.critic.head.in_features,
             }
             (tmp / CRITIC_CONFIG).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-            for item in tmp.iterdir():
-                os.replace(item, folder / item.name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         return target
 
     def load_critic(self, path: str | Path) -> None:

@@ -2,10 +2,12 @@
 
 Multi-Adversary GDRO (Panaganti et al., arXiv 2601.19280; docs/algorithms.md section 1). This
 module follows the paper's equations, not the released verl patch (algorithms.md 1.4 lists its
-defects). It talks to a trainer through two narrow interfaces:
+defects). Two curricula are built on the same observer (:class:`GDROCurriculum`):
 
-- :meth:`PromptGDRO.sample_weights`: a per-sample advantage multiplier (eq. 16), and
-- :meth:`RolloutGDRO.allocate` / :func:`sqrt_allocation`: a per-prompt rollout count.
+- :class:`PromptGDROCurriculum`: every prompt gets G rollouts; its rollouts' policy term is
+  weighted by its bin's adversary weight (:meth:`PromptGDRO.sample_weights`, eq. 16);
+- :class:`RolloutGDROCurriculum`: weight 1, rollouts per prompt from :meth:`RolloutGDRO.allocate`
+  (eqs. 19-21) or the closed form :func:`sqrt_allocation` (eq. 30).
 
 Bins are indexed 0..B-1 with **0 = hardest** (lowest recent pass rate), as in the paper.
 Everything here is plain Python / numpy and holds its state in a ``state_dict`` for checkpoints.
@@ -15,9 +17,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+
+from ..distributed import DistributedContext
+from .base import GlobalBatchCurriculum, Plan, PromptBatch
 
 
 def default_edges(num_bins: int) -> list[float]:
@@ -117,29 +123,6 @@ class DifficultyClassifier:
 
 # ----------------------------------------------------------------------------------------------
 # Prompt-GDRO: EMA-debiased exponential weights (section 3.2)
-
-
-def per_response_loss(
-    logprobs: np.ndarray | Sequence,
-    old_logprobs: np.ndarray | Sequence,
-    advantages: Sequence[float],
-    mask: np.ndarray | Sequence,
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.2,
-) -> np.ndarray:
-    """The adversary's signal per response, eqs. 5-6 without KL and with unweighted advantages:
-    ``l_i = (1/L_i) sum_t max(-A_i rho_t, -A_i clip(rho_t, 1-eps_low, 1+eps_high))``.
-
-    On-policy (rho = 1) this is -A_i, whose group mean is 0: the signal then only carries the
-    off-policy and clipping drift (algorithms.md 1.1, [obs])."""
-    logp = np.asarray(logprobs, dtype=np.float64)
-    old = np.asarray(old_logprobs, dtype=np.float64)
-    keep = np.asarray(mask, dtype=bool)
-    adv = np.asarray(advantages, dtype=np.float64)[:, None]
-    ratio = np.exp(np.where(keep, logp - old, 0.0))
-    clipped = np.clip(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    per_token = np.maximum(-adv * ratio, -adv * clipped)
-    return np.where(keep, per_token, 0.0).sum(1) / np.maximum(keep.sum(1), 1)
 
 
 class PromptGDRO:
@@ -427,13 +410,14 @@ def lead_lag(data_shares: Sequence[float], weights: Sequence[float]) -> tuple[fl
 
 
 # ----------------------------------------------------------------------------------------------
-# The trainer's side: one object that plans a step and observes its outcome
+# The curricula: plan a step, observe its outcome
 
 
-class Curriculum:
-    """Glue between the trainer and the adversaries (``mode``: none | prompt_gdro |
-    rollout_gdro). Per step the trainer calls :meth:`plan` (bins and rollouts per prompt), then
-    :meth:`advantage_weights` (per-row multiplier), and after the update :meth:`observe`.
+class GDROCurriculum(GlobalBatchCurriculum):
+    """Classifier, both adversaries and the diagnostics of section 4, shared by the two GDRO
+    curricula; a subclass decides what the plan acts on (:meth:`rollout_counts`,
+    :meth:`prompt_weights`). The adversary a curriculum does not act on still learns, so its
+    diagnostics (bin weights, mu) are logged either way.
 
     Rollout allocation (``allocator``): ``bandit`` is eqs. 19-21 (:class:`RolloutGDRO`);
     ``sqrt`` is the closed form (:func:`sqrt_allocation`) with v_b = p_b (1 - p_b), p_b the bin's
@@ -441,13 +425,13 @@ class Curriculum:
     the midpoint of its accuracy range). Both keep the step's total at prompts x mean_budget.
 
     Prompt-GDRO's signal (``prompt_signal``): ``pg_loss``, the paper's per-response clipped
-    policy loss (eqs. 5-6, unweighted advantages), or ``failure_rate``, 1 - correct per rollout.
+    policy loss (eqs. 5-6, unweighted advantages; the loss variant's
+    :func:`~groupwise.core.sequence_surrogate`), or ``failure_rate``, 1 - correct per rollout.
     With one optimisation pass per batch the former is -A_i, whose mean over every group and
     so every bin is exactly 0, which leaves all bin weights equal (algorithms.md 1.1 [obs])."""
 
     def __init__(
         self,
-        mode: str = "none",
         *,
         num_bins: int = 10,
         edges: Sequence[float] | None = None,
@@ -458,19 +442,20 @@ class Curriculum:
         n_max: int = 12,
         allocator: str = "bandit",
         prompt_signal: str = "pg_loss",
+        correct_threshold: float = 0.5,
         prompt_kwargs: dict | None = None,
         rollout_kwargs: dict | None = None,
+        dist: DistributedContext | None = None,
     ) -> None:
-        if mode not in ("none", "prompt_gdro", "rollout_gdro"):
-            raise ValueError(f"curriculum must be none, prompt_gdro or rollout_gdro, got {mode!r}")
+        super().__init__(dist)
         if allocator not in ("bandit", "sqrt"):
             raise ValueError(f"allocator must be bandit or sqrt, got {allocator!r}")
         if prompt_signal not in ("pg_loss", "failure_rate"):
             raise ValueError(
                 f"prompt_signal must be pg_loss or failure_rate, got {prompt_signal!r}"
             )
-        self.prompt_signal = prompt_signal
-        self.mode, self.allocator = mode, allocator
+        self.prompt_signal, self.allocator = prompt_signal, allocator
+        self.correct_threshold = correct_threshold
         self.classifier = DifficultyClassifier(num_bins, edges, window, hysteresis)
         bins = self.classifier.num_bins
         self.prompt_gdro = PromptGDRO(bins, **(prompt_kwargs or {}))
@@ -480,6 +465,57 @@ class Curriculum:
         self.mean_budget, self.n_min, self.n_max = mean_budget, n_min, n_max
         self.success: list[deque] = [deque(maxlen=max(window, 1)) for _ in range(bins)]
 
+    @classmethod
+    def from_options(
+        cls, options: Mapping[str, Any], dist: DistributedContext | None = None
+    ) -> GDROCurriculum:
+        """Built from a run's options (``GRPOConfig.to_dict()``): the ``gdro_*`` and
+        ``rollout_*`` fields, and ``num_generations`` as the mean rollout budget."""
+        o = options
+        return cls(
+            num_bins=o["gdro_num_bins"],
+            edges=o["gdro_bin_edges"],
+            window=o["gdro_window"],
+            hysteresis=o["gdro_hysteresis"],
+            mean_budget=o["num_generations"],
+            n_min=o["rollout_min"],
+            n_max=o["rollout_max"],
+            allocator=o["rollout_allocator"],
+            prompt_signal=o["gdro_signal"],
+            correct_threshold=o["gdro_correct_threshold"],
+            prompt_kwargs=dict(
+                eta=o["gdro_eta"],
+                gamma=o["gdro_gamma"],
+                ema_beta=o["gdro_ema_beta"],
+                clip=o["gdro_clip"],
+                weight_cap=o["gdro_weight_cap"],
+                share_normalize=o["gdro_share_normalize"],
+            ),
+            rollout_kwargs=dict(
+                eta=o["gdro_eta"],
+                gamma=o["gdro_gamma"],
+                dual_lr=o["rollout_dual_lr"],
+                score_decay=o["rollout_score_decay"],
+            ),
+            dist=dist,
+        )
+
+    # -- what a subclass acts on ------------------------------------------------------------
+    def rollout_counts(self, bins: Sequence[int]) -> list[int]:
+        """Rollouts per prompt of the global batch."""
+        return [int(self.mean_budget)] * len(bins)
+
+    def prompt_weights(self, bins: Sequence[int], counts: Sequence[int]) -> list[float]:
+        """Per prompt, the multiplier of its rollouts' policy term."""
+        return [1.0] * len(bins)
+
+    # -- the protocol ---------------------------------------------------------------------------
+    def plan(self, batch: PromptBatch) -> Plan:
+        """Bins (from history up to the previous step), rollouts and weights per prompt."""
+        bins = self.classifier.classify(batch.indices)
+        counts = self.rollout_counts(bins)
+        return Plan(batch, counts, self.prompt_weights(bins, counts), bins)
+
     def _bin_success_rate(self, b: int) -> float:
         seen = self.success[b]
         if seen and sum(n for _, n in seen):
@@ -487,47 +523,20 @@ class Curriculum:
         edges = [0.0, *self.classifier.edges, 1.0]
         return (edges[b] + edges[b + 1]) / 2
 
-    def plan(self, uids: Sequence[Hashable]) -> tuple[list[int], list[int]]:
-        """Bins (from history up to the previous step) and rollouts per prompt."""
-        bins = self.classifier.classify(uids)
-        if self.mode != "rollout_gdro":
-            return bins, [int(self.mean_budget)] * len(uids)
-        if self.allocator == "sqrt":
-            p = [self._bin_success_rate(b) for b in range(self.classifier.num_bins)]
-            variances = [x * (1 - x) for x in p]
-            return bins, sqrt_allocation(bins, variances, self.mean_budget, self.n_min, self.n_max)
-        return bins, self.rollout_gdro.allocate(bins)
-
-    def advantage_weights(self, bins: Sequence[int], row_prompt: Sequence[int]) -> np.ndarray:
-        """Per-row advantage multiplier (eq. 16): Prompt-GDRO's weights, else ones."""
-        row_bins = [bins[p] for p in row_prompt]
-        if self.mode != "prompt_gdro":
-            return np.ones(len(row_bins))
-        return self.prompt_gdro.sample_weights(row_bins)
-
-    def prompt_weights(self, bins: Sequence[int], counts: Sequence[int]) -> np.ndarray:
-        """:meth:`advantage_weights` per prompt, for a batch whose prompt i has ``counts[i]``
-        rows (its bins ``bins[i]``): eq. 16 normalises over all of the batch's rows. A data
-        parallel rank passes the global batch and keeps its own prompts' entries, so its rows
-        get exactly the weights one process would give them."""
-        row_prompt = np.repeat(np.arange(len(bins)), np.asarray(counts, dtype=int))
-        row_weights = self.advantage_weights(bins, row_prompt.tolist())
-        first_row = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
-        return np.asarray(row_weights)[first_row]
-
-    def observe(
+    def observe_global(
         self,
-        uids: Sequence[Hashable],
-        bins: Sequence[int],
-        counts: Sequence[int],
+        plan: Plan,
         row_prompt: Sequence[int],
-        row_correct: Sequence[bool],
+        row_correctness: Sequence[float],
         row_loss: Sequence[float],
         row_reward: Sequence[float],
     ) -> dict[str, float]:
         """Feed the step's outcome to every adversary and the classifier; return diagnostics."""
+        uids, bins, counts = plan.batch.indices, plan.bins, plan.counts
+        assert bins is not None
         row_prompt = np.asarray(row_prompt, dtype=int)
-        correct = np.asarray(row_correct, dtype=bool)
+        scores = np.nan_to_num(np.asarray(row_correctness, dtype=np.float64), nan=-math.inf)
+        correct = scores > self.correct_threshold
         loss = np.asarray(row_loss, dtype=np.float64)
         reward = np.nan_to_num(np.asarray(row_reward, dtype=np.float64))
         row_bins = np.asarray([bins[p] for p in row_prompt], dtype=int)
@@ -594,3 +603,28 @@ class Curriculum:
         for d, items in zip(self.success, state["success"], strict=True):
             d.clear()
             d.extend(tuple(x) for x in items)
+
+
+class PromptGDROCurriculum(GDROCurriculum):
+    """Prompt-GDRO (section 3.2): G rollouts per prompt; each prompt's policy term is multiplied
+    by its bin's weight q_b (eq. 16), normalised to mean 1 over the global batch's rows and
+    capped. A data parallel rank plans the global batch and keeps its own prompts' weights, so
+    its rows get exactly the weights one process would give them."""
+
+    def prompt_weights(self, bins: Sequence[int], counts: Sequence[int]) -> list[float]:
+        row_bins = np.repeat(np.asarray(bins, dtype=int), np.asarray(counts, dtype=int))
+        row_weights = self.prompt_gdro.sample_weights(row_bins.tolist())
+        first_row = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
+        return np.asarray(row_weights)[first_row].tolist()
+
+
+class RolloutGDROCurriculum(GDROCurriculum):
+    """Rollout-GDRO (section 3.3): weight 1; rollouts per prompt chosen per bin under a fixed
+    mean budget, by the bandits with a shadow price (eqs. 19-21) or the square-root law."""
+
+    def rollout_counts(self, bins: Sequence[int]) -> list[int]:
+        if self.allocator == "sqrt":
+            p = [self._bin_success_rate(b) for b in range(self.classifier.num_bins)]
+            variances = [x * (1 - x) for x in p]
+            return sqrt_allocation(bins, variances, self.mean_budget, self.n_min, self.n_max)
+        return self.rollout_gdro.allocate(bins)

@@ -1,4 +1,5 @@
-"""Rollouts: batched generation of G completions per prompt with a shared prompt KV cache.
+"""The Hugging Face / torch rollout engine: batched generation of G completions per prompt with a
+shared prompt KV cache.
 
 The prompts of a batch are left-padded and encoded once; the resulting KV cache is repeated G
 times along the batch (``repeat_interleave``) so the G completions of a group share one prompt
@@ -11,43 +12,13 @@ on a 2-core CPU with a 49k vocabulary) and instead inverts the CDF with ``search
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-
-@dataclass
-class SamplingParams:
-    max_completion_length: int = 256
-    temperature: float = 1.0  # <= 0 means greedy (exact argmax)
-    top_p: float = 1.0
-    top_k: int = 0  # 0 disables top-k
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
-
-
-@dataclass
-class Rollout:
-    """Output of :func:`generate`. Rows are ordered group by group: row i belongs to prompt
-    ``group_ids[i]``; each group's rows are contiguous."""
-
-    prompt_ids: torch.Tensor  # [P, Lp] left-padded
-    prompt_mask: torch.Tensor  # [P, Lp]
-    completion_ids: torch.Tensor  # [N, T] right-padded with pad_token_id
-    completion_mask: torch.Tensor  # [N, T] 1 for generated tokens up to and including EOS
-    truncated: torch.Tensor  # [N] bool: hit max_completion_length without EOS
-    group_ids: torch.Tensor  # [N] long: index of the prompt this completion answers
-    texts: list[str]  # decoded completions (special tokens skipped)
-    # [N, T] fp32 log-prob of each sampled token under the sampler's softmax(logits / T) (T = 1
-    # when greedy), before top-k / top-p; 0 at padding. Only with generate(return_logprobs=True).
-    sampling_logprobs: torch.Tensor | None = None
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.completion_mask.sum(dim=1)
+from .base import Rollout, SamplingParams
 
 
 def sample_next_token(
@@ -242,3 +213,58 @@ def generate(
         texts=texts,
         sampling_logprobs=sampling_logprobs,
     )
+
+
+class HFEngine:
+    """:class:`~groupwise.rollout.base.RolloutEngine` over :func:`generate`: the policy's own
+    weights, in place (``sync`` has nothing to copy).
+
+    ``numerics`` wraps every generation: bf16 autocast when generation runs in other numerics
+    than the update (``generation_dtype: bfloat16``), in which case ``records_logprobs`` makes the
+    rollout carry the sampler's log-probs (rollout correction keys on them). ``weights`` wraps it
+    too: under FSDP2 it gathers the full weights around the plain Hugging Face call."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        *,
+        numerics: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        records_logprobs: bool = False,
+    ) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.params, self.generator = params, generator
+        self.numerics, self.weights = numerics, weights
+        self.records_logprobs = records_logprobs
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        counts: int | Sequence[int],
+        params: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        # One count for all prompts when the groups are uniform: the prompt cache is then
+        # repeated instead of gathered (cheaper, and the same numbers either way).
+        if not isinstance(counts, int) and len(set(counts)) == 1:
+            counts = int(counts[0])
+        with self.numerics(), self.weights():
+            return generate(
+                self.model,
+                self.tokenizer,
+                [list(p) for p in prompt_ids],
+                counts if isinstance(counts, int) else list(counts),
+                params if params is not None else self.params,
+                generator if generator is not None else self.generator,
+                return_logprobs=self.records_logprobs,
+            )
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def sync(self, policy: torch.nn.Module) -> None:
+        """Nothing to do: this engine samples from the policy's own parameters."""

@@ -1,0 +1,226 @@
+"""A run's options (:class:`~groupwise.config.GRPOConfig`) -> its components.
+
+The only module that maps option names to components: the machine (device, dtype), the model
+(gradient checkpointing, LoRA), the rewards (built-in names, weights, the correctness reward),
+the rollout engine and the curriculum. Everything below it takes plain arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .config import GRPOConfig
+from .curriculum import CURRICULA, Curriculum
+from .distributed import DistributedContext
+from .models import load_model_and_tokenizer
+from .policy import Policy, apply_lora
+from .rewards import RewardFunc, build_reward_func, reward_func_name
+from .rewards.combine import RewardScorer, score_rollout
+from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams
+
+# ----------------------------------------------------------------------------------------------
+# Machine and model
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device={name!r} was asked for but CUDA is not available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "float32":
+        return torch.float32
+    if name == "bfloat16":
+        return torch.bfloat16
+    # auto: bf16 on GPUs that support it, fp32 elsewhere (CPU training in bf16 loses updates).
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def build_model(
+    model: str | PreTrainedModel,
+    processing_class: PreTrainedTokenizerBase | None,
+    args: GRPOConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The policy model on its device and dtype (gradient checkpointing, LoRA) and tokenizer."""
+    model, tokenizer = load_model_and_tokenizer(model, processing_class, seed=args.seed)
+    model = model.to(device=device, dtype=dtype)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if args.use_peft:
+        model = apply_lora(model, args)
+    model.train()
+    return model, tokenizer
+
+
+# ----------------------------------------------------------------------------------------------
+# Rewards
+
+
+@dataclass
+class Scores:
+    """A rollout's rewards: the weighted total [N] (NaN where every function returned None),
+    each function's [N, F] (NaN for None), and the correctness score [N]: the column of the
+    reward that declares correctness, or the total when none does."""
+
+    rewards: torch.Tensor
+    per_func: torch.Tensor
+    correctness: torch.Tensor
+
+
+class RolloutScorer:
+    """The run's reward functions, called on a rollout with the dataset rows' columns."""
+
+    # Built-in rewards that score task success; the first one a run uses is its correctness
+    # signal (the curriculum's "correct", the monitor's accuracy).
+    CORRECTNESS = (
+        "accuracy_reward",
+        "code_reward",
+        "code_reward_binary",
+        "countdown_reward",
+        "task_reward",
+        "reasoning_gym_reward",
+    )
+
+    def __init__(self, funcs: Sequence[RewardFunc], weights: Sequence[float], **kwargs: Any):
+        self.funcs = list(funcs)
+        self.names = [reward_func_name(f) for f in self.funcs]
+        self.combine = RewardScorer(self.funcs, list(weights), **kwargs)
+        self.correctness_index = next(
+            (j for j, n in enumerate(self.names) if n in self.CORRECTNESS), None
+        )
+
+    def __call__(self, rows: Sequence[dict[str, Any]], rollout: Rollout) -> Scores:
+        rewards, per_func = score_rollout(self.combine, rows, rollout)
+        j = self.correctness_index
+        return Scores(rewards, per_func, per_func[:, j] if j is not None else rewards)
+
+    def state_dict(self) -> dict[str, Any]:
+        stats = {}
+        for name, func in zip(self.names, self.funcs, strict=True):
+            value = getattr(func, "stats", None)
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                stats[name] = dataclasses.asdict(value)
+            elif isinstance(value, dict):
+                stats[name] = dict(value)
+        errors = {k: dict(v) for k, v in self.combine.error_counts.items()}
+        return {"reward_errors": errors, "reward_stats": stats}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, counts in state.get("reward_errors", {}).items():
+            self.combine.error_counts[name] = type(self.combine.error_counts[name])(counts)
+        for name, func in zip(self.names, self.funcs, strict=True):
+            saved = state.get("reward_stats", {}).get(name)
+            current = getattr(func, "stats", None)
+            if saved is None or current is None:
+                continue
+            if isinstance(current, dict):
+                current.update(saved)
+            else:
+                for key, value in saved.items():
+                    setattr(current, key, value)
+
+    def logs(self, per_func: torch.Tensor) -> dict[str, float]:
+        """Per reward function: mean, std, fraction None, errors and the function's own
+        counters (remote failures, sandbox timeouts, ...)."""
+        logs: dict[str, float] = {}
+        errors = self.combine.error_summary()
+        for j, name in enumerate(self.names):
+            column = per_func[:, j]
+            valid = column[~torch.isnan(column)]
+            logs[f"rewards/{name}/mean"] = float(valid.mean()) if valid.numel() else math.nan
+            logs[f"rewards/{name}/std"] = float(valid.std()) if valid.numel() > 1 else 0.0
+            logs[f"rewards/{name}/frac_none"] = 1.0 - valid.numel() / max(column.numel(), 1)
+            logs[f"rewards/{name}/errors"] = errors[name]
+            stats = getattr(self.funcs[j], "stats", None)
+            if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+                stats = dataclasses.asdict(stats)
+            if isinstance(stats, dict):
+                for key, value in stats.items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        logs[f"rewards/{name}/{key}"] = float(value)
+        return logs
+
+
+def build_scorer(
+    reward_funcs: RewardFunc | str | Sequence[RewardFunc | str], args: GRPOConfig
+) -> RolloutScorer:
+    """Reward functions from built-in names (configured from ``args``) or callables, with
+    ``reward_weights`` (default 1 each)."""
+    if callable(reward_funcs) or isinstance(reward_funcs, str):
+        reward_funcs = [reward_funcs]
+    funcs = [build_reward_func(f, args) for f in reward_funcs]
+    weights = args.reward_weights or [1.0] * len(funcs)
+    if len(weights) != len(funcs):
+        names = [reward_func_name(f) for f in funcs]
+        raise ValueError(
+            f"reward_weights has {len(weights)} entries for {len(funcs)} reward functions "
+            f"({names})"
+        )
+    return RolloutScorer(funcs, weights, max_failure_fraction=args.reward_max_failure_fraction)
+
+
+# ----------------------------------------------------------------------------------------------
+# Engine and curriculum
+
+
+def sampling_params(args: GRPOConfig, *, greedy: bool = False) -> SamplingParams:
+    return SamplingParams(
+        max_completion_length=args.max_completion_length,
+        temperature=0.0 if greedy else args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+    )
+
+
+def build_engine(
+    policy: Policy,
+    tokenizer: PreTrainedTokenizerBase,
+    args: GRPOConfig,
+    generator: torch.Generator,
+    dtype: torch.dtype,
+) -> RolloutEngine:
+    """The rollout engine: the Hugging Face / torch engine on the policy's own weights. With
+    ``generation_dtype: bfloat16`` (and an update in another dtype) it generates under bf16
+    autocast and records its log-probs, which turns rollout correction on."""
+    differs = (
+        args.generation_dtype == "bfloat16"
+        and not args.bf16_autocast
+        and dtype != torch.bfloat16
+    )
+
+    def numerics() -> contextlib.AbstractContextManager:
+        if differs:
+            return torch.autocast(device_type=policy.device.type, dtype=torch.bfloat16)
+        return policy.autocast()
+
+    return HFEngine(
+        policy.model,
+        tokenizer,
+        sampling_params(args),
+        generator,
+        numerics=numerics,
+        weights=policy.full_weights,
+        records_logprobs=differs,
+    )
+
+
+def build_curriculum(args: GRPOConfig, dist: DistributedContext) -> Curriculum:
+    """The ``curriculum`` option's class (:data:`groupwise.curriculum.CURRICULA`), built from
+    the run's options."""
+    return CURRICULA[args.curriculum].from_options(args.to_dict(), dist)

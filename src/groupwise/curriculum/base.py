@@ -1,0 +1,139 @@
+"""The curriculum seam: what a curriculum sees before a step (:class:`PromptBatch`), what it decides
+(:class:`Plan`: rollouts and weight per prompt) and what it learns from after the update
+(:class:`Outcome`).
+
+Every rank plans the *global* batch from the same state and keeps its own share; after the
+update, :class:`GlobalBatchCurriculum` gathers every rank's rows so each rank observes the same
+global outcome in the same order. The state therefore stays identical on every rank, and equal to
+one process's on that batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..distributed import DistributedContext, concat_over_ranks
+from ..rollout import Rollout
+
+
+@dataclass
+class PromptBatch:
+    """One step's prompts: ``indices`` (dataset rows) of the global batch, in the same order on
+    every rank; ``mine`` is this rank's consecutive share, whose ``rows`` and tokenised
+    ``prompt_ids`` this rank rolls out."""
+
+    indices: list[int]
+    mine: slice
+    rows: list[dict[str, Any]]
+    prompt_ids: list[list[int]]
+
+
+@dataclass
+class Plan:
+    """A curriculum's decision for one global batch: ``counts[i]`` rollouts and weight
+    ``weights[i]`` (multiplying its rollouts' policy term) for prompt ``batch.indices[i]``;
+    ``bins`` are the difficulty bins the decision used (None when the curriculum has none)."""
+
+    batch: PromptBatch
+    counts: list[int]
+    weights: list[float]
+    bins: list[int] | None = None
+
+    @property
+    def local_counts(self) -> list[int]:
+        """Rollouts per prompt of this rank's share."""
+        return self.counts[self.batch.mine]
+
+    def row_weights(self, rollout: Rollout) -> torch.Tensor | None:
+        """Per row of this rank's rollout, its prompt's weight; None when every weight is 1."""
+        mine = self.weights[self.batch.mine]
+        if all(w == 1.0 for w in mine):
+            return None
+        return torch.as_tensor(mine, dtype=torch.float32)[rollout.group_ids.cpu()]
+
+
+@dataclass
+class Outcome:
+    """What one step produced on this rank: per row, the correctness score (the reward that
+    declares correctness, NaN when not applicable), the total reward and the policy term the
+    loss variant assigned (:func:`groupwise.core.sequence_surrogate`); ``skipped`` when the update
+    was not applied (a NaN/inf step), which a curriculum does not learn from."""
+
+    rollout: Rollout
+    correctness: torch.Tensor
+    rewards: torch.Tensor
+    sequence_loss: torch.Tensor
+    skipped: bool = False
+
+
+class Curriculum:
+    """The protocol: :meth:`plan` before generation, :meth:`observe` after the update (returns
+    metrics to log), and ``state_dict``/``load_state_dict`` for checkpoints (``None`` when the
+    curriculum has no state)."""
+
+    def plan(self, batch: PromptBatch) -> Plan:
+        raise NotImplementedError
+
+    def observe(self, plan: Plan, outcome: Outcome) -> dict[str, float]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict | None:
+        return None
+
+    def load_state_dict(self, state: dict) -> None:
+        return None
+
+
+class NoCurriculum(Curriculum):
+    """Plain GRPO: ``num_generations`` rollouts for every prompt, weight 1, nothing learned."""
+
+    def __init__(self, num_generations: int) -> None:
+        self.num_generations = num_generations
+
+    @classmethod
+    def from_options(
+        cls, options: Mapping[str, Any], dist: DistributedContext | None = None
+    ) -> NoCurriculum:
+        return cls(options["num_generations"])
+
+    def plan(self, batch: PromptBatch) -> Plan:
+        n = len(batch.indices)
+        return Plan(batch, [self.num_generations] * n, [1.0] * n)
+
+    def observe(self, plan: Plan, outcome: Outcome) -> dict[str, float]:
+        return {}
+
+
+class GlobalBatchCurriculum(Curriculum):
+    """A curriculum that learns from the global batch: :meth:`observe` gathers every rank's rows
+    (prompt index within the global batch, correctness, policy term, reward) in rank order and
+    hands them to :meth:`observe_global`."""
+
+    def __init__(self, dist: DistributedContext | None = None) -> None:
+        self.dist = dist or DistributedContext()
+
+    def observe(self, plan: Plan, outcome: Outcome) -> dict[str, float]:
+        if outcome.skipped:
+            return {}
+        first_prompt = plan.batch.mine.start
+        columns = (
+            (outcome.rollout.group_ids.cpu() + first_prompt).tolist(),
+            outcome.correctness.tolist(),
+            outcome.sequence_loss.cpu().tolist(),
+            outcome.rewards.tolist(),
+        )
+        return self.observe_global(plan, *concat_over_ranks(columns, self.dist))
+
+    def observe_global(
+        self,
+        plan: Plan,
+        row_prompt: Sequence[int],
+        row_correctness: Sequence[float],
+        row_loss: Sequence[float],
+        row_reward: Sequence[float],
+    ) -> dict[str, float]:
+        raise NotImplementedError

@@ -1,0 +1,657 @@
+"""The policy: everything that touches the trained weights.
+
+:class:`Trainable` is one trained network under data parallel (its DDP wrapper or FSDP2 root, its
+AdamW and LR schedule, gradient sync, clipping and the NaN-skip step); the PPO critic is one too.
+:class:`Policy` adds the language-model side: the frozen reference (a copy, offloaded or not, or
+the LoRA adapter disabled), micro-batched completion log-probs, and the two calls of a step:
+
+    inputs = policy.prepare(rollout, advantages, row_weights)  # pi_old (mu > 1), pi_ref (beta > 0)
+    stats = policy.update(inputs, loss)                        # one optimizer pass
+
+``loss`` is any callable ``loss(logprobs, micro_batch) -> LossTerms``; :class:`GRPOLoss` binds a
+registered loss variant (:data:`groupwise.core.LOSSES`) to the run's options. Losses are
+normalised over the *global* batch (:class:`~groupwise.core.BatchCounts`: every rank's rows,
+tokens and micro-batches), so data parallel gives the single-process gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from transformers import PreTrainedModel
+
+from .batching import micro_batch_rows, prompt_blocks, trimmed_completions
+from .core import (
+    BatchCounts,
+    get_loss,
+    policy_loss,
+    rollout_correction_weights,
+    sequence_surrogate,
+)
+from .distributed import (
+    DistributedContext,
+    LogprobModule,
+    all_reduce_sum,
+    any_rank,
+    fsdp_full_weights,
+    max_over_ranks,
+    shard_fsdp,
+)
+from .logprobs import completion_logprobs
+from .rollout import Rollout
+
+if TYPE_CHECKING:
+    from .config import GRPOConfig
+
+
+class CheckpointMismatch(ValueError):
+    """Saved weights that do not fit the model (the caller names the checkpoint)."""
+
+
+def lr_factor(args: GRPOConfig, total_steps: int) -> Callable[[int], float]:
+    """The LR multiplier per optimizer step: linear warm-up over ``warmup_steps``, then
+    constant, linear decay or cosine decay to 0 at ``total_steps``."""
+
+    def factor(step: int) -> float:
+        if args.warmup_steps and step < args.warmup_steps:
+            return (step + 1) / args.warmup_steps
+        if args.lr_scheduler_type == "constant":
+            return 1.0
+        progress = (step - args.warmup_steps) / max(1, total_steps - args.warmup_steps)
+        progress = min(max(progress, 0.0), 1.0)
+        if args.lr_scheduler_type == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def apply_lora(model: PreTrainedModel, args: GRPOConfig) -> PreTrainedModel:
+    """Wrap ``model`` in a peft LoRA adapter; only the adapter's parameters train."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        # "all-linear": every nn.Linear except the output layer (peft's rule).
+        target_modules=args.lora_target_modules or "all-linear",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+# ----------------------------------------------------------------------------------------------
+# One trained network
+
+
+class Trainable:
+    """A network trained under data parallel: ``module`` (the plain network, which checkpoints
+    and ``save_pretrained`` read), ``wrapper`` (what its training forward goes through: DDP, the
+    FSDP2 root, or None in one process), AdamW and its LR schedule."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        wrapper: Any,
+        args: GRPOConfig,
+        dist: DistributedContext,
+        learning_rate: float,
+    ) -> None:
+        self.module, self.wrapper, self.args, self.dist = module, wrapper, args, dist
+        self.optimizer = torch.optim.AdamW(
+            [p for p in module.parameters() if p.requires_grad],
+            lr=learning_rate,
+            betas=(args.adam_beta1, args.adam_beta2),
+            weight_decay=args.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(args, args.max_steps * args.num_iterations)
+        )
+
+    @property
+    def sharded(self) -> bool:
+        return self.wrapper is not None and not isinstance(self.wrapper, DistributedDataParallel)
+
+    @contextlib.contextmanager
+    def gradient_sync(self, sync: bool) -> Iterator[None]:
+        """Gradient accumulation: DDP all-reduces (FSDP reduce-scatters) only when ``sync``."""
+        if self.sharded:
+            self.wrapper.set_requires_gradient_sync(sync)
+        if isinstance(self.wrapper, DistributedDataParallel) and not sync:
+            with self.wrapper.no_sync():
+                yield
+        else:
+            yield
+
+    def clip_grad_norm(self) -> Tensor:
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.args.max_grad_norm)
+        if hasattr(norm, "full_tensor"):  # FSDP: a DTensor (a partial norm per rank)
+            norm = norm.full_tensor()
+        return norm
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.scheduler.step()
+
+    @property
+    def learning_rate(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def optimizer_state_dict(self) -> dict[str, Any]:
+        """The optimizer state; under FSDP the full (unsharded) state keyed by parameter name,
+        gathered to rank 0 (a collective; other ranks get an empty dict)."""
+        if not self.sharded:
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(self.module, self.optimizer, options=options)
+
+    def load_optimizer_state_dict(self, state: dict[str, Any]) -> None:
+        if not self.sharded:
+            self.optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        # Every rank read the full state (keyed by parameter name); each keeps its own shards.
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(self.module, self.optimizer, state, options=options)
+
+
+# ----------------------------------------------------------------------------------------------
+# What an update pass works on
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch as a loss sees it: row indices into the rollout and their slices of the
+    step's tensors (on the policy's device)."""
+
+    rows: Tensor
+    mask: Tensor  # [n, T] float: the tokens trained on
+    advantages: Tensor | None  # [n] (GRPO) or [n, T] (PPO), None when the loss holds its own
+    old_logprobs: Tensor | None  # [n, T] pi_old, None when on-policy (mu = 1)
+    ref_logprobs: Tensor | None  # [n, T] pi_ref, None when beta = 0
+    correction: Tensor | None  # [n, T] or [n, 1] rollout-correction weights
+    row_weights: Tensor | None  # [n] a curriculum's weights
+    counts: BatchCounts
+
+
+@dataclass
+class LossTerms:
+    """A loss's answer for one micro-batch: the loss (with grad), its ``weight`` in the global
+    batch's loss, metrics (python floats, weighted like the loss when logged) and the
+    per-completion policy term a curriculum reads ([n], no grad; None if the loss has none)."""
+
+    loss: Tensor
+    weight: float
+    metrics: dict[str, float]
+    sequence_loss: Tensor | None = None
+
+
+@dataclass
+class UpdateStats:
+    """What the passes over one batch did: weighted metric sums (each pass counted
+    1 / passes), the entropy sum over tokens, the last pass's gradient norms and per-sequence
+    loss, and whether an update was skipped for a NaN/inf loss or gradient."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    entropy_sum: float = 0.0
+    grad_norms: list[Tensor] = field(default_factory=list)
+    sequence_loss: Tensor | None = None
+    mismatch: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    skipped: bool = False
+    passes: int = 0
+    tokens: Tensor | float = 1.0  # the global batch's trained tokens (entropy is per token)
+
+    @property
+    def grad_norm(self) -> Tensor:
+        return self.grad_norms[0] if self.grad_norms else torch.tensor(0.0)
+
+
+@dataclass
+class PolicyInputs:
+    """A prepared batch: the rollout, its micro-batches (and FSDP padding passes), the
+    rollout-time log-probs per micro-batch, the global counts, and the stats of the passes."""
+
+    rollout: Rollout
+    mask: Tensor
+    advantages: Tensor | None
+    row_weights: Tensor | None
+    micro_batches: list[Tensor]
+    padding: list[Tensor]
+    old_logprobs: list[Tensor | None]
+    ref_logprobs: list[Tensor | None]
+    counts: BatchCounts
+    passes: int
+    correction: list[Tensor | None] = field(default_factory=list)
+    stats: UpdateStats = field(default_factory=UpdateStats)
+
+    def micro_batch(self, k: int, device: torch.device) -> MicroBatch:
+        rows = self.micro_batches[k]
+        return MicroBatch(
+            rows=rows,
+            mask=self.mask[rows],
+            advantages=None if self.advantages is None else self.advantages[rows],
+            old_logprobs=self.old_logprobs[k],
+            ref_logprobs=self.ref_logprobs[k],
+            correction=self.correction[k],
+            row_weights=None if self.row_weights is None else self.row_weights[rows].to(device),
+            counts=self.counts,
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# The policy
+
+
+class Policy(Trainable):
+    """The language model being trained, its reference, and the update.
+
+    Data parallel (torchrun): with ``data_parallel: ddp`` the training forward goes through
+    DistributedDataParallel (constructing it broadcasts rank 0's parameters); with ``fsdp`` the
+    model is sharded in place (FSDP2) and no-grad calls of the Hugging Face model run inside
+    :meth:`full_weights`."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        args: GRPOConfig,
+        dist: DistributedContext,
+        device: torch.device,
+    ) -> None:
+        self.model, self.device = model, device
+        # The frozen reference exists only when the KL term is on (beta > 0). With LoRA it is
+        # the same weights with the adapter disabled: no second copy.
+        self.ref_model: PreTrainedModel | None = None
+        if args.beta > 0 and not args.use_peft:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            if args.ref_model_offload:
+                self.ref_model.to("cpu")
+        # FSDP shards the model in place (its parameters become DTensor shards), so the
+        # optimizer is built afterwards, on the shards.
+        wrapper: Any = None
+        if dist.enabled and args.data_parallel == "fsdp":
+            wrapper = shard_fsdp(model, dist, device)
+        elif dist.enabled:
+            wrapper = DistributedDataParallel(
+                LogprobModule(model),
+                device_ids=[device.index] if device.type == "cuda" else None,
+            )
+        super().__init__(model, wrapper, args, dist, args.learning_rate)
+        self._full_weights_depth = 0
+
+    # -- numerics and weights -------------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if not self.args.bf16_autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    @contextlib.contextmanager
+    def full_weights(self) -> Iterator[None]:
+        """Under FSDP, the full weights for no-grad calls of the Hugging Face model (generation,
+        evaluation, old log-probs); a no-op otherwise. Re-entrant."""
+        outermost = self.sharded and self._full_weights_depth == 0
+        self._full_weights_depth += 1
+        try:
+            with fsdp_full_weights(self.wrapper) if outermost else contextlib.nullcontext():
+                yield
+        finally:
+            self._full_weights_depth -= 1
+
+    # -- forwards -------------------------------------------------------------------------------
+    def micro_batches(self, rollout: Rollout) -> list[Tensor]:
+        """Row-index micro-batches of ``per_device_train_batch_size`` rows (whole groups when
+        the groups are uniform and fit, sorted by length with ``group_by_length``)."""
+        group = self.args.num_generations
+        sizes = torch.bincount(rollout.group_ids.cpu())
+        uniform = bool((sizes == group).all())
+        return micro_batch_rows(
+            rollout.completion_mask.sum(dim=1).cpu(),
+            self.args.per_device_train_batch_size,
+            group if uniform else None,
+            by_length=self.args.group_by_length,
+        )
+
+    def logprobs(
+        self, rollout: Rollout, rows: Tensor, model: PreTrainedModel | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Log-probs and entropies [n, T] of the completions ``rows`` (row indices into the
+        rollout) under ``model`` (default: the policy). The forward runs on the rows' own longest
+        completion (padding trimmed per micro-batch); the results are padded back to the
+        rollout's width T with zeros."""
+        model = self.model if model is None else model
+        completion_ids, completion_mask, width = trimmed_completions(rollout, rows)
+        # Share the prompt forward across the rows of a prompt: whole groups, or a micro-batch
+        # that holds part of one group (micro_batch_rows lays them out so).
+        blocks = prompt_blocks(rollout.group_ids[rows].cpu(), self.args.num_generations)
+        share = blocks is not None and not self.args.gradient_checkpointing
+        policy_grad = model is self.model and torch.is_grad_enabled()
+        if policy_grad and self.sharded:
+            # FSDP2 all-gathers each layer in every decoder call, and the shared path makes two
+            # (prompt, then completions; one when width is 1): every rank must take the same
+            # path for this micro-batch (ranks run equally many, see prepare's padding).
+            share = not any_rank(not (share and width > 1), self.dist)
+        if share:
+            prompts, group_size = blocks
+            prompt_ids, prompt_mask = rollout.prompt_ids[prompts], rollout.prompt_mask[prompts]
+        else:
+            index = rollout.group_ids[rows]
+            prompt_ids, prompt_mask = rollout.prompt_ids[index], rollout.prompt_mask[index]
+            group_size = 1
+        # The policy's forward with gradients goes through the DDP / FSDP wrapper when data
+        # parallel; without gradients, FSDP gathers the full weights around the plain call.
+        forward = (
+            self.wrapper
+            if policy_grad and self.wrapper is not None
+            else functools.partial(completion_logprobs, model)
+        )
+        gather = (
+            self.full_weights()
+            if model is self.model and not policy_grad
+            else contextlib.nullcontext()
+        )
+        with gather:
+            logps, entropy = forward(
+                prompt_ids,
+                prompt_mask,
+                completion_ids,
+                completion_mask,
+                temperature=self.args.temperature if self.args.temperature > 0 else 1.0,
+                chunk_size=self.args.logprob_chunk_size,
+                group_size=group_size,
+                impl=self.args.logprob_impl,
+            )
+        pad = (0, rollout.completion_ids.shape[1] - width)
+        return torch.nn.functional.pad(logps, pad), torch.nn.functional.pad(entropy, pad)
+
+    def reference_logprobs(self, rollout: Rollout, rows: Tensor) -> Tensor:
+        """Log-probs under the frozen reference: the adapter-disabled model with LoRA, else the
+        reference copy (moved to the device for the call when it is offloaded to CPU)."""
+        if self.args.use_peft:
+            with self.model.disable_adapter():
+                return self.logprobs(rollout, rows)[0]
+        assert self.ref_model is not None
+        offloaded = self.args.ref_model_offload and self.device.type != "cpu"
+        if offloaded:
+            self.ref_model.to(self.device)
+        try:
+            return self.logprobs(rollout, rows, self.ref_model)[0]
+        finally:
+            if offloaded:
+                self.ref_model.to("cpu")
+
+    # -- the two calls of a step ----------------------------------------------------------------
+    def prepare(
+        self,
+        rollout: Rollout,
+        advantages: Tensor | None,
+        row_weights: Tensor | None = None,
+        *,
+        need_old: bool | None = None,
+        exclude_rows: Tensor | None = None,
+    ) -> PolicyInputs:
+        """Micro-batches, the trained-token mask (``loss_mask``; truncated completions dropped
+        with ``mask_truncated_completions``; ``exclude_rows`` dropped), rollout-time log-probs
+        (pi_old when ``need_old``, default mu > 1; pi_ref when beta > 0) and the global counts."""
+        args = self.args
+        mask = rollout.loss_mask.float()
+        if exclude_rows is not None:
+            mask = mask * (~exclude_rows).float().to(mask.device)[:, None]
+        if args.mask_truncated_completions:
+            mask = mask * (~rollout.truncated).float()[:, None]
+        micro_batches = self.micro_batches(rollout)
+        # FSDP2 gathers weights in every training forward and backward, which are collectives,
+        # so every rank runs as many micro-batches (ranks can hold different numbers of rows,
+        # e.g. Rollout-GDRO's): the short ones repeat their last with weight 0. DDP needs none:
+        # only the last micro-batch's backward synchronises.
+        padding: list[Tensor] = []
+        if self.sharded:
+            most = max_over_ranks(len(micro_batches), self.dist)
+            padding = [micro_batches[-1]] * (most - len(micro_batches))
+        need_old = args.num_iterations > 1 if need_old is None else need_old
+        old: list[Tensor | None] = [None] * len(micro_batches)
+        ref: list[Tensor | None] = [None] * len(micro_batches)
+        # FSDP: the full weights are gathered once for the loop, so the no-grad forwards hold
+        # no collective (ranks may run different numbers of them).
+        with torch.no_grad(), self.autocast(), self.full_weights():
+            for k, rows in enumerate(micro_batches):
+                if need_old:  # the ratio is against the sampling policy
+                    old[k] = self.logprobs(rollout, rows)[0]
+                if args.beta > 0:
+                    ref[k] = self.reference_logprobs(rollout, rows)
+        counts = BatchCounts(
+            rows=int(all_reduce_sum(torch.tensor(mask.shape[0]), self.dist)),
+            tokens=all_reduce_sum(mask.sum(), self.dist).clamp(min=1),
+            micro_batches=int(all_reduce_sum(torch.tensor(len(micro_batches)), self.dist)),
+            world_size=self.dist.world_size,
+        )
+        return PolicyInputs(
+            rollout=rollout,
+            mask=mask,
+            advantages=None if advantages is None else advantages.to(self.device),
+            row_weights=row_weights,
+            micro_batches=micro_batches,
+            padding=padding,
+            old_logprobs=old,
+            ref_logprobs=ref,
+            counts=counts,
+            passes=args.num_iterations,
+            correction=[None] * len(micro_batches),
+            stats=UpdateStats(tokens=counts.tokens),
+        )
+
+    def update(
+        self,
+        inputs: PolicyInputs,
+        loss: Callable[[Tensor, MicroBatch], LossTerms],
+        also: Sequence[Trainable] = (),
+    ) -> UpdateStats:
+        """One optimizer pass over the prepared batch: the loss of every micro-batch, weighted
+        so their sum is the global batch's loss, accumulated, clipped and stepped. ``also``:
+        other networks the loss trains (the PPO critic), stepped together. A NaN/inf loss or
+        gradient on any rank skips the step on every rank, and the remaining passes."""
+        stats = inputs.stats
+        if stats.skipped:
+            return stats
+        networks = [self, *also]
+        for net in networks:
+            net.zero_grad()
+        rollout, first = inputs.rollout, stats.passes == 0
+        batches = inputs.micro_batches + inputs.padding
+        nonfinite = False
+        for k, rows in enumerate(batches):
+            sync = k == len(batches) - 1
+            with contextlib.ExitStack() as stack:
+                for net in networks:
+                    stack.enter_context(net.gradient_sync(sync))
+                if k >= len(inputs.micro_batches):  # FSDP padding: adds nothing
+                    with self.autocast():
+                        logps, _ = self.logprobs(rollout, rows)
+                    (logps.sum() * 0.0).backward()
+                    continue
+                with self.autocast():
+                    logps, entropy = self.logprobs(rollout, rows)
+                if first and rollout.sampling_logprobs is not None:
+                    inputs.correction[k] = self._rollout_correction(inputs, k, logps.detach())
+                mb = inputs.micro_batch(k, self.device)
+                terms = loss(logps, mb)
+                # A non-finite loss still goes through backward: its NaN gradients make every
+                # rank skip the update together (no rank may leave the all-reduce).
+                nonfinite |= not bool(torch.isfinite(terms.loss))
+                (terms.loss * terms.weight).backward()
+            values = {"loss": terms.loss.item(), **terms.metrics}
+            for key, value in values.items():
+                stats.sums[key] = stats.sums.get(key, 0.0) + value * terms.weight / inputs.passes
+            stats.entropy_sum += float((entropy * mb.mask).sum())
+            if terms.sequence_loss is not None:
+                if k == 0:
+                    stats.sequence_loss = torch.zeros(rollout.completion_ids.shape[0])
+                stats.sequence_loss[rows] = terms.sequence_loss.float().cpu()
+        stats.grad_norms = [net.clip_grad_norm() for net in networks]
+        finite = all(bool(torch.isfinite(norm)) for norm in stats.grad_norms)
+        stats.skipped = any_rank(nonfinite or not finite, self.dist)
+        stats.passes += 1
+        for net in networks:
+            # A NaN/inf loss or gradient: skip the update so the weights stay good; the run
+            # logs the event and stops after max_bad_steps in a row.
+            net.zero_grad() if stats.skipped else net.step()
+        return stats
+
+    def _rollout_correction(self, inputs: PolicyInputs, k: int, current: Tensor) -> Tensor | None:
+        """Micro-batch k's rollout-correction weights pi_old / pi_rollout (None when switched
+        off; the mismatch is logged either way), from the first pass's log-probs (equal to the
+        old log-probs: the weights have no gradient)."""
+        args, rows = self.args, inputs.micro_batches[k]
+        old = inputs.old_logprobs[k] if inputs.old_logprobs[k] is not None else current
+        sampling = inputs.rollout.sampling_logprobs[rows].to(self.device)
+        mask = inputs.mask[rows]
+        weights = rollout_correction_weights(
+            old,
+            sampling,
+            mask,
+            mode=args.rollout_correction_mode,
+            clip_min=args.rollout_correction_clip_min,
+            clip_max=args.rollout_correction_clip_max,
+        )
+        keep = mask.bool()
+        selected = weights.flatten() if weights.shape[1] == 1 else weights[keep]
+        inputs.stats.mismatch.append(((old - sampling).abs()[keep], selected))
+        return weights if args.rollout_correction else None
+
+    # -- weights in and out ---------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, Tensor] | None:
+        """Under FSDP the full model weights on rank 0, in CPU memory (a collective: every rank
+        calls it; the others get an empty dict); None without FSDP (save_pretrained reads the
+        model itself)."""
+        if not self.sharded:
+            return None
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(self.model, options=options)
+        # Tied weights (the LM head) come back as separate copies; save_pretrained would keep
+        # both. Drop the duplicates, as a plain save_pretrained does.
+        for name, _ in tied_parameter_names(self.model):
+            weights.pop(name, None)
+        return weights
+
+    def save_pretrained(self, folder: Path, weights: dict[str, Tensor] | None) -> None:
+        if weights is None:
+            self.model.save_pretrained(folder)
+        else:
+            self.model.save_pretrained(folder, state_dict=weights)
+
+    def load_weights(self, path: Path) -> None:
+        """Load the weights ``save_pretrained`` wrote into ``path`` (the adapter with LoRA);
+        :class:`CheckpointMismatch` when they are missing or do not fit."""
+        from safetensors.torch import load_file
+
+        if self.args.use_peft:
+            from peft import set_peft_model_state_dict
+
+            file = path / "adapter_model.safetensors"
+            if not file.is_file():
+                raise CheckpointMismatch(f"{file.name} is missing")
+            result = set_peft_model_state_dict(self.model, load_file(file))
+            if getattr(result, "unexpected_keys", None):
+                raise CheckpointMismatch(
+                    f"adapter does not match this model ({result.unexpected_keys[:3]} ...)"
+                )
+            return
+        files = sorted(path.glob("model*.safetensors"))
+        if not files:
+            raise CheckpointMismatch("no model*.safetensors weights")
+        weights: dict[str, Tensor] = {}
+        for file in files:
+            weights.update(load_file(file))
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+            )
+
+            # Every rank read the full weights; each keeps its own shards.
+            options = StateDictOptions(full_state_dict=True, strict=False)
+            missing, unexpected = set_model_state_dict(self.model, weights, options=options)
+        else:
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        tied = {name for name, _ in tied_parameter_names(self.model)}
+        missing = [m for m in missing if m not in tied]
+        if missing or unexpected:
+            raise CheckpointMismatch(
+                f"weights do not match the model (missing {missing[:3]}, "
+                f"unexpected {unexpected[:3]})"
+            )
+
+
+class GRPOLoss:
+    """The GRPO objective of one micro-batch: the registered variant ``loss_type``
+    (:func:`groupwise.core.policy_loss`) with the run's clip, KL and GSPO options, its share of the
+    global batch (:meth:`~groupwise.core.LossVariant.share`), and the per-completion policy term
+    with unweighted advantages (:func:`groupwise.core.sequence_surrogate`, GDRO's signal)."""
+
+    def __init__(self, args: GRPOConfig) -> None:
+        self.args, self.variant = args, get_loss(args.loss_type)
+        self.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+
+    def __call__(self, logps: Tensor, mb: MicroBatch) -> LossTerms:
+        args = self.args
+        assert mb.advantages is not None
+        options = dict(
+            loss_type=args.loss_type,
+            epsilon_low=args.epsilon,
+            epsilon_high=self.epsilon_high,
+            importance_sampling_level=args.importance_sampling_level,
+        )
+        loss, metrics = policy_loss(
+            logps,
+            mb.old_logprobs,
+            mb.ref_logprobs,
+            mb.advantages,
+            mb.mask,
+            beta=args.beta,
+            max_completion_length=args.max_completion_length,
+            rollout_weights=mb.correction,
+            row_weights=mb.row_weights,
+            **options,
+        )
+        weight = self.variant.share(len(mb.rows), mb.mask.sum(), mb.counts)
+        signal = sequence_surrogate(logps, mb.old_logprobs, mb.advantages, mb.mask, **options)
+        return LossTerms(loss, weight, metrics, signal)
+
+
+def tied_parameter_names(model: torch.nn.Module) -> list[tuple[str, str]]:
+    """(name, first name) pairs for parameters that share storage with an earlier one."""
+    seen: dict[int, str] = {}
+    tied = []
+    for name, param in model.named_parameters(remove_duplicate=False):
+        key = id(param)
+        if key in seen:
+            tied.append((name, seen[key]))
+        else:
+            seen[key] = name
+    return tied

@@ -1,0 +1,76 @@
+"""What a rollout engine returns and the protocol every engine follows.
+
+An engine turns tokenised prompts and a rollout count per prompt into completions
+(:class:`Rollout`). The trainer, the PPO trainer and evaluation only see this protocol, so an
+engine that samples elsewhere (vLLM) or wraps another one (multi-turn tool use, which marks the
+tokens it inserted in ``loss_mask``) needs no change outside its own module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    max_completion_length: int = 256
+    temperature: float = 1.0  # <= 0 means greedy (exact argmax)
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Rollout:
+    """Output of an engine. Rows are ordered group by group: row i belongs to prompt
+    ``group_ids[i]``; each group's rows are contiguous."""
+
+    prompt_ids: torch.Tensor  # [P, Lp] left-padded
+    prompt_mask: torch.Tensor  # [P, Lp]
+    completion_ids: torch.Tensor  # [N, T] right-padded with pad_token_id
+    completion_mask: torch.Tensor  # [N, T] 1 for generated tokens up to and including EOS
+    truncated: torch.Tensor  # [N] bool: hit max_completion_length without EOS
+    group_ids: torch.Tensor  # [N] long: index of the prompt this completion answers
+    texts: list[str]  # decoded completions (special tokens skipped)
+    # [N, T] fp32 log-prob of each sampled token under the sampler's softmax(logits / T) (T = 1
+    # when greedy), before top-k / top-p; 0 at padding. Set when the engine's numerics differ
+    # from the trainer's; the trainer then applies rollout correction.
+    sampling_logprobs: torch.Tensor | None = None
+    # [N, T] 1 for the tokens the policy wrote and is trained on; 0 for context an engine
+    # inserted (tool output) and for padding. Defaults to ``completion_mask``.
+    loss_mask: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_mask is None:
+            self.loss_mask = self.completion_mask
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(dim=1)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Samples completions from the current policy.
+
+    ``generate(prompt_ids, counts, params, generator)``: ``counts`` is one rollout count for every
+    prompt or one per prompt; ``params``/``generator`` default to the engine's own (training)
+    ones. ``sync(policy)`` is called after every optimizer step, so an engine holding its own copy
+    of the weights (vLLM) can refresh them."""
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        counts: int | Sequence[int],
+        params: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Rollout: ...
+
+    def sync(self, policy: torch.nn.Module) -> None: ...

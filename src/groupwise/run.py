@@ -1,0 +1,766 @@
+"""Running a trainer: the loop and the services around a step.
+
+:class:`Trainer` holds what GRPO and PPO share: the machine, model and tokenizer, the prompt
+batches, the rewards, the policy and its rollout engine, and the run services: ``train()`` (the
+loop with its cadence of logging, evaluation and saving, SIGINT/SIGTERM, the failure monitor),
+metric files, completion tables, evaluation and checkpoints. A subclass writes
+``train_step()``: :class:`groupwise.trainer.GRPOTrainer`, :class:`groupwise.ppo.PPOTrainer`.
+
+A checkpoint's training state is ``{component: component.state_dict()}`` plus the step, the
+config, every rank's RNG state and the metrics so far.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import math
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from . import checkpoint as ckpt
+from .build import (
+    Scores,
+    build_engine,
+    build_model,
+    build_scorer,
+    resolve_device,
+    resolve_dtype,
+    sampling_params,
+)
+from .checkpoint import TrainingInterrupted, TrainingStopped
+from .config import GRPOConfig
+from .core import group_reward_std, zero_std_groups_fraction
+from .curriculum import Curriculum, NoCurriculum, Plan
+from .distributed import (
+    DistributedContext,
+    all_gather_objects,
+    any_rank,
+    barrier,
+    init_distributed,
+    reduce_metrics,
+)
+from .loggers import RunLoggers
+from .monitor import TrainingMonitor
+from .policy import CheckpointMismatch, Policy, UpdateStats
+from .rewards import RewardFunc
+from .rollout import Rollout
+from .sampler import PromptBatches
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class PhaseTimer:
+    """Wall time of a step's phases: ``mark(name)`` ends the phase begun at the previous mark."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.phases: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name], self.last = now - self.last, now
+
+    @property
+    def total(self) -> float:
+        return self.last - self.start
+
+
+class Trainer:
+    """What every trainer shares (see the module docstring). ``args`` defaults to
+    ``GRPOConfig()``; ``model`` is a built-in name, a path or a loaded ``PreTrainedModel``;
+    ``reward_funcs`` built-in names or callables ``f(prompts, completions, **columns)``."""
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs: RewardFunc | str | Sequence[RewardFunc | str],
+        train_dataset: Sequence[dict[str, Any]],
+        args: GRPOConfig | None = None,
+        eval_dataset: Sequence[dict[str, Any]] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+    ) -> None:
+        self.args = args = args or GRPOConfig()
+        seed_everything(args.seed)
+        self.dist: DistributedContext = init_distributed(args.device)
+        self.check_options(args, self.dist)
+        self.device = resolve_device(args.device)
+        if self.device.type == "cuda" and self.dist.enabled:
+            self.device = torch.device("cuda", self.dist.local_rank)
+        self.dtype = resolve_dtype(args.dtype, self.device)
+        model, self.tokenizer = build_model(
+            model, processing_class, args, self.device, self.dtype
+        )
+        self.scorer = build_scorer(reward_funcs, args)
+        self.eval_dataset = eval_dataset
+        self._check_dataset(train_dataset, "train_dataset")
+        if eval_dataset is not None:
+            self._check_dataset(eval_dataset, "eval_dataset")
+        self.policy = Policy(model, args, self.dist, self.device)
+        self.prompts = PromptBatches(
+            train_dataset,
+            self.tokenizer,
+            args.prompts_per_step,
+            args.max_prompt_length,
+            args.seed,
+            self.dist,
+        )
+        self.curriculum: Curriculum = NoCurriculum(args.num_generations)
+        # Each rank samples its own completions (the model and prompt order are shared).
+        self.generator = torch.Generator(device=self.device).manual_seed(args.seed + self.dist.rank)
+        self.engine = build_engine(self.policy, self.tokenizer, args, self.generator, self.dtype)
+        self.global_step = 0
+        self.log_history: list[dict[str, float]] = []
+        self._metrics_started = False
+        self.output_dir = Path(args.output_dir)
+        self._last_samples: list[dict[str, Any]] = []
+        self._last_batch: tuple | None = None
+        self._stop_signal: int | None = None
+        self.monitor = TrainingMonitor(args)  # failure-mode warnings, checkpointed
+        self.loggers: RunLoggers | None = None  # TensorBoard / wandb, opened by train()
+
+    def check_options(self, args: GRPOConfig, dist: DistributedContext) -> None:
+        """Refuse option combinations this trainer cannot run, before anything is loaded."""
+
+    def train_step(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    # -- the components' parts users reach for (TRL's attribute names) -------------------------
+    @property
+    def model(self) -> PreTrainedModel:
+        return self.policy.model
+
+    @property
+    def ref_model(self) -> PreTrainedModel | None:
+        return self.policy.ref_model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.policy.optimizer
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        return self.policy.scheduler
+
+    @property
+    def sampling(self) -> Any:
+        return self.engine.params
+
+    @property
+    def train_dataset(self) -> Sequence[dict[str, Any]]:
+        return self.prompts.dataset
+
+    @train_dataset.setter
+    def train_dataset(self, dataset: Sequence[dict[str, Any]]) -> None:
+        self.prompts.dataset = dataset
+
+    @property
+    def reward_funcs(self) -> list[RewardFunc]:
+        return self.scorer.funcs
+
+    @property
+    def reward_names(self) -> list[str]:
+        return self.scorer.names
+
+    @staticmethod
+    def _check_dataset(dataset: Sequence[dict[str, Any]], name: str) -> None:
+        if len(dataset) == 0:
+            raise ValueError(f"{name} is empty")
+        first = dataset[0]
+        if not isinstance(first, dict) or "prompt" not in first:
+            raise ValueError(f"{name}: rows must be dicts with a 'prompt' column, got {first!r}")
+
+    def score(
+        self, rows: Sequence[dict[str, Any]], rollout: Rollout
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rewards [N] (weighted sum; NaN where every function returned None) and the per-function
+        rewards [N, F] (NaN for None). Dataset columns reach the functions by name, as in TRL."""
+        scores = self.scorer(rows, rollout)
+        return scores.rewards, scores.per_func
+
+    # -- step metrics -----------------------------------------------------------------------------
+    def step_logs(
+        self,
+        rollout: Rollout,
+        scores: Scores,
+        stats: UpdateStats,
+        timer: PhaseTimer,
+        *extra: dict[str, float],
+        zero_std: bool = True,
+    ) -> dict[str, float]:
+        """One step's metrics (docs/metrics.md): rewards, completion lengths, loss terms,
+        optimisation and timing, then ``extra`` blocks, averaged over ranks."""
+        rewards, group_ids = scores.rewards, rollout.group_ids.cpu()
+        logs: dict[str, float] = {
+            "step": self.global_step,
+            "reward": float(torch.nanmean(rewards)) if not torch.isnan(rewards).all() else 0.0,
+        }
+        if zero_std:
+            logs["reward_std"] = float(torch.nanmean(group_reward_std(rewards, group_ids)))
+            logs["frac_reward_zero_std"] = zero_std_groups_fraction(rewards, group_ids)
+        elif self.args.num_generations > 1:
+            logs["reward_std"] = float(torch.nanmean(group_reward_std(rewards, group_ids)))
+        logs.update(self.scorer.logs(scores.per_func))
+        lengths = rollout.lengths.float()
+        gen_tokens = int(rollout.completion_mask.sum())
+        generation = timer.phases.get("generation", 0.0)
+        sums = stats.sums
+        # Entropy per token: tokens counts every rank's tokens and reduce_metrics averages the
+        # ranks' shares, hence the world size.
+        world, passes = self.dist.world_size, self.args.num_iterations
+        entropy = stats.entropy_sum * world / float(stats.tokens) / passes
+        logs.update(
+            {
+                "completions/mean_length": float(lengths.mean()),
+                "completions/min_length": float(lengths.min()),
+                "completions/max_length": float(lengths.max()),
+                "completions/clipped_ratio": float(rollout.truncated.float().mean()),
+                "loss": sums.get("loss", 0.0),
+                "kl": sums.get("kl", 0.0),
+                "clip_ratio/low_mean": sums.get("clip_ratio/low_mean", 0.0),
+                "clip_ratio/high_mean": sums.get("clip_ratio/high_mean", 0.0),
+                "clip_ratio/region_mean": sums.get("clip_ratio/region_mean", 0.0),
+                "entropy": entropy,
+                "grad_norm": float(stats.grad_norm),
+                "learning_rate": self.policy.learning_rate,
+                "time/generation": generation,
+                "time/scoring": timer.phases.get("scoring", 0.0),
+                "time/update": timer.phases.get("update", 0.0),
+                "time/step": timer.total,
+                "tokens_per_second": gen_tokens / timer.total,
+                "generation_tokens_per_second": gen_tokens / max(generation, 1e-9),
+            }
+        )
+        for block in extra:
+            logs.update(block)
+        if stats.mismatch:
+            logs.update(rollout_mismatch_logs(stats.mismatch))
+        logs = reduce_metrics(logs, self.dist)
+        if stats.skipped:
+            logs["nonfinite_step"] = 1.0
+        return logs
+
+    def keep_batch(
+        self,
+        rows: list[dict[str, Any]],
+        rollout: Rollout,
+        scores: Scores,
+        advantages: torch.Tensor,
+        plan: Plan | None = None,
+    ) -> None:
+        """The last step's batch, for completions.jsonl (one advantage per completion: with a
+        curriculum, its weighted advantage)."""
+        group_ids = rollout.group_ids.cpu()
+        weights = plan.row_weights(rollout) if plan is not None else None
+        advantages = advantages.cpu() if weights is None else advantages.cpu() * weights
+        self._last_batch = (rows, rollout.texts, scores.rewards, scores.per_func, advantages,
+                            group_ids)  # fmt: skip
+        if self.args.log_completions:
+            self._last_samples = [
+                {"prompt": rows[g]["prompt"], "completion": text, "reward": float(r)}
+                for g, text, r in zip(
+                    group_ids.tolist(), rollout.texts, scores.rewards.tolist(), strict=True
+                )
+            ]
+
+    # -- evaluation -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(
+        self,
+        dataset: Sequence[dict[str, Any]] | None = None,
+        batch_size: int = 64,
+        greedy: bool = True,
+    ) -> dict[str, float]:
+        """Mean of every reward function over ``dataset`` (default: eval_dataset), one greedy
+        completion per prompt (or one sample at the training temperature); with
+        ``eval_num_generations`` also pass@k / mean@k (overall and per difficulty level)."""
+        from .evaluation import evaluate_model, reward_means
+
+        dataset = dataset if dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("evaluate() needs a dataset: pass one or give eval_dataset")
+        args = self.args
+        with self.policy.full_weights():  # FSDP: generation calls the unwrapped model
+            result = reward_means(
+                self.engine,
+                self.tokenizer,
+                dataset,
+                self.score,
+                self.reward_names,
+                sampling_params(args, greedy=greedy),
+                batch_size=batch_size,
+                max_prompt_length=args.max_prompt_length,
+            )
+            if not (greedy and args.eval_num_generations > 0):
+                return result
+            res = evaluate_model(
+                self.engine,
+                self.tokenizer,
+                dataset,
+                self.reward_funcs,
+                n=args.eval_num_generations,
+                ks=args.eval_ks,
+                temperature=args.temperature if args.temperature > 0 else 1.0,
+                top_p=args.top_p,
+                top_k=args.top_k,
+                max_completion_length=args.max_completion_length,
+                max_prompt_length=args.max_prompt_length,
+                seed=args.seed,
+            )
+        for key, value in res.summary["overall"].items():
+            if key != "num_prompts" and isinstance(value, (int, float)):
+                result[f"eval/{key}"] = float(value)
+        for level, block in res.summary["by_difficulty"].items():
+            for key, value in block.items():
+                if key.startswith(("pass@", "mean@")) or key in ("accuracy", "num_prompts"):
+                    result[f"eval/difficulty_{level}/{key}"] = float(value)
+        self.model.train()
+        return result
+
+    # -- files ----------------------------------------------------------------------------------
+    def _log(self, logs: dict[str, float]) -> None:
+        self.log_history.append(logs)
+        if not self.dist.is_main:  # under data parallel only rank 0 writes
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        path = self.output_dir / "metrics.jsonl"
+        if not self._metrics_started:
+            # A new trainer is a new run: keep an earlier run's metrics under another name
+            # instead of mixing the two or overwriting them.
+            if path.exists():
+                stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+                os.replace(path, path.with_name(f"metrics-{stamp}.jsonl"))
+            for name in ("events.jsonl", "completions.jsonl"):
+                if (self.output_dir / name).exists():
+                    (self.output_dir / name).unlink()
+            self._metrics_started = True
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(logs) + "\n")
+        if self.loggers is not None:
+            self.loggers.log(logs, step=int(logs.get("step", self.global_step)))
+
+    def _append_jsonl(self, name: str, record: dict[str, Any]) -> None:
+        if not self.dist.is_main:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.output_dir / name, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def _warn(self, step: int, kind: str, message: str) -> None:
+        """A warning or note: console, events.jsonl (read by ``groupwise report``), loggers."""
+        if not self.dist.is_main:
+            return
+        tqdm.write(
+            f"[groupwise] {'note' if kind == 'info' else 'warning'} (step {step}): {message}"
+        )
+        self._append_jsonl("events.jsonl", {"step": step, "kind": kind, "message": message})
+        if self.loggers is not None:
+            self.loggers.log_warning(step, kind, message)
+
+    def completion_records(self, num_prompts: int | None = None) -> list[dict[str, Any]]:
+        """The last step's first ``num_prompts`` prompts with all their completions, each with
+        its reward, reward components and advantage, and the ground truth."""
+        if not self._last_batch:
+            return []
+        rows, texts, rewards, per_func, advantages, group_ids = self._last_batch
+        records: dict[int, dict[str, Any]] = {}
+        limit = len(rows) if num_prompts is None else num_prompts
+        for i, g in enumerate(group_ids.tolist()):
+            if g >= limit:
+                continue
+            if g not in records:
+                row = rows[g]
+                answer = row.get(self.args.answer_column, row.get("answer"))
+                records[g] = {
+                    "step": self.global_step,
+                    "prompt": row["prompt"],
+                    "answer": answer if isinstance(answer, (str, int, float, list, dict)) else None,
+                    "completions": [],
+                }
+            records[g]["completions"].append(
+                {
+                    "text": texts[i],
+                    "reward": _finite_or_none(rewards[i]),
+                    "rewards": {
+                        name: _finite_or_none(per_func[i, j])
+                        for j, name in enumerate(self.reward_names)
+                    },
+                    "advantage": float(advantages[i]),
+                }
+            )
+        return [records[g] for g in sorted(records)]
+
+    def _log_completions(self) -> None:
+        if not self.dist.is_main:
+            return
+        records = self.completion_records(self.args.completions_sample_size)
+        for record in records:
+            self._append_jsonl("completions.jsonl", record)
+        if self.args.num_completions_to_print:
+            print_completions(records[: self.args.num_completions_to_print])
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def components(self) -> dict[str, Any]:
+        """The stateful components a checkpoint holds, by name (``state_dict``/``load``)."""
+        return {
+            "sampler": self.prompts,
+            "curriculum": self.curriculum,
+            "monitor": self.monitor,
+        }
+
+    def extra_state_dict(self) -> dict[str, Any]:
+        """State of subclasses (e.g. the PPO critic) to keep in checkpoints."""
+        return {}
+
+    def load_extra_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+    def _generators(self) -> dict[str, torch.Generator]:
+        return {"sampling": self.generator}
+
+    def _all_rank_rng_states(self) -> list[dict[str, Any]]:
+        """Every rank's RNG states (a collective under data parallel). They travel as
+        torch.save bytes: all_gather_object cannot carry tensors between CPU processes."""
+        buffer = io.BytesIO()
+        torch.save(ckpt.rng_state(self._generators()), buffer)
+        blobs = all_gather_objects(buffer.getvalue(), self.dist)
+        return [torch.load(io.BytesIO(blob), weights_only=True) for blob in blobs]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the model weights that a step depends on or that was logged."""
+        state: dict[str, Any] = {
+            "format": 1,
+            "global_step": self.global_step,
+            "config": self.args.to_dict(),
+            "optimizer": self.policy.optimizer_state_dict(),
+            "scheduler": self.policy.scheduler.state_dict(),
+            # One entry per rank: each samples with its own generator.
+            "rng": self._all_rank_rng_states(),
+        }
+        for name, component in self.components().items():
+            value = component.state_dict()
+            state[name] = ckpt.plain(value) if value is not None else None
+        state.update(ckpt.plain(self.scorer.state_dict()))
+        state["log_history"] = ckpt.plain(self.log_history)
+        state["extra"] = self.extra_state_dict()
+        return state
+
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoint-<step>`` atomically and apply ``save_total_limit``."""
+        state = self.state_dict()  # a collective under data parallel: every rank calls it
+        weights = self.policy.full_state_dict()  # FSDP: a collective too
+
+        def write(folder: Path) -> None:
+            self.policy.save_pretrained(folder, weights)
+            self.tokenizer.save_pretrained(folder)
+            torch.save(state, folder / ckpt.STATE_FILE)
+
+        path = self.output_dir / f"{ckpt.PREFIX}{self.global_step}"
+        if self.dist.is_main:
+            path = ckpt.write_checkpoint(self.output_dir, self.global_step, write)
+            ckpt.rotate_checkpoints(self.output_dir, self.args.save_total_limit)
+        barrier(self.dist)
+        return path
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore the state saved by :meth:`save_checkpoint`, refusing a checkpoint whose config
+        differs in options that change training, and cut the run's log files back to it."""
+        path = Path(path)
+        ckpt.verify_checkpoint(path)
+        state = torch.load(path / ckpt.STATE_FILE, map_location="cpu", weights_only=True)
+        ckpt.check_resume_config(state["config"], self.args.to_dict(), path)
+        try:
+            self.policy.load_weights(path)
+        except CheckpointMismatch as err:
+            raise ckpt.CheckpointError(f"checkpoint {path}: {err}") from None
+        self.policy.load_optimizer_state_dict(state["optimizer"])
+        self.policy.scheduler.load_state_dict(state["scheduler"])
+        for name, component in self.components().items():
+            if state.get(name) is not None:
+                component.load_state_dict(state[name])
+        self.scorer.load_state_dict(state)
+        self.load_extra_state_dict(state.get("extra", {}))
+        rng = state["rng"]
+        if len(rng) != self.dist.world_size:
+            raise ckpt.CheckpointError(
+                f"checkpoint {path} was written by {len(rng)} process(es); resume it with the "
+                f"same number (this run has {self.dist.world_size})"
+            )
+        ckpt.set_rng_state(rng[self.dist.rank], self._generators())
+        self.global_step = int(state["global_step"])
+        self.log_history = list(state["log_history"])
+        # Rows that the interrupted run logged after this checkpoint would be logged again.
+        if self.dist.is_main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            write_jsonl_atomic(self.output_dir / "metrics.jsonl", self.log_history)
+            for name in ("events.jsonl", "completions.jsonl"):
+                truncate_jsonl(self.output_dir / name, self.global_step)
+        barrier(self.dist)
+        self._metrics_started = True
+        tqdm.write(f"[groupwise] resumed from {path} at step {self.global_step}")
+
+    # -- the loop -------------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """SIGINT/SIGTERM finish the current step, save a checkpoint and stop (a second SIGINT
+        aborts at once)."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._stop_signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self._stop_signal = signum
+            tqdm.write(
+                f"[groupwise] {signal.Signals(signum).name}: saving a checkpoint after this "
+                "step (Ctrl-C again to abort without saving)"
+            )
+
+        previous = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, handler)
+        return previous
+
+    def _resume_if_asked(self) -> None:
+        value = self.args.resume_from_checkpoint
+        if not value:
+            return
+        path = ckpt.resolve_resume_path(value, self.output_dir)
+        if path is None:
+            tqdm.write(f"[groupwise] no checkpoint in {self.output_dir}: starting from step 0")
+            return
+        self.load_checkpoint(path)
+
+    def train(self) -> list[dict[str, float]]:
+        """Run ``max_steps`` steps (continuing from a checkpoint when
+        ``resume_from_checkpoint`` is set), logging to ``output_dir/metrics.jsonl``, evaluating
+        every ``eval_steps`` and saving every ``save_steps``, on SIGINT/SIGTERM, and at the end."""
+        args = self.args
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._resume_if_asked()
+        if self.dist.is_main:
+            args.to_yaml(self.output_dir / "config.yaml")
+        if self.loggers is None and args.report_to and self.dist.is_main:
+            self.loggers = RunLoggers(
+                self.output_dir,
+                args.report_to,
+                config=args.to_dict(),
+                run_name=self.output_dir.name,
+                resume=self.global_step > 0,
+                resume_step=self.global_step,
+            )
+        previous_handlers = self._install_signal_handlers()
+        try:
+            self._train_loop()
+        finally:
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
+            if self.loggers is not None:
+                self.loggers.close()
+                self.loggers = None
+        if args.use_peft and args.save_merged_model and self.dist.is_main:
+            merged = copy.deepcopy(self.model).merge_and_unload()
+            merged.save_pretrained(self.output_dir / "merged")
+            self.tokenizer.save_pretrained(self.output_dir / "merged")
+        return self.log_history
+
+    def _train_loop(self) -> None:
+        args = self.args
+        if self.eval_dataset is not None and args.eval_on_start and self.global_step == 0:
+            self._log({"step": self.global_step, **self.evaluate()})
+        bar = tqdm(
+            total=args.max_steps,
+            initial=self.global_step,
+            desc=args.algorithm.upper(),
+            disable=args.disable_tqdm or not self.dist.is_main,
+            dynamic_ncols=True,
+        )
+        while self.global_step < args.max_steps:
+            logs = self.train_step()
+            step = self.global_step
+            if step % args.logging_steps == 0 or step == args.max_steps:
+                self._log(logs)
+            if args.log_completions_steps and step % args.log_completions_steps == 0:
+                self._log_completions()
+            if logs.get("nonfinite_step"):
+                for w in self.monitor.record_bad_step(step, "loss or gradient is NaN/inf"):
+                    self._warn(w.step, w.kind, w.message)
+            for w in self.monitor.update(logs):
+                self._warn(w.step, w.kind, w.message)
+            if self.monitor.should_stop:
+                bar.close()
+                path = self.save_checkpoint()
+                raise TrainingStopped(
+                    f"{args.max_bad_steps} steps in a row had a NaN/inf loss or gradient and "
+                    f"were skipped; the weights are unchanged since the last good step and "
+                    f"were saved to {path}. Lower learning_rate or check the rewards."
+                )
+            bar.set_postfix(self._progress_postfix(logs), refresh=False)
+            bar.update(1)
+            if (
+                args.eval_steps
+                and self.eval_dataset is not None
+                and (step % args.eval_steps == 0)
+                and step < args.max_steps
+            ):
+                self._log({"step": step, **self.evaluate()})
+            if args.save_steps and step % args.save_steps == 0:
+                self.save_checkpoint()
+            if any_rank(self._stop_signal is not None, self.dist):
+                bar.close()
+                path = self.save_checkpoint()
+                signum, self._stop_signal = self._stop_signal or signal.SIGTERM, None
+                raise TrainingInterrupted(signum, path)
+        bar.close()
+        if self.eval_dataset is not None and (args.eval_on_start or args.eval_steps):
+            last = self.log_history[-1] if self.log_history else {}
+            if not (last.get("step") == self.global_step and "eval/reward" in last):
+                self._log({"step": self.global_step, **self.evaluate()})
+        saved = (self.output_dir / f"checkpoint-{self.global_step}").exists()
+        if args.save_steps and any_rank(not saved, self.dist):
+            self.save_checkpoint()
+        if self.dist.is_main or self.policy.sharded:  # FSDP: gathering is collective
+            self.save_model(self.output_dir)
+        barrier(self.dist)
+
+    def _progress_postfix(self, logs: dict[str, float]) -> dict[str, str]:
+        postfix = {
+            "reward": f"{logs['reward']:.3f}",
+            "len": f"{logs['completions/mean_length']:.0f}",
+            "kl": f"{logs['kl']:.4f}",
+            "s/step": f"{logs['time/step']:.1f}",
+        }
+        for name in self.reward_names:
+            postfix[name.removesuffix("_reward")] = f"{logs[f'rewards/{name}/mean']:.2f}"
+        return postfix
+
+    def save_model(self, path: str | Path | None = None) -> Path:
+        """Save model and tokenizer in Hugging Face format (``from_pretrained``-loadable; with
+        LoRA the adapter, ``PeftModel.from_pretrained``-loadable).
+
+        Files are written into a temporary folder first and then moved into place one by one
+        (``os.replace`` is atomic), so a crash never leaves a truncated weights file.
+
+        Under FSDP every rank must call it (the full weights are gathered); rank 0 writes."""
+        target = Path(path) if path is not None else self.output_dir
+        weights = self.policy.full_state_dict()
+        if not self.dist.is_main and self.policy.sharded:
+            return target
+        with staged_folder(target) as tmp:
+            self.policy.save_pretrained(tmp, weights)
+            self.tokenizer.save_pretrained(tmp)
+        return target
+
+
+@contextlib.contextmanager
+def staged_folder(target: Path):
+    """A temporary folder inside ``target`` whose files are moved into ``target`` one by one
+    (``os.replace``, atomic per file) when the block ends without an error."""
+    target.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".save-", dir=target))
+    try:
+        yield tmp
+        for item in tmp.iterdir():
+            os.replace(item, target / item.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def rollout_mismatch_logs(
+    stats: Sequence[tuple[torch.Tensor, torch.Tensor]],
+) -> dict[str, float]:
+    """TRL's sampling/* metrics over a step: |logp_trainer - logp_sampler| per token and the
+    rollout-correction weights (whether or not they are applied)."""
+    diff = torch.cat([d for d, _ in stats])
+    weights = torch.cat([w for _, w in stats])
+    if diff.numel() == 0:  # every token masked; all ranks must still log the same keys
+        diff = weights = torch.zeros(1)
+    return {
+        "sampling/sampling_logp_difference/mean": float(diff.mean()),
+        "sampling/sampling_logp_difference/max": float(diff.max()),
+        "sampling/importance_sampling_ratio/min": float(weights.min()),
+        "sampling/importance_sampling_ratio/mean": float(weights.mean()),
+        "sampling/importance_sampling_ratio/max": float(weights.max()),
+    }
+
+
+def _finite_or_none(value: torch.Tensor | float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def write_jsonl_atomic(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+    os.replace(tmp, path)
+
+
+def truncate_jsonl(path: Path, max_step: int) -> None:
+    """Keep the rows of a JSONL log whose step is <= max_step (and unreadable tails go)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by the crash
+        if int(row.get("step", 0)) <= max_step:
+            kept.append(row)
+    write_jsonl_atomic(path, kept)
+
+
+def print_completions(records: Sequence[dict[str, Any]]) -> None:
+    """A rich table per prompt: each completion with its reward components and advantage."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for record in records:
+        prompt = record["prompt"]
+        if isinstance(prompt, list):
+            prompt = prompt[-1].get("content", "") if prompt else ""
+        table = Table(
+            title=f"step {record['step']}: {prompt[-200:]!s}",
+            caption=f"answer: {record.get('answer')}",
+            show_lines=True,
+        )
+        table.add_column("completion", overflow="fold")
+        names = list(record["completions"][0]["rewards"]) if record["completions"] else []
+        for name in names:
+            table.add_column(name.removesuffix("_reward"), justify="right")
+        table.add_column("reward", justify="right")
+        table.add_column("advantage", justify="right")
+
+        def fmt(value: float | None) -> str:
+            return "-" if value is None else f"{value:.2f}"
+
+        for item in record["completions"]:
+            table.add_row(
+                item["text"],
+                *(fmt(item["rewards"][n]) for n in names),
+                fmt(item["reward"]),
+                f"{item['advantage']:+.2f}",
+            )
+        console.print(table)

@@ -1,0 +1,85 @@
+"""Prompts -> the step's batch: which dataset rows a step trains on, on every rank.
+
+:class:`PromptSampler` draws indices without replacement within an epoch (reshuffled every
+epoch, checkpointed); :class:`PromptBatches` turns them into a :class:`PromptBatch`: every rank
+draws the same global batch and keeps its own consecutive share, tokenised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .curriculum.base import PromptBatch
+from .data import tokenize_prompts
+from .distributed import DistributedContext
+
+
+class PromptSampler:
+    """Draws prompt indices without replacement within an epoch, reshuffling every epoch."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        if size < 1:
+            raise ValueError("the training dataset is empty")
+        self.size = size
+        self.generator = torch.Generator().manual_seed(seed)
+        self.order: list[int] = []
+        self.epoch = 0
+
+    def take(self, count: int) -> list[int]:
+        batch = []
+        while len(batch) < count:
+            if not self.order:
+                self.order = torch.randperm(self.size, generator=self.generator).tolist()
+                self.epoch += 1
+            batch.append(self.order.pop(0))
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "generator": self.generator.get_state(),
+            "order": list(self.order),
+            "epoch": self.epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.order = list(state["order"])
+        self.epoch = int(state["epoch"])
+
+
+class PromptBatches:
+    """The step's global batch of ``prompts_per_step`` prompts per rank: every rank draws the
+    global batch in the same order and keeps its own consecutive prompts, tokenised (prompts
+    longer than ``max_prompt_length`` keep their last tokens)."""
+
+    def __init__(
+        self,
+        dataset: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        prompts_per_rank: int,
+        max_prompt_length: int,
+        seed: int,
+        dist: DistributedContext,
+    ) -> None:
+        self.dataset, self.tokenizer, self.dist = dataset, tokenizer, dist
+        self.prompts_per_rank, self.max_prompt_length = prompts_per_rank, max_prompt_length
+        self.sampler = PromptSampler(len(dataset), seed)
+
+    def next(self) -> PromptBatch:
+        share = self.prompts_per_rank
+        indices = self.sampler.take(share * self.dist.world_size)
+        mine = slice(self.dist.rank * share, (self.dist.rank + 1) * share)
+        rows = [self.dataset[i] for i in indices[mine]]
+        prompt_ids = tokenize_prompts(
+            [r["prompt"] for r in rows], self.tokenizer, self.max_prompt_length
+        )
+        return PromptBatch(indices, mine, rows, prompt_ids)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
