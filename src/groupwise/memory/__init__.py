@@ -1,0 +1,129 @@
+"""Memory planner: bytes for PPO and GRPO side by side, and a measurement that checks them.
+
+``groupwise memory [CONFIG.yaml] [--model NAME | --params 7e9 --layers ..] [--json] [--measure]``
+
+The package, in three layers, each importing only the ones before it:
+
+- :mod:`groupwise.memory.plan`: the planner proper, pure arithmetic (no torch, no trainers).
+  Its docstring says exactly what is counted (weights, gradients, master weights, optimizer
+  states, activations, logits, KV cache; the peak total) and how the seeds' 112 vs 56 GB are
+  reproduced (``--accounting seeds``).
+- :mod:`groupwise.memory.measure`: ``--measure``, real training steps of each algorithm in a
+  fresh subprocess, the measured peak next to the plan for the same settings; the only part
+  that imports the trainers (lazily, in the child).
+- :mod:`groupwise.memory.cli`: the command line (``groupwise memory``, ``python -m
+  groupwise.memory``, and the ``--_child`` entry of the measurement's subprocesses).
+
+Every public name of the three is re-exported here (``from groupwise.memory import ...``).
+"""
+
+from .cli import build_parser, main, options_from_args, parse_count
+from .measure import format_measurement, ppo_available, run_measurement
+from .plan import (
+    ACCOUNTINGS,
+    BUILTIN_SHAPES,
+    CRITIC_ACTS,
+    CRITIC_GRADS,
+    CRITIC_MASTER,
+    CRITIC_OPTIM,
+    CRITIC_WEIGHTS,
+    DTYPE_BYTES,
+    GENERATION_PHASE,
+    KV_CACHE,
+    LOGITS,
+    LORA_TARGETS,
+    OPTIMIZERS,
+    POLICY_ACTS,
+    POLICY_GRADS,
+    POLICY_MASTER,
+    POLICY_OPTIM,
+    POLICY_WEIGHTS,
+    PRECISIONS,
+    REF_WEIGHTS,
+    RM_WEIGHTS,
+    ROW_ORDER,
+    SEEDS_NOTE,
+    UPDATE_PHASE,
+    MemoryOptions,
+    MemoryPlan,
+    MemoryPlanError,
+    ModelShape,
+    activation_bytes,
+    critic_split,
+    format_table,
+    human_bytes,
+    human_count,
+    infer_intermediate,
+    kv_cache_bytes,
+    layer_activation_values,
+    logits_bytes,
+    make_plan,
+    missing_rows,
+    plan_grpo,
+    plan_ppo,
+    resolve_model_shape,
+    seeds_lines,
+    seeds_trained_only,
+    seeds_weights_only,
+    shape_from_hf_config,
+    total_bytes,
+    trained_bytes_per_param,
+)
+
+__all__ = [
+    "ACCOUNTINGS",
+    "BUILTIN_SHAPES",
+    "CRITIC_ACTS",
+    "CRITIC_GRADS",
+    "CRITIC_MASTER",
+    "CRITIC_OPTIM",
+    "CRITIC_WEIGHTS",
+    "DTYPE_BYTES",
+    "GENERATION_PHASE",
+    "KV_CACHE",
+    "LOGITS",
+    "LORA_TARGETS",
+    "OPTIMIZERS",
+    "POLICY_ACTS",
+    "POLICY_GRADS",
+    "POLICY_MASTER",
+    "POLICY_OPTIM",
+    "POLICY_WEIGHTS",
+    "PRECISIONS",
+    "REF_WEIGHTS",
+    "RM_WEIGHTS",
+    "ROW_ORDER",
+    "SEEDS_NOTE",
+    "UPDATE_PHASE",
+    "MemoryOptions",
+    "MemoryPlan",
+    "MemoryPlanError",
+    "ModelShape",
+    "activation_bytes",
+    "build_parser",
+    "critic_split",
+    "format_measurement",
+    "format_table",
+    "human_bytes",
+    "human_count",
+    "infer_intermediate",
+    "kv_cache_bytes",
+    "layer_activation_values",
+    "logits_bytes",
+    "main",
+    "make_plan",
+    "missing_rows",
+    "options_from_args",
+    "parse_count",
+    "plan_grpo",
+    "plan_ppo",
+    "ppo_available",
+    "resolve_model_shape",
+    "run_measurement",
+    "seeds_lines",
+    "seeds_trained_only",
+    "seeds_weights_only",
+    "shape_from_hf_config",
+    "total_bytes",
+    "trained_bytes_per_param",
+]

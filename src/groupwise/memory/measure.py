@@ -1,0 +1,272 @@
+"""``groupwise memory --measure``: real training steps that check the plan.
+
+``--measure`` runs real training steps of each algorithm in a fresh subprocess (one per
+algorithm, so neither sees the other's peak) and prints the measured peak next to the plan for
+the same settings: on the CPU the peak RSS (VmHWM) minus the RSS after imports and the tokenizer,
+before the model is loaded; on a GPU ``torch.cuda.max_memory_allocated``.
+
+Each child is ``python -m groupwise.memory --_child SPEC`` (see :mod:`groupwise.memory.cli`);
+it runs :func:`_child_main` and prints one ``GROUPWISE_MEMORY_RESULT`` line of JSON. This is
+the only part of the planner that imports torch and the trainers, lazily, in the child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .plan import (
+    MemoryOptions,
+    human_bytes,
+    plan_grpo,
+    plan_ppo,
+    shape_from_hf_config,
+    total_bytes,
+)
+
+_RESULT_MARK = "GROUPWISE_MEMORY_RESULT "
+
+
+def _proc_status_bytes(key: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _current_rss() -> int:
+    rss = _proc_status_bytes("VmRSS")
+    if rss is not None:
+        return rss
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _peak_rss() -> int:
+    peak = _proc_status_bytes("VmHWM")
+    if peak is not None:
+        return peak
+    import resource
+
+    scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def _load_tokenizer(model: str):
+    from transformers import AutoTokenizer
+
+    from ..models import smollm2_path, smollm2_tokenizer
+
+    if model == "tiny-random":
+        tok = smollm2_tokenizer()
+    elif model == "smollm2-135m-instruct":
+        tok = AutoTokenizer.from_pretrained(smollm2_path())
+    else:
+        tok = AutoTokenizer.from_pretrained(model)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
+    """Inside the fresh process: baseline, build the trainer, run the steps, report the peak."""
+    import gc
+    import tempfile
+
+    import torch
+
+    from ..config import GRPOConfig
+    from ..data import arithmetic_dataset, tokenize_prompts
+
+    if spec["algorithm"] == "ppo":
+        from ..ppo import PPOTrainer as Trainer  # lazily: written alongside this planner
+    else:
+        from ..trainer import GRPOTrainer as Trainer
+
+    steps = spec["steps"]
+    tokenizer = _load_tokenizer(spec["model"])
+    prompts_per_step = spec["batch"] * spec["grad_accum"] // spec["group_size"]
+    dataset = arithmetic_dataset(max(prompts_per_step * steps, 4), "train", seed=0)
+    prompt_len = max(
+        len(ids)
+        for ids in tokenize_prompts([r["prompt"] for r in dataset], tokenizer, spec["max_prompt"])
+    )
+    with tempfile.TemporaryDirectory(prefix="groupwise-memory-") as out:
+        config = GRPOConfig(
+            model=spec["model"],
+            algorithm=spec["algorithm"],
+            task="arithmetic",
+            reward_funcs=["format", "accuracy"],
+            per_device_train_batch_size=spec["batch"],
+            num_generations=spec["group_size"],
+            gradient_accumulation_steps=spec["grad_accum"],
+            max_prompt_length=spec["max_prompt"],
+            max_completion_length=spec["completion_len"],
+            beta=spec["beta"],
+            gradient_checkpointing=spec["gradient_checkpointing"],
+            logprob_impl=spec["logprob_impl"],
+            logprob_chunk_size=spec["logprob_chunk_size"],
+            use_peft=spec["lora_r"] > 0,
+            lora_r=max(spec["lora_r"], 1),
+            max_steps=steps,
+            num_eval_prompts=0,
+            output_dir=out,
+            disable_tqdm=True,
+            device=spec["device"],
+        )
+        cuda = config.device.startswith("cuda") or (
+            config.device == "auto" and torch.cuda.is_available()
+        )
+        gc.collect()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            baseline = torch.cuda.memory_allocated()
+        else:
+            baseline = _current_rss()
+        trainer = Trainer(config.model, ["format", "accuracy"], dataset, args=config,
+                          processing_class=tokenizer)  # fmt: skip
+        completion_len = 0
+        for _ in range(steps):
+            logs = trainer.train_step()
+            completion_len = max(completion_len, int(logs["completions/max_length"]))
+        peak = torch.cuda.max_memory_allocated() if cuda else _peak_rss()
+        model_config = trainer.model.config.to_dict()
+        dtype = str(next(trainer.model.parameters()).dtype)
+    return {
+        "algorithm": spec["algorithm"],
+        "device": "cuda" if cuda else "cpu",
+        "dtype": {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(
+            dtype, "fp32"
+        ),
+        "baseline_bytes": baseline,
+        "peak_bytes": peak,
+        "measured_bytes": peak - baseline,
+        "prompt_len": prompt_len,
+        "completion_len": completion_len,
+        "model_config": {k: model_config.get(k) for k in _HF_KEYS},
+        "steps": steps,
+    }
+
+
+_HF_KEYS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "intermediate_size", "vocab_size", "head_dim", "tie_word_embeddings", "attention_bias",
+)  # fmt: skip
+
+
+def ppo_available() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("groupwise.ppo") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def run_measurement(
+    model: str,
+    opts: MemoryOptions,
+    algorithms: Sequence[str] = ("grpo", "ppo"),
+    steps: int = 1,
+    device: str = "auto",
+    timeout: float = 1800.0,
+) -> list[dict[str, Any]]:
+    """Run each algorithm's steps in a fresh subprocess; results carry the plan for the same
+    settings (the dtype the trainer used, its pure-precision AdamW, the real prompt length and
+    the longest completion) as ``predicted_bytes``."""
+    results = []
+    for algorithm in algorithms:
+        if algorithm == "ppo" and not ppo_available():
+            results.append({"algorithm": "ppo", "error": "groupwise.ppo is not available yet"})
+            continue
+        spec = {
+            "algorithm": algorithm,
+            "model": model,
+            "steps": steps,
+            "batch": opts.batch,
+            "group_size": opts.group_size,
+            "grad_accum": opts.grad_accum,
+            "max_prompt": opts.prompt_len,
+            "completion_len": opts.completion_len,
+            "beta": opts.beta,
+            "gradient_checkpointing": opts.gradient_checkpointing,
+            "logprob_impl": opts.logprob_impl,
+            "logprob_chunk_size": opts.logprob_chunk_size,
+            "lora_r": opts.lora_r,
+            "device": device,
+        }
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        proc = subprocess.run(
+            [sys.executable, "-m", "groupwise.memory", "--_child", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT_MARK)]
+        if proc.returncode != 0 or not lines:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            results.append({"algorithm": algorithm, "error": " | ".join(tail) or "no output"})
+            continue
+        result = json.loads(lines[-1][len(_RESULT_MARK) :])
+        shape = shape_from_hf_config(result["model_config"], name=model)
+        same = replace(
+            opts,
+            dtype=result["dtype"],
+            precision="pure",  # the trainer keeps AdamW's states in the parameters' dtype
+            optimizer="adamw",
+            prompt_len=result["prompt_len"],
+            completion_len=max(result["completion_len"], 1),
+            reward_model_params=0,
+        )
+        plan = plan_ppo(shape, same) if algorithm == "ppo" else plan_grpo(shape, same)
+        result["predicted_bytes"] = total_bytes(plan)
+        result["predicted_components"] = plan
+        result["ratio"] = result["measured_bytes"] / result["predicted_bytes"]
+        results.append(result)
+    return results
+
+
+def format_measurement(results: Sequence[dict[str, Any]]) -> str:
+    lines = ["", "measured (one fresh process per algorithm) vs predicted for the same settings:"]
+    for r in results:
+        name = r["algorithm"].upper()
+        if "error" in r:
+            lines.append(f"  {name}: not measured: {r['error']}")
+            continue
+        what = (
+            "peak torch.cuda.max_memory_allocated"
+            if r["device"] == "cuda"
+            else "peak RSS (VmHWM) minus RSS before the model was loaded"
+        )
+        text = (
+            f"  {name}: measured {human_bytes(r['measured_bytes'])}, predicted "
+            f"{human_bytes(r['predicted_bytes'])}, measured / predicted {r['ratio']:.2f}  "
+            f"[{r['device']} {r['dtype']}, {r['steps']} step(s), prompt {r['prompt_len']} + "
+            f"completion {r['completion_len']} tokens; {what}; process baseline "
+            f"{human_bytes(r['baseline_bytes'])} subtracted]"
+        )
+        lines.append(textwrap.fill(text, 100, subsequent_indent="    "))
+    measured = {r["algorithm"]: r for r in results if "error" not in r}
+    if "ppo" in measured and "grpo" in measured:
+        lines.append(
+            f"  GRPO / PPO: measured "
+            f"{measured['grpo']['measured_bytes'] / measured['ppo']['measured_bytes']:.2f}, "
+            f"predicted "
+            f"{measured['grpo']['predicted_bytes'] / measured['ppo']['predicted_bytes']:.2f}"
+        )
+    return "\n".join(lines)
