@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from . import checkpoint as ckpt
+from .build import build_reward_func
 from .checkpoint import TrainingInterrupted, TrainingStopped
 from .config import ConfigError, GRPOConfig
 from .core import (
@@ -64,7 +65,7 @@ from .loggers import RunLoggers
 from .logprobs import completion_logprobs
 from .models import load_model_and_tokenizer
 from .monitor import TrainingMonitor
-from .rewards import RewardFunc, build_reward_func, reward_func_name
+from .rewards import RewardFunc, reward_func_name
 from .rewards.combine import RewardScorer, score_rollout
 from .rollout import Rollout, SamplingParams, generate
 
