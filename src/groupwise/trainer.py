@@ -65,7 +65,7 @@ from .loggers import RunLoggers
 from .logprobs import completion_logprobs
 from .models import load_model_and_tokenizer
 from .monitor import TrainingMonitor
-from .rewards import RewardFunc, reward_func_name
+from .rewards import RewardFunc, correctness_index, reward_func_name
 from .rewards.combine import RewardScorer, score_rollout
 from .rollout import Rollout, SamplingParams, generate
 
@@ -304,7 +304,10 @@ class GRPOTrainer:
         self.output_dir = Path(args.output_dir)
         self._last_samples: list[dict[str, Any]] = []
         self._stop_signal: int | None = None
-        self.monitor = TrainingMonitor(args)  # failure-mode warnings, checkpointed
+        correct = correctness_index(self.reward_funcs)  # the reward that says "solved"
+        self.monitor = TrainingMonitor(  # failure-mode warnings, checkpointed
+            args, correctness_reward=self.reward_names[correct] if correct is not None else None
+        )
         self.loggers: RunLoggers | None = None  # TensorBoard / wandb, opened by train()
 
     # ------------------------------------------------------------------------------------------
@@ -761,15 +764,6 @@ class GRPOTrainer:
                         logs[f"rewards/{name}/{key}"] = float(value)
         return logs
 
-    _CORRECTNESS_REWARDS = (
-        "accuracy_reward",
-        "code_reward",
-        "code_reward_binary",
-        "countdown_reward",
-        "task_reward",
-        "reasoning_gym_reward",
-    )
-
     def _observe_curriculum(
         self, indices, bins, counts, first_prompt, rollout, per_func, rewards, raw_advantages,
         mask, old_logps, last_logps, micro_batches,
@@ -796,9 +790,7 @@ class GRPOTrainer:
                 args.epsilon,
                 args.epsilon_high if args.epsilon_high is not None else args.epsilon,
             )
-        column = next(
-            (j for j, n in enumerate(self.reward_names) if n in self._CORRECTNESS_REWARDS), None
-        )
+        column = correctness_index(self.reward_funcs)
         scores = per_func[:, column] if column is not None else rewards
         row_correct = torch.nan_to_num(scores, nan=-math.inf) > args.gdro_correct_threshold
         row_prompt = (rollout.group_ids.cpu() + first_prompt).tolist()
