@@ -424,7 +424,7 @@ def _never_right(prompts, completions, **kwargs):
 _never_right.is_correctness = True
 
 
-def test_the_reward_marked_is_correctness_drives_curriculum_and_monitor(tmp_path):
+def test_the_reward_marked_is_correctness_drives_curriculum_monitor_and_rewards_json(tmp_path):
     args = _config(tmp_path, max_steps=1, curriculum="prompt_gdro", reward_weights=[1.0, 2.0])
     trainer = GRPOTrainer("tiny-random", [_always_one, _never_right], ROWS, args=args)
     assert trainer.monitor.correctness_reward == "_never_right"
@@ -439,6 +439,13 @@ def test_the_reward_marked_is_correctness_drives_curriculum_and_monitor(tmp_path
     trainer.train()
     # The total reward is 1.0 > gdro_correct_threshold everywhere; the flagged reward says 0.
     assert len(seen) == 8 and not any(seen)
+    # The run records its rewards next to config.yaml, for groupwise report.
+    run = tmp_path / "run"
+    assert json.loads((run / "rewards.json").read_text()) == [
+        {"name": "_always_one", "weight": 1.0, "is_correctness": False},
+        {"name": "_never_right", "weight": 2.0, "is_correctness": True},
+    ]
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
     # Built-in names: the accuracy reward; no flagged function: None (the total reward).
     built_in = GRPOTrainer("tiny-random", ["format", "accuracy"], ROWS, args=_config(tmp_path))
     assert built_in.monitor.correctness_reward == "accuracy_reward"

@@ -1207,6 +1207,7 @@ class GRPOTrainer:
         self._resume_if_asked()
         if self.dist.is_main:
             args.to_yaml(self.output_dir / "config.yaml")
+            self.scorer.write_manifest(self.output_dir / "rewards.json")  # names, weights, flags
         if self.loggers is None and args.report_to and self.dist.is_main:
             self.loggers = RunLoggers(
                 self.output_dir,
