@@ -17,22 +17,8 @@ def test_defaults_follow_deepseekmath_grpo():
     assert config.epsilon == 0.2
     assert config.epsilon_high is None
     assert config.num_generations == 8
-    assert config.reward_funcs is None  # the task's own rewards
-    assert config.resolved_reward_funcs() == ["format", "accuracy"]
+    assert config.reward_funcs is None  # the task's own rewards (build.default_reward_names)
     assert config.reward_weights is None
-
-
-def test_task_default_rewards():
-    assert GRPOConfig(task="python").resolved_reward_funcs() == ["code"]
-    assert GRPOConfig(task="countdown").resolved_reward_funcs() == ["format", "countdown"]
-    assert GRPOConfig(task="data.jsonl").resolved_reward_funcs() == ["format", "accuracy"]
-    assert GRPOConfig(reward_funcs=["soft_format"]).resolved_reward_funcs() == ["soft_format"]
-
-
-def test_resolved_list_is_not_shared_between_instances():
-    first, second = GRPOConfig(), GRPOConfig()
-    first.resolved_reward_funcs().append("extra")
-    assert second.resolved_reward_funcs() == ["format", "accuracy"]
 
 
 def test_steps_properties():

@@ -372,3 +372,27 @@ def test_evaluate_model_needs_a_correctness_reward(tiny_model, tokenizer):
         evaluate_model(tiny_model, tokenizer, ROWS, [a, b], n=2, ks=[1])
     with pytest.raises(ValueError, match="not one of"):
         evaluate_model(tiny_model, tokenizer, ROWS, [a, b], n=2, ks=[1], correct_reward="c")
+
+
+def test_evaluate_model_correctness_is_the_flagged_reward(tiny_model, tokenizer):
+    from groupwise.rewards import accuracy_reward, format_reward
+
+    def pays(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    def judge(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    def judge_too(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    judge.is_correctness = judge_too.is_correctness = True
+    quick = dict(n=2, ks=[1], max_completion_length=2)
+    res = evaluate_model(tiny_model, tokenizer, ROWS, [pays, judge, judge_too], **quick)
+    assert res.summary["correct_reward"] == "judge"  # the first flagged, whatever its name
+    assert res.summary["overall"]["accuracy"] == 0.0
+    res = evaluate_model(tiny_model, tokenizer, ROWS, [pays, judge], correct_reward="pays", **quick)
+    assert res.summary["correct_reward"] == "pays"  # correct_reward still overrides
+    assert res.summary["overall"]["accuracy"] == 1.0
+    res = evaluate_model(tiny_model, tokenizer, ROWS, [format_reward, accuracy_reward], **quick)
+    assert res.summary["correct_reward"] == "accuracy_reward"

@@ -153,6 +153,13 @@ def test_kl_fast_growth_above_floor():
 
 
 # --- length_hacking -----------------------------------------------------------------------------
+ACC = "accuracy_reward"  # the correctness reward the trainer names for the built-in accuracy
+
+
+def acc_monitor(**thresholds):
+    return TrainingMonitor(correctness_reward=ACC, **thresholds)
+
+
 def _length_rows(lengths, accuracy, reward=0.5, correctness=True):
     rows = []
     for s, (n, a) in enumerate(zip(lengths, accuracy, strict=True), 1):
@@ -168,7 +175,7 @@ def _length_rows(lengths, accuracy, reward=0.5, correctness=True):
 
 def test_length_hacking_fires_when_longer_without_better_answers():
     rows = _length_rows([40] * 5 + [70] * 5, [0.4] * 10)
-    monitor = TrainingMonitor()
+    monitor = acc_monitor()
     got = [w for r in rows for w in monitor.update(r)]
     assert [(w.step, w.kind) for w in got] == [(10, "length_hacking")]
     message = got[0].message
@@ -178,14 +185,14 @@ def test_length_hacking_fires_when_longer_without_better_answers():
 
 def test_length_hacking_boundaries():
     # Exactly 1.5x is not more than 1.5x.
-    assert run(TrainingMonitor(), _length_rows([40] * 5 + [60] * 5, [0.4] * 10)) == []
+    assert run(acc_monitor(), _length_rows([40] * 5 + [60] * 5, [0.4] * 10)) == []
     # Longer but more accurate is learning to reason, not hacking.
-    assert run(TrainingMonitor(), _length_rows([40] * 5 + [70] * 5, [0.4] * 5 + [0.6] * 5)) == []
+    assert run(acc_monitor(), _length_rows([40] * 5 + [70] * 5, [0.4] * 5 + [0.6] * 5)) == []
     # The window is not full before step 10.
-    assert run(TrainingMonitor(), _length_rows([40] * 4 + [90] * 5, [0.4] * 9)) == []
+    assert run(acc_monitor(), _length_rows([40] * 4 + [90] * 5, [0.4] * 9)) == []
     # Correctness falling counts as not improving.
     rows = _length_rows([40] * 5 + [70] * 5, [0.5] * 5 + [0.3] * 5)
-    assert run(TrainingMonitor(), rows) == [(10, "length_hacking")]
+    assert run(acc_monitor(), rows) == [(10, "length_hacking")]
 
 
 def test_length_hacking_uses_the_correctness_reward_not_the_total():
@@ -193,14 +200,30 @@ def test_length_hacking_uses_the_correctness_reward_not_the_total():
     rows = _length_rows([40] * 5 + [70] * 5, [0.4] * 10)
     for r in rows[5:]:
         r["reward"] = 1.5
-    assert run(TrainingMonitor(), rows) == [(10, "length_hacking")]
+    assert run(acc_monitor(), rows) == [(10, "length_hacking")]
     # Without a correctness reward the total reward is the yardstick.
     rows = _length_rows([40] * 5 + [70] * 5, [0.4] * 10, correctness=False)
-    monitor = TrainingMonitor()
+    monitor = acc_monitor()  # named, but not logged
     got = [w for r in rows for w in monitor.update(r)]
     assert [w.kind for w in got] == ["length_hacking"] and "reward did not" in got[0].message
     rows = _length_rows([40] * 5 + [70] * 5, [0.4] * 5 + [0.8] * 5, correctness=False)
-    assert run(TrainingMonitor(), rows) == []
+    assert run(acc_monitor(), rows) == []
+
+
+def test_length_hacking_uses_the_reward_the_trainer_names():
+    # The correctness reward is the one named at construction (the trainer passes the function
+    # marked is_correctness), not one guessed from the logged names.
+    rows = _length_rows([40] * 5 + [70] * 5, [0.4] * 5 + [0.9] * 5)  # accuracy_reward rises
+    for r in rows:
+        r["rewards/my_checker/mean"] = 0.3  # ... the run's own correctness reward does not
+    monitor = TrainingMonitor(correctness_reward="my_checker")
+    got = [w for r in rows for w in monitor.update(r)]
+    assert [w.kind for w in got] == ["length_hacking"] and "my_checker did not" in got[0].message
+    assert run(acc_monitor(), rows) == []
+    # Not named: the total reward (flat 0.5 here) is the yardstick, whatever else is logged.
+    monitor = TrainingMonitor()
+    got = [w for r in rows for w in monitor.update(r)]
+    assert [w.kind for w in got] == ["length_hacking"] and "reward did not" in got[0].message
 
 
 # --- nan_step and should_stop -------------------------------------------------------------------

@@ -352,6 +352,53 @@ def test_partial_last_line_is_skipped_with_a_note(tmp_path):
     assert "1 (steps 1 to 1)" in page
 
 
+def _groups(run_dir: Path) -> dict[str, report.PlotGroup]:
+    return {g.id: g for g in report.plot_groups(report.load_run(run_dir))}
+
+
+def _rewards_json(run: Path, flagged: str | None) -> None:
+    names = ("format_reward", "accuracy_reward")
+    records = [{"name": n, "weight": 1.0, "is_correctness": n == flagged} for n in names]
+    (run / "rewards.json").write_text(json.dumps(records))
+
+
+def test_correctness_reward_is_the_one_rewards_json_marks(tmp_path):
+    run = write_run(tmp_path)
+    _rewards_json(run, "format_reward")  # a run whose flagged reward is not named "accura..."
+    assert report.load_run(run).rewards[0] == {
+        "name": "format_reward",
+        "weight": 1.0,
+        "is_correctness": True,
+    }
+    accuracy = _groups(run)["accuracy"]
+    assert accuracy.title == "Accuracy (format_reward)"
+    assert [line.key for line in accuracy.panels[0].lines][0] == "rewards/format_reward/mean"
+    _rewards_json(run, None)  # the run recorded that none of its rewards scores correctness
+    assert "accuracy" not in _groups(run)
+
+
+def test_correctness_reward_of_an_old_run_comes_from_the_names(tmp_path):
+    run = write_run(tmp_path)  # no rewards.json: written before the trainer recorded it
+    assert report.load_run(run).rewards is None
+    assert _groups(run)["accuracy"].title == "Accuracy (accuracy_reward)"
+
+
+def test_correctness_reward_rule():
+    flagged = [
+        {"name": "format_reward", "weight": 0.5, "is_correctness": False},
+        {"name": "passes_tests", "weight": 1.0, "is_correctness": True},
+    ]
+    names = ["format_reward", "accuracy_reward", "passes_tests"]
+    assert report.correctness_reward(names, flagged) == "passes_tests"
+    assert report.correctness_reward(names, flagged[:1]) is None  # recorded: none is correctness
+    assert report.correctness_reward(names, []) is None
+    # Older runs: a name containing "accura" or "correct", not a list of known names.
+    assert report.correctness_reward(names) == "accuracy_reward"
+    assert report.correctness_reward(["format_reward", "is_correct"]) == "is_correct"
+    assert report.correctness_reward(["format_reward", "code_reward"]) is None
+    assert not hasattr(report, "CORRECTNESS_REWARDS")
+
+
 # ----------------------------------------------------------------------------------------------
 # Errors
 
@@ -379,6 +426,16 @@ def test_malformed_events_line_names_file_and_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 1}\n')
     (tmp_path / "events.jsonl").write_text('{"step": 1, "kind": "x"}\n[1, 2]\n')
     with pytest.raises(ReportError, match=r"events\.jsonl, line 2: expected a JSON object"):
+        build_report(tmp_path)
+
+
+def test_malformed_rewards_json_names_the_file(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 1}\n')
+    (tmp_path / "rewards.json").write_text('[{"name": "format_reward",')
+    with pytest.raises(ReportError, match=r"rewards\.json: malformed JSON"):
+        build_report(tmp_path)
+    (tmp_path / "rewards.json").write_text('{"name": "format_reward"}')
+    with pytest.raises(ReportError, match=r"rewards\.json: expected a list of objects"):
         build_report(tmp_path)
 
 

@@ -1,12 +1,14 @@
-"""Tests for groupwise.rewards: format and accuracy rewards, answer parsing, the registry."""
+"""Tests for groupwise.rewards: format and accuracy rewards, answer parsing, names and the
+correctness flag (the name -> function factory is tested in test_build.py)."""
 
 import pytest
 
 from groupwise.rewards import (
-    REWARD_NAMES,
     accuracy_reward,
-    build_reward_func,
+    code_reward,
+    code_reward_binary,
     completion_text,
+    correctness_index,
     format_reward,
     parse_number,
     reward_func_name,
@@ -185,29 +187,58 @@ def test_accuracy_reward_large_integers_exact():
 
 
 # ---------------------------------------------------------------------------------------------
-# Registry
+# Names and the correctness flag
 # ---------------------------------------------------------------------------------------------
 
 
-def test_build_reward_func_by_name():
-    assert build_reward_func("format") is format_reward
-    assert reward_func_name(build_reward_func("accuracy")) == "accuracy_reward"
-    assert reward_func_name(build_reward_func("soft_format")) == "soft_format_reward"
-    assert reward_func_name(build_reward_func("length_penalty")) == "length_penalty"
-    assert reward_func_name(build_reward_func("code_binary")) == "code_reward_binary"
-
-
-def test_build_reward_func_callable_passthrough():
+def test_reward_func_name():
     def length_reward(prompts, completions, **kwargs):
         return [float(len(c)) for c in completions]
 
-    assert build_reward_func(length_reward) is length_reward
     assert reward_func_name(length_reward) == "length_reward"
     assert reward_func_name(format_reward) == "format_reward"
 
 
-def test_build_reward_func_unknown_name():
-    with pytest.raises(ValueError) as info:
-        build_reward_func("fromat")
-    assert str(info.value).startswith("unknown reward function 'fromat'; built-in ones are:")
-    assert all(name in str(info.value) for name in REWARD_NAMES)
+def test_correctness_flag_on_the_task_success_rewards_only():
+    from groupwise.rewards import (
+        make_accuracy_reward,
+        make_code_reward,
+        make_length_penalty,
+        make_repetition_penalty,
+        soft_format_reward,
+    )
+
+    flagged = [
+        accuracy_reward,
+        make_accuracy_reward(fallback_last_number=True, answer_column="solution"),
+        code_reward,
+        code_reward_binary,
+        make_code_reward(binary=True, timeout_s=1.0),
+    ]
+    for func in flagged:
+        assert func.is_correctness is True, reward_func_name(func)
+    shaping = [
+        format_reward,
+        soft_format_reward,
+        make_length_penalty(64, 16),
+        make_repetition_penalty(),
+    ]
+    for func in shaping:
+        assert getattr(func, "is_correctness", False) is False, reward_func_name(func)
+
+
+def test_correctness_index_picks_the_first_flagged_function():
+    def mine(prompts, completions, **kwargs):
+        return [1.0] * len(completions)
+
+    def judged(prompts, completions, **kwargs):
+        return [1.0] * len(completions)
+
+    judged.is_correctness = True
+    assert correctness_index([format_reward, accuracy_reward]) == 1
+    assert correctness_index([format_reward, judged, accuracy_reward]) == 1
+    assert correctness_index([code_reward, accuracy_reward]) == 0
+    assert correctness_index([format_reward, mine]) is None  # a name is not a flag
+    assert correctness_index([]) is None
+    mine.is_correctness = "yes"  # only True marks it
+    assert correctness_index([mine]) is None

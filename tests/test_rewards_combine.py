@@ -1,4 +1,5 @@
 import asyncio
+import json
 import logging
 import math
 
@@ -132,3 +133,20 @@ def test_async_scoring_works_inside_a_running_event_loop():
 
     rewards, _ = asyncio.run(main())
     assert rewards.tolist() == [2.0] * 4
+
+
+def test_manifest_names_weights_and_the_one_correctness_reward(tmp_path):
+    from groupwise.rewards import accuracy_reward, code_reward, format_reward
+
+    scorer = RewardScorer([format_reward, accuracy_reward, code_reward], [0.5, 1.0, 2.0])
+    expected = [
+        {"name": "format_reward", "weight": 0.5, "is_correctness": False},
+        {"name": "accuracy_reward", "weight": 1.0, "is_correctness": True},
+        {"name": "code_reward", "weight": 2.0, "is_correctness": False},  # only the first
+    ]
+    assert scorer.manifest() == expected
+    path = tmp_path / "rewards.json"
+    path.write_text("stale")
+    scorer.write_manifest(path)
+    assert json.loads(path.read_text()) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rewards.json"]  # no temporary left

@@ -411,3 +411,43 @@ def test_periodic_eval_logs_pass_at_k_per_difficulty(tmp_path):
     levels = {row["difficulty"] for row in rows}
     assert {f"eval/difficulty_{lv}/pass@2" for lv in levels} <= set(result)
     assert sum(result[f"eval/difficulty_{lv}/num_prompts"] for lv in levels) == 4
+
+
+def _always_one(prompts, completions, **kwargs):  # pays everything: not a correctness signal
+    return [1.0] * len(completions)
+
+
+def _never_right(prompts, completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+_never_right.is_correctness = True
+
+
+def test_the_reward_marked_is_correctness_drives_curriculum_monitor_and_rewards_json(tmp_path):
+    args = _config(tmp_path, max_steps=1, curriculum="prompt_gdro", reward_weights=[1.0, 2.0])
+    trainer = GRPOTrainer("tiny-random", [_always_one, _never_right], ROWS, args=args)
+    assert trainer.monitor.correctness_reward == "_never_right"
+    seen = []
+    observe = trainer.curriculum.observe
+
+    def spy(uids, bins, counts, row_prompt, row_correct, *rest):
+        seen.extend(row_correct)
+        return observe(uids, bins, counts, row_prompt, row_correct, *rest)
+
+    trainer.curriculum.observe = spy
+    trainer.train()
+    # The total reward is 1.0 > gdro_correct_threshold everywhere; the flagged reward says 0.
+    assert len(seen) == 8 and not any(seen)
+    # The run records its rewards next to config.yaml, for groupwise report.
+    run = tmp_path / "run"
+    assert json.loads((run / "rewards.json").read_text()) == [
+        {"name": "_always_one", "weight": 1.0, "is_correctness": False},
+        {"name": "_never_right", "weight": 2.0, "is_correctness": True},
+    ]
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
+    # Built-in names: the accuracy reward; no flagged function: None (the total reward).
+    built_in = GRPOTrainer("tiny-random", ["format", "accuracy"], ROWS, args=_config(tmp_path))
+    assert built_in.monitor.correctness_reward == "accuracy_reward"
+    unflagged = GRPOTrainer("tiny-random", [_always_one], ROWS, args=_config(tmp_path))
+    assert unflagged.monitor.correctness_reward is None

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .build import build_reward_func, default_reward_names
 from .checkpoint import CheckpointError, TrainingInterrupted, TrainingStopped
 from .config import ConfigError, GRPOConfig, parse_cli_overrides
 from .data import TASKS, arithmetic_dataset, filter_long_prompts, load_dataset_rows
@@ -152,7 +153,7 @@ def run_train(args: GRPOConfig) -> dict[str, float]:
 
     train, evals = build_datasets(args)
     trainer = GRPOTrainer(
-        args.model, args.resolved_reward_funcs(), train, args=args, eval_dataset=evals
+        args.model, default_reward_names(args), train, args=args, eval_dataset=evals
     )
     trainer.train_dataset = apply_long_prompt_policy(train, trainer.tokenizer, args)
     trainer.eval_dataset = apply_long_prompt_policy(evals, trainer.tokenizer, args)
@@ -173,7 +174,7 @@ def run_demo(args: GRPOConfig) -> tuple[float, float]:
     # The demo evaluates before and after itself, so the numbers can be printed side by side.
     args.eval_on_start, args.eval_steps = False, 0
     trainer = GRPOTrainer(
-        args.model, args.resolved_reward_funcs(), train, args=args, eval_dataset=evals
+        args.model, default_reward_names(args), train, args=args, eval_dataset=evals
     )
     acc, fmt = "eval/rewards/accuracy_reward/mean", "eval/rewards/format_reward/mean"
 
@@ -202,6 +203,7 @@ def run_demo(args: GRPOConfig) -> tuple[float, float]:
 
 def run_eval(args: GRPOConfig) -> dict:
     """Evaluate ``args.model`` (and ``args.compare_model``) on the task's held-out prompts."""
+    from .build import resolve_device
     from .evaluation import (
         EvalConfig,
         compare,
@@ -211,8 +213,6 @@ def run_eval(args: GRPOConfig) -> dict:
         save_json,
     )
     from .models import load_model_and_tokenizer
-    from .rewards import build_reward_func
-    from .build import resolve_device
 
     train, evals = build_datasets(args)
     rows = evals if evals else train
@@ -228,7 +228,7 @@ def run_eval(args: GRPOConfig) -> dict:
         seed=args.seed,
     )
     device = resolve_device(args.device)
-    funcs = [build_reward_func(name, args) for name in args.resolved_reward_funcs()]
+    funcs = [build_reward_func(name, args) for name in default_reward_names(args)]
 
     def run(model_name: str):
         model, tokenizer = load_model_and_tokenizer(model_name, seed=args.seed)

@@ -190,14 +190,6 @@ class GRPOConfig:
     def prompts_per_step(self) -> int:
         return self.completions_per_step // self.num_generations
 
-    def resolved_reward_funcs(self) -> list[str]:
-        """``reward_funcs``, or the task's default rewards when it is None."""
-        if self.reward_funcs is not None:
-            return list(self.reward_funcs)
-        from .tasks import TASKS, task_reward_funcs
-
-        return task_reward_funcs(self.task) if self.task in TASKS else ["format", "accuracy"]
-
     def validate(self) -> None:
         choices = {
             "loss_type": ("grpo", "bnpo", "dapo", "dr_grpo"),

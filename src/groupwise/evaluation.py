@@ -43,6 +43,7 @@ import torch
 
 from .core import pass_at_k
 from .data import tokenize_prompts
+from .rewards.basic import correctness_index
 from .rewards.combine import RewardScorer, score_rollout
 from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams
 
@@ -84,7 +85,7 @@ class EvalConfig:
     max_prompt_length: int | None = 512
     greedy: bool = False
     ks: list[int] | None = None  # None: default_ks(n)
-    correct_reward: str | None = None  # None: accuracy_reward, else the only non-format func
+    correct_reward: str | None = None  # None: the is_correctness one, else the only non-format
     correct_threshold: float = DEFAULT_THRESHOLD
     format_reward: str | None = None  # None: "format_reward" if present, else no format rate
     seed: int = 0
@@ -196,7 +197,9 @@ def prompt_id(row: Mapping[str, Any]) -> str:
 # Generation and scoring
 
 
-def _resolve_reward(names: list[str], wanted: str | None, default: str, role: str) -> int | None:
+def _resolve_reward(
+    names: list[str], wanted: str | None, default: str | None, role: str
+) -> int | None:
     if wanted is not None:
         if wanted not in names:
             raise ValueError(f"{role} {wanted!r} is not one of the reward functions {names}")
@@ -279,8 +282,9 @@ def evaluate_model(
 
     ``overrides`` replace fields of ``config`` (e.g. ``n=4, ks=[1, 4]``). ``progress(done,
     total)`` is called after each batch. Correctness is decided by the ``correct_reward``
-    function (default ``accuracy_reward``, else the only function other than ``format_reward``);
-    if neither applies, a ValueError asks for ``correct_reward``."""
+    function (default: the first function marked ``is_correctness``, else the only function
+    other than ``format_reward``); if neither applies, a ValueError asks for
+    ``correct_reward``."""
     config = config if config is not None else EvalConfig()
     if overrides:
         base = asdict(config)
@@ -292,9 +296,10 @@ def evaluate_model(
         raise ValueError("evaluate_model needs at least one row")
     scorer = RewardScorer(reward_funcs)
     names = scorer.names
+    flagged = correctness_index(scorer.funcs)
     others = [name for name in names if name != "format_reward"]
     default_correct = (
-        others[0] if len(others) == 1 and "accuracy_reward" not in names else ("accuracy_reward")
+        names[flagged] if flagged is not None else others[0] if len(others) == 1 else None
     )
     correct_j = _resolve_reward(names, config.correct_reward, default_correct, "correct_reward")
     if correct_j is None:

@@ -25,16 +25,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-# Rewards that measure task success; the first one a run logs is its correctness signal.
-CORRECTNESS_REWARDS = (
-    "accuracy_reward",
-    "code_reward",
-    "code_reward_binary",
-    "countdown_reward",
-    "task_reward",
-    "reasoning_gym_reward",
-)
-
 # Kinds that fire from metric conditions (nan_step and info have their own rules).
 CONDITION_KINDS = ("zero_std", "entropy_collapse", "kl_blowup", "length_hacking")
 KINDS = ("nan_step", *CONDITION_KINDS, "info")
@@ -117,13 +107,14 @@ def _mean(values: list[float | None]) -> float | None:
     return math.fsum(kept) / len(kept) if kept else None
 
 
-def correctness_key(logs: dict[str, Any]) -> str:
-    """The metric that says whether answers are right: the first correctness reward's mean, or the
-    total ``reward`` when the run has none."""
-    for key in logs:
-        if key.startswith("rewards/") and key.endswith("/mean"):
-            if key[len("rewards/") : -len("/mean")] in CORRECTNESS_REWARDS:
-                return key
+def correctness_key(logs: dict[str, Any], correctness_reward: str | None = None) -> str:
+    """The metric that says whether answers are right: the mean of ``correctness_reward`` (the
+    name of the run's reward function marked ``is_correctness``), or the total ``reward`` when
+    the run has none or the step did not log it."""
+    if correctness_reward is not None:
+        key = f"rewards/{correctness_reward}/mean"
+        if key in logs:
+            return key
     return "reward"
 
 
@@ -142,12 +133,18 @@ class TrainingMonitor:
 
     ``TrainingMonitor(args)`` takes its thresholds from a ``GRPOConfig``;
     ``TrainingMonitor(kl_max=0.5)`` or ``TrainingMonitor(MonitorThresholds(...))`` set them
-    directly (keyword arguments override those of ``args``). Call :meth:`update` with every
+    directly (keyword arguments override those of ``args``). ``correctness_reward`` names the
+    reward function that scores task success (the trainer passes the one marked
+    ``is_correctness``); ``length_hacking`` judges progress by its mean, or by the total
+    ``reward`` when it is None. Call :meth:`update` with every
     training step's metrics (eval rows are ignored) and :meth:`record_bad_step` for every skipped
     non-finite step; stop training when :attr:`should_stop` is true.
     """
 
-    def __init__(self, args: Any = None, **thresholds: Any) -> None:
+    def __init__(
+        self, args: Any = None, correctness_reward: str | None = None, **thresholds: Any
+    ) -> None:
+        self.correctness_reward = correctness_reward
         if isinstance(args, MonitorThresholds):
             self.thresholds = dataclasses.replace(args, **thresholds)
         elif args is not None:
@@ -288,7 +285,7 @@ class TrainingMonitor:
 
     def _length(self, logs: dict[str, Any], step: int) -> str | None:
         t = self.thresholds
-        key = correctness_key(logs)
+        key = correctness_key(logs, self.correctness_reward)
         self._length_history.append((_number(logs, "completions/mean_length"), _number(logs, key)))
         if len(self._length_history) < t.length_window:
             return None

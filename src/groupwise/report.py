@@ -1,7 +1,8 @@
 """``groupwise report RUN_DIR``: one self-contained HTML page about a training run.
 
 Reads what the trainer writes into its output folder (``metrics.jsonl``; and when present
-``config.yaml``, ``events.jsonl``, ``completions.jsonl``) and writes ``RUN_DIR/report.html``:
+``config.yaml``, ``rewards.json``, ``events.jsonl``, ``completions.jsonl``) and writes
+``RUN_DIR/report.html``:
 a summary, the run's warnings, plots (PNG, base64-embedded, made with matplotlib's Agg backend),
 the configuration and example completions. The page loads nothing from anywhere else, so it can
 be mailed or opened offline. :func:`check_in_browser` renders a report in headless Chromium and
@@ -33,16 +34,6 @@ import numpy as np
 REPORT_TITLE = "groupwise training report"
 INSTALL_HINT = "pip install groupwise[report]"
 
-# The reward functions that score correctness, in order of preference (as in the trainer; not
-# imported from there because that would import torch just to draw a page).
-CORRECTNESS_REWARDS = (
-    "accuracy_reward",
-    "code_reward",
-    "code_reward_binary",
-    "countdown_reward",
-    "task_reward",
-    "reasoning_gym_reward",
-)
 MAX_PROMPTS_PER_STEP = 3  # example prompts shown for each of the first and last logged steps
 MAX_COMPLETIONS_PER_PROMPT = 16
 MAX_EVENTS_LISTED = 200
@@ -67,6 +58,8 @@ class RunData:
     events: list[dict[str, Any]] | None = None
     completions: list[dict[str, Any]] | None = None
     notes: list[str] = field(default_factory=list)  # things the reader should know
+    # rewards.json: [{"name", "weight", "is_correctness"}] per reward function (older runs: None)
+    rewards: list[dict[str, Any]] | None = None
 
 
 def read_jsonl(path: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
@@ -161,13 +154,31 @@ def load_run(run_dir: str | Path) -> RunData:
         if not isinstance(config, dict):
             raise ReportError(f"{config_path}: expected a mapping of options")
 
+    rewards = None
+    if (run_dir / "rewards.json").is_file():
+        rewards = read_rewards(run_dir / "rewards.json")
+
     events = None
     if (run_dir / "events.jsonl").is_file():
         events = read_jsonl(run_dir / "events.jsonl", notes)
     completions = None
     if (run_dir / "completions.jsonl").is_file():
         completions = read_jsonl(run_dir / "completions.jsonl", notes)
-    return RunData(run_dir, train, evals, config, events, completions, notes)
+    return RunData(run_dir, train, evals, config, events, completions, notes, rewards)
+
+
+def read_rewards(path: Path) -> list[dict[str, Any]]:
+    """The run's reward functions as the trainer records them in ``rewards.json``: a list of
+    ``{"name", "weight", "is_correctness"}`` objects, in the order of ``reward_funcs``."""
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ReportError(f"{path}: malformed JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(records, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("name"), str) for r in records
+    ):
+        raise ReportError(f"{path}: expected a list of objects, each with a string 'name'")
+    return records
 
 
 def series(rows: Sequence[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -218,11 +229,14 @@ def _reward_names(keys: Sequence[str], prefix: str = "rewards/") -> list[str]:
     return [k[len(prefix) : -len("/mean")] for k in keys if re.fullmatch(rf"{prefix}.+/mean", k)]
 
 
-def correctness_reward(names: Sequence[str]) -> str | None:
-    """The reward component that scores correctness (``accuracy_reward`` etc.), if any."""
-    for name in CORRECTNESS_REWARDS:
-        if name in names:
-            return name
+def correctness_reward(
+    names: Sequence[str], rewards: Sequence[dict[str, Any]] | None = None
+) -> str | None:
+    """The reward component that scores correctness, if any: the one ``rewards.json`` marks
+    ``is_correctness`` (the trainer records the function's flag there), or for an older run
+    without that file the first of ``names`` containing "accura" or "correct"."""
+    if rewards is not None:
+        return next((r["name"] for r in rewards if r.get("is_correctness") is True), None)
     return next((n for n in names if "accura" in n or "correct" in n), None)
 
 
@@ -240,7 +254,7 @@ def plot_groups(run: RunData) -> list[PlotGroup]:
     """The figures this run's metrics support, each with only the series that have data."""
     train_keys, eval_keys = _keys(run.train), _keys(run.evals)
     names = _reward_names(train_keys)
-    correct = correctness_reward(names)
+    correct = correctness_reward(names, run.rewards)
     eval_scores = sorted(
         (
             k

@@ -136,7 +136,8 @@ class Trainer:
         self._last_samples: list[dict[str, Any]] = []
         self._last_batch: tuple | None = None
         self._stop_signal: int | None = None
-        self.monitor = TrainingMonitor(args)  # failure-mode warnings, checkpointed
+        # Failure-mode warnings (checkpointed), reading the reward that says "solved".
+        self.monitor = TrainingMonitor(args, correctness_reward=self.scorer.correctness_name)
         self.loggers: RunLoggers | None = None  # TensorBoard / wandb, opened by train()
 
     def check_options(self, args: GRPOConfig, dist: DistributedContext) -> None:
@@ -559,6 +560,8 @@ class Trainer:
         self._resume_if_asked()
         if self.dist.is_main:
             args.to_yaml(self.output_dir / "config.yaml")
+            # Reward names, weights and which one is correctness, for `groupwise report`.
+            self.scorer.combine.write_manifest(self.output_dir / "rewards.json")
         if self.loggers is None and args.report_to and self.dist.is_main:
             self.loggers = RunLoggers(
                 self.output_dir,

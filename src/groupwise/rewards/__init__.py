@@ -1,18 +1,25 @@
 """Reward functions with TRL's signature ``f(prompts, completions, **columns) -> list[float|None]``.
 
-Every built-in is importable from here and usable by name in ``reward_funcs`` (see
-:mod:`groupwise.rewards.registry`). Modules: ``shaping`` (format, soft format, length and
+Every built-in is importable from here and usable by name in ``reward_funcs`` (the names are
+resolved by :mod:`groupwise.build`, which sits above this package: nothing here imports the
+config or the tasks). A function that scores task success carries ``is_correctness = True``
+(:func:`correctness_index` finds it). Modules: ``shaping`` (format, soft format, length and
 repetition penalties), ``math`` (answer extraction and symbolic equivalence), ``code`` (tests run
 in a sandbox), ``model`` (a learned reward model), ``remote`` (an HTTP verifier), ``combine``
 (robust calls and the weighted sum).
 """
 
-from .basic import RewardFunc, completion_text, parse_number, reward_func_name
+from .basic import (
+    RewardFunc,
+    completion_text,
+    correctness_index,
+    parse_number,
+    reward_func_name,
+)
 from .code import code_reward, code_reward_binary, make_code_reward
 from .combine import RewardFunctionError, RewardScorer
 from .math import accuracy_reward, extract_final_answer, make_accuracy_reward, verify_answer
 from .model import RewardModel
-from .registry import REWARD_NAMES, build_reward_func
 from .remote import RemoteReward
 from .shaping import (
     format_reward,
@@ -22,17 +29,16 @@ from .shaping import (
 )
 
 __all__ = [
-    "REWARD_NAMES",
     "RemoteReward",
     "RewardFunc",
     "RewardFunctionError",
     "RewardModel",
     "RewardScorer",
     "accuracy_reward",
-    "build_reward_func",
     "code_reward",
     "code_reward_binary",
     "completion_text",
+    "correctness_index",
     "extract_final_answer",
     "format_reward",
     "make_accuracy_reward",

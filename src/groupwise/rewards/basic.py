@@ -1,4 +1,4 @@
-"""Shared helpers of the reward functions: completion text, plain numbers, names.
+"""Shared helpers of the reward functions: completion text, plain numbers, names, correctness.
 
 ``completions`` is a list of strings for plain-text prompts, or a list of conversations
 (``[{"role": "assistant", "content": text}]``) for conversational prompts, exactly as TRL passes
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 RewardFunc = Callable[..., list[float | None]]
@@ -39,3 +39,11 @@ def parse_number(text: str) -> float | None:
 
 def reward_func_name(func: RewardFunc) -> str:
     return getattr(func, "__name__", None) or type(func).__name__
+
+
+def correctness_index(funcs: Sequence[Any]) -> int | None:
+    """Index of the first function that scores task success (``is_correctness = True``: the
+    built-in accuracy, code, countdown, reasoning-gym and task rewards, or a user's function
+    marked so), or None. The monitor, curriculum, report and evaluation use that one."""
+    flagged = (j for j, f in enumerate(funcs) if getattr(f, "is_correctness", False) is True)
+    return next(flagged, None)

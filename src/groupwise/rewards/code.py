@@ -1457,6 +1457,7 @@ def make_code_reward(
         f"{'1.0 if all' if binary else 'Fraction'} of the {tests_column!r} tests passed by the "
         "completion's last Python code block, run in a sandbox; None without tests."
     )
+    reward.is_correctness = True  # type: ignore[attr-defined]
     return reward
 
 

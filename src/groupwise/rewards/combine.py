@@ -15,17 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
+import json
 import logging
 import math
+import os
+import tempfile
 import traceback
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .basic import RewardFunc, reward_func_name
+from .basic import RewardFunc, correctness_index, reward_func_name
 
 if TYPE_CHECKING:
     from ..rollout import Rollout
@@ -190,6 +195,30 @@ class RewardScorer:
     def error_summary(self) -> dict[str, int]:
         """Total failures per function so far (for logging)."""
         return {name: sum(counts.values()) for name, counts in self.error_counts.items()}
+
+    def manifest(self) -> list[dict[str, Any]]:
+        """One record per function, in order: ``{"name", "weight", "is_correctness"}``, where
+        ``is_correctness`` marks the function :func:`correctness_index` picks (at most one)."""
+        correct = correctness_index(self.funcs)
+        return [
+            {"name": name, "weight": float(weight), "is_correctness": j == correct}
+            for j, (name, weight) in enumerate(zip(self.names, self.weights.tolist(), strict=True))
+        ]
+
+    def write_manifest(self, path: str | Path) -> None:
+        """:meth:`manifest` as JSON at ``path`` (the run's ``rewards.json``, which ``groupwise
+        report`` reads), written to a temporary file and moved into place."""
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(self.manifest(), handle, indent=1)
+                handle.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
 
 def score_rollout(

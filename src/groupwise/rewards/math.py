@@ -859,6 +859,7 @@ def make_accuracy_reward(
         f"float_rel_tol={float_rel_tol}). See groupwise.rewards.math.make_accuracy_reward."
     )
     reward.stats = stats  # type: ignore[attr-defined]
+    reward.is_correctness = True  # type: ignore[attr-defined]
     return reward
 
 

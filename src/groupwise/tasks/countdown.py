@@ -142,6 +142,9 @@ def countdown_reward(
     return scores
 
 
+countdown_reward.is_correctness = True  # type: ignore[attr-defined]
+
+
 def random_expression(rng: random.Random, numbers: Sequence[int]) -> tuple[str, Fraction] | None:
     """A random expression using each of ``numbers`` once, with its value; divisions only where
     exact. None if no exact division was possible at some step (the caller retries)."""

@@ -140,3 +140,4 @@ def task_reward(
 
 
 task_reward.__name__ = "task_reward"
+task_reward.is_correctness = True  # type: ignore[attr-defined]

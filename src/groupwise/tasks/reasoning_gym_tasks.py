@@ -155,3 +155,6 @@ def reasoning_gym_reward(
             score = 0.0
         scores.append(min(1.0, max(0.0, score)))
     return scores
+
+
+reasoning_gym_reward.is_correctness = True  # type: ignore[attr-defined]

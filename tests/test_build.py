@@ -1,0 +1,185 @@
+"""groupwise.build, the wiring layer: reward functions by name configured from a GRPOConfig, the
+run's default reward names, and the import rule it exists for (rewards/ imports neither the
+config nor the tasks; the config does not import the tasks)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from groupwise.build import REWARD_NAMES, build_reward_func, default_reward_names
+from groupwise.config import GRPOConfig
+from groupwise.rewards import correctness_index, format_reward, reward_func_name
+from groupwise.tasks import TASKS
+
+PACKAGE = Path(__file__).resolve().parent.parent / "src" / "groupwise"
+BUILT_BY_NAME = [n for n in REWARD_NAMES if ":" not in n]  # not reward_model:PATH, remote:URL
+
+
+# ---------------------------------------------------------------------------------------------
+# build_reward_func
+# ---------------------------------------------------------------------------------------------
+
+
+def test_build_reward_func_by_name():
+    assert build_reward_func("format") is format_reward
+    assert reward_func_name(build_reward_func("accuracy")) == "accuracy_reward"
+    assert reward_func_name(build_reward_func("soft_format")) == "soft_format_reward"
+    assert reward_func_name(build_reward_func("length_penalty")) == "length_penalty"
+    assert reward_func_name(build_reward_func("code_binary")) == "code_reward_binary"
+    assert reward_func_name(build_reward_func("countdown")) == "countdown_reward"
+    assert reward_func_name(build_reward_func("task")) == "task_reward"
+
+
+def test_build_reward_func_callable_passthrough():
+    def length_reward(prompts, completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    assert build_reward_func(length_reward) is length_reward
+    assert build_reward_func(length_reward, GRPOConfig()) is length_reward
+
+
+def test_build_reward_func_unknown_name():
+    with pytest.raises(ValueError) as info:
+        build_reward_func("fromat")
+    assert str(info.value).startswith("unknown reward function 'fromat'; built-in ones are:")
+    assert all(name in str(info.value) for name in REWARD_NAMES)
+    with pytest.raises(ValueError, match="callable or a name"):
+        build_reward_func(3)
+
+
+def _length_penalty_at(func, tokens: int) -> float:
+    (value,) = func(prompts=["p"], completions=["c"], completion_ids=[[1] * tokens])
+    return value
+
+
+def test_options_come_from_the_config():
+    penalty = build_reward_func(
+        "length_penalty",
+        GRPOConfig(max_completion_length=20, overlong_buffer_len=5, overlong_penalty_factor=2.0),
+    )
+    assert _length_penalty_at(penalty, 15) == 0.0
+    assert _length_penalty_at(penalty, 17) == pytest.approx(-0.8)
+    accuracy = build_reward_func("accuracy", GRPOConfig(accuracy_timeout=2.5))
+    assert "timeout_s=2.5" in accuracy.__doc__
+    remote = build_reward_func("remote:http://127.0.0.1:9/score", GRPOConfig(remote_timeout=3.0))
+    assert remote.url == "http://127.0.0.1:9/score" and remote.timeout == 3.0
+
+
+def test_no_config_means_the_config_defaults():
+    # Without args the options are GRPOConfig()'s: max_completion_length 256 and
+    # overlong_buffer_len None (= 256 // 4 = 64), so the penalty starts after 192 tokens.
+    defaults = GRPOConfig()
+    penalty = build_reward_func("length_penalty")
+    assert _length_penalty_at(penalty, 192) == 0.0
+    expected = -(200 - 192) / 64 * defaults.overlong_penalty_factor
+    assert _length_penalty_at(penalty, 200) == pytest.approx(expected)
+    doc = build_reward_func("accuracy").__doc__
+    assert f"timeout_s={defaults.accuracy_timeout}" in doc
+    assert build_reward_func("remote:http://127.0.0.1:9").timeout == defaults.remote_timeout
+
+
+# ---------------------------------------------------------------------------------------------
+# default_reward_names
+# ---------------------------------------------------------------------------------------------
+
+
+def test_default_reward_names():
+    assert default_reward_names(GRPOConfig()) == ["format", "accuracy"]  # arithmetic
+    assert default_reward_names(GRPOConfig(task="python")) == ["code"]
+    assert default_reward_names(GRPOConfig(task="countdown")) == ["format", "countdown"]
+    assert default_reward_names(GRPOConfig(task="data.jsonl")) == ["format", "accuracy"]
+    config = GRPOConfig(task="python", reward_funcs=["soft_format"])
+    assert default_reward_names(config) == ["soft_format"]
+
+
+def test_default_reward_names_is_a_new_list_each_call():
+    config = GRPOConfig(reward_funcs=["format"])
+    default_reward_names(config).append("extra")
+    default_reward_names(GRPOConfig()).append("extra")
+    assert config.reward_funcs == ["format"]
+    assert default_reward_names(GRPOConfig()) == ["format", "accuracy"]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_task_has_one_correctness_reward(task):
+    funcs = [build_reward_func(n) for n in default_reward_names(GRPOConfig(task=task))]
+    flagged = [f for f in funcs if getattr(f, "is_correctness", False)]
+    assert len(flagged) == 1
+    assert correctness_index(funcs) == funcs.index(flagged[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# The correctness flag on every built-in name
+# ---------------------------------------------------------------------------------------------
+
+CORRECTNESS_NAMES = {"accuracy", "code", "code_binary", "countdown", "reasoning_gym", "task"}
+SHAPING_NAMES = {"format", "soft_format", "length_penalty", "repetition_penalty"}
+
+
+def test_every_built_in_name_is_classified():
+    assert CORRECTNESS_NAMES | SHAPING_NAMES == set(BUILT_BY_NAME)
+
+
+@pytest.mark.parametrize("name", BUILT_BY_NAME)
+def test_correctness_flag_by_name(name):
+    func = build_reward_func(name)
+    assert (getattr(func, "is_correctness", False) is True) == (name in CORRECTNESS_NAMES)
+
+
+# ---------------------------------------------------------------------------------------------
+# The import rule
+# ---------------------------------------------------------------------------------------------
+
+
+def _imported_modules(path: Path, package: str) -> set[str]:
+    """Every module ``path`` imports (at any depth, TYPE_CHECKING blocks and function bodies
+    included), as absolute dotted names; ``from X import name`` also yields ``X.name``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _violations(paths, package: str, forbidden: tuple[str, ...]) -> list[str]:
+    """``path imports module`` for each forbidden import of the files ``paths`` of ``package``."""
+    bad = []
+    for path in paths:
+        for module in sorted(_imported_modules(path, package)):
+            if any(module == f or module.startswith(f + ".") for f in forbidden):
+                bad.append(f"{path.relative_to(PACKAGE.parent)} imports {module}")
+    return bad
+
+
+def test_rewards_import_neither_the_config_nor_the_tasks():
+    paths = sorted((PACKAGE / "rewards").glob("*.py"))
+    assert len(paths) >= 8  # the package was found
+    forbidden = ("groupwise.config", "groupwise.tasks", "groupwise.build")
+    assert _violations(paths, "groupwise.rewards", forbidden) == []
+
+
+def test_the_config_does_not_import_the_tasks_or_the_rewards():
+    forbidden = ("groupwise.tasks", "groupwise.rewards", "groupwise.build")
+    assert _violations([PACKAGE / "config.py"], "groupwise", forbidden) == []
+
+
+def test_the_import_check_sees_relative_and_guarded_imports(tmp_path):
+    # The checker itself must catch the forms the old registry used.
+    sample = tmp_path / "registry.py"
+    sample.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from ..config import GRPOConfig\n"
+        "def f():\n    from ..tasks import task_reward_func\n    from .. import build\n"
+    )
+    found = _imported_modules(sample, "groupwise.rewards")
+    assert {"groupwise.config", "groupwise.tasks", "groupwise.build"} <= found
