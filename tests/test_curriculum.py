@@ -12,7 +12,6 @@ from groupwise.curriculum import (
     default_edges,
     exact_budget_arms,
     lead_lag,
-    per_response_loss,
     sqrt_allocation,
     weighted_standard_error,
 )
@@ -69,13 +68,24 @@ def test_classifier_state_round_trip():
 
 
 def test_per_response_loss_on_policy_is_minus_advantage():
-    logp = np.array([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
-    mask = np.array([[1, 1, 0], [1, 0, 0]])
-    loss = per_response_loss(logp, logp, [0.5, -2.0], mask)
+    # The adversary's signal is the loss variant's per-sequence policy term (core.py).
+    import torch
+
+    from groupwise.core import sequence_surrogate
+
+    logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    loss = sequence_surrogate(logp, logp, torch.tensor([0.5, -2.0]), mask)
     assert loss.tolist() == [-0.5, 2.0]
     # ratio e^0.5 = 1.6487 > 1.2 with A = 1: max(-1.6487, -1.2) = -1.2 per token.
-    clipped = per_response_loss(np.array([[0.5]]), np.array([[0.0]]), [1.0], np.array([[1]]))
-    assert clipped[0] == pytest.approx(-1.2)
+    one = torch.tensor([[1]])
+    clipped = sequence_surrogate(torch.tensor([[0.5]]), torch.tensor([[0.0]]), torch.ones(1), one)
+    assert float(clipped[0]) == pytest.approx(-1.2)
+    # DAPO clip-higher: the upper bound is 1 + epsilon_high.
+    higher = sequence_surrogate(
+        torch.tensor([[0.5]]), torch.tensor([[0.0]]), torch.ones(1), one, epsilon_high=0.28
+    )
+    assert float(higher[0]) == pytest.approx(-1.28)
 
 
 def test_prompt_gdro_ema_and_weights_by_hand():
@@ -247,24 +257,31 @@ def test_short_training_run_with_each_curriculum(tmp_path, mode, allocator):
         assert any(log["curriculum/weight_bin_0"] != 0.25 for log in logs[1:])
 
 
+def _plan(bins, counts):
+    from groupwise.curriculum import Plan, PromptBatch
+
+    batch = PromptBatch(["a", "b"], slice(0, 2), [{}, {}], [[1], [1]])
+    return Plan(batch, counts, [1.0] * len(counts), bins)
+
+
 def test_prompt_signal_pg_loss_is_flat_on_policy_and_failure_rate_is_not():
-    from groupwise.curriculum import Curriculum
+    from groupwise.curriculum import PromptGDROCurriculum
 
     # Two prompts in bins 0 and 2, two rollouts each; prompt 0 fails, prompt 1 succeeds.
-    row_prompt, correct = [0, 0, 1, 1], [False, False, True, True]
+    row_prompt, correct = [0, 0, 1, 1], [0.0, 0.0, 1.0, 1.0]
     advantages = [0.7, -0.7, 0.7, -0.7]  # on-policy: the pg signal is -A, summing to 0 per group
-    flat = Curriculum("prompt_gdro", num_bins=3, prompt_kwargs={"eta": 1.0, "gamma": 0.0})
-    flat.observe(["a", "b"], [0, 2], [2, 2], row_prompt, correct, [-a for a in advantages],
-                 [0.0, 0.0, 1.0, 1.0])  # fmt: skip
+    flat = PromptGDROCurriculum(num_bins=3, prompt_kwargs={"eta": 1.0, "gamma": 0.0})
+    flat.observe_global(_plan([0, 2], [2, 2]), row_prompt, correct, [-a for a in advantages],
+                        [0.0, 0.0, 1.0, 1.0])  # fmt: skip
     assert flat.prompt_gdro.scores == [0.0, None, 0.0]
-    assert flat.advantage_weights([0, 2], row_prompt).tolist() == [1.0] * 4
-    hard = Curriculum(
-        "prompt_gdro", num_bins=3, prompt_signal="failure_rate",
-        prompt_kwargs={"eta": 1.0, "gamma": 0.0},
-    )  # fmt: skip
-    hard.observe(["a", "b"], [0, 2], [2, 2], row_prompt, correct, [0.0] * 4, [0.0, 0.0, 1.0, 1.0])
+    assert flat.prompt_weights([0, 2], [2, 2]) == [1.0, 1.0]
+    hard = PromptGDROCurriculum(
+        num_bins=3, prompt_signal="failure_rate", prompt_kwargs={"eta": 1.0, "gamma": 0.0}
+    )
+    hard.observe_global(_plan([0, 2], [2, 2]), row_prompt, correct, [0.0] * 4,
+                        [0.0, 0.0, 1.0, 1.0])  # fmt: skip
     # bin 0: failure 1 / share 0.5 = 2; bin 2: 0. softmax([2, 0, 0]) -> bin 0 gets e^2 / (e^2 + 2)
     assert hard.prompt_gdro.scores == [2.0, None, 0.0]
-    w = hard.advantage_weights([0, 2], row_prompt)
+    w = np.repeat(hard.prompt_weights([0, 2], [2, 2]), 2)
     # per-sample q = [0.7870, 0.7870, 0.1065, 0.1065] -> mean-1 weights [1.762, 1.762, 0.238, 0.238]
     np.testing.assert_allclose(w, [1.761594, 1.761594, 0.238406, 0.238406], atol=1e-5)

@@ -18,8 +18,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, os, sys
     import torch
-    import groupwise.ppo as P
-    import groupwise.trainer as T
+    import groupwise.rollout.hf as engine
     from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
     from groupwise.rollout import Rollout
 
@@ -50,7 +49,7 @@ SCRIPT = textwrap.dedent(
                        torch.arange(len(prompt_token_ids)).repeat_interleave(torch.tensor(counts)),
                        tokenizer.batch_decode(comp, skip_special_tokens=True))
 
-    T.generate = P.generate = fake_generate
+    engine.generate = fake_generate  # every trainer generates through the engine
 
     def low_tokens(completions, completion_ids, **kw):
         return [sum(t < 100 for t in ids) / max(len(ids), 1) for ids in completion_ids]
@@ -428,13 +427,13 @@ def test_torchrun_fsdp_matches_ddp_with_real_generation(tmp_path):
 def test_ppo_with_fsdp_is_refused(tmp_path, monkeypatch):
     """The critic is replicated with DDP only: ppo + fsdp under torchrun is a ConfigError,
     raised before anything is loaded (a world of two is faked; no process group is joined)."""
-    import groupwise.trainer as trainer_module
+    import groupwise.run as run_module
     from groupwise import GRPOConfig, PPOTrainer
     from groupwise.config import ConfigError
     from groupwise.distributed import DistributedContext
 
     monkeypatch.setattr(
-        trainer_module, "init_distributed", lambda device: DistributedContext(world_size=2)
+        run_module, "init_distributed", lambda device: DistributedContext(world_size=2)
     )
     args = GRPOConfig(model="tiny-random", algorithm="ppo", data_parallel="fsdp",
                       output_dir=str(tmp_path))  # fmt: skip

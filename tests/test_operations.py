@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-import groupwise.trainer as trainer_module
+import groupwise.policy as policy_module
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.checkpoint import TrainingStopped
 
@@ -35,7 +35,7 @@ def _args(tmp_path, **overrides) -> GRPOConfig:
 
 
 def _nan_on_steps(monkeypatch, trainer, steps):
-    real = trainer_module.policy_loss
+    real = policy_module.policy_loss
 
     def policy_loss(*args, **kwargs):
         loss, metrics = real(*args, **kwargs)
@@ -43,7 +43,7 @@ def _nan_on_steps(monkeypatch, trainer, steps):
             loss = loss * float("nan")
         return loss, metrics
 
-    monkeypatch.setattr(trainer_module, "policy_loss", policy_loss)
+    monkeypatch.setattr(policy_module, "policy_loss", policy_loss)
 
 
 def _events(tmp_path):

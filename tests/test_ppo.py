@@ -238,7 +238,7 @@ def test_value_loss_reaches_critic_not_policy(tmp_path):
     ids = tokenize_prompts(["Say something"], trainer.tokenizer, None)
     rollout = generate(trainer.model, trainer.tokenizer, ids, 4, trainer.sampling)
     mask = rollout.completion_mask
-    values = trainer._values(rollout, torch.arange(4))
+    values = trainer.critic_trainable.values(rollout, torch.arange(4))
     loss, _ = value_loss(values, values.detach(), torch.ones_like(values), mask, 0.2)
     loss.backward()
     assert all(p.grad is None for p in trainer.model.parameters())

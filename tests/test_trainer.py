@@ -9,10 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from groupwise import GRPOConfig, GRPOTrainer
+from groupwise.batching import micro_batch_rows, prompt_blocks, scatter_rows
 from groupwise.logprobs import completion_logprobs
+from groupwise.policy import lr_factor
 from groupwise.rewards.combine import RewardFunctionError
 from groupwise.rollout import Rollout
-from groupwise.trainer import _lr_lambda, micro_batch_rows, prompt_blocks, scatter_rows
 
 ROWS = [{"prompt": f"Say something number {i}", "tag": i} for i in range(16)]
 
@@ -236,7 +237,6 @@ def test_logprobs_trim_padding_per_micro_batch(tmp_path, monkeypatch):
     # columns, and the log-probs equal those computed on the full padded width.
     args = _config(tmp_path, num_generations=2)
     trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
-    trainer._uniform_groups = True
     lengths = torch.tensor([3, 2, 6, 5, 1, 3])
     mask = (torch.arange(6)[None, :] < lengths[:, None]).long()
     ids = torch.randint(5, 100, (6, 6), generator=torch.Generator().manual_seed(0)) * mask
@@ -251,10 +251,10 @@ def test_logprobs_trim_padding_per_micro_batch(tmp_path, monkeypatch):
         widths.append(c_ids.shape[1])
         return completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, **kw)
 
-    monkeypatch.setattr("groupwise.trainer.completion_logprobs", recording)
+    monkeypatch.setattr("groupwise.policy.completion_logprobs", recording)
     rows = torch.tensor([4, 5, 0, 1])
     with torch.no_grad():
-        logps, entropy = trainer._logprobs(trainer.model, rollout, rows)
+        logps, entropy = trainer.policy.logprobs(rollout, rows)
         reference, ref_entropy = completion_logprobs(
             trainer.model, prompt_ids[[2, 0]], prompt_mask[[2, 0]], ids[rows], mask[rows],
             group_size=2,
@@ -364,9 +364,9 @@ def test_reward_function_errors_name_the_function(tmp_path):
 
 def test_lr_schedules():
     args = GRPOConfig(max_steps=10, warmup_steps=2, lr_scheduler_type="linear")
-    factor = _lr_lambda(args, 10)
+    factor = lr_factor(args, 10)
     assert [factor(s) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
-    cosine = _lr_lambda(GRPOConfig(max_steps=10, lr_scheduler_type="cosine"), 10)
+    cosine = lr_factor(GRPOConfig(max_steps=10, lr_scheduler_type="cosine"), 10)
     assert cosine(5) == pytest.approx(0.5) and cosine(10) == pytest.approx(0.0)
 
 

@@ -215,7 +215,7 @@ class BatchCounts:
     gradient by it, which :meth:`LossVariant.share` undoes)."""
 
     rows: int
-    tokens: float
+    tokens: Tensor  # a 0-d tensor: shares are computed in the mask's dtype
     micro_batches: int
     world_size: int = 1
 
@@ -247,7 +247,7 @@ class LossVariant:
         """One micro-batch's loss from its masked per-token losses [B, T]."""
         raise NotImplementedError
 
-    def share(self, rows: int, tokens: float, counts: BatchCounts) -> float:
+    def share(self, rows: int, tokens: Tensor, counts: BatchCounts) -> float:
         """The weight of a micro-batch of ``rows`` completions and ``tokens`` unmasked tokens."""
         raise NotImplementedError
 
@@ -269,7 +269,7 @@ def register_loss(name: str) -> Callable[[type[LossVariant]], type[LossVariant]]
 
 def get_loss(name: str) -> LossVariant:
     if name not in LOSSES:
-        raise ValueError(f"loss_type must be one of {sorted(LOSSES)}, got {name!r}")
+        raise ValueError(f"loss_type must be one of {list(LOSSES)}, got {name!r}")
     return LOSSES[name]
 
 
@@ -281,28 +281,32 @@ class SequenceMeanLoss(LossVariant):
     def reduce(self, token_sum: Tensor, keep: Tensor, max_completion_length: int | None) -> Tensor:
         return (token_sum.sum(1) / keep.sum(1).clamp(min=1)).mean()
 
-    def share(self, rows: int, tokens: float, counts: BatchCounts) -> float:
+    def share(self, rows: int, tokens: Tensor, counts: BatchCounts) -> float:
         return rows / counts.rows * counts.world_size
 
 
-@register_loss("dapo")
 class TokenMeanLoss(LossVariant):
-    """DAPO (§3.2): ``sum_it loss_it / sum_i L_i`` over the whole batch (TRL's dapo: the token
-    count of the whole accumulated batch, every rank's)."""
+    """The token mean of a micro-batch: ``sum_it loss_it / sum_i L_i`` (DAPO, §3.2)."""
 
     def reduce(self, token_sum: Tensor, keep: Tensor, max_completion_length: int | None) -> Tensor:
         return token_sum.sum() / keep.sum().clamp(min=1)
-
-    def share(self, rows: int, tokens: float, counts: BatchCounts) -> float:
-        return float(tokens / counts.tokens) * counts.world_size
 
 
 @register_loss("bnpo")
 class MicroBatchTokenMeanLoss(TokenMeanLoss):
     """BNPO (TRL): the token mean of each micro-batch, micro-batches averaged."""
 
-    def share(self, rows: int, tokens: float, counts: BatchCounts) -> float:
+    def share(self, rows: int, tokens: Tensor, counts: BatchCounts) -> float:
         return counts.world_size / counts.micro_batches
+
+
+@register_loss("dapo")
+class GlobalTokenMeanLoss(TokenMeanLoss):
+    """DAPO: the token mean over the whole batch (TRL's dapo: the token count of the whole
+    accumulated batch, every rank's): each micro-batch weighs its share of the tokens."""
+
+    def share(self, rows: int, tokens: Tensor, counts: BatchCounts) -> float:
+        return float(tokens / counts.tokens) * counts.world_size
 
 
 @register_loss("dr_grpo")
