@@ -191,15 +191,25 @@ class GRPOConfig:
         return self.completions_per_step // self.num_generations
 
     def validate(self) -> None:
+        # Choices that name a registered component are read from its registry, so a variant
+        # registered before the config is made is valid here too.
+        from .core import (
+            IMPORTANCE_SAMPLING_LEVELS,
+            LOSSES,
+            ROLLOUT_CORRECTION_MODES,
+            SCALE_MODES,
+        )
+        from .curriculum import CURRICULA
+
         choices = {
-            "loss_type": ("grpo", "bnpo", "dapo", "dr_grpo"),
-            "scale_rewards": ("group", "batch", "none"),
-            "importance_sampling_level": ("token", "sequence"),
+            "loss_type": tuple(LOSSES),
+            "scale_rewards": SCALE_MODES,
+            "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
             "lr_scheduler_type": ("constant", "linear", "cosine"),
             "device": ("auto", "cpu", "cuda"),
             "dtype": ("auto", "float32", "bfloat16"),
             "on_invalid_rows": ("error", "skip"),
-            "curriculum": ("none", "prompt_gdro", "rollout_gdro"),
+            "curriculum": tuple(CURRICULA),
             "rollout_allocator": ("bandit", "sqrt"),
             "gdro_signal": ("pg_loss", "failure_rate"),
             "long_prompts": ("truncate", "skip", "error"),
@@ -207,13 +217,13 @@ class GRPOConfig:
             "logprob_impl": ("chunked", "naive"),
             "data_parallel": ("ddp", "fsdp"),
             "generation_dtype": ("auto", "bfloat16"),
-            "rollout_correction_mode": (
-                "token_truncate",
-                "token_mask",
-                "sequence_truncate",
-                "sequence_mask",
-            ),
+            "rollout_correction_mode": ROLLOUT_CORRECTION_MODES,
         }
+        if self.loss_type == "cispo" and (self.epsilon_high is None or self.epsilon_high < 1):
+            raise ConfigError(
+                "loss_type=cispo caps the importance weight at epsilon_high itself (TRL's "
+                f"meaning), so it must be >= 1, got {self.epsilon_high}; e.g. epsilon_high: 5.0"
+            )
         for name, valid in choices.items():
             if getattr(self, name) not in valid and not (
                 name == "device" and str(self.device).startswith("cuda:")

@@ -243,6 +243,15 @@ class LossVariant:
         clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
         return -torch.minimum(ratio * advantages, clipped * advantages)
 
+    def clipped(
+        self, ratio: Tensor, advantages: Tensor, epsilon_low: float, epsilon_high: float
+    ) -> tuple[Tensor, Tensor]:
+        """Where the clip binds (logged as clip_ratio/low_mean and /high_mean): below
+        1 - eps_low with A < 0, above 1 + eps_high with A > 0."""
+        low = (ratio < 1 - epsilon_low) & (advantages < 0)
+        high = (ratio > 1 + epsilon_high) & (advantages > 0)
+        return low, high
+
     def reduce(self, token_sum: Tensor, keep: Tensor, max_completion_length: int | None) -> Tensor:
         """One micro-batch's loss from its masked per-token losses [B, T]."""
         raise NotImplementedError
@@ -317,6 +326,33 @@ class ConstantNormaliserLoss(SequenceMeanLoss):
         batch, length = token_sum.shape
         normaliser = length if max_completion_length is None else max_completion_length
         return token_sum.sum() / (batch * normaliser)
+
+
+@register_loss("cispo")
+class CISPOLoss(GlobalTokenMeanLoss):
+    """CISPO (MiniMax-M1, arXiv 2506.13585, eq. 4): REINFORCE weighted by the clipped, detached
+    importance weight, ``-sg(min(rho, epsilon_high)) A log pi``, as a token mean over the
+    batch. No token's gradient is switched off (PPO's clip zeroes it outside the region), and
+    on-policy the gradient is REINFORCE's. ``epsilon_high`` is the weight's cap itself (TRL's
+    meaning, e.g. 5.0); the config refuses a cap below 1."""
+
+    def token_loss(
+        self,
+        logprobs: Tensor,
+        ratio: Tensor,
+        advantages: Tensor,
+        epsilon_low: float,
+        epsilon_high: float,
+    ) -> Tensor:
+        weight = torch.clamp(ratio, max=epsilon_high).detach()
+        return -weight * advantages * logprobs
+
+    def clipped(
+        self, ratio: Tensor, advantages: Tensor, epsilon_low: float, epsilon_high: float
+    ) -> tuple[Tensor, Tensor]:
+        """Only the cap binds: the weight is ``epsilon_high`` where rho exceeds it."""
+        high = (ratio > epsilon_high) & torch.ones_like(advantages, dtype=torch.bool)
+        return torch.zeros_like(high), high
 
 
 def sequence_surrogate(
@@ -472,8 +508,7 @@ def policy_loss(
 
     with torch.no_grad():
         ratio_d = ratio.detach()
-        is_low = (ratio_d < 1 - epsilon_low) & (adv < 0)
-        is_high = (ratio_d > 1 + epsilon_high) & (adv > 0)
+        is_low, is_high = variant.clipped(ratio_d, adv, epsilon_low, epsilon_high)
         stats = torch.stack([is_low, is_high, is_low | is_high]).to(ratio_d.dtype)
         stats = torch.cat([stats, ratio_d.unsqueeze(0)])  # [4, B, T] or [4, B, 1]
         if importance_sampling_level == "token":

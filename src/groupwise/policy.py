@@ -147,6 +147,10 @@ class Trainable:
         self.optimizer.step()
         self.scheduler.step()
 
+    def global_sum(self, value: Tensor) -> Tensor:
+        """``value`` summed over every rank (itself in one process)."""
+        return all_reduce_sum(value, self.dist)
+
     @property
     def learning_rate(self) -> float:
         return self.scheduler.get_last_lr()[0]

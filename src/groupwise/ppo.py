@@ -37,9 +37,9 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .batching import scatter_rows, trimmed_completions
-from .config import ConfigError, GRPOConfig
-from .core import masked_mean, policy_loss
-from .distributed import DistributedContext, all_reduce_sum
+from .config import GRPOConfig
+from .core import get_loss, masked_mean, policy_loss
+from .distributed import DistributedContext
 from .models import load_model_and_tokenizer
 from .policy import LossTerms, MicroBatch, Trainable
 from .rewards import RewardFunc
@@ -352,6 +352,7 @@ class PPOLoss:
         self.args, self.critic, self.rollout = args, critic, rollout
         self.advantages, self.returns, self.old_values = advantages, returns, old_values
         self.autocast = autocast
+        self.token_mean = get_loss("dapo")  # the global batch's token mean
 
     def __call__(self, logps: Tensor, mb: MicroBatch) -> LossTerms:
         args = self.args
@@ -366,7 +367,7 @@ class PPOLoss:
         vf_loss, vf_clip = value_loss(
             values, self.old_values[mb.rows], self.returns[mb.rows], mb.mask, args.cliprange_value
         )
-        weight = float(mb.mask.sum() / mb.counts.tokens) * mb.counts.world_size
+        weight = self.token_mean.share(len(mb.rows), mb.mask.sum(), mb.counts)
         metrics = {**metrics, "loss": pg_loss.item(), "value_loss": vf_loss.item(),
                    "value_clip_frac": float(vf_clip)}  # fmt: skip
         # Policy and critic share no parameters: one backward serves both.
@@ -405,12 +406,10 @@ class PPOTrainer(Trainer):
         critic.train()
         self.critic_trainable = Critic(critic, args, self.dist, self.device)
 
+    sharding_refusal = "the critic is only replicated, not sharded"
+
     def check_options(self, args: GRPOConfig, dist: DistributedContext) -> None:
-        if dist.enabled and args.data_parallel == "fsdp":
-            raise ConfigError(
-                "algorithm=ppo with data_parallel=fsdp is not supported: the critic is only "
-                "replicated with DDP (use data_parallel=ddp)"
-            )
+        super().check_options(args, dist)
         if args.importance_sampling_level != "token":
             raise ValueError("PPOTrainer needs importance_sampling_level='token'")
         if args.curriculum != "none":
@@ -459,7 +458,7 @@ class PPOTrainer(Trainer):
                                              args.ppo_lam)  # fmt: skip
         raw_advantages = advantages
         if args.whiten_advantages:  # with the global batch's mean and std
-            advantages = masked_whiten(advantages, mask, reduce=self._sum_over_ranks)
+            advantages = masked_whiten(advantages, mask, reduce=policy.global_sum)
         # 3. num_iterations passes of the joint loss; policy and critic step together.
         loss = PPOLoss(args, critic, rollout, advantages, returns, old_values, policy.autocast)
         for _ in range(args.num_iterations):
@@ -483,9 +482,6 @@ class PPOTrainer(Trainer):
         # For completions.jsonl: one advantage per completion, the mean of its token advantages.
         self.keep_batch(batch.rows, rollout, scores, masked_mean(advantages, mask, dim=1))
         return self.step_logs(rollout, scores, stats, timer, critic_logs, zero_std=False)
-
-    def _sum_over_ranks(self, value: Tensor) -> Tensor:
-        return all_reduce_sum(value, self.dist)
 
     # ------------------------------------------------------------------------------------------
     # Checkpoint hooks and saving.

@@ -43,7 +43,7 @@ from .build import (
     sampling_params,
 )
 from .checkpoint import TrainingInterrupted, TrainingStopped
-from .config import GRPOConfig
+from .config import ConfigError, GRPOConfig
 from .core import group_reward_std, zero_std_groups_fraction
 from .curriculum import Curriculum, NoCurriculum, Plan
 from .distributed import (
@@ -140,8 +140,16 @@ class Trainer:
         self.monitor = TrainingMonitor(args, correctness_reward=self.scorer.correctness_name)
         self.loggers: RunLoggers | None = None  # TensorBoard / wandb, opened by train()
 
+    # Why this trainer cannot run with its model sharded (FSDP2), or None when it can.
+    sharding_refusal: str | None = None
+
     def check_options(self, args: GRPOConfig, dist: DistributedContext) -> None:
         """Refuse option combinations this trainer cannot run, before anything is loaded."""
+        if dist.enabled and args.data_parallel == "fsdp" and self.sharding_refusal:
+            raise ConfigError(
+                f"algorithm={args.algorithm} with data_parallel=fsdp is not supported: "
+                f"{self.sharding_refusal} (use data_parallel=ddp)"
+            )
 
     def train_step(self) -> dict[str, float]:
         raise NotImplementedError
