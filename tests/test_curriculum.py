@@ -265,21 +265,21 @@ def _plan(bins, counts):
 
 
 def test_prompt_signal_pg_loss_is_flat_on_policy_and_failure_rate_is_not():
-    from groupwise.curriculum import PromptGDROCurriculum
+    from groupwise.curriculum import GlobalRows, PromptGDROCurriculum
 
     # Two prompts in bins 0 and 2, two rollouts each; prompt 0 fails, prompt 1 succeeds.
     row_prompt, correct = [0, 0, 1, 1], [0.0, 0.0, 1.0, 1.0]
     advantages = [0.7, -0.7, 0.7, -0.7]  # on-policy: the pg signal is -A, summing to 0 per group
     flat = PromptGDROCurriculum(num_bins=3, prompt_kwargs={"eta": 1.0, "gamma": 0.0})
-    flat.observe_global(_plan([0, 2], [2, 2]), row_prompt, correct, [-a for a in advantages],
-                        [0.0, 0.0, 1.0, 1.0])  # fmt: skip
+    rows = GlobalRows(row_prompt, correct, [-a for a in advantages], [0.0, 0.0, 1.0, 1.0])
+    flat.observe_global(_plan([0, 2], [2, 2]), rows)
     assert flat.prompt_gdro.scores == [0.0, None, 0.0]
     assert flat.prompt_weights([0, 2], [2, 2]) == [1.0, 1.0]
     hard = PromptGDROCurriculum(
         num_bins=3, prompt_signal="failure_rate", prompt_kwargs={"eta": 1.0, "gamma": 0.0}
     )
-    hard.observe_global(_plan([0, 2], [2, 2]), row_prompt, correct, [0.0] * 4,
-                        [0.0, 0.0, 1.0, 1.0])  # fmt: skip
+    hard.observe_global(_plan([0, 2], [2, 2]), GlobalRows(row_prompt, correct, [0.0] * 4,
+                                                          [0.0, 0.0, 1.0, 1.0]))  # fmt: skip
     # bin 0: failure 1 / share 0.5 = 2; bin 2: 0. softmax([2, 0, 0]) -> bin 0 gets e^2 / (e^2 + 2)
     assert hard.prompt_gdro.scores == [2.0, None, 0.0]
     w = np.repeat(hard.prompt_weights([0, 2], [2, 2]), 2)

@@ -337,14 +337,9 @@ class CISPOLoss(GlobalTokenMeanLoss):
     meaning, e.g. 5.0); the config refuses a cap below 1."""
 
     def token_loss(
-        self,
-        logprobs: Tensor,
-        ratio: Tensor,
-        advantages: Tensor,
-        epsilon_low: float,
-        epsilon_high: float,
+        self, logprobs: Tensor, ratio: Tensor, advantages: Tensor, _low: float, high: float
     ) -> Tensor:
-        weight = torch.clamp(ratio, max=epsilon_high).detach()
+        weight = torch.clamp(ratio, max=high).detach()
         return -weight * advantages * logprobs
 
     def clipped(
@@ -355,27 +350,30 @@ class CISPOLoss(GlobalTokenMeanLoss):
         return torch.zeros_like(high), high
 
 
-def sequence_surrogate(
-    logprobs: Tensor,
-    old_logprobs: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    loss_type: str = "grpo",
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.2,
-    importance_sampling_level: str = "token",
+def importance_ratio(
+    logprobs: Tensor, old_logprobs: Tensor, keep: Tensor, importance_sampling_level: str
 ) -> Tensor:
+    """rho = pi / pi_old per token [B, T], or GSPO's per sequence [B, 1] (§3.3:
+    ``exp(masked mean_t (logp_t - old_t))``). Padding is zeroed before exp(): a NaN there
+    would otherwise poison the sum and, through torch.where's backward, the gradient too."""
+    log_ratio = torch.where(keep, logprobs - old_logprobs, 0.0)
+    if importance_sampling_level == "sequence":
+        log_ratio = masked_mean(log_ratio, keep, dim=1).unsqueeze(1)
+    return torch.exp(log_ratio)
+
+
+def sequence_surrogate(
+    logprobs: Tensor, old_logprobs: Tensor | None, advantages: Tensor, mask: Tensor, *,
+    loss_type: str = "grpo", epsilon_low: float = 0.2, epsilon_high: float = 0.2,
+    importance_sampling_level: str = "token",
+) -> Tensor:  # fmt: skip
     """Per completion, the mean over its tokens of the variant's policy term (no KL, no
     rollout correction, no gradient): [B]. GDRO's adversary signal, eqs. 5-6 with the
     unweighted advantages (on-policy and for the clipped surrogate: -A_i)."""
     with torch.no_grad():
         keep = mask.bool()
         old = logprobs if old_logprobs is None else old_logprobs
-        log_ratio = torch.where(keep, logprobs - old, 0.0)
-        if importance_sampling_level == "sequence":
-            log_ratio = masked_mean(log_ratio, keep, dim=1).unsqueeze(1)
-        ratio = torch.exp(log_ratio)
+        ratio = importance_ratio(logprobs, old, keep, importance_sampling_level)
         adv = advantages.to(ratio.dtype).unsqueeze(1)
         batch, length = logprobs.shape
         per_token = get_loss(loss_type).token_loss(logprobs, ratio, adv, epsilon_low, epsilon_high)
@@ -483,12 +481,7 @@ def policy_loss(
     keep = mask.bool()
     if old_logprobs is None:
         old_logprobs = logprobs.detach()
-    # Zero padding before exp(): a NaN there would otherwise poison the sum and, through
-    # torch.where's backward, the gradient too.
-    log_ratio = torch.where(keep, logprobs - old_logprobs, 0.0)
-    if importance_sampling_level == "sequence":
-        log_ratio = masked_mean(log_ratio, keep, dim=1).unsqueeze(1)  # [B, 1], GSPO s_i
-    ratio = torch.exp(log_ratio)
+    ratio = importance_ratio(logprobs, old_logprobs, keep, importance_sampling_level)
     adv = advantages.to(ratio.dtype).unsqueeze(1)  # [B, 1]: one advantage for all tokens
 
     per_token = variant.token_loss(logprobs, ratio, adv, epsilon_low, epsilon_high)

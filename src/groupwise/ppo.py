@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 
 from .batching import scatter_rows, trimmed_completions
 from .config import GRPOConfig
@@ -42,7 +42,6 @@ from .core import get_loss, masked_mean, policy_loss
 from .distributed import DistributedContext
 from .models import load_model_and_tokenizer
 from .policy import LossTerms, MicroBatch, Trainable
-from .rewards import RewardFunc
 from .rollout import Rollout
 from .run import PhaseTimer, Trainer, staged_folder
 
@@ -386,17 +385,14 @@ class PPOTrainer(Trainer):
     ``scale_rewards``) are ignored.
     """
 
-    def __init__(
-        self,
-        model: str | PreTrainedModel,
-        reward_funcs: RewardFunc | str | Sequence[RewardFunc | str],
-        train_dataset: Sequence[dict[str, Any]],
-        args: GRPOConfig | None = None,
-        eval_dataset: Sequence[dict[str, Any]] | None = None,
-        processing_class: PreTrainedTokenizerBase | None = None,
-    ) -> None:
-        args = args or GRPOConfig(algorithm="ppo")
-        super().__init__(model, reward_funcs, train_dataset, args, eval_dataset, processing_class)
+    sharding_refusal = "the critic is only replicated, not sharded"
+
+    @classmethod
+    def default_args(cls) -> GRPOConfig:
+        return GRPOConfig(algorithm="ppo")
+
+    def setup(self) -> None:
+        args = self.args
         critic = build_value_model(self.model, args.critic_model, args.seed)
         critic.backbone.to(device=self.device, dtype=self.dtype)
         critic.head.to(device=self.device, dtype=torch.float32)
@@ -405,8 +401,10 @@ class PPOTrainer(Trainer):
             critic.backbone.config.use_cache = False
         critic.train()
         self.critic_trainable = Critic(critic, args, self.dist, self.device)
-
-    sharding_refusal = "the critic is only replicated, not sharded"
+        # TRL-style names for the critic's parts (the plain module: checkpoints read it).
+        self.critic: ValueModel = critic
+        self.critic_optimizer = self.critic_trainable.optimizer
+        self.critic_scheduler = self.critic_trainable.scheduler
 
     def check_options(self, args: GRPOConfig, dist: DistributedContext) -> None:
         super().check_options(args, dist)
@@ -416,19 +414,6 @@ class PPOTrainer(Trainer):
             raise ValueError("the curriculum works with GRPO only")
         if args.generation_dtype != "auto":
             raise ValueError("generation_dtype (with rollout correction) works with GRPO only")
-
-    # TRL-style attribute names for the critic's parts.
-    @property
-    def critic(self) -> ValueModel:
-        return self.critic_trainable.module
-
-    @property
-    def critic_optimizer(self) -> torch.optim.Optimizer:
-        return self.critic_trainable.optimizer
-
-    @property
-    def critic_scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
-        return self.critic_trainable.scheduler
 
     def train_step(self) -> dict[str, float]:
         """Generate, score, estimate advantages with the critic and update policy and critic

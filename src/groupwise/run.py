@@ -100,7 +100,7 @@ class Trainer:
         eval_dataset: Sequence[dict[str, Any]] | None = None,
         processing_class: PreTrainedTokenizerBase | None = None,
     ) -> None:
-        self.args = args = args or GRPOConfig()
+        self.args = args = args or self.default_args()
         seed_everything(args.seed)
         self.dist: DistributedContext = init_distributed(args.device)
         self.check_options(args, self.dist)
@@ -139,6 +139,15 @@ class Trainer:
         # Failure-mode warnings (checkpointed), reading the reward that says "solved".
         self.monitor = TrainingMonitor(args, correctness_reward=self.scorer.correctness_name)
         self.loggers: RunLoggers | None = None  # TensorBoard / wandb, opened by train()
+        self.setup()
+
+    @classmethod
+    def default_args(cls) -> GRPOConfig:
+        """The options when none are given."""
+        return GRPOConfig()
+
+    def setup(self) -> None:
+        """Build what this trainer adds to the shared components (called last by __init__)."""
 
     # Why this trainer cannot run with its model sharded (FSDP2), or None when it can.
     sharding_refusal: str | None = None

@@ -13,18 +13,12 @@ Everything else (the loop, logging, evaluation, checkpoints) is the run's (:mod:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .build import build_curriculum
-from .config import GRPOConfig
 from .curriculum import Outcome
 from .distributed import global_group_advantages
 from .policy import GRPOLoss
-from .rewards import RewardFunc
 from .run import PhaseTimer, Trainer
 from .sampler import PromptSampler
 
@@ -39,16 +33,7 @@ class GRPOTrainer(Trainer):
     train_dataset / eval_dataset: indexable collections of rows with a ``prompt`` column.
     """
 
-    def __init__(
-        self,
-        model: str | PreTrainedModel,
-        reward_funcs: RewardFunc | str | Sequence[RewardFunc | str],
-        train_dataset: Sequence[dict[str, Any]],
-        args: GRPOConfig | None = None,
-        eval_dataset: Sequence[dict[str, Any]] | None = None,
-        processing_class: PreTrainedTokenizerBase | None = None,
-    ) -> None:
-        super().__init__(model, reward_funcs, train_dataset, args, eval_dataset, processing_class)
+    def setup(self) -> None:
         self.curriculum = build_curriculum(self.args, self.dist)
         self.loss = GRPOLoss(self.args)
 

@@ -4,7 +4,15 @@
 adding a curriculum is one module here and one line below.
 """
 
-from .base import Curriculum, GlobalBatchCurriculum, NoCurriculum, Outcome, Plan, PromptBatch
+from .base import (
+    Curriculum,
+    GlobalBatchCurriculum,
+    GlobalRows,
+    NoCurriculum,
+    Outcome,
+    Plan,
+    PromptBatch,
+)
 from .gdro import (
     DifficultyClassifier,
     GDROCurriculum,
@@ -32,6 +40,7 @@ __all__ = [
     "DifficultyClassifier",
     "GDROCurriculum",
     "GlobalBatchCurriculum",
+    "GlobalRows",
     "NoCurriculum",
     "Outcome",
     "Plan",

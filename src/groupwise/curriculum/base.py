@@ -10,7 +10,7 @@ one process's on that batch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,17 @@ class Outcome:
     skipped: bool = False
 
 
+@dataclass
+class GlobalRows:
+    """Every rank's rows of one step, in rank order: per row, the index of its prompt in the
+    global batch, its correctness score, its policy term and its reward."""
+
+    prompt: list[int]
+    correctness: list[float]
+    loss: list[float]
+    reward: list[float]
+
+
 class Curriculum:
     """The protocol: :meth:`plan` before generation, :meth:`observe` after the update (returns
     metrics to log), and ``state_dict``/``load_state_dict`` for checkpoints (``None`` when the
@@ -126,14 +137,7 @@ class GlobalBatchCurriculum(Curriculum):
             outcome.sequence_loss.cpu().tolist(),
             outcome.rewards.tolist(),
         )
-        return self.observe_global(plan, *concat_over_ranks(columns, self.dist))
+        return self.observe_global(plan, GlobalRows(*concat_over_ranks(columns, self.dist)))
 
-    def observe_global(
-        self,
-        plan: Plan,
-        row_prompt: Sequence[int],
-        row_correctness: Sequence[float],
-        row_loss: Sequence[float],
-        row_reward: Sequence[float],
-    ) -> dict[str, float]:
+    def observe_global(self, plan: Plan, rows: GlobalRows) -> dict[str, float]:
         raise NotImplementedError

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..distributed import DistributedContext
-from .base import GlobalBatchCurriculum, Plan, PromptBatch
+from .base import GlobalBatchCurriculum, GlobalRows, Plan, PromptBatch
 
 
 def default_edges(num_bins: int) -> list[float]:
@@ -433,10 +433,10 @@ class GDROCurriculum(GlobalBatchCurriculum):
     def __init__(
         self,
         *,
-        num_bins: int = 10,
-        edges: Sequence[float] | None = None,
-        window: int = 50,
+        # the classifier (DifficultyClassifier's options)
+        num_bins: int = 10, edges: Sequence[float] | None = None, window: int = 50,
         hysteresis: float = 0.0,
+        # the rollout budget and its allocation
         mean_budget: int = 4,
         n_min: int = 2,
         n_max: int = 12,
@@ -472,6 +472,7 @@ class GDROCurriculum(GlobalBatchCurriculum):
         """Built from a run's options (``GRPOConfig.to_dict()``): the ``gdro_*`` and
         ``rollout_*`` fields, and ``num_generations`` as the mean rollout budget."""
         o = options
+        exp_weights = {"eta": o["gdro_eta"], "gamma": o["gdro_gamma"]}  # both adversaries'
         return cls(
             num_bins=o["gdro_num_bins"],
             edges=o["gdro_bin_edges"],
@@ -484,18 +485,14 @@ class GDROCurriculum(GlobalBatchCurriculum):
             prompt_signal=o["gdro_signal"],
             correct_threshold=o["gdro_correct_threshold"],
             prompt_kwargs=dict(
-                eta=o["gdro_eta"],
-                gamma=o["gdro_gamma"],
+                exp_weights,
                 ema_beta=o["gdro_ema_beta"],
                 clip=o["gdro_clip"],
                 weight_cap=o["gdro_weight_cap"],
                 share_normalize=o["gdro_share_normalize"],
             ),
             rollout_kwargs=dict(
-                eta=o["gdro_eta"],
-                gamma=o["gdro_gamma"],
-                dual_lr=o["rollout_dual_lr"],
-                score_decay=o["rollout_score_decay"],
+                exp_weights, dual_lr=o["rollout_dual_lr"], score_decay=o["rollout_score_decay"]
             ),
             dist=dist,
         )
@@ -523,22 +520,15 @@ class GDROCurriculum(GlobalBatchCurriculum):
         edges = [0.0, *self.classifier.edges, 1.0]
         return (edges[b] + edges[b + 1]) / 2
 
-    def observe_global(
-        self,
-        plan: Plan,
-        row_prompt: Sequence[int],
-        row_correctness: Sequence[float],
-        row_loss: Sequence[float],
-        row_reward: Sequence[float],
-    ) -> dict[str, float]:
+    def observe_global(self, plan: Plan, rows: GlobalRows) -> dict[str, float]:
         """Feed the step's outcome to every adversary and the classifier; return diagnostics."""
         uids, bins, counts = plan.batch.indices, plan.bins, plan.counts
         assert bins is not None
-        row_prompt = np.asarray(row_prompt, dtype=int)
-        scores = np.nan_to_num(np.asarray(row_correctness, dtype=np.float64), nan=-math.inf)
+        row_prompt = np.asarray(rows.prompt, dtype=int)
+        scores = np.nan_to_num(np.asarray(rows.correctness, dtype=np.float64), nan=-math.inf)
         correct = scores > self.correct_threshold
-        loss = np.asarray(row_loss, dtype=np.float64)
-        reward = np.nan_to_num(np.asarray(row_reward, dtype=np.float64))
+        loss = np.asarray(rows.loss, dtype=np.float64)
+        reward = np.nan_to_num(np.asarray(rows.reward, dtype=np.float64))
         row_bins = np.asarray([bins[p] for p in row_prompt], dtype=int)
         num_bins = self.classifier.num_bins
         metrics: dict[str, float] = {}

@@ -56,6 +56,12 @@ class Rollout:
         return self.completion_mask.sum(dim=1)
 
 
+PromptIds = Sequence[Sequence[int]]  # tokenised prompts
+Counts = int | Sequence[int]  # rollouts: one count for every prompt, or one per prompt
+Params = SamplingParams | None  # None: the engine's own (training) sampling parameters
+Gen = torch.Generator | None  # None: the engine's own generator
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """Samples completions from the current policy.
@@ -66,11 +72,7 @@ class RolloutEngine(Protocol):
     of the weights (vLLM) can refresh them."""
 
     def generate(
-        self,
-        prompt_ids: Sequence[Sequence[int]],
-        counts: int | Sequence[int],
-        params: SamplingParams | None = None,
-        generator: torch.Generator | None = None,
+        self, prompt_ids: PromptIds, counts: Counts, params: Params = None, generator: Gen = None
     ) -> Rollout: ...
 
     def sync(self, policy: torch.nn.Module) -> None: ...

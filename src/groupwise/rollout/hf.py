@@ -13,12 +13,12 @@ on a 2-core CPU with a 49k vocabulary) and instead inverts the CDF with ``search
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from .base import Rollout, SamplingParams
+from .base import Counts, Gen, Params, PromptIds, Rollout, SamplingParams
 
 
 def sample_next_token(
@@ -241,12 +241,9 @@ class HFEngine:
         self.records_logprobs = records_logprobs
 
     def generate(
-        self,
-        prompt_ids: Sequence[Sequence[int]],
-        counts: int | Sequence[int],
-        params: SamplingParams | None = None,
-        generator: torch.Generator | None = None,
+        self, prompt_ids: PromptIds, counts: Counts, params: Params = None, generator: Gen = None
     ) -> Rollout:
+        """Completions for every prompt (see :class:`~groupwise.rollout.base.RolloutEngine`)."""
         # One count for all prompts when the groups are uniform: the prompt cache is then
         # repeated instead of gathered (cheaper, and the same numbers either way).
         if not isinstance(counts, int) and len(set(counts)) == 1:
