@@ -35,13 +35,13 @@ from pathlib import Path
 import torch
 from transformers.cache_utils import DynamicLayer
 
-import groupwise.rollout as rollout_module
+import groupwise.rollout.hf as rollout_module  # the engine's generation code
+from groupwise.batching import micro_batch_rows, prompt_blocks, trimmed_completions
 from groupwise.core import group_advantages, policy_loss
 from groupwise.data import arithmetic_dataset, tokenize_prompts
 from groupwise.logprobs import completion_logprobs
 from groupwise.models import load_model_and_tokenizer
 from groupwise.rollout import Rollout, SamplingParams, generate
-from groupwise.trainer import micro_batch_rows, prompt_blocks, trimmed_completions
 
 # ---------------------------------------------------------------------------------------------
 # Generation variants.

@@ -168,7 +168,7 @@ def trl_config(opts, beta: float, loss_type: str, steps: int, out: str):
 
 
 def worker_groupwise(opts) -> dict:
-    import groupwise.trainer as gt
+    import groupwise.rollout.hf as gt  # the engine's generation
     from groupwise import GRPOTrainer
     from groupwise.models import load_model_and_tokenizer
     from groupwise.rewards import accuracy_reward, format_reward
@@ -486,9 +486,9 @@ def check_equivalence(model_name: str, path: Path, opts) -> list[dict]:
                 rows_all = slice(0, rollout.completion_ids.shape[0])
                 mask = rollout.completion_mask.float()
                 with torch.no_grad():
-                    ref = gw._reference_logprobs(rollout, rows_all) if beta > 0 else None
+                    ref = gw.policy.reference_logprobs(rollout, rows_all) if beta > 0 else None
                 gw.model.zero_grad(set_to_none=True)
-                logps_gw, _ = gw._logprobs(gw.model, rollout, rows_all)
+                logps_gw, _ = gw.policy.logprobs(rollout, rows_all)
                 loss_gw, metrics_gw = policy_loss(
                     logps_gw, None, ref, adv_gw, mask, loss_type=loss_type, epsilon_low=0.2,
                     epsilon_high=0.2, beta=beta, max_completion_length=opts.completion_length,
