@@ -168,7 +168,9 @@ def test_coerce_unsupported_type():
 def test_bad_choice_lists_valid_values():
     with pytest.raises(ConfigError) as info:
         GRPOConfig(loss_type="ppo")
-    assert str(info.value) == ("loss_type='ppo' is not one of ['grpo', 'bnpo', 'dapo', 'dr_grpo']")
+    assert str(info.value) == (
+        "loss_type='ppo' is not one of ['grpo', 'bnpo', 'dapo', 'dr_grpo', 'cispo']"
+    )
     with pytest.raises(ConfigError, match=r"scale_rewards='std' is not one of"):
         GRPOConfig(scale_rewards="std")
 

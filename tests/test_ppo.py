@@ -281,14 +281,15 @@ def test_completions_without_reward_leave_the_update(tmp_path, monkeypatch):
     monkeypatch.setattr("groupwise.ppo.gae_advantages", spy)
     trainer = PPOTrainer("tiny-random", even_tokens_or_none, PROMPT_ROWS, args=_config(tmp_path))
     rewards = []
-    original_score = trainer.score
+    scorer_class = type(trainer.scorer)
+    original_score = scorer_class.__call__
 
-    def score(rows, rollout):
-        result = original_score(rows, rollout)
-        rewards.append(result[0])
+    def score(self, rows, rollout):
+        result = original_score(self, rows, rollout)
+        rewards.append(result.rewards)
         return result
 
-    trainer.score = score
+    monkeypatch.setattr(scorer_class, "__call__", score)
     trainer.train_step()
     none_rows = torch.isnan(rewards[0])
     assert 0 < int(none_rows.sum()) < len(none_rows)

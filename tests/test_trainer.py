@@ -125,7 +125,7 @@ def test_beta_zero_never_builds_reference_model(tmp_path, monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a reference model copy was made with beta == 0")
 
-    monkeypatch.setattr("groupwise.trainer.copy", types.SimpleNamespace(deepcopy=forbidden))
+    monkeypatch.setattr("groupwise.policy.copy", types.SimpleNamespace(deepcopy=forbidden))
     trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=_config(tmp_path, beta=0.0))
     assert trainer.ref_model is None
     logs = trainer.train()
@@ -431,9 +431,10 @@ def test_the_reward_marked_is_correctness_drives_curriculum_monitor_and_rewards_
     seen = []
     observe = trainer.curriculum.observe
 
-    def spy(uids, bins, counts, row_prompt, row_correct, *rest):
-        seen.extend(row_correct)
-        return observe(uids, bins, counts, row_prompt, row_correct, *rest)
+    def spy(plan, outcome):
+        correct = outcome.correctness > trainer.curriculum.correct_threshold
+        seen.extend(correct.tolist())
+        return observe(plan, outcome)
 
     trainer.curriculum.observe = spy
     trainer.train()
