@@ -1,6 +1,9 @@
+import collections
+
 import pytest
 import torch
 
+from groupwise import GRPOConfig
 from groupwise.models import smollm2_tokenizer, tiny_random_model
 
 
@@ -16,3 +19,43 @@ def tokenizer():
 def tiny_model():
     torch.manual_seed(0)
     return tiny_random_model(seed=0)
+
+
+# Shared by the trainer tests (imported as ``from conftest import ...``: helpers that build
+# configs are called from plain functions as well as tests, so they are functions, not fixtures).
+
+
+def tiny_config(tmp_path, **overrides) -> GRPOConfig:
+    """A 2-step GRPO config on the tiny-random model that learns TargetToken within a few steps;
+    output in ``tmp_path/run``."""
+    values = dict(
+        model="tiny-random",
+        max_steps=2,
+        learning_rate=1e-2,
+        beta=0.0,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=6,
+        output_dir=str(tmp_path / "run"),
+        disable_tqdm=True,
+        seed=0,
+    )
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+class TargetToken:
+    """Reward = fraction of completion tokens equal to a target token: the most frequent token
+    of the first batch scored (deterministic under the seed), so the signal starts non-zero and
+    the tiny model can reach it."""
+
+    __name__ = "target_token"
+
+    def __init__(self):
+        self.target = None
+
+    def __call__(self, prompts, completions, completion_ids, **kwargs):
+        if self.target is None:
+            counts = collections.Counter(t for ids in completion_ids for t in ids)
+            self.target = counts.most_common(1)[0][0]
+        return [sum(t == self.target for t in ids) / len(ids) for ids in completion_ids]

@@ -229,6 +229,7 @@ def _run_until(cmd: list[str], output_dir: Path, step: int, sig: int) -> int:
     return proc.returncode
 
 
+@pytest.mark.slow
 def test_run_killed_then_resumed_is_bitwise_identical(tmp_path):
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
     subprocess.run(_train_cmd(ref_dir), env=_env(), check=True, capture_output=True)

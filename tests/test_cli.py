@@ -60,6 +60,20 @@ def test_python_dash_m_works(tmp_path):
     assert main(["train", "--help"]) == 0
 
 
+def test_train_help_gives_every_option_its_meaning(capsys):
+    from groupwise.config import GRPOConfig, option_help
+
+    meanings = option_help()
+    assert set(meanings) == set(GRPOConfig.field_names())
+    assert [name for name, text in meanings.items() if len(text) < 8] == []
+    assert main(["train", "--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    beta = [line for line in lines if line.strip().startswith("--beta ")]
+    assert beta == ["  --beta [0.04]  KL coefficient; 0 loads no reference model at all"]
+    # A field without a comment on its line takes the comment block above it.
+    assert meanings["gdro_signal"].startswith("Prompt-GDRO signal: pg_loss")
+
+
 def test_demo_yaml_matches_builtin_demo():
     from pathlib import Path
 

@@ -165,6 +165,7 @@ def _assert_same_update(single: Path, ranks: Path, atol: float = 1e-6) -> dict[s
     return worst
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
 @pytest.mark.parametrize(
     "loss_type,scale_rewards", [("grpo", "group"), ("dapo", "batch"), ("dr_grpo", "group")]
@@ -192,6 +193,7 @@ def _assert_nested_close(a, b, atol: float, where: str = "") -> None:
         assert a == b, where
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "curriculum,data_parallel",
     [("prompt_gdro", "ddp"), ("rollout_gdro", "ddp"), ("rollout_gdro", "fsdp")],
@@ -221,6 +223,7 @@ def test_curriculum_two_ranks_match_one_process(tmp_path, curriculum, data_paral
         assert rows[0] == rows[1]
 
 
+@pytest.mark.slow
 def test_ppo_two_ranks_match_one_process(tmp_path):
     """PPO under DDP: policy and critic after 2 steps equal one process on the global batch
     (advantages whitened over the global batch, token means over its tokens)."""
@@ -231,6 +234,7 @@ def test_ppo_two_ranks_match_one_process(tmp_path):
     assert any(k.startswith("critic.backbone.") for k in params)
 
 
+@pytest.mark.slow
 def test_lora_fsdp_two_ranks_match_one_process(tmp_path):
     """LoRA under FSDP2: the adapters after 2 steps equal one process's (the frozen base
     weights stay equal too; the reference is the adapter-disabled model)."""
@@ -242,6 +246,7 @@ def test_lora_fsdp_two_ranks_match_one_process(tmp_path):
     assert grads and all("lora_" in k for k in grads)
 
 
+@pytest.mark.slow
 def test_torchrun_cli_trains_logs_once_and_resumes(tmp_path):
     out = tmp_path / "run"
     cmd = _torchrun(
@@ -261,6 +266,7 @@ def test_torchrun_cli_trains_logs_once_and_resumes(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_torchrun_fsdp_cli_saves_full_weights_and_resumes(tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -329,6 +335,7 @@ RESUME_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options,weights_file",
     [
@@ -401,6 +408,7 @@ def test_torchrun_resume_matches_an_uninterrupted_run(tmp_path, options, weights
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)
 
 
+@pytest.mark.slow
 def test_torchrun_fsdp_matches_ddp_with_real_generation(tmp_path):
     """Generation, evaluation and the old log-probs (num_iterations=2) call the unwrapped model
     under FSDP (gathered weights): the update must equal DDP's."""

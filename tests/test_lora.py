@@ -1,13 +1,13 @@
 """LoRA (peft): only the adapter trains, the reference is the adapter-disabled model (no copy),
 saving writes the adapter (and optionally the merged model), and resume is exact."""
 
-import collections
 import copy
 
 import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from conftest import TargetToken
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.models import load_model_and_tokenizer
 
@@ -101,21 +101,6 @@ def test_lora_resume_is_exact(tmp_path):
     rest.train()
     for (name, p), q in zip(full.model.named_parameters(), rest.model.parameters(), strict=True):
         assert torch.equal(p, q), name
-
-
-class TargetToken:
-    """Reward = fraction of tokens equal to the most frequent token of the first batch."""
-
-    __name__ = "target_token"
-
-    def __init__(self):
-        self.target = None
-
-    def __call__(self, prompts, completions, completion_ids, **kwargs):
-        if self.target is None:
-            counts = collections.Counter(t for ids in completion_ids for t in ids)
-            self.target = counts.most_common(1)[0][0]
-        return [sum(t == self.target for t in ids) / len(ids) for ids in completion_ids]
 
 
 def test_lora_learns(tmp_path):

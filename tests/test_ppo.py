@@ -2,7 +2,6 @@
 critic's alignment and gradients, equivalence to GRPO in the degenerate case, checkpoint hooks,
 saving, and an end-to-end run on tiny-random that learns."""
 
-import collections
 import copy
 import io
 import math
@@ -10,6 +9,7 @@ import math
 import pytest
 import torch
 
+from conftest import TargetToken, tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.data import tokenize_prompts
 from groupwise.models import tiny_random_model
@@ -39,37 +39,8 @@ def _one_thread():
 
 
 def _config(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(
-        model="tiny-random",
-        algorithm="ppo",
-        max_steps=1,
-        learning_rate=1e-3,
-        beta=0.0,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=6,
-        output_dir=str(tmp_path / "run"),
-        disable_tqdm=True,
-        seed=0,
-    )
-    values.update(overrides)
-    return GRPOConfig(**values)
-
-
-class TargetToken:
-    """Reward = fraction of completion tokens equal to the most frequent token of the first batch
-    scored (as in test_trainer.py): non-zero from the start, reachable, deterministic."""
-
-    __name__ = "target_token"
-
-    def __init__(self):
-        self.target = None
-
-    def __call__(self, prompts, completions, completion_ids, **kwargs):
-        if self.target is None:
-            counts = collections.Counter(t for ids in completion_ids for t in ids)
-            self.target = counts.most_common(1)[0][0]
-        return [sum(t == self.target for t in ids) / len(ids) for ids in completion_ids]
+    ppo = {"algorithm": "ppo", "max_steps": 1, "learning_rate": 1e-3}
+    return tiny_config(tmp_path, **{**ppo, **overrides})
 
 
 def even_tokens(prompts, completions, completion_ids, **kwargs):

@@ -7,7 +7,6 @@ data-parallel plumbing in the trainers, PPO built from the same pieces, imports 
 """
 
 import ast
-import collections
 import inspect
 import re
 from pathlib import Path
@@ -15,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import TargetToken
+from conftest import tiny_config as _config
 from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
 from groupwise.config import ConfigError
 from groupwise.core import LOSSES, LossVariant, policy_loss, register_loss
@@ -23,29 +24,6 @@ from groupwise.rollout import Rollout
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "groupwise"
 ROWS = [{"prompt": f"Say something number {i}"} for i in range(8)]
-
-
-def _config(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(model="tiny-random", max_steps=2, learning_rate=1e-2, beta=0.0,
-                  num_generations=4, per_device_train_batch_size=8, max_completion_length=6,
-                  output_dir=str(tmp_path / "run"), disable_tqdm=True, seed=0)  # fmt: skip
-    values.update(overrides)
-    return GRPOConfig(**values)
-
-
-class TargetToken:
-    """Fraction of completion tokens equal to the most frequent token of the first batch."""
-
-    __name__ = "target_token"
-
-    def __init__(self):
-        self.target = None
-
-    def __call__(self, prompts, completions, completion_ids, **kwargs):
-        if self.target is None:
-            counts = collections.Counter(t for ids in completion_ids for t in ids)
-            self.target = counts.most_common(1)[0][0]
-        return [sum(t == self.target for t in ids) / len(ids) for ids in completion_ids]
 
 
 # ----------------------------------------------------------------------------------------------

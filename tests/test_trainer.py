@@ -1,4 +1,3 @@
-import collections
 import copy
 import json
 import math
@@ -8,6 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from conftest import TargetToken
+from conftest import tiny_config as _config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.batching import micro_batch_rows, prompt_blocks, scatter_rows
 from groupwise.logprobs import completion_logprobs
@@ -16,39 +17,6 @@ from groupwise.rewards.combine import RewardFunctionError
 from groupwise.rollout import Rollout
 
 ROWS = [{"prompt": f"Say something number {i}", "tag": i} for i in range(16)]
-
-
-def _config(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(
-        model="tiny-random",
-        max_steps=2,
-        learning_rate=1e-2,
-        beta=0.0,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=6,
-        output_dir=str(tmp_path / "run"),
-        disable_tqdm=True,
-        seed=0,
-    )
-    values.update(overrides)
-    return GRPOConfig(**values)
-
-
-class TargetToken:
-    """Reward = fraction of completion tokens equal to a target token: the most frequent token
-    of the first batch scored (deterministic under the seed), so the signal starts non-zero."""
-
-    __name__ = "target_token"
-
-    def __init__(self):
-        self.target = None
-
-    def __call__(self, prompts, completions, completion_ids, **kwargs):
-        if self.target is None:
-            counts = collections.Counter(t for ids in completion_ids for t in ids)
-            self.target = counts.most_common(1)[0][0]
-        return [sum(t == self.target for t in ids) / len(ids) for ids in completion_ids]
 
 
 def _learning_curve(tmp_path, learning_rate, seed=0, **overrides):

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError
+from .files import fsync_dir
 
 PREFIX = "checkpoint-"
 STATE_FILE = "training_state.pt"
@@ -106,19 +107,6 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return dirs[-1][1] if dirs else None
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_checkpoint(output_dir: str | Path, step: int, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_folder)`` to fill a temporary folder, add the manifest, flush everything
     to disk and rename it to ``checkpoint-<step>`` (replacing an older one of that step)."""
@@ -147,7 +135,7 @@ def write_checkpoint(output_dir: str | Path, step: int, write: Callable[[Path], 
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
         os.replace(tmp, final)
-        _fsync_dir(output_dir)
+        fsync_dir(output_dir)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:

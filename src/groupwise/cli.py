@@ -10,7 +10,7 @@ from typing import Any
 
 from .build import build_reward_func, default_reward_names
 from .checkpoint import CheckpointError, TrainingInterrupted, TrainingStopped
-from .config import ConfigError, GRPOConfig, parse_cli_overrides
+from .config import ConfigError, GRPOConfig, option_help, parse_cli_overrides
 from .data import TASKS, arithmetic_dataset, filter_long_prompts, load_dataset_rows
 
 USAGE = """usage: groupwise <command> [CONFIG.yaml] [--option value ...]
@@ -274,8 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in rest):
         print(USAGE)
         print("options (GRPOConfig fields, default in brackets):")
+        meanings = option_help()
         for name, value in GRPOConfig().to_dict().items():
-            print(f"  --{name} [{value}]")
+            print(f"  --{name} [{value}]  {meanings[name]}".rstrip())
         return 0
     try:
         if command == "train":

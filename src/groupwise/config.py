@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ class GRPOConfig:
     task: str = "arithmetic"  # built-in task, or a path to a JSONL file with a prompt column
     digits: int = 1  # arithmetic: digits per operand
     min_operands: int = 2  # arithmetic: operands per problem (min..max)
-    max_operands: int = 2
+    max_operands: int = 2  # arithmetic: most operands per problem
     ops: str = "+-*"  # arithmetic: operators to draw from
     few_shot: bool = True  # prepend one worked example as a prior chat turn
     num_train_prompts: int = 200  # size of the generated training set
@@ -97,35 +98,35 @@ class GRPOConfig:
     # failure_rate (1 - correct per rollout)
     gdro_signal: str = "pg_loss"
     rollout_min: int = 2  # Rollout-GDRO arms n_min..n_max; the mean budget is num_generations
-    rollout_max: int = 12
+    rollout_max: int = 12  # Rollout-GDRO: most rollouts one prompt gets
     rollout_allocator: str = "bandit"  # bandit (eqs. 19-21) | sqrt (closed-form square-root law)
     rollout_dual_lr: float = 0.05  # alpha_mu of the shadow price
     rollout_score_decay: float = 0.4  # arm score EMA decay
 
     # --- generation -----------------------------------------------------------------------
-    max_prompt_length: int | None = 512
-    max_completion_length: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: disabled
+    max_prompt_length: int | None = 512  # prompt tokens kept (None: no limit)
+    max_completion_length: int = 256  # new tokens per completion at most
+    temperature: float = 1.0  # sampling temperature of the rollouts
+    top_p: float = 1.0  # nucleus sampling mass (1.0: disabled)
+    top_k: int = 0  # sample from the k most likely tokens (0: disabled)
 
     # --- optimisation ---------------------------------------------------------------------
-    learning_rate: float = 1e-6
+    learning_rate: float = 1e-6  # AdamW peak learning rate
     lr_scheduler_type: str = "constant"  # constant | linear | cosine
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    max_grad_norm: float = 1.0
-    max_steps: int = 100
-    seed: int = 42
+    warmup_steps: int = 0  # linear warmup from 0 over this many optimizer steps
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    adam_beta1: float = 0.9  # AdamW first-moment decay
+    adam_beta2: float = 0.999  # AdamW second-moment decay
+    max_grad_norm: float = 1.0  # clip the global gradient norm to this
+    max_steps: int = 100  # optimizer steps of the run
+    seed: int = 42  # seeds data order, sampling and initialisation
 
     # --- runtime --------------------------------------------------------------------------
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 on GPUs that have it, else fp32) | float32 | bfloat16
     logprob_chunk_size: int = 512  # tokens per chunk of the LM head + log-softmax
     logprob_impl: str = "chunked"  # chunked (no [tokens x vocab] logits kept) | naive (full)
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in backward (less memory)
     # Micro-batches of similar completion lengths (whole groups, longest first), so each one is
     # padded only to its own longest completion. Only matters with several micro-batches.
     group_by_length: bool = True
@@ -137,8 +138,8 @@ class GRPOConfig:
     # pi_old / pi_rollout (core.rollout_correction_weights; TRL: vllm_importance_sampling_*).
     rollout_correction: bool = True
     rollout_correction_mode: str = "sequence_mask"  # token|sequence _truncate|_mask
-    rollout_correction_clip_min: float | None = None
-    rollout_correction_clip_max: float | None = 3.0
+    rollout_correction_clip_min: float | None = None  # lower bound of the weight (None: none)
+    rollout_correction_clip_max: float | None = 3.0  # upper bound of the weight (None: none)
     ref_model_offload: bool = False  # keep the reference model in CPU memory (GPU runs)
     # torchrun runs (world size > 1): ddp (a full replica per rank, gradients all-reduced) |
     # fsdp (FSDP2 fully_shard: parameters, gradients and optimizer state sharded per decoder
@@ -147,20 +148,20 @@ class GRPOConfig:
 
     # --- LoRA (peft) ------------------------------------------------------------------------
     use_peft: bool = False  # train a LoRA adapter; the reference is the adapter-disabled model
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
+    lora_r: int = 16  # LoRA rank
+    lora_alpha: int = 32  # LoRA scaling numerator (scale = alpha / r)
+    lora_dropout: float = 0.05  # dropout on the LoRA input
     lora_target_modules: list[str] | None = None  # None: every linear layer but the LM head
     save_merged_model: bool = False  # also write the merged model to OUTPUT_DIR/merged
 
     # --- logging and saving ---------------------------------------------------------------
-    output_dir: str = "runs/grpo"
-    logging_steps: int = 1
+    output_dir: str = "runs/grpo"  # model, config, metrics and checkpoints go here
+    logging_steps: int = 1  # print and log metrics every N steps
     save_steps: int = 0  # 0: save only at the end
     save_total_limit: int | None = None  # keep the last N checkpoint-* folders (None: all)
     resume_from_checkpoint: str | None = None  # auto (latest in output_dir) | PATH | None
     eval_steps: int = 0  # 0: evaluate only before and after training (if eval_on_start)
-    eval_on_start: bool = False
+    eval_on_start: bool = False  # evaluate before the first step too
     eval_num_generations: int = 0  # groupwise eval: samples per prompt (0: greedy only)
     eval_ks: list[int] | None = None  # groupwise eval: k of pass@k (None: 1, 2, 4, ..., n)
     eval_output: str | None = None  # groupwise eval: JSON file (None: OUTPUT_DIR/eval.json)
@@ -176,7 +177,7 @@ class GRPOConfig:
     warn_zero_std_steps: int = 5  # ... for this many steps in a row
     warn_entropy_min: float = 0.05  # warn when mean token entropy falls below this
     warn_kl_max: float = 1.0  # warn when the KL to the reference rises above this
-    disable_tqdm: bool = False
+    disable_tqdm: bool = False  # no progress bar
 
     def __post_init__(self) -> None:
         self.validate()
@@ -475,3 +476,35 @@ def parse_cli_overrides(argv: list[str]) -> dict[str, Any]:
             i += 1
         overrides[name.replace("-", "_")] = value
     return overrides
+
+
+def option_help() -> dict[str, str]:
+    """Each GRPOConfig field's one-line meaning, read from its comment in this file: the comment
+    on the field's line, else the comment block just above it (kept in one place, the source)."""
+    import inspect
+    import io
+    import tokenize
+
+    source = inspect.getsource(GRPOConfig)
+    comments: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string.lstrip("#").strip()
+    names = set(GRPOConfig.field_names())
+    found: dict[str, str] = {}
+    lines = source.splitlines()
+    for number, line in enumerate(lines, start=1):
+        match = re.match(r"    (\w+): ", line)
+        if not match or match.group(1) not in names:
+            continue
+        text = comments.get(number)
+        if text is None:  # the block above, up to a blank line or a "---" section rule
+            block, above = [], number - 1
+            while above in comments and lines[above - 1].lstrip().startswith("#"):
+                if comments[above].startswith("---"):
+                    break
+                block.insert(0, comments[above])
+                above -= 1
+            text = " ".join(block)
+        found[match.group(1)] = text
+    return found

@@ -31,8 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -43,6 +41,7 @@ import torch
 
 from .core import pass_at_k
 from .data import tokenize_prompts
+from .files import atomic_write_text
 from .rewards.basic import correctness_index
 from .rewards.combine import RewardScorer, score_rollout
 from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams
@@ -496,22 +495,9 @@ def _jsonable(obj: Any) -> Any:
 
 
 def save_json(summary: Any, path: str | Path) -> None:
-    """Write ``summary`` (a dict, an :class:`EvalResult`, ...) as JSON, atomically: a temporary
-    file in the same directory, then ``os.replace``. NaN and inf become null (strict JSON)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``summary`` (a dict, an :class:`EvalResult`, ...) as JSON, atomically
+    (:mod:`groupwise.files`). NaN and inf become null (strict JSON)."""
+    atomic_write_text(path, json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n")
 
 
 # --------------------------------------------------------------------------------------------

@@ -40,10 +40,11 @@ from .batching import scatter_rows, trimmed_completions
 from .config import GRPOConfig
 from .core import get_loss, masked_mean, policy_loss
 from .distributed import DistributedContext
+from .files import staged_files
 from .models import load_model_and_tokenizer
 from .policy import LossTerms, MicroBatch, Trainable
 from .rollout import Rollout
-from .run import PhaseTimer, Trainer, staged_folder
+from .run import PhaseTimer, Trainer
 
 CRITIC_DIR = "critic"
 CRITIC_WEIGHTS = "model.safetensors"
@@ -493,7 +494,7 @@ class PPOTrainer(Trainer):
         target = super().save_model(path)
         if not self.dist.is_main:  # under data parallel only rank 0 writes
             return target
-        with staged_folder(target / CRITIC_DIR) as tmp:
+        with staged_files(target / CRITIC_DIR) as tmp:
             tensors = {
                 k: v.detach().contiguous().cpu() for k, v in self.critic.state_dict().items()
             }

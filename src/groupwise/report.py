@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from .files import atomic_write_text
+
 REPORT_TITLE = "groupwise training report"
 INSTALL_HINT = "pip install groupwise[report]"
 
@@ -889,29 +891,12 @@ def render_html(run: RunData, dpi: int = 110) -> str:
     )
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    # Temp file in the same folder + os.replace: a reader never sees a half-written report.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        # mkstemp makes the file private (0600); a report is as readable as any other output.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def build_report(run_dir: str | Path, output: str | Path | None = None, dpi: int = 110) -> Path:
     """Write the HTML report of ``run_dir`` to ``output`` (default RUN_DIR/report.html)."""
     run = load_run(run_dir)
     _matplotlib()  # fail before any work when the plots cannot be drawn
     target = Path(output) if output is not None else Path(run_dir) / "report.html"
-    _write_atomic(target, render_html(run, dpi))
+    atomic_write_text(target, render_html(run, dpi))  # a reader never sees half a report
     return target
 
 

@@ -12,15 +12,12 @@ config, every rank's RNG state and the metrics so far.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import io
 import json
 import math
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -54,6 +51,7 @@ from .distributed import (
     init_distributed,
     reduce_metrics,
 )
+from .files import atomic_write_text, staged_files
 from .loggers import RunLoggers
 from .monitor import TrainingMonitor
 from .policy import CheckpointMismatch, Policy, UpdateStats
@@ -685,24 +683,10 @@ class Trainer:
         weights = self.policy.full_state_dict()
         if not self.dist.is_main and self.policy.sharded:
             return target
-        with staged_folder(target) as tmp:
+        with staged_files(target) as tmp:
             self.policy.save_pretrained(tmp, weights)
             self.tokenizer.save_pretrained(tmp)
         return target
-
-
-@contextlib.contextmanager
-def staged_folder(target: Path):
-    """A temporary folder inside ``target`` whose files are moved into ``target`` one by one
-    (``os.replace``, atomic per file) when the block ends without an error."""
-    target.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".save-", dir=target))
-    try:
-        yield tmp
-        for item in tmp.iterdir():
-            os.replace(item, target / item.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def rollout_mismatch_logs(
@@ -729,11 +713,7 @@ def _finite_or_none(value: torch.Tensor | float) -> float | None:
 
 
 def write_jsonl_atomic(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 def truncate_jsonl(path: Path, max_step: int) -> None:

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import inspect
 import json
 import logging
 import math
-import os
-import tempfile
 import traceback
 from collections import Counter
 from collections.abc import Sequence
@@ -30,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..files import atomic_write_text
 from .basic import RewardFunc, correctness_index, reward_func_name
 
 if TYPE_CHECKING:
@@ -207,18 +205,8 @@ class RewardScorer:
 
     def write_manifest(self, path: str | Path) -> None:
         """:meth:`manifest` as JSON at ``path`` (the run's ``rewards.json``, which ``groupwise
-        report`` reads), written to a temporary file and moved into place."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(self.manifest(), handle, indent=1)
-                handle.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        report`` reads), written atomically (:func:`groupwise.files.atomic_write_text`)."""
+        atomic_write_text(path, json.dumps(self.manifest(), indent=1) + "\n")
 
 
 def score_rollout(
