@@ -172,7 +172,7 @@ def rollout_correction_weights(
     clip_max: float | None = 3.0,
 ) -> Tensor:
     """Importance weights for the mismatch between the engine that sampled the completions and
-    the trainer (algorithms.md, pitfalls; TRL's ``vllm_importance_sampling_*`` options).
+    the trainer (algorithms.md §3.5; TRL's ``vllm_importance_sampling_*`` options).
 
     The rollout engine (bf16 generation here, vLLM elsewhere) samples from pi_rollout, which
     differs from the trainer's pi_old by numerics, so the surrogate is reweighted by

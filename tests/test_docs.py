@@ -1,0 +1,199 @@
+"""docs/algorithms.md stays in step with the code that cites it and the code it names.
+
+1. Every numbered citation of algorithms.md in ``src/`` ("algorithms.md §3.5",
+   "algorithms.md 3.6", "algorithms.md 1.1 [obs]", "algorithms.md §2, §3.2",
+   "docs/algorithms.md section 1", also split over two lines) names a heading of the document.
+2. Every groupwise name the document gives in backticks (``module.function``,
+   ``curriculum.gdro.Class.method`` or ``groupwise.x.y``) can be imported.
+
+Fast: no model is loaded; only groupwise's modules are imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+
+import pytest
+
+import groupwise
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "algorithms.md"
+SRC = ROOT / "src"
+
+SECTION = r"\d+(?:\.\d+)*"
+# "algorithms.md" then an optional "," / ")" / "`", an optional "§", "section", "sec." prefix,
+# a section number, and further "§"-prefixed numbers joined by "," or "and".
+CITATION = re.compile(
+    rf"algorithms\.md[`)]?,?\s*(?:§\s*|sections?\s+|sec\.\s*)?(?P<first>{SECTION})(?![\w.]*\d)"
+    rf"(?P<rest>(?:\s*(?:,|and)\s*§\s*{SECTION})*)",
+    re.IGNORECASE,
+)
+HEADING = re.compile(rf"^#{{2,4}}\s+(?P<number>{SECTION})\.?\s", re.MULTILINE)
+BACKTICKED = re.compile(r"`([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+)`")
+NOT_A_NAME = (".py", ".md", ".yaml", ".yml", ".json", ".jsonl", ".toml", ".txt", ".html")
+
+
+def _strip(line: str) -> str:
+    """A source line without indentation, a comment marker or a docstring's quotes."""
+    return line.strip().lstrip("#").strip().strip('"').strip()
+
+
+def find_citations(text: str) -> list[tuple[int, str, list[str]]]:
+    """(line number, cited text, section numbers) for each numbered citation of algorithms.md.
+
+    A citation may continue on the next line (``algorithms.md\\n§3.6``), so each line is read
+    together with the next one."""
+    lines = text.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        if "algorithms.md" not in line:
+            continue
+        start = line.index("algorithms.md")
+        window = line[start:].rstrip()
+        own = len(window)
+        if i + 1 < len(lines):
+            window += " " + _strip(lines[i + 1])
+        for match in CITATION.finditer(window):
+            if match.start() >= own:  # it starts on the next line, which is read on its own
+                break
+            numbers = [match["first"], *re.findall(rf"§\s*({SECTION})", match["rest"])]
+            found.append((i + 1, match.group(0), numbers))
+    return found
+
+
+def doc_sections(text: str) -> set[str]:
+    return {m["number"] for m in HEADING.finditer(text)}
+
+
+def source_citations() -> list[tuple[str, int, str, list[str]]]:
+    out = []
+    for path in sorted(SRC.rglob("*.py")):
+        for lineno, cited, numbers in find_citations(path.read_text(encoding="utf-8")):
+            out.append((f"{path.relative_to(ROOT)}:{lineno}", cited, numbers))
+    return out
+
+
+def _groupwise_modules() -> list[str]:
+    names = ["groupwise"]
+    for info in pkgutil.walk_packages(groupwise.__path__, "groupwise."):
+        if not info.name.rsplit(".", 1)[-1].startswith("_"):
+            names.append(info.name)
+    return names
+
+
+def resolve(name: str, modules: list[str]) -> object | None:
+    """The object a dotted name in the document refers to, or None when the name is not a
+    groupwise reference at all (``torch.std``, ``np.prod``). Raises when it is one (its first
+    parts name a groupwise module) but the rest does not exist."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:cut])
+        matches = [m for m in modules if m == prefix or m.endswith("." + prefix)]
+        if not matches:
+            continue
+        if len(matches) > 1:
+            raise LookupError(f"`{name}`: {prefix!r} is ambiguous: {matches}")
+        obj: object = importlib.import_module(matches[0])
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                raise AttributeError(f"`{name}`: {matches[0]} has no {'.'.join(parts[cut:])}")
+            obj = getattr(obj, attr)
+        return obj
+    return None
+
+
+def doc_names(text: str) -> list[str]:
+    names = dict.fromkeys(m for m in BACKTICKED.findall(text) if not m.endswith(NOT_A_NAME))
+    return list(names)
+
+
+# ------------------------------------------------------------------------------------------
+# The parsers themselves
+
+
+@pytest.mark.parametrize(
+    "text, numbers",
+    [
+        ("Sec. 4.1.2; algorithms.md §2):", [["2"]]),
+        ("(algorithms.md §2, §3.2):", [["2", "3.2"]]),
+        ("# --- PPO baseline (algorithms.md 3.6; verl defaults", [["3.6"]]),
+        ("all bin weights equal (algorithms.md 1.1 [obs]).", [["1.1"]]),
+        ("One step (algorithms.md\n    §3.6, verl core_algos.py", [["3.6"]]),
+        ("docs/algorithms.md section 1). This", [["1"]]),
+        ("(algorithms.md 1.4 lists its", [["1.4"]]),
+        ("Section numbers refer to docs/algorithms.md, which quotes", []),
+        ("algorithms.md §4).", [["4"]]),
+    ],
+)
+def test_citation_parser(text, numbers):
+    assert [n for _, _, n in find_citations(text)] == numbers
+
+
+def test_heading_parser():
+    text = "# Title\n## 1. GDRO\n### 1.1 Notation\n## 3. Variants\n### 3.7 CISPO\n"
+    assert doc_sections(text) == {"1", "1.1", "3", "3.7"}
+
+
+def test_a_wrong_citation_is_reported():
+    sections = doc_sections(DOC.read_text(encoding="utf-8"))
+    cited = find_citations("see algorithms.md §3.99 and algorithms.md 7")
+    assert [n for _, _, numbers in cited for n in numbers if n not in sections] == ["3.99", "7"]
+
+
+# ------------------------------------------------------------------------------------------
+# The document against the code
+
+
+def test_every_cited_section_exists():
+    sections = doc_sections(DOC.read_text(encoding="utf-8"))
+    citations = source_citations()
+    # The docstrings cite the document about two dozen times; far fewer means the parser broke.
+    assert len(citations) >= 15, f"only {len(citations)} citations found: {citations}"
+    missing = [
+        f"{where}: {cited!r} cites §{number}"
+        for where, cited, numbers in citations
+        for number in numbers
+        if number not in sections
+    ]
+    assert not missing, (
+        "citations of algorithms.md with no such heading in docs/algorithms.md "
+        f"(headings: {sorted(sections)}):\n" + "\n".join(missing)
+    )
+
+
+def test_document_has_the_expected_sections():
+    sections = doc_sections(DOC.read_text(encoding="utf-8"))
+    expected = {"1", "2", "3", "4", "5"}
+    expected |= {f"1.{i}" for i in range(1, 10)} | {f"3.{i}" for i in range(1, 8)}
+    assert expected <= sections, f"missing headings: {sorted(expected - sections)}"
+
+
+def test_every_named_function_exists():
+    modules = _groupwise_modules()
+    names = doc_names(DOC.read_text(encoding="utf-8"))
+    resolved, errors = [], []
+    for name in names:
+        try:
+            obj = resolve(name, modules)
+        except (ImportError, AttributeError, LookupError) as exc:
+            errors.append(str(exc))
+            continue
+        if obj is not None:
+            resolved.append(name)
+    assert not errors, "docs/algorithms.md names code that does not exist:\n" + "\n".join(errors)
+    # The document names the implementing function of each section: dozens of them.
+    assert len(resolved) >= 30, f"only {len(resolved)} groupwise names resolved: {resolved}"
+
+
+def test_resolver_rejects_a_wrong_name():
+    modules = _groupwise_modules()
+    assert resolve("core.pass_at_k", modules) is groupwise.core.pass_at_k
+    assert resolve("torch.std", modules) is None
+    with pytest.raises(AttributeError, match="no pass_at_kk"):
+        resolve("core.pass_at_kk", modules)
+    with pytest.raises(AttributeError):
+        resolve("groupwise.curriculum.gdro.PromptGDRO.no_such_method", modules)
