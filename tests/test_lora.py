@@ -7,7 +7,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from conftest import TargetToken
+from conftest import TargetToken, tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.models import load_model_and_tokenizer
 
@@ -20,24 +20,9 @@ def _reward(completions, completion_ids, **kwargs):
 
 
 def _args(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(
-        model="tiny-random",
-        use_peft=True,
-        lora_r=4,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        max_steps=3,
-        learning_rate=5e-3,
-        beta=0.04,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=6,
-        output_dir=str(tmp_path / "run"),
-        disable_tqdm=True,
-        seed=0,
-    )
-    values.update(overrides)
-    return GRPOConfig(**values)
+    lora = dict(use_peft=True, lora_r=4, lora_alpha=8, lora_dropout=0.0, max_steps=3,
+                learning_rate=5e-3, beta=0.04)  # fmt: skip
+    return tiny_config(tmp_path, **{**lora, **overrides})
 
 
 def test_lora_reference_is_the_adapter_disabled_base(tmp_path):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import groupwise.policy as policy_module
+from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.checkpoint import TrainingStopped
 
@@ -18,20 +19,7 @@ def _reward(completions, answer, **kwargs):
 
 
 def _args(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(
-        model="tiny-random",
-        max_steps=4,
-        learning_rate=1e-2,
-        beta=0.0,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=5,
-        output_dir=str(tmp_path / "run"),
-        disable_tqdm=True,
-        seed=0,
-    )
-    values.update(overrides)
-    return GRPOConfig(**values)
+    return tiny_config(tmp_path, **{"max_steps": 4, "max_completion_length": 5, **overrides})
 
 
 def _nan_on_steps(monkeypatch, trainer, steps):
