@@ -37,7 +37,14 @@ from groupwise.curriculum import (  # noqa: E402
 )
 from groupwise.sampler import PromptSampler  # noqa: E402
 
-LEVELS = ((0.40, 1.5), (0.35, -1.0), (0.25, -4.0))  # (share, mean initial logit)
+# Per regime, (share, mean initial logit) of the easy, medium and hard levels.
+REGIMES = {
+    # p ~ 0.8 / 0.27 / 0.02: about half the uniform groups of 4 are all-alike at the start
+    "medium": ((0.40, 1.5), (0.35, -1.0), (0.25, -4.0)),
+    # p ~ 0.95 / 0.38 / 0.01: about 70% all-alike at the start (the audit's hard and bench
+    # regimes have 69% and 80%)
+    "hard": ((0.35, 3.0), (0.30, -0.5), (0.35, -4.5)),
+}
 LEARN_SELF, LEARN_LEVEL = 0.1, 0.02
 PROMPTS, NUM_GENERATIONS, POOL = 8, 4, 256
 
@@ -84,12 +91,12 @@ def grpo_advantages(rewards: np.ndarray) -> np.ndarray:
     return (rewards - rewards.mean()) / (rewards.std(ddof=1) + 1e-4)
 
 
-def run_arm(name: str, seed: int, steps: int = 200) -> ArmResult:
+def run_arm(name: str, seed: int, steps: int = 200, regime: str = "medium") -> ArmResult:
     """One arm on one seed's world (the world and the sampler's seed are shared by the arms)."""
+    levels = REGIMES[regime]
     world = np.random.default_rng(1000 + seed)
-    shares = [s for s, _ in LEVELS]
-    level = world.choice(len(LEVELS), size=POOL, p=shares)
-    theta = np.array([LEVELS[lv][1] for lv in level]) + 0.7 * world.normal(size=POOL)
+    level = world.choice(len(levels), size=POOL, p=[s for s, _ in levels])
+    theta = np.array([levels[lv][1] for lv in level]) + 0.7 * world.normal(size=POOL)
     rows = [{"prompt": str(i), "difficulty": int(level[i])} for i in range(POOL)]
     rng = np.random.default_rng(seed)  # the rollouts' Bernoulli draws
     curriculum = make_arm(name, seed)
@@ -107,7 +114,7 @@ def run_arm(name: str, seed: int, steps: int = 200) -> ArmResult:
         plan = curriculum.plan(batch)
         prompt, correct, loss = [], [], []
         p = 1.0 / (1.0 + np.exp(-theta))
-        gained = np.zeros(len(LEVELS))
+        gained = np.zeros(len(levels))
         for k, (index, n) in enumerate(zip(indices, plan.counts, strict=True)):
             r = (rng.random(n) < p[index]).astype(np.float64)
             prompt += [k] * n
@@ -127,12 +134,17 @@ def run_arm(name: str, seed: int, steps: int = 200) -> ArmResult:
     return ArmResult(informative, rollouts, max_step, PROMPTS * NUM_GENERATIONS, float(p.mean()))
 
 
-def main(steps: int = 200, seeds: int = 5) -> dict[str, list[ArmResult]]:
-    results = {arm: [run_arm(arm, s, steps) for s in range(seeds)] for arm in ARMS}
+def main(steps: int = 200, seeds: int = 5) -> None:
+    for regime in REGIMES:
+        report(regime, steps, seeds)
+
+
+def report(regime: str, steps: int, seeds: int) -> dict[str, list[ArmResult]]:
+    results = {arm: [run_arm(arm, s, steps, regime) for s in range(seeds)] for arm in ARMS}
     base = [r.informative_per_rollout for r in results["uniform"]]
     print(
-        f"{steps} steps x {PROMPTS} prompts x mean {NUM_GENERATIONS} rollouts, pool {POOL}, "
-        f"seeds 0..{seeds - 1}"
+        f"\nregime {regime}: {steps} steps x {PROMPTS} prompts x mean {NUM_GENERATIONS} "
+        f"rollouts, pool {POOL}, seeds 0..{seeds - 1}"
     )
     print(f"{'arm':<18} {'inf/rollout':>11} {'ratio':>7} {'+-se':>6} {'max/step':>8} {'mean p':>7}")
     for arm, runs in results.items():

@@ -51,9 +51,10 @@ def test_prior_posterior_and_retry_by_hand():
     assert pooled_mean(0, 0) == 0.5
     assert pooled_mean(3, 1) == pytest.approx(4 / 6)
     assert posterior(0.25, 2.0, 1.0, 3.0) == (1.5, 4.5)
-    assert retry_probability(0, 50) == 0.0
-    assert retry_probability(50, 50) == pytest.approx(0.5)
-    assert retry_probability(100, 50) == pytest.approx(0.75)
+    assert retry_probability(0, 2) == 0.0
+    assert retry_probability(2, 2) == pytest.approx(0.5)
+    assert retry_probability(4, 2) == pytest.approx(0.75)
+    assert retry_probability(1, 2) == pytest.approx(1 - 2**-0.5)
 
 
 def test_selection_weights_by_hand():
@@ -115,7 +116,7 @@ def test_observe_updates_evidence_pools_and_logs_by_hand():
     # prompt 0: both correct; prompt 1: 1 of 3 (NaN counts as incorrect), threshold 0.5
     rows = GlobalRows([0, 0, 1, 1, 1], [1.0, 0.9, 0.0, math.nan, 1.0], [0.0] * 5, [0.0] * 5)
     logs = cur.observe_global(plan, rows)
-    assert cur.evidence == {10: [2.0, 0.0, 1.0], 11: [1.0, 2.0, 1.0]}
+    assert cur.evidence == {10: [2.0, 0.0], 11: [1.0, 2.0]}
     assert cur.pools == {"": [3.0, 2.0]} and cur.step == 1
     assert logs["curriculum/select/skipped"] == 3
     assert logs["curriculum/select/informative"] == 1  # only prompt 1 is mixed
@@ -128,7 +129,7 @@ def test_observe_updates_evidence_pools_and_logs_by_hand():
     )
     plan = cur.plan(_batch([10]))
     logs = cur.observe_global(plan, GlobalRows([0, 0], [1.0, 0.0], [0.0] * 2, [0.0] * 2))
-    assert cur.evidence[10] == [0.5 * 2 + 1, 0.5 * 0 + 1, 2.0]  # discounted, then added
+    assert cur.evidence[10] == [0.5 * 2 + 1, 0.5 * 0 + 1]  # discounted, then added
     assert cur.pools[""] == [0.5 * 3 + 1, 0.5 * 2 + 1]
     # The posterior of prompt 10 now: pool mean (2.5 + 1) / (4.5 + 2) with strength 2, + (2, 1).
     m = 3.5 / 6.5
@@ -148,23 +149,40 @@ def test_difficulty_levels_have_their_own_prior():
     assert cur.beta_of(6) == pytest.approx((0.5, 1.5))
 
 
+def _choose_often(cur, times):
+    picks = []
+    for _ in range(times):
+        cur.skips = {}  # just rolled out: no retry
+        picks.append(tuple(cur.choose([0, 1, 2, 3], [{}] * 4, 2)))
+    return picks
+
+
 def test_choose_skips_prompts_predicted_uninformative_and_retries_them_later():
-    cur = SelectCurriculum(num_generations=4, oversample=2, uniform_mix=0.0, explore_half_life=10)
-    cur.step = 100
-    cur.evidence = {0: [0.0, 40.0, 100.0], 1: [40.0, 0.0, 100.0]}  # just seen: p ~ 0, p ~ 1
-    for i in (2, 3):
-        cur.evidence[i] = [2.0, 2.0, 100.0]  # just seen, p ~ 1/2
-    picks = [tuple(cur.choose([0, 1, 2, 3], [{}] * 4, 2)) for _ in range(200)]
-    # weights: P_inf(Beta(1, 41), 4) = 0.0889 for 0 and 1, P_inf(Beta(3, 3), 4) = 0.643 for 2, 3
-    assert sum(p == (2, 3) for p in picks) > 120
-    cur.step = 1000  # 900 steps unseen: retry -> 1, every candidate equally likely
-    picks = [tuple(cur.choose([0, 1, 2, 3], [{}] * 4, 2)) for _ in range(600)]
-    assert 60 < sum(p == (2, 3) for p in picks) < 150  # 1/6 of 600 = 100
+    cur = SelectCurriculum(num_generations=4, oversample=2, uniform_mix=0.0, retry_half_life=2)
+    cur.evidence = {0: [0.0, 40.0], 1: [40.0, 0.0], 2: [2.0, 2.0], 3: [2.0, 2.0]}
+    # weights: P_inf(Beta(1, 41), 4) = 0.0889 for 0 and 1 (p ~ 0, p ~ 1); P_inf(Beta(3, 3), 4)
+    # = 1 - 2 * 360/3024 = 0.762 for 2 and 3. Drawn without replacement, P({2, 3}) =
+    # 2 * (0.762/1.702) * (0.762/0.940) = 0.726.
+    picks = _choose_often(cur, 300)
+    assert 190 < sum(p == (2, 3) for p in picks) < 245
+    cur.skips = {}
+    picked = cur.choose([0, 1, 2, 3], [{}] * 4, 2)
+    assert cur.skips == {i: 1 for i in range(4) if i not in picked}  # a skip is counted
+    # Skipped 40 times in a row: retry -> 1, every candidate equally likely (P({2, 3}) = 1/6).
+    picks = []
+    for _ in range(600):
+        cur.skips = {i: 40 for i in range(4)}
+        picks.append(tuple(cur.choose([0, 1, 2, 3], [{}] * 4, 2)))
+    assert 65 < sum(p == (2, 3) for p in picks) < 135
+    # A rollout resets the count.
+    plan = cur.plan(_batch([0]))
+    cur.observe_global(plan, GlobalRows([0] * 4, [0.0] * 4, [0.0] * 4, [0.0] * 4))
+    assert 0 not in cur.skips
 
 
 def test_plan_conserves_the_budget_and_weights_prompts_equally():
     cur = SelectCurriculum(num_generations=4, n_min=2, n_max=8, allocator="knapsack")
-    cur.evidence = {0: [0.0, 30.0, 0.0], 1: [6.0, 6.0, 0.0], 2: [30.0, 0.0, 0.0], 3: [1, 1, 0]}
+    cur.evidence = {0: [0.0, 30.0], 1: [6.0, 6.0], 2: [30.0, 0.0], 3: [1.0, 1.0]}
     plan = cur.plan(_batch([0, 1, 2, 3]))
     assert sum(plan.counts) == 16 and all(2 <= n <= 8 for n in plan.counts)
     assert plan.counts[0] == plan.counts[2] == 2  # near-certain outcomes get the minimum
@@ -221,7 +239,7 @@ def test_sampler_draws_candidates_and_the_curriculum_chooses(tokenizer):
         ("select_oversample", 0),
         ("select_discount", 0.0),
         ("select_prior_strength", 0.0),
-        ("select_explore_half_life", -1.0),
+        ("select_retry_half_life", -1.0),
         ("select_uniform_mix", 1.5),
         ("select_allocator", "greedy"),
     ],
@@ -244,13 +262,25 @@ def test_registered_and_bounds_checked():
 # --- the ground-truth-difficulty simulation --------------------------------------------------------
 
 
-def test_simulation_select_beats_uniform_on_informative_groups_per_rollout():
-    from benchmarks.curriculum_sim import run_arm
+def _simulation():
+    import importlib.util
+    import sys
+    from pathlib import Path
 
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "curriculum_sim.py"
+    spec = importlib.util.spec_from_file_location("curriculum_sim", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["curriculum_sim"] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_simulation_select_beats_uniform_on_informative_groups_per_rollout():
+    sim = _simulation()
     ratios = []
     for seed in (0, 1):
-        uniform = run_arm("uniform", seed, steps=60)
-        select = run_arm("select", seed, steps=60)
+        uniform = sim.run_arm("uniform", seed, steps=80, regime="hard")
+        select = sim.run_arm("select", seed, steps=80, regime="hard")
         for result in (uniform, select):
             assert result.max_step_rollouts == result.rollouts_per_step  # the budget, every step
         ratios.append(select.informative_per_rollout / uniform.informative_per_rollout)
@@ -271,7 +301,7 @@ def _parity(prompts, completions, completion_ids, **kwargs):
 
 def _args(tmp_path, **overrides):
     values = dict(
-        model="tiny-random", max_steps=4, learning_rate=1e-2, beta=0.0, num_generations=4,
+        model="tiny-random", max_steps=3, learning_rate=1e-2, beta=0.0, num_generations=4,
         per_device_train_batch_size=12, max_completion_length=3, output_dir=str(tmp_path / "run"),
         disable_tqdm=True, seed=0, save_steps=2, curriculum="select", rollout_min=2,
         rollout_max=8, select_oversample=2,
@@ -289,10 +319,11 @@ def test_training_run_with_select_trains_and_resumes_exactly(tmp_path):
         assert log["curriculum/select/rollouts"] == 12 and log["curriculum/select/skipped"] == 3
         assert log["curriculum/select/group_size_mean"] == 4
     assert any(log["curriculum/select/group_size_max"] > 4 for log in logs[1:])
-    assert len(full.curriculum.evidence) >= 6 and full.curriculum.step == 4
-    GRPOTrainer("tiny-random", _parity, ROWS, args=_args(tmp_path / "b", max_steps=2)).train()
+    assert len(full.curriculum.evidence) >= 6 and full.curriculum.step == 3
+    # Resume from the full run's checkpoint-2 (written mid-run) into a new folder.
+    start = str(tmp_path / "a" / "run" / "checkpoint-2")
     rest = GRPOTrainer(
-        "tiny-random", _parity, ROWS, args=_args(tmp_path / "b", resume_from_checkpoint="auto")
+        "tiny-random", _parity, ROWS, args=_args(tmp_path / "b", resume_from_checkpoint=start)
     )
     rest.train()
     assert rest.curriculum.state_dict() == full.curriculum.state_dict()

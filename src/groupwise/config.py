@@ -106,7 +106,7 @@ class GRPOConfig:
     select_oversample: int = 2  # candidates drawn per prompt slot; the rest are skipped
     select_discount: float = 0.7  # old evidence kept per new observation (recency weighting)
     select_prior_strength: float = 2.0  # pseudo-rollouts of the difficulty-level prior
-    select_explore_half_life: float = 50.0  # steps unseen at which a skipped prompt's retry = 1/2
+    select_retry_half_life: float = 2.0  # skips in a row at which a prompt's retry chance = 1/2
     select_uniform_mix: float = 0.2  # uniform floor mixed into the choice of prompts
     select_allocator: str = "knapsack"  # knapsack | sqrt | uniform: group sizes
     select_equal_prompt_weight: bool = True  # weight num_generations / n_i per prompt
@@ -209,9 +209,9 @@ class GRPOConfig:
             raise ConfigError(
                 f"select_prior_strength must be > 0, got {self.select_prior_strength}"
             )
-        if self.select_explore_half_life <= 0:
+        if self.select_retry_half_life <= 0:
             raise ConfigError(
-                f"select_explore_half_life must be > 0 steps, got {self.select_explore_half_life}"
+                f"select_retry_half_life must be > 0 skips, got {self.select_retry_half_life}"
             )
         if not 0.0 <= self.select_uniform_mix <= 1.0:
             raise ConfigError(

@@ -15,8 +15,10 @@ The method, per step (every rank runs it on the same global draw with the same s
    pool, plus its own recency-weighted rollout outcomes). Its selection score is the predicted
    probability of an informative group at the mean group size G,
    ``P_inf = E[1 - p^G - (1 - p)^G]`` (:func:`informative_probability`), raised towards 1 by a
-   retry chance that grows with the steps since it was last rolled out (:func:`retry_probability`,
-   GRESO's exploration), and mixed with a uniform floor (:func:`selection_weights`). ``count``
+   retry chance that grows with the number of times in a row it was skipped since it was last
+   rolled out (:func:`retry_probability`; GRESO's exploration of skipped prompts, counted like
+   GRESO in draws of the prompt rather than in steps, so it does not depend on the dataset's
+   size), and mixed with a uniform floor (:func:`selection_weights`). ``count``
    candidates are drawn without replacement with probability ∝ weight (:func:`weighted_choice`,
    Efraimidis-Spirakis). The rest are skipped: no rollout, and the sampler moves past them for
    this epoch (GRESO skips them for the epoch too).
@@ -96,11 +98,11 @@ def discounted(old: float, new: float, discount: float) -> float:
     return discount * old + new
 
 
-def retry_probability(age: float, half_life: float) -> float:
-    """Chance that a prompt predicted uninformative is retried anyway, growing with the steps
-    since it was last rolled out (GRESO's exploration of skipped prompts): 1 - 2^(-age/half_life),
-    so 0 right after a rollout, 1/2 after ``half_life`` steps, -> 1."""
-    return 1.0 - 2.0 ** (-max(age, 0.0) / half_life)
+def retry_probability(skips: float, half_life: float) -> float:
+    """Chance that a prompt predicted uninformative is retried anyway, growing with the times it
+    was skipped in a row since its last rollout (GRESO's exploration of skipped prompts):
+    1 - 2^(-skips/half_life), so 0 after a rollout, 1/2 after ``half_life`` skips, -> 1."""
+    return 1.0 - 2.0 ** (-max(skips, 0.0) / half_life)
 
 
 def selection_weights(
@@ -174,8 +176,9 @@ class SelectCurriculum(GlobalBatchCurriculum):
     """Predictive prompt selection with adaptive group size (see the module docstring).
 
     State (checkpointed, identical on every rank): per prompt (dataset index) its discounted
-    correct and incorrect rollout counts and the step it was last rolled out; per difficulty
-    level the pooled discounted counts; each candidate's level; the step count and the RNG."""
+    correct and incorrect rollout counts and the times it was skipped since its last rollout;
+    per difficulty level the pooled discounted counts; each candidate's level; the step count
+    and the RNG."""
 
     def __init__(
         self,
@@ -186,7 +189,7 @@ class SelectCurriculum(GlobalBatchCurriculum):
         oversample: int = 2,
         discount: float = 0.7,
         prior_strength: float = 2.0,
-        explore_half_life: float = 50.0,
+        retry_half_life: float = 2.0,
         uniform_mix: float = 0.2,
         allocator: str = "knapsack",
         equal_prompt_weight: bool = True,
@@ -200,7 +203,7 @@ class SelectCurriculum(GlobalBatchCurriculum):
             "select_oversample": (oversample >= 1, "must be >= 1"),
             "select_discount": (0.0 < discount <= 1.0, "must be in (0, 1]"),
             "select_prior_strength": (prior_strength > 0, "must be > 0"),
-            "select_explore_half_life": (explore_half_life > 0, "must be > 0 steps"),
+            "select_retry_half_life": (retry_half_life > 0, "must be > 0 skips"),
             "select_uniform_mix": (0.0 <= uniform_mix <= 1.0, "must be in [0, 1]"),
             "select_allocator": (allocator in ALLOCATORS, f"must be one of {list(ALLOCATORS)}"),
         }
@@ -209,7 +212,7 @@ class SelectCurriculum(GlobalBatchCurriculum):
                 value = {
                     "select_oversample": oversample, "select_discount": discount,
                     "select_prior_strength": prior_strength,
-                    "select_explore_half_life": explore_half_life,
+                    "select_retry_half_life": retry_half_life,
                     "select_uniform_mix": uniform_mix, "select_allocator": allocator,
                 }[name]  # fmt: skip
                 raise ValueError(f"{name} {why}, got {value!r}")
@@ -220,13 +223,14 @@ class SelectCurriculum(GlobalBatchCurriculum):
             )
         self.mean, self.n_min, self.n_max = num_generations, n_min, n_max
         self.oversample, self.discount = oversample, discount
-        self.prior_strength, self.explore_half_life = prior_strength, explore_half_life
+        self.prior_strength, self.retry_half_life = prior_strength, retry_half_life
         self.uniform_mix, self.allocator = uniform_mix, allocator
         self.equal_prompt_weight, self.correct_threshold = equal_prompt_weight, correct_threshold
         self.difficulty_column = difficulty_column
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.step = 0
-        self.evidence: dict[int, list[float]] = {}  # index -> [successes, failures, last step]
+        self.evidence: dict[int, list[float]] = {}  # index -> [successes, failures]
+        self.skips: dict[int, int] = {}  # index -> times skipped since its last rollout
         self.pools: dict[str, list[float]] = {}  # level -> [successes, failures]
         self.level_of: dict[int, str] = {}  # index -> level ("" without a difficulty column)
         # This step's decisions, for its log (not state: a checkpoint falls between steps).
@@ -248,7 +252,7 @@ class SelectCurriculum(GlobalBatchCurriculum):
             oversample=o["select_oversample"],
             discount=o["select_discount"],
             prior_strength=o["select_prior_strength"],
-            explore_half_life=o["select_explore_half_life"],
+            retry_half_life=o["select_retry_half_life"],
             uniform_mix=o["select_uniform_mix"],
             allocator=o["select_allocator"],
             equal_prompt_weight=o["select_equal_prompt_weight"],
@@ -265,13 +269,8 @@ class SelectCurriculum(GlobalBatchCurriculum):
     def beta_of(self, index: int) -> tuple[float, float]:
         """The Beta posterior of a prompt's pass rate (its level's prior plus its evidence)."""
         pool = self.pools.get(self.level_of.get(index, ""), [0.0, 0.0])
-        s, f, _ = self.evidence.get(index, [0.0, 0.0, 0.0])
+        s, f = self.evidence.get(index, [0.0, 0.0])
         return posterior(pooled_mean(*pool), self.prior_strength, s, f)
-
-    def age(self, index: int) -> float:
-        """Steps since the prompt was last rolled out (since the start if never)."""
-        seen = self.evidence.get(index)
-        return float(self.step if seen is None else self.step - seen[2])
 
     # -- before rollout: which prompts -----------------------------------------------------------
     def candidates(self, count: int) -> int:
@@ -285,10 +284,12 @@ class SelectCurriculum(GlobalBatchCurriculum):
             self._chosen = {"candidates": float(len(indices)), "mean_score": math.nan}
             return list(range(len(indices)))
         informative = [informative_probability(*self.beta_of(i), self.mean) for i in indices]
-        retry = [retry_probability(self.age(i), self.explore_half_life) for i in indices]
+        retry = [retry_probability(self.skips.get(i, 0), self.retry_half_life) for i in indices]
         weights = selection_weights(informative, retry, self.uniform_mix)
         picked = weighted_choice(weights, count, self.rng.random(len(indices)))
         skipped = [k for k in range(len(indices)) if k not in set(picked)]
+        for k in skipped:
+            self.skips[indices[k]] = self.skips.get(indices[k], 0) + 1
         self._chosen = {
             "candidates": float(len(indices)),
             "predicted_informative_chosen": float(np.mean([informative[k] for k in picked])),
@@ -337,13 +338,13 @@ class SelectCurriculum(GlobalBatchCurriculum):
         self.step += 1
         level_counts: dict[str, list[float]] = {}
         for i, index in enumerate(indices):
-            s, f, _ = self.evidence.get(index, [0.0, 0.0, 0.0])
+            s, f = self.evidence.get(index, [0.0, 0.0])
             successes, failures = float(c[i]), float(n[i] - c[i])
             self.evidence[index] = [
                 discounted(s, successes, self.discount),
                 discounted(f, failures, self.discount),
-                float(self.step),
             ]
+            self.skips.pop(index, None)
             pool = level_counts.setdefault(self.level_of.get(index, ""), [0.0, 0.0])
             pool[0] += successes
             pool[1] += failures
@@ -376,6 +377,7 @@ class SelectCurriculum(GlobalBatchCurriculum):
         return {
             "step": self.step,
             "evidence": {int(k): list(v) for k, v in self.evidence.items()},
+            "skips": {int(k): int(v) for k, v in self.skips.items()},
             "pools": {k: list(v) for k, v in self.pools.items()},
             "level_of": {int(k): v for k, v in self.level_of.items()},
             "rng": _rng_state(self.rng),
@@ -384,6 +386,7 @@ class SelectCurriculum(GlobalBatchCurriculum):
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
         self.evidence = {int(k): [float(x) for x in v] for k, v in state["evidence"].items()}
+        self.skips = {int(k): int(v) for k, v in state["skips"].items()}
         self.pools = {str(k): [float(x) for x in v] for k, v in state["pools"].items()}
         self.level_of = {int(k): str(v) for k, v in state["level_of"].items()}
         self.rng.bit_generator.state = _rng_from_plain(state["rng"])
