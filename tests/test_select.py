@@ -259,7 +259,7 @@ def test_registered_and_bounds_checked():
     assert (cur.mean, cur.n_min, cur.n_max, cur.allocator) == (8, 2, 12, "knapsack")
 
 
-# --- the ground-truth-difficulty simulation --------------------------------------------------------
+# --- the ground-truth-difficulty simulation -------------------------------------------------
 
 
 def _simulation():
