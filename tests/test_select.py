@@ -334,3 +334,21 @@ def test_training_run_with_select_trains_and_resumes_exactly(tmp_path):
     assert strip == [
         {k: v for k, v in r.items() if not k.startswith(timing)} for r in rest.log_history
     ]
+
+
+def test_report_plots_what_select_skipped_and_how_it_sized_groups(tmp_path):
+    from groupwise.report import RunData, plot_groups, render_group
+
+    keys = ("skipped", "informative_predicted", "informative", "group_size_max",
+            "group_size_mean", "group_size_min")  # fmt: skip
+    rows = [
+        {"step": s, "reward": 0.5, **{f"curriculum/select/{k}": float(s + j) for j, k in
+                                      enumerate(keys)}}  # fmt: skip
+        for s in range(1, 6)
+    ]
+    groups = {g.id: g for g in plot_groups(RunData(tmp_path, rows, []))}
+    select = groups["curriculum_select"]
+    assert [len(p.lines) for p in select.panels] == [3, 3]
+    assert render_group(RunData(tmp_path, rows, []), select).startswith(b"\x89PNG")
+    plain = [{"step": s, "reward": 0.5} for s in range(1, 6)]
+    assert "curriculum_select" not in {g.id for g in plot_groups(RunData(tmp_path, plain, []))}
