@@ -10,9 +10,14 @@ The "policy" then learns: a prompt whose group was informative gains ``LEARN_SEL
 every prompt of its level ``LEARN_LEVEL`` / prompts-per-step (generalisation), so p moves as in
 the audit's toy (which learns a softmax policy with Adam; this is its cheap stand-in).
 
-Printed per arm: informative groups (not all rollouts alike) per rollout, averaged over the
-seeds, with its ratio to uniform GRPO, and the largest rollouts of any step (the budget is
-prompts x num_generations). Run: ``python benchmarks/curriculum_sim.py [steps] [seeds]``
+Printed per arm: informative groups (not all rollouts alike) per rollout (the audit's M1),
+averaged over the seeds, with its ratio to uniform GRPO (mean and standard error over seeds),
+the largest rollouts of any step (the budget is prompts x num_generations) and the final mean
+pass rate of the pool. ``select_oracle`` is ``select`` told the true p (its ceiling at this
+over-sampling); ``select_fixed_g`` selects prompts but keeps every group at G. Prompt-GDRO only
+reweights the loss, which this simulation's learning rule does not read, so it equals uniform
+by construction here. The final mean p is not an independent outcome: this learning rule
+rewards informative groups directly. Run: ``python benchmarks/curriculum_sim.py [steps] [seeds]``
 (about 10 s for the defaults on one CPU core).
 """
 
@@ -49,11 +54,25 @@ LEARN_SELF, LEARN_LEVEL = 0.1, 0.02
 PROMPTS, NUM_GENERATIONS, POOL = 8, 4, 256
 
 
-def make_arm(name: str, seed: int):
+class OracleSelect(SelectCurriculum):
+    """``select`` told the true pass rates (a near point-mass posterior): its ceiling here."""
+
+    def __init__(self, theta: np.ndarray, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.theta = theta  # the world's logits, updated in place as the policy learns
+
+    def beta_of(self, index: int) -> tuple[float, float]:
+        p = 1.0 / (1.0 + math.exp(-self.theta[index]))
+        return 1e6 * p + 1e-9, 1e6 * (1.0 - p) + 1e-9
+
+
+def make_arm(name: str, seed: int, theta: np.ndarray):
     """The curriculum of an arm, as ``groupwise`` builds it (group sizes 2..12 where variable)."""
     g = NUM_GENERATIONS
     if name == "uniform":
         return NoCurriculum(g)
+    if name == "select_oracle":
+        return OracleSelect(theta, num_generations=g, seed=seed)
     if name.startswith("select"):
         allocator = {"select": "knapsack", "select_sqrt": "sqrt", "select_fixed_g": "uniform"}
         return SelectCurriculum(num_generations=g, allocator=allocator[name], seed=seed)
@@ -67,8 +86,8 @@ def make_arm(name: str, seed: int):
 
 
 ARMS = (
-    "uniform", "select", "select_sqrt", "select_fixed_g", "prompt_gdro", "rollout_gdro_sqrt",
-    "rollout_gdro",
+    "uniform", "select", "select_sqrt", "select_fixed_g", "select_oracle", "prompt_gdro",
+    "rollout_gdro_sqrt", "rollout_gdro",
 )  # fmt: skip
 
 
@@ -77,6 +96,7 @@ class ArmResult:
     informative: int
     rollouts: int
     max_step_rollouts: int
+    min_step_rollouts: int
     rollouts_per_step: int
     final_mean_p: float
 
@@ -99,9 +119,10 @@ def run_arm(name: str, seed: int, steps: int = 200, regime: str = "medium") -> A
     theta = np.array([levels[lv][1] for lv in level]) + 0.7 * world.normal(size=POOL)
     rows = [{"prompt": str(i), "difficulty": int(level[i])} for i in range(POOL)]
     rng = np.random.default_rng(seed)  # the rollouts' Bernoulli draws
-    curriculum = make_arm(name, seed)
+    curriculum = make_arm(name, seed, theta)
     sampler = PromptSampler(POOL, seed)
     informative = rollouts = max_step = 0
+    min_step = 10**9
     for _ in range(steps):
         drawn = curriculum.candidates(PROMPTS)
         indices, skipped = sampler.take(drawn), []
@@ -126,12 +147,13 @@ def run_arm(name: str, seed: int, steps: int = 200, regime: str = "medium") -> A
                 gained[level[index]] += 1
         step_rollouts = len(prompt)
         rollouts += step_rollouts
-        max_step = max(max_step, step_rollouts)
+        max_step, min_step = max(max_step, step_rollouts), min(min_step, step_rollouts)
         theta += LEARN_LEVEL * gained[level] / PROMPTS
         if hasattr(curriculum, "observe_global"):
             curriculum.observe_global(plan, GlobalRows(prompt, correct, loss, correct))
     p = 1.0 / (1.0 + np.exp(-theta))
-    return ArmResult(informative, rollouts, max_step, PROMPTS * NUM_GENERATIONS, float(p.mean()))
+    budget = PROMPTS * NUM_GENERATIONS
+    return ArmResult(informative, rollouts, max_step, min_step, budget, float(p.mean()))
 
 
 def main(steps: int = 200, seeds: int = 5) -> None:

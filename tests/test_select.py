@@ -282,7 +282,8 @@ def test_simulation_select_beats_uniform_on_informative_groups_per_rollout():
         uniform = sim.run_arm("uniform", seed, steps=80, regime="hard")
         select = sim.run_arm("select", seed, steps=80, regime="hard")
         for result in (uniform, select):
-            assert result.max_step_rollouts == result.rollouts_per_step  # the budget, every step
+            # the budget, exactly, every step
+            assert result.max_step_rollouts == result.min_step_rollouts == result.rollouts_per_step
         ratios.append(select.informative_per_rollout / uniform.informative_per_rollout)
     assert min(ratios) > 1.2, ratios
 
