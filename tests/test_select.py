@@ -353,3 +353,29 @@ def test_report_plots_what_select_skipped_and_how_it_sized_groups(tmp_path):
     assert render_group(RunData(tmp_path, rows, []), select).startswith(b"\x89PNG")
     plain = [{"step": s, "reward": 0.5} for s in range(1, 6)]
     assert "curriculum_select" not in {g.id for g in plot_groups(RunData(tmp_path, plain, []))}
+
+
+def test_two_ranks_choose_plan_and_learn_identically(tokenizer):
+    """Each rank draws the same candidates, chooses and plans the same global batch from the
+    same state, keeps its own share, and observes the same global rows."""
+    from groupwise.distributed import DistributedContext
+    from groupwise.sampler import PromptBatches
+
+    rows = [{"prompt": f"question {i}", "difficulty": i % 3} for i in range(40)]
+    ranks = [DistributedContext(rank=r, world_size=2) for r in (0, 1)]
+    curricula = [SelectCurriculum(num_generations=4, seed=5) for _ in ranks]
+    samplers = [PromptBatches(rows, tokenizer, 3, 32, 0, d) for d in ranks]
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        batches = [s.next(c) for s, c in zip(samplers, curricula, strict=True)]
+        plans = [c.plan(b) for c, b in zip(curricula, batches, strict=True)]
+        assert batches[0].indices == batches[1].indices and len(batches[0].indices) == 6
+        assert batches[0].skipped == batches[1].skipped
+        assert batches[0].mine != batches[1].mine
+        assert plans[0].counts == plans[1].counts and sum(plans[0].counts) == 24
+        prompt = np.repeat(np.arange(6), plans[0].counts).tolist()
+        correct = (rng.random(len(prompt)) < 0.3).astype(float).tolist()
+        global_rows = GlobalRows(prompt, correct, [0.0] * len(prompt), [0.0] * len(prompt))
+        logs = [c.observe_global(p, global_rows) for c, p in zip(curricula, plans, strict=True)]
+        assert logs[0] == logs[1]
+    assert curricula[0].state_dict() == curricula[1].state_dict()
