@@ -128,7 +128,8 @@ def run_arm(name: str, seed: int, steps: int = 200, regime: str = "medium") -> A
         indices, skipped = sampler.take(drawn), []
         if drawn > PROMPTS:  # as PromptBatches.next does
             picked = curriculum.choose(indices, [rows[i] for i in indices], PROMPTS)
-            skipped = [i for k, i in enumerate(indices) if k not in set(picked)]
+            chosen = set(picked)
+            skipped = [i for k, i in enumerate(indices) if k not in chosen]
             indices = [indices[k] for k in picked]
         batch = PromptBatch(indices, slice(0, PROMPTS), [rows[i] for i in indices],
                             [[0]] * PROMPTS, skipped)  # fmt: skip

@@ -199,22 +199,16 @@ class SelectCurriculum(GlobalBatchCurriculum):
         dist: DistributedContext | None = None,
     ) -> None:
         super().__init__(dist)
-        checks = {
-            "select_oversample": (oversample >= 1, "must be >= 1"),
-            "select_discount": (0.0 < discount <= 1.0, "must be in (0, 1]"),
-            "select_prior_strength": (prior_strength > 0, "must be > 0"),
-            "select_retry_half_life": (retry_half_life > 0, "must be > 0 skips"),
-            "select_uniform_mix": (0.0 <= uniform_mix <= 1.0, "must be in [0, 1]"),
-            "select_allocator": (allocator in ALLOCATORS, f"must be one of {list(ALLOCATORS)}"),
-        }
-        for name, (ok, why) in checks.items():
+        checks = (
+            ("select_oversample", oversample, oversample >= 1, "must be >= 1"),
+            ("select_discount", discount, 0.0 < discount <= 1.0, "must be in (0, 1]"),
+            ("select_prior_strength", prior_strength, prior_strength > 0, "must be > 0"),
+            ("select_retry_half_life", retry_half_life, retry_half_life > 0, "must be > 0 skips"),
+            ("select_uniform_mix", uniform_mix, 0.0 <= uniform_mix <= 1.0, "must be in [0, 1]"),
+            ("select_allocator", allocator, allocator in ALLOCATORS, f"must be in {ALLOCATORS}"),
+        )
+        for name, value, ok, why in checks:
             if not ok:
-                value = {
-                    "select_oversample": oversample, "select_discount": discount,
-                    "select_prior_strength": prior_strength,
-                    "select_retry_half_life": retry_half_life,
-                    "select_uniform_mix": uniform_mix, "select_allocator": allocator,
-                }[name]  # fmt: skip
                 raise ValueError(f"{name} {why}, got {value!r}")
         if not 1 <= n_min <= num_generations <= n_max:
             raise ValueError(
@@ -281,17 +275,17 @@ class SelectCurriculum(GlobalBatchCurriculum):
         for index, row in zip(indices, rows, strict=True):
             self.level_of[index] = self.level(row)
         if len(indices) <= count:
-            self._chosen = {"candidates": float(len(indices)), "mean_score": math.nan}
+            self._chosen = {}
             return list(range(len(indices)))
         informative = [informative_probability(*self.beta_of(i), self.mean) for i in indices]
         retry = [retry_probability(self.skips.get(i, 0), self.retry_half_life) for i in indices]
         weights = selection_weights(informative, retry, self.uniform_mix)
         picked = weighted_choice(weights, count, self.rng.random(len(indices)))
-        skipped = [k for k in range(len(indices)) if k not in set(picked)]
+        chosen = set(picked)
+        skipped = [k for k in range(len(indices)) if k not in chosen]
         for k in skipped:
             self.skips[indices[k]] = self.skips.get(indices[k], 0) + 1
         self._chosen = {
-            "candidates": float(len(indices)),
             "predicted_informative_chosen": float(np.mean([informative[k] for k in picked])),
             "predicted_informative_skipped": float(np.mean([informative[k] for k in skipped])),
         }
