@@ -82,7 +82,7 @@ class GRPOConfig:
     critic_learning_rate: float | None = None  # None: learning_rate
 
     # --- curriculum (Multi-Adversary GDRO, arXiv 2601.19280; paper defaults) -----------------
-    curriculum: str = "none"  # none | prompt_gdro | rollout_gdro
+    curriculum: str = "none"  # none | prompt_gdro | rollout_gdro | select
     gdro_num_bins: int = 10  # online pass@k bins (equal width) unless gdro_bin_edges is set
     gdro_bin_edges: list[float] | None = None  # sorted edges inside (0, 1)
     gdro_window: int = 50  # H: last H outcomes per prompt (0: all history)
@@ -102,6 +102,15 @@ class GRPOConfig:
     rollout_allocator: str = "bandit"  # bandit (eqs. 19-21) | sqrt (closed-form square-root law)
     rollout_dual_lr: float = 0.05  # alpha_mu of the shadow price
     rollout_score_decay: float = 0.4  # arm score EMA decay
+    # Predictive selection with adaptive group size (curriculum: select; README). Group sizes
+    # are rollout_min..rollout_max around num_generations; correct: gdro_correct_threshold.
+    select_oversample: int = 2  # candidates drawn per prompt slot; the rest are skipped
+    select_discount: float = 0.7  # old evidence kept per new observation (recency weighting)
+    select_prior_strength: float = 2.0  # pseudo-rollouts of the difficulty-level prior
+    select_retry_half_life: float = 2.0  # skips in a row at which a prompt's retry chance = 1/2
+    select_uniform_mix: float = 0.2  # uniform floor mixed into the choice of prompts
+    select_allocator: str = "knapsack"  # knapsack | sqrt | uniform: group sizes
+    select_equal_prompt_weight: bool = True  # weight num_generations / n_i per prompt
 
     # --- generation -----------------------------------------------------------------------
     max_prompt_length: int | None = 512  # prompt tokens kept (None: no limit)
@@ -191,6 +200,33 @@ class GRPOConfig:
     def prompts_per_step(self) -> int:
         return self.completions_per_step // self.num_generations
 
+    def _validate_select(self) -> None:
+        """The ``select_*`` options (curriculum: select), each error naming its option."""
+        if self.select_oversample < 1:
+            raise ConfigError(f"select_oversample must be >= 1, got {self.select_oversample}")
+        if not 0.0 < self.select_discount <= 1.0:
+            raise ConfigError(f"select_discount must be in (0, 1], got {self.select_discount}")
+        if self.select_prior_strength <= 0:
+            raise ConfigError(
+                f"select_prior_strength must be > 0, got {self.select_prior_strength}"
+            )
+        if self.select_retry_half_life <= 0:
+            raise ConfigError(
+                f"select_retry_half_life must be > 0 skips, got {self.select_retry_half_life}"
+            )
+        if not 0.0 <= self.select_uniform_mix <= 1.0:
+            raise ConfigError(
+                f"select_uniform_mix must be in [0, 1], got {self.select_uniform_mix}"
+            )
+        if self.curriculum == "select" and not (
+            1 <= self.rollout_min <= self.num_generations <= self.rollout_max
+        ):
+            raise ConfigError(
+                "curriculum=select needs 1 <= rollout_min <= num_generations (the mean group "
+                f"size) <= rollout_max, got {self.rollout_min}, {self.num_generations}, "
+                f"{self.rollout_max}"
+            )
+
     def validate(self) -> None:
         # Choices that name a registered component are read from its registry, so a variant
         # registered before the config is made is valid here too.
@@ -212,6 +248,7 @@ class GRPOConfig:
             "on_invalid_rows": ("error", "skip"),
             "curriculum": tuple(CURRICULA),
             "rollout_allocator": ("bandit", "sqrt"),
+            "select_allocator": ("knapsack", "sqrt", "uniform"),
             "gdro_signal": ("pg_loss", "failure_rate"),
             "long_prompts": ("truncate", "skip", "error"),
             "algorithm": ("grpo", "ppo"),
@@ -302,6 +339,7 @@ class GRPOConfig:
                 "rollout_gdro needs 1 <= rollout_min <= num_generations (the mean budget) <= "
                 f"rollout_max, got {self.rollout_min}, {self.num_generations}, {self.rollout_max}"
             )
+        self._validate_select()
         for name in ("rollout_correction_clip_min", "rollout_correction_clip_max"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 or null, got {getattr(self, name)}")

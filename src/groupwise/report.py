@@ -413,6 +413,30 @@ def plot_groups(run: RunData) -> list[PlotGroup]:
             ],
             smooth_note,
         ),
+        PlotGroup(
+            "curriculum_select",
+            "Curriculum select: prompts skipped before rollout, and group sizes",
+            [
+                Panel(
+                    "prompts",
+                    [
+                        Line("curriculum/select/skipped", "skipped (drawn, not rolled out)"),
+                        Line("curriculum/select/informative_predicted", "informative, predicted"),
+                        Line("curriculum/select/informative", "informative, realised"),
+                    ],
+                ),
+                Panel(
+                    "rollouts per prompt",
+                    [
+                        Line("curriculum/select/group_size_max", "max group size"),
+                        Line("curriculum/select/group_size_mean", "mean group size"),
+                        Line("curriculum/select/group_size_min", "min group size"),
+                    ],
+                    "raw",
+                ),
+            ],
+            "Informative: groups whose rollouts are not all correct or all wrong. " + smooth_note,
+        ),
     ]
     kept = []
     for group in groups:

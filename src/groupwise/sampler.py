@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .curriculum.base import PromptBatch
+from .curriculum.base import Curriculum, PromptBatch
 from .data import tokenize_prompts
 from .distributed import DistributedContext
 
@@ -68,15 +68,27 @@ class PromptBatches:
         self.prompts_per_rank, self.max_prompt_length = prompts_per_rank, max_prompt_length
         self.sampler = PromptSampler(len(dataset), seed)
 
-    def next(self) -> PromptBatch:
+    def next(self, curriculum: Curriculum | None = None) -> PromptBatch:
+        """The step's batch; a ``curriculum`` that asks for more candidates than the batch holds
+        (:meth:`~groupwise.curriculum.base.Curriculum.candidates`) chooses among them."""
         share = self.prompts_per_rank
-        indices = self.sampler.take(share * self.dist.world_size)
+        count = share * self.dist.world_size
+        drawn = curriculum.candidates(count) if curriculum is not None else count
+        indices, skipped = self.sampler.take(drawn), []
+        if drawn > count:
+            assert curriculum is not None
+            picked = curriculum.choose(indices, [self.dataset[i] for i in indices], count)
+            if len(picked) != count or len(set(picked)) != count:
+                raise ValueError(f"the curriculum chose {picked}, not {count} distinct prompts")
+            chosen = set(picked)
+            skipped = [i for k, i in enumerate(indices) if k not in chosen]
+            indices = [indices[k] for k in sorted(picked)]
         mine = slice(self.dist.rank * share, (self.dist.rank + 1) * share)
         rows = [self.dataset[i] for i in indices[mine]]
         prompt_ids = tokenize_prompts(
             [r["prompt"] for r in rows], self.tokenizer, self.max_prompt_length
         )
-        return PromptBatch(indices, mine, rows, prompt_ids)
+        return PromptBatch(indices, mine, rows, prompt_ids, skipped)
 
     def state_dict(self) -> dict[str, Any]:
         return self.sampler.state_dict()

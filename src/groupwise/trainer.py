@@ -44,7 +44,7 @@ class GRPOTrainer(Trainer):
     def train_step(self) -> dict[str, float]:
         """Generate, score and update once; returns this step's metrics."""
         timer = PhaseTimer()
-        batch = self.prompts.next()  # q ~ D: the global batch, this rank's share tokenised
+        batch = self.prompts.next(self.curriculum)  # q ~ D (the curriculum may choose among more)
         plan = self.curriculum.plan(batch)  # n_q rollouts, weight w_q (GDRO eqs. 16, 19-21)
         rollout = self.engine.generate(batch.prompt_ids, plan.local_counts)  # o_i ~ pi_old(.|q)
         timer.mark("generation")

@@ -1,4 +1,5 @@
-"""Curricula: the protocol (:mod:`.base`) and the GDRO curricula (:mod:`.gdro`).
+"""Curricula: the protocol (:mod:`.base`), the GDRO curricula (:mod:`.gdro`) and predictive
+selection with adaptive group size (:mod:`.select`).
 
 ``CURRICULA`` maps the ``curriculum`` option to a class with ``from_options(options, dist)``;
 adding a curriculum is one module here and one line below.
@@ -27,11 +28,20 @@ from .gdro import (
     sqrt_allocation,
     weighted_standard_error,
 )
+from .select import (
+    SelectCurriculum,
+    informative_probability,
+    knapsack_allocation,
+    retry_probability,
+    selection_weights,
+    weighted_choice,
+)
 
 CURRICULA: dict[str, type] = {
     "none": NoCurriculum,
     "prompt_gdro": PromptGDROCurriculum,
     "rollout_gdro": RolloutGDROCurriculum,
+    "select": SelectCurriculum,
 }
 
 __all__ = [
@@ -49,10 +59,16 @@ __all__ = [
     "PromptGDROCurriculum",
     "RolloutGDRO",
     "RolloutGDROCurriculum",
+    "SelectCurriculum",
     "bin_of",
     "default_edges",
     "exact_budget_arms",
+    "informative_probability",
+    "knapsack_allocation",
     "lead_lag",
+    "retry_probability",
+    "selection_weights",
     "sqrt_allocation",
+    "weighted_choice",
     "weighted_standard_error",
 ]

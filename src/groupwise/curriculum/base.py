@@ -11,7 +11,7 @@ one process's on that batch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,12 +24,14 @@ from ..rollout import Rollout
 class PromptBatch:
     """One step's prompts: ``indices`` (dataset rows) of the global batch, in the same order on
     every rank; ``mine`` is this rank's consecutive share, whose ``rows`` and tokenised
-    ``prompt_ids`` this rank rolls out."""
+    ``prompt_ids`` this rank rolls out; ``skipped``: dataset rows drawn as candidates that the
+    curriculum chose not to roll out (:meth:`Curriculum.choose`)."""
 
     indices: list[int]
     mine: slice
     rows: list[dict[str, Any]]
     prompt_ids: list[list[int]]
+    skipped: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -91,6 +93,17 @@ class Curriculum:
 
     def observe(self, plan: Plan, outcome: Outcome) -> dict[str, float]:
         raise NotImplementedError
+
+    def candidates(self, count: int) -> int:
+        """How many prompts the sampler draws for a global batch of ``count``: more than
+        ``count`` when the curriculum picks the batch among them (:meth:`choose`)."""
+        return count
+
+    def choose(self, indices: list[int], rows: list[dict[str, Any]], count: int) -> list[int]:
+        """Positions in ``indices`` (the drawn dataset rows, with their ``rows``; the same on
+        every rank) of the ``count`` prompts to roll out, before :meth:`plan`. The others are
+        skipped for this epoch. Called only when :meth:`candidates` asked for more."""
+        return list(range(count))
 
     def state_dict(self) -> dict | None:
         return None

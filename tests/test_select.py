@@ -1,0 +1,381 @@
+"""curriculum: select (predictive prompt selection with adaptive group size): the math by hand,
+the curriculum's choose/plan/observe by hand, its checkpoint, the sampler hook, the config, the
+ground-truth-difficulty simulation's mechanism, and a short training run that resumes exactly."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from groupwise import checkpoint as ckpt
+from groupwise.config import ConfigError, GRPOConfig
+from groupwise.curriculum import CURRICULA, GlobalRows, PromptBatch, SelectCurriculum
+from groupwise.curriculum.select import (
+    beta_moment,
+    budget,
+    expected_variance,
+    informative_probability,
+    knapsack_allocation,
+    pooled_mean,
+    posterior,
+    retry_probability,
+    selection_weights,
+    weighted_choice,
+)
+
+# --- the math, by hand ---------------------------------------------------------------------------
+
+
+def test_beta_moments_and_informative_probability_by_hand():
+    assert beta_moment(1, 1, 4) == pytest.approx(1 / 5)  # integral of p^4
+    assert beta_moment(2, 3, 2) == pytest.approx(2 * 3 / (5 * 6))  # 0.2
+    # Beta(1, 1), n = 2: 1 - 1/3 - 1/3 = 1/3 (= integral of 2p(1-p)); n = 4: 1 - 2/5.
+    assert informative_probability(1, 1, 2) == pytest.approx(1 / 3)
+    assert informative_probability(1, 1, 4) == pytest.approx(3 / 5)
+    # Beta(2, 3), n = 2: E[p^2] = 0.2, E[(1-p)^2] = 3*4/(5*6) = 0.4 -> 0.4 = 2 E[p(1-p)].
+    assert informative_probability(2, 3, 2) == pytest.approx(0.4)
+    assert expected_variance(2, 3) == pytest.approx(6 / 30)
+    assert informative_probability(3, 2, 1) == 0.0
+    # Beta(1, 41), n = 4: E[(1-p)^4] = 41/42*42/43*43/44*44/45 = 41/45; E[p^4] = 24/(42*43*44*45).
+    expected = 1 - 41 / 45 - 24 / (42 * 43 * 44 * 45)
+    assert informative_probability(1, 41, 4) == pytest.approx(expected, rel=1e-12)
+    # A point mass near p: converges to 1 - p^n - (1-p)^n.
+    assert informative_probability(3e5, 7e5, 4) == pytest.approx(1 - 0.3**4 - 0.7**4, abs=1e-4)
+
+
+def test_prior_posterior_and_retry_by_hand():
+    assert pooled_mean(0, 0) == 0.5
+    assert pooled_mean(3, 1) == pytest.approx(4 / 6)
+    assert posterior(0.25, 2.0, 1.0, 3.0) == (1.5, 4.5)
+    assert retry_probability(0, 2) == 0.0
+    assert retry_probability(2, 2) == pytest.approx(0.5)
+    assert retry_probability(4, 2) == pytest.approx(0.75)
+    assert retry_probability(1, 2) == pytest.approx(1 - 2**-0.5)
+
+
+def test_selection_weights_by_hand():
+    # scores: 0.6, 0 + 1 * 0.5, 0.2 -> sum 1.3; (1 - 0.25) * s / 1.3 + 0.25 / 3
+    w = selection_weights([0.6, 0.0, 0.2], [0.0, 0.5, 0.0], 0.25)
+    np.testing.assert_allclose(
+        w, [0.75 * 0.6 / 1.3 + 1 / 12, 0.75 * 0.5 / 1.3 + 1 / 12, 0.75 * 0.2 / 1.3 + 1 / 12]
+    )
+    assert w.sum() == pytest.approx(1.0)
+    np.testing.assert_allclose(selection_weights([0.0, 0.0], [0.0, 0.0], 0.0), [0.5, 0.5])
+
+
+def test_weighted_choice_by_hand_and_in_distribution():
+    # keys log(u)/w: log(.5)/1 = -0.693, log(.2)/2 = -0.805, log(.9)/0.5 = -0.211 -> 2 and 0
+    assert weighted_choice([1.0, 2.0, 0.5], 2, [0.5, 0.2, 0.9]) == [0, 2]
+    assert weighted_choice([0.0, 1.0], 1, [0.99, 0.01]) == [1]  # weight 0 comes last
+    rng = np.random.default_rng(0)
+    first = [weighted_choice([1.0, 3.0], 1, rng.random(2))[0] for _ in range(20000)]
+    assert np.mean(first) == pytest.approx(0.75, abs=0.015)  # P(draw i first) = w_i / sum w
+
+
+def test_knapsack_by_hand_and_against_brute_force():
+    # Beta(1,1): P_inf(2) = 1/3, P_inf(3) = 1/2 (gain 1/6); Beta(1,3): P_inf(2) = 1 - .1 - .6 = .3,
+    # P_inf(3) = 1 - .05 - .5 = .45 (gain .15 < 1/6): the fifth rollout goes to prompt 0.
+    assert knapsack_allocation([1, 1], [1, 3], 5, 2, 3) == [3, 2]
+    assert knapsack_allocation([1, 1], [1, 1], 8, 2, 12) == [4, 4]  # symmetric -> uniform
+    assert budget(3, 4, 2, 12) == 12 and budget(3, 4, 5, 12) == 15 and budget(3, 4, 1, 3) == 9
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        a, b = rng.uniform(0.2, 6, 4), rng.uniform(0.2, 6, 4)
+        total, n_min, n_max = 16, 2, 7
+        got = knapsack_allocation(a.tolist(), b.tolist(), total, n_min, n_max)
+        assert sum(got) == total and all(n_min <= n <= n_max for n in got)
+
+        def value(ns, a=a, b=b):
+            return sum(informative_probability(x, y, n) for x, y, n in zip(a, b, ns, strict=True))
+
+        best = max(
+            value(ns)
+            for ns in itertools.product(range(n_min, n_max + 1), repeat=4)
+            if sum(ns) == total
+        )
+        assert value(got) == pytest.approx(best, abs=1e-12)
+
+
+# --- the curriculum, by hand ---------------------------------------------------------------------
+
+
+def _batch(indices, rows=None, skipped=()):
+    rows = rows if rows is not None else [{} for _ in indices]
+    return PromptBatch(list(indices), slice(0, len(indices)), rows, [[1]] * len(indices),
+                       list(skipped))  # fmt: skip
+
+
+def test_observe_updates_evidence_pools_and_logs_by_hand():
+    cur = SelectCurriculum(num_generations=2, n_min=2, n_max=3, discount=0.5, allocator="uniform")
+    plan = cur.plan(_batch([10, 11], skipped=[12, 13, 14]))
+    plan.counts = [2, 3]  # groups of 2 and 3 rollouts
+    # prompt 0: both correct; prompt 1: 1 of 3 (NaN counts as incorrect), threshold 0.5
+    rows = GlobalRows([0, 0, 1, 1, 1], [1.0, 0.9, 0.0, math.nan, 1.0], [0.0] * 5, [0.0] * 5)
+    logs = cur.observe_global(plan, rows)
+    assert cur.evidence == {10: [2.0, 0.0], 11: [1.0, 2.0]}
+    assert cur.pools == {"": [3.0, 2.0]} and cur.step == 1
+    assert logs["curriculum/select/skipped"] == 3
+    assert logs["curriculum/select/informative"] == 1  # only prompt 1 is mixed
+    assert logs["curriculum/select/informative_per_rollout"] == pytest.approx(1 / 5)
+    # Predicted at plan time: Beta(1, 1) (pool 0.5, strength 2) with 2 rollouts each: 2 * 1/3.
+    assert logs["curriculum/select/informative_predicted"] == pytest.approx(2 / 3)
+    assert (logs["curriculum/select/group_size_min"], logs["curriculum/select/group_size_max"]) == (
+        2,
+        3,
+    )
+    plan = cur.plan(_batch([10]))
+    logs = cur.observe_global(plan, GlobalRows([0, 0], [1.0, 0.0], [0.0] * 2, [0.0] * 2))
+    assert cur.evidence[10] == [0.5 * 2 + 1, 0.5 * 0 + 1]  # discounted, then added
+    assert cur.pools[""] == [0.5 * 3 + 1, 0.5 * 2 + 1]
+    # The posterior of prompt 10 now: pool mean (2.5 + 1) / (4.5 + 2) with strength 2, + (2, 1).
+    m = 3.5 / 6.5
+    assert cur.beta_of(10) == pytest.approx((2 * m + 2, 2 * (1 - m) + 1))
+
+
+def test_difficulty_levels_have_their_own_prior():
+    cur = SelectCurriculum(num_generations=2, n_min=2, n_max=2, discount=1.0)
+    rows = [{"difficulty": 1}, {"difficulty": 3}]
+    cur.choose([0, 1], rows, 2)
+    plan = cur.plan(_batch([0, 1], rows))
+    cur.observe_global(plan, GlobalRows([0, 0, 1, 1], [1.0, 1.0, 0.0, 0.0], [0.0] * 4, [0.0] * 4))
+    assert cur.pools == {"1": [2.0, 0.0], "3": [0.0, 2.0]}
+    cur.choose([5, 6], [{"difficulty": 1}, {"difficulty": 3}], 2)
+    # unseen prompts 5 and 6: priors 2 * (3/4, 1/4) and 2 * (1/4, 3/4)
+    assert cur.beta_of(5) == pytest.approx((1.5, 0.5))
+    assert cur.beta_of(6) == pytest.approx((0.5, 1.5))
+
+
+def _choose_often(cur, times):
+    picks = []
+    for _ in range(times):
+        cur.skips = {}  # just rolled out: no retry
+        picks.append(tuple(cur.choose([0, 1, 2, 3], [{}] * 4, 2)))
+    return picks
+
+
+def test_choose_skips_prompts_predicted_uninformative_and_retries_them_later():
+    cur = SelectCurriculum(num_generations=4, oversample=2, uniform_mix=0.0, retry_half_life=2)
+    cur.evidence = {0: [0.0, 40.0], 1: [40.0, 0.0], 2: [2.0, 2.0], 3: [2.0, 2.0]}
+    # weights: P_inf(Beta(1, 41), 4) = 0.0889 for 0 and 1 (p ~ 0, p ~ 1); P_inf(Beta(3, 3), 4)
+    # = 1 - 2 * 360/3024 = 0.762 for 2 and 3. Drawn without replacement, P({2, 3}) =
+    # 2 * (0.762/1.702) * (0.762/0.940) = 0.726.
+    picks = _choose_often(cur, 300)
+    assert 190 < sum(p == (2, 3) for p in picks) < 245
+    cur.skips = {}
+    picked = cur.choose([0, 1, 2, 3], [{}] * 4, 2)
+    assert cur.skips == {i: 1 for i in range(4) if i not in picked}  # a skip is counted
+    # Skipped 40 times in a row: retry -> 1, every candidate equally likely (P({2, 3}) = 1/6).
+    picks = []
+    for _ in range(600):
+        cur.skips = {i: 40 for i in range(4)}
+        picks.append(tuple(cur.choose([0, 1, 2, 3], [{}] * 4, 2)))
+    assert 65 < sum(p == (2, 3) for p in picks) < 135
+    # A rollout resets the count.
+    plan = cur.plan(_batch([0]))
+    cur.observe_global(plan, GlobalRows([0] * 4, [0.0] * 4, [0.0] * 4, [0.0] * 4))
+    assert 0 not in cur.skips
+
+
+def test_plan_conserves_the_budget_and_weights_prompts_equally():
+    cur = SelectCurriculum(num_generations=4, n_min=2, n_max=8, allocator="knapsack")
+    cur.evidence = {0: [0.0, 30.0], 1: [6.0, 6.0], 2: [30.0, 0.0], 3: [1.0, 1.0]}
+    plan = cur.plan(_batch([0, 1, 2, 3]))
+    assert sum(plan.counts) == 16 and all(2 <= n <= 8 for n in plan.counts)
+    assert plan.counts[0] == plan.counts[2] == 2  # near-certain outcomes get the minimum
+    assert plan.weights == [4 / n for n in plan.counts]
+    cur.allocator = "sqrt"
+    counts = cur.plan(_batch([0, 1, 2, 3])).counts
+    assert sum(counts) == 16 and counts[1] > counts[0]
+
+
+def test_state_round_trip_through_a_checkpoint_is_exact(tmp_path):
+    def drive(cur, steps, rng):
+        out = []
+        for _ in range(steps):
+            drawn = rng.integers(0, 30, 8).tolist()
+            picked = cur.choose(drawn, [{"difficulty": d % 3} for d in drawn], 4)
+            indices = [drawn[k] for k in picked]
+            plan = cur.plan(_batch(indices))
+            prompt = np.repeat(np.arange(4), plan.counts).tolist()
+            correct = (rng.random(len(prompt)) < 0.4).astype(float).tolist()
+            cur.observe_global(plan, GlobalRows(prompt, correct, [0.0] * len(prompt),
+                                                [0.0] * len(prompt)))  # fmt: skip
+            out.append((indices, plan.counts))
+        return out
+
+    a = SelectCurriculum(num_generations=4, seed=3)
+    drive(a, 5, np.random.default_rng(0))
+    torch.save(ckpt.plain(a.state_dict()), tmp_path / "s.pt")
+    b = SelectCurriculum(num_generations=4, seed=99)
+    b.load_state_dict(torch.load(tmp_path / "s.pt", weights_only=True))
+    assert b.state_dict() == a.state_dict()
+    assert drive(a, 5, np.random.default_rng(1)) == drive(b, 5, np.random.default_rng(1))
+    assert b.state_dict() == a.state_dict()
+
+
+def test_sampler_draws_candidates_and_the_curriculum_chooses(tokenizer):
+    from groupwise.distributed import DistributedContext
+    from groupwise.sampler import PromptBatches
+
+    rows = [{"prompt": f"question {i}", "difficulty": i % 2} for i in range(12)]
+    cur = SelectCurriculum(num_generations=4, oversample=3)
+    batches = PromptBatches(rows, tokenizer, 2, 32, 0, DistributedContext())
+    batch = batches.next(cur)
+    assert len(batch.indices) == 2 and len(batch.skipped) == 4 and len(batch.prompt_ids) == 2
+    assert not set(batch.indices) & set(batch.skipped)
+    assert len(batches.sampler.order) == 12 - 6  # six candidates consumed
+    assert [r["prompt"] for r in batch.rows] == [f"question {i}" for i in batch.indices]
+    plain = PromptBatches(rows, tokenizer, 2, 32, 0, DistributedContext()).next()
+    assert plain.skipped == [] and len(plain.indices) == 2
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("select_oversample", 0),
+        ("select_discount", 0.0),
+        ("select_prior_strength", 0.0),
+        ("select_retry_half_life", -1.0),
+        ("select_uniform_mix", 1.5),
+        ("select_allocator", "greedy"),
+    ],
+)
+def test_config_errors_name_the_option(option, value):
+    with pytest.raises(ConfigError, match=option):
+        GRPOConfig(curriculum="select", **{option: value})
+    with pytest.raises(ValueError, match=option):
+        SelectCurriculum(**{option.removeprefix("select_"): value})
+
+
+def test_registered_and_bounds_checked():
+    assert CURRICULA["select"] is SelectCurriculum
+    with pytest.raises(ConfigError, match="rollout_min"):
+        GRPOConfig(curriculum="select", num_generations=4, rollout_min=5)
+    cur = SelectCurriculum.from_options(GRPOConfig(curriculum="select", seed=7).to_dict())
+    assert (cur.mean, cur.n_min, cur.n_max, cur.allocator) == (8, 2, 12, "knapsack")
+
+
+# --- the ground-truth-difficulty simulation -------------------------------------------------
+
+
+def _simulation():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "curriculum_sim.py"
+    spec = importlib.util.spec_from_file_location("curriculum_sim", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["curriculum_sim"] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_simulation_select_beats_uniform_on_informative_groups_per_rollout():
+    sim = _simulation()
+    ratios = []
+    for seed in (0, 1):
+        uniform = sim.run_arm("uniform", seed, steps=80, regime="hard")
+        select = sim.run_arm("select", seed, steps=80, regime="hard")
+        for result in (uniform, select):
+            # the budget, exactly, every step
+            assert result.max_step_rollouts == result.min_step_rollouts == result.rollouts_per_step
+        ratios.append(select.informative_per_rollout / uniform.informative_per_rollout)
+    assert min(ratios) > 1.2, ratios
+
+
+# --- end to end ---------------------------------------------------------------------------------
+
+ROWS = [
+    {"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1), "difficulty": i % 3}
+    for i in range(12)
+]
+
+
+def _parity(prompts, completions, completion_ids, **kwargs):
+    return [1.0 if ids[0] % 2 == 0 else 0.0 for ids in completion_ids]
+
+
+def _args(tmp_path, **overrides):
+    values = dict(
+        model="tiny-random", max_steps=3, learning_rate=1e-2, beta=0.0, num_generations=4,
+        per_device_train_batch_size=12, max_completion_length=3, output_dir=str(tmp_path / "run"),
+        disable_tqdm=True, seed=0, save_steps=2, curriculum="select", rollout_min=2,
+        rollout_max=8, select_oversample=2,
+    )  # fmt: skip
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+def test_training_run_with_select_trains_and_resumes_exactly(tmp_path):
+    from groupwise import GRPOTrainer
+
+    full = GRPOTrainer("tiny-random", _parity, ROWS, args=_args(tmp_path / "a"))
+    logs = full.train()
+    for log in logs:  # 3 prompts x 4 rollouts every step, 3 candidates skipped
+        assert log["curriculum/select/rollouts"] == 12 and log["curriculum/select/skipped"] == 3
+        assert log["curriculum/select/group_size_mean"] == 4
+    assert any(log["curriculum/select/group_size_max"] > 4 for log in logs[1:])
+    assert len(full.curriculum.evidence) >= 6 and full.curriculum.step == 3
+    # Resume from the full run's checkpoint-2 (written mid-run) into a new folder.
+    start = str(tmp_path / "a" / "run" / "checkpoint-2")
+    rest = GRPOTrainer(
+        "tiny-random", _parity, ROWS, args=_args(tmp_path / "b", resume_from_checkpoint=start)
+    )
+    rest.train()
+    assert rest.curriculum.state_dict() == full.curriculum.state_dict()
+    for (name, p), q in zip(full.model.named_parameters(), rest.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    timing = ("time/", "tokens_per_second", "generation_tokens_per_second")
+    strip = [{k: v for k, v in r.items() if not k.startswith(timing)} for r in full.log_history]
+    assert strip == [
+        {k: v for k, v in r.items() if not k.startswith(timing)} for r in rest.log_history
+    ]
+
+
+def test_report_plots_what_select_skipped_and_how_it_sized_groups(tmp_path):
+    from groupwise.report import RunData, plot_groups, render_group
+
+    keys = ("skipped", "informative_predicted", "informative", "group_size_max",
+            "group_size_mean", "group_size_min")  # fmt: skip
+    rows = [
+        {"step": s, "reward": 0.5, **{f"curriculum/select/{k}": float(s + j) for j, k in
+                                      enumerate(keys)}}  # fmt: skip
+        for s in range(1, 6)
+    ]
+    groups = {g.id: g for g in plot_groups(RunData(tmp_path, rows, []))}
+    select = groups["curriculum_select"]
+    assert [len(p.lines) for p in select.panels] == [3, 3]
+    assert render_group(RunData(tmp_path, rows, []), select).startswith(b"\x89PNG")
+    plain = [{"step": s, "reward": 0.5} for s in range(1, 6)]
+    assert "curriculum_select" not in {g.id for g in plot_groups(RunData(tmp_path, plain, []))}
+
+
+def test_two_ranks_choose_plan_and_learn_identically(tokenizer):
+    """Each rank draws the same candidates, chooses and plans the same global batch from the
+    same state, keeps its own share, and observes the same global rows."""
+    from groupwise.distributed import DistributedContext
+    from groupwise.sampler import PromptBatches
+
+    rows = [{"prompt": f"question {i}", "difficulty": i % 3} for i in range(40)]
+    ranks = [DistributedContext(rank=r, world_size=2) for r in (0, 1)]
+    curricula = [SelectCurriculum(num_generations=4, seed=5) for _ in ranks]
+    samplers = [PromptBatches(rows, tokenizer, 3, 32, 0, d) for d in ranks]
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        batches = [s.next(c) for s, c in zip(samplers, curricula, strict=True)]
+        plans = [c.plan(b) for c, b in zip(curricula, batches, strict=True)]
+        assert batches[0].indices == batches[1].indices and len(batches[0].indices) == 6
+        assert batches[0].skipped == batches[1].skipped
+        assert batches[0].mine != batches[1].mine
+        assert plans[0].counts == plans[1].counts and sum(plans[0].counts) == 24
+        prompt = np.repeat(np.arange(6), plans[0].counts).tolist()
+        correct = (rng.random(len(prompt)) < 0.3).astype(float).tolist()
+        global_rows = GlobalRows(prompt, correct, [0.0] * len(prompt), [0.0] * len(prompt))
+        logs = [c.observe_global(p, global_rows) for c, p in zip(curricula, plans, strict=True)]
+        assert logs[0] == logs[1]
+    assert curricula[0].state_dict() == curricula[1].state_dict()
