@@ -474,7 +474,8 @@ class RolloutGDRO:
             "scores": self.scores.tolist(),
             "mu": self.mu,
             "j_hat": [[None if np.isnan(x) else float(x) for x in row] for row in self.j_hat],
-            "generator": self.generator.get_state(),
+            # The arm draws' generator state as bytes (JSON- and weights_only-friendly).
+            "generator": self.generator.get_state().tolist(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -486,7 +487,7 @@ class RolloutGDRO:
                 dtype=np.float64,
             )
         if "generator" in state:
-            self.generator.set_state(state["generator"])
+            self.generator.set_state(torch.as_tensor(state["generator"], dtype=torch.uint8))
 
 
 def sqrt_allocation(
