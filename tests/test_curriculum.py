@@ -468,16 +468,17 @@ def test_sample_exact_budget_arms_by_hand_and_against_brute_force():
 def test_rollout_gdro_mu_does_not_drift_without_information():
     bins = [0, 0, 1, 2, 2, 2]
 
-    def run(mu_update, steps=200, mu=0.0):
+    def run(mu_update, steps=200, mu=0.0, loss=0.0):
         gdro = RolloutGDRO(num_bins=3, n_min=2, n_max=12, mean_budget=4, mu_update=mu_update)
         gdro.mu = mu
         path = []
-        for _ in range(steps):  # zero losses: the arms carry no information
-            gdro.update(bins, gdro.allocate(bins), [0.0] * len(bins))
+        for _ in range(steps):  # the same loss for every arm: the arms carry no information
+            gdro.update(bins, gdro.allocate(bins), [loss] * len(bins))
             path.append(gdro.mu)
         return np.asarray(path)
 
     assert (run("best_response") == 0.0).all()  # the best response is the budget: mu stays
+    assert (run("best_response", loss=0.3) == 0.0).all()  # identical non-zero signals too
     assert (run("realized") == 0.0).all()  # eq. 21 under the exact budget: frozen at 0
     # The earlier rule steps on the flat bandits' mean arm, 7 > 4: +0.15 at the first step, and
     # it keeps rising (audit row 14).

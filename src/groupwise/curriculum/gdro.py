@@ -1,4 +1,4 @@
-"""Difficulty-aware curriculum: online pass@k classifier, Prompt-GDRO and Rollout-GDRO.
+"""Difficulty-aware curriculum: online difficulty classifier, Prompt-GDRO and Rollout-GDRO.
 
 Multi-Adversary GDRO (Panaganti et al., arXiv 2601.19280; docs/algorithms.md section 1). This
 module follows the paper's equations, not the released verl patch (algorithms.md 1.4 lists its
@@ -6,13 +6,17 @@ defects). Two curricula are built on the same observer (:class:`GDROCurriculum`)
 
 - :class:`PromptGDROCurriculum`: every prompt gets G rollouts; its rollouts' policy term is
   weighted by its bin's adversary weight (:meth:`PromptGDRO.sample_weights`, eq. 16);
-- :class:`RolloutGDROCurriculum`: weight 1, rollouts per prompt from :meth:`RolloutGDRO.allocate`
-  (eqs. 19-21) or the closed form :func:`sqrt_allocation` (eq. 30).
+- :class:`RolloutGDROCurriculum`: weight 1, rollouts per prompt from the closed form
+  :func:`sqrt_allocation` (eq. 30, per prompt by default) or :meth:`RolloutGDRO.allocate`
+  (eqs. 19-21).
 
-Bins are indexed 0..B-1 with **0 = hardest** (lowest recent pass rate), as in the paper.
-Everything here is plain Python / numpy and holds its state in a ``state_dict`` for checkpoints.
+Bins are indexed 0..B-1 with **0 = hardest** (lowest recent success rate), as in the paper; with
+``unseen="unseen"`` prompts never observed have their own group, index B. The defaults differ from
+the paper where docs/curriculum-audit.md shows the paper's choice uninformative (issue 14: the
+per-rollout classifier, the unseen group, the per-prompt square-root law, sampled arms, mu on
+the best response); each paper choice stays one option away. Everything here is plain Python /
+numpy (the arm draws use a ``torch.Generator``) and holds its state in a ``state_dict``.
 """
-
 from __future__ import annotations
 
 import math
