@@ -677,3 +677,12 @@ def test_config_options_for_issue_14():
     assert cur.rollout_gdro.arm_choice == "greedy" and cur.rollout_gdro.mu_update == "expected"
     assert cur.classifier.num_states == 10 and cur.classifier.window == 0
     assert cur.rollout_gdro.generator.initial_seed() == 7
+
+
+def test_a_checkpoint_with_another_number_of_groups_is_refused():
+    from groupwise.curriculum import PromptGDROCurriculum
+
+    old = PromptGDROCurriculum(num_bins=4, unseen="hardest").state_dict()  # pre-issue-14 shape
+    with pytest.raises(ValueError, match="4 groups, this run 5.*gdro_unseen: hardest"):
+        PromptGDROCurriculum(num_bins=4).load_state_dict(old)
+    PromptGDROCurriculum(num_bins=4, unseen="hardest").load_state_dict(old)

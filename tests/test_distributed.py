@@ -340,7 +340,11 @@ RESUME_SCRIPT = textwrap.dedent(
             {
                 "curriculum": "rollout_gdro",
                 # Sampled bandit arms: the draws' generator goes through the checkpoint too.
+                # The paper's classifier (pass@n, unseen prompts in bin 0) splits these prompts
+                # into both bins, which the per-rollout fraction at threshold 0.7 does not.
                 "rollout_allocator": "bandit",
+                "gdro_classifier_signal": "any_correct",
+                "gdro_unseen": "hardest",
                 "gdro_num_bins": 2,
                 "gdro_correct_threshold": 0.7,
                 "num_prompts": 4,

@@ -886,14 +886,15 @@ class GDROCurriculum(GlobalBatchCurriculum):
         }
 
     def load_state_dict(self, state: dict) -> None:
+        if len(state["success"]) != len(self.success):  # before anything is loaded
+            raise ValueError(
+                f"the checkpoint's curriculum has {len(state['success'])} groups, this run "
+                f"{len(self.success)}: gdro_num_bins or gdro_unseen differ (a checkpoint from "
+                "before gdro_unseen existed needs gdro_unseen: hardest)"
+            )
         self.classifier.load_state_dict(state["classifier"])
         self.prompt_gdro.load_state_dict(state["prompt_gdro"])
         self.rollout_gdro.load_state_dict(state["rollout_gdro"])
-        if len(state["success"]) != len(self.success):
-            raise ValueError(
-                f"the checkpoint's curriculum has {len(state['success'])} groups, this run "
-                f"{len(self.success)} (gdro_num_bins or gdro_unseen changed?)"
-            )
         for d, items in zip(self.success, state["success"], strict=True):
             d.clear()
             d.extend(tuple(x) for x in items)
