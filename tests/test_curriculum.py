@@ -645,6 +645,7 @@ def test_config_options_for_issue_14():
         GRPOConfig(curriculum="prompt_gdro", gdro_signal="failure_rate")
     GRPOConfig(curriculum="prompt_gdro", gdro_signal="failure_rate", gdro_share_normalize=False)
     GRPOConfig(gdro_signal="failure_rate")  # no curriculum: nothing to refuse
+    GRPOConfig(curriculum="rollout_gdro", gdro_unseen="difficulty")
     for name, bad in (
         ("rollout_allocator", "neyman"),
         ("rollout_variance", "pooled"),
@@ -686,3 +687,38 @@ def test_a_checkpoint_with_another_number_of_groups_is_refused():
     with pytest.raises(ValueError, match="4 groups, this run 5.*gdro_unseen: hardest"):
         PromptGDROCurriculum(num_bins=4).load_state_dict(old)
     PromptGDROCurriculum(num_bins=4, unseen="hardest").load_state_dict(old)
+
+
+def test_unseen_prompts_binned_by_their_difficulty_level():
+    import json
+
+    from groupwise.curriculum import PromptBatch, RolloutGDROCurriculum
+
+    def batch(uids, levels):
+        rows = [{} if lv is None else {"difficulty": lv} for lv in levels]
+        return PromptBatch(uids, slice(0, len(uids)), rows, [[1]] * len(uids))
+
+    cur = RolloutGDROCurriculum(num_bins=10, unseen="difficulty", variance_prior=2)
+    plan = cur.plan(batch(["a", "b", "e"], [1, 2, None]))
+    assert plan.bins == [10, 10, 10]  # no level observed yet: the unseen group
+    cur.observe_global(plan, _rows([(4, 3), (4, 0), (4, 2)]))
+    assert cur._level_rate("1") == 0.75 and cur._level_rate("2") == 0.0
+    # New prompts c (level 1) and f (level 2) take their level's rate, 0.75 -> bin 7 and 0 ->
+    # bin 0; d's level 3 was never observed: the unseen group; a has its own history (3/4).
+    plan = cur.plan(batch(["c", "d", "f", "a"], [1, 3, 2, 1]))
+    assert plan.bins == [7, 10, 0, 7]
+    # Variances: c shrinks to its level's 0.75 (v = 0.1875), a (3 + 2 * 0.75) / 6 = 0.75 too,
+    # f to 0 (v = 0: n_min = 2), d to the unseen group's pooled 5/12 (v = 35/144 = 0.24306).
+    # The other 14 rollouts go as sqrt(v): 0.4330, 0.4930, 0.4330 -> 4.461, 5.079, 4.461:
+    # floors 4 + 5 + 4 + 2 = 15, the spare unit to c (tied with a, first in order).
+    np.testing.assert_allclose(
+        cur.prompt_variances(["c", "d", "f", "a"], plan.bins), [0.1875, 35 / 144, 0.0, 0.1875]
+    )
+    assert plan.counts == [5, 5, 2, 4]
+    cur.observe_global(plan, _rows([(5, 5), (5, 1), (2, 0), (4, 2)]))
+    assert cur.level_success["1"][-1] == (7, 9)  # c and a, pooled in one entry for the step
+    state = json.loads(json.dumps(cur.state_dict()))  # JSON-friendly, as the torchrun test dumps
+    other = RolloutGDROCurriculum(num_bins=10, unseen="difficulty", variance_prior=2)
+    other.load_state_dict(state)
+    assert other._level_rate("1") == pytest.approx(10 / 13)
+    assert json.dumps(other.state_dict()) == json.dumps(cur.state_dict())

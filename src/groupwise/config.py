@@ -92,7 +92,9 @@ class GRPOConfig:
     # paper's c(x) of eq. 10, pass@n_b: prompts given more rollouts look easier; earlier default)
     gdro_classifier_signal: str = "rollout_fraction"
     # Prompts never observed: unseen (their own group, logged as *_bin_unseen; default since
-    # issue 14) | hardest (bin 0 with accuracy 0, the paper's code; earlier default)
+    # issue 14) | hardest (bin 0 with accuracy 0, the paper's code; earlier default) |
+    # difficulty (binned by the observed success rate of prompts with the same `difficulty`
+    # column value; rows without it, or levels not observed yet, use the unseen group)
     gdro_unseen: str = "unseen"
     gdro_eta: float = 0.65  # eta_q (Prompt-GDRO) and the arm bandits' eta (Rollout-GDRO)
     gdro_gamma: float = 0.01  # uniform exploration mix

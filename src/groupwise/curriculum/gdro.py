@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..distributed import DistributedContext
+from ..distributed import DistributedContext, concat_over_ranks
 from .base import GlobalBatchCurriculum, GlobalRows, Plan, PromptBatch
 
 
@@ -50,7 +50,7 @@ def bin_of(accuracy: float, edges: Sequence[float]) -> int:
 # Online difficulty classifier (section 3.1)
 
 CLASSIFIER_SIGNALS = ("rollout_fraction", "any_correct")
-UNSEEN_MODES = ("unseen", "hardest")
+UNSEEN_MODES = ("unseen", "hardest", "difficulty")
 
 
 class DifficultyClassifier:
@@ -66,7 +66,10 @@ class DifficultyClassifier:
 
     Unseen prompts (no appearance yet): ``unseen="hardest"`` gives them accuracy 0 and the hardest
     bin (the paper's code, audit row 3); ``unseen="unseen"`` gives them their own state, index
-    ``num_bins`` (after the easiest bin), so they no longer mix with the truly hard prompts.
+    ``num_bins`` (after the easiest bin), so they no longer mix with the truly hard prompts;
+    ``unseen="difficulty"`` bins an unseen prompt by the prior accuracy the caller passes to
+    :meth:`classify` (its difficulty level's rate, :class:`GDROCurriculum`), and uses the unseen
+    state where there is none.
 
     Hysteresis: a prompt leaves its previous bin only if its accuracy passes the crossed edge of
     that bin by ``hysteresis`` (up: acc >= upper edge + delta; down: acc <= lower edge - delta); it
@@ -99,8 +102,8 @@ class DifficultyClassifier:
         self.hysteresis = hysteresis
         self.unseen = unseen
         # Bins plus the unseen state when it has one: the adversaries' number of groups.
-        self.num_states = self.num_bins + (unseen == "unseen")
-        self.unseen_state: int | None = self.num_bins if unseen == "unseen" else None
+        self.num_states = self.num_bins + (unseen != "hardest")
+        self.unseen_state: int | None = self.num_bins if unseen != "hardest" else None
         self.history: dict[Hashable, deque[tuple[int, int]]] = {}
         self.last_bin: dict[Hashable, int] = {}
 
@@ -115,13 +118,21 @@ class DifficultyClassifier:
         successes, trials = self.counts(uid)
         return successes / trials if trials else 0.0
 
-    def classify(self, uids: Sequence[Hashable]) -> list[int]:
+    def classify(
+        self, uids: Sequence[Hashable], priors: Sequence[float | None] | None = None
+    ) -> list[int]:
         """Bin (or the unseen state) of each prompt for this step (history up to the previous
-        step)."""
+        step). ``priors``: per prompt, the accuracy an unseen prompt is binned by under
+        ``unseen="difficulty"`` (None: the unseen state)."""
         bins = []
-        for uid in uids:
+        priors = [None] * len(uids) if priors is None else priors
+        for uid, prior in zip(uids, priors, strict=True):
             if self.unseen_state is not None and not self.counts(uid)[1]:
-                bins.append(self.unseen_state)  # no last_bin: hysteresis starts at a real bin
+                # No last_bin: hysteresis starts at the first bin the prompt's own history gives.
+                if self.unseen == "difficulty" and prior is not None:
+                    bins.append(bin_of(prior, self.edges))
+                else:
+                    bins.append(self.unseen_state)
                 continue
             acc = self.accuracy(uid)
             raw = bin_of(acc, self.edges)
@@ -613,6 +624,13 @@ def lead_lag(data_shares: Sequence[float], weights: Sequence[float]) -> tuple[fl
 # The curricula: plan a step, observe its outcome
 
 
+def level_key(value: Any) -> str | None:
+    """A dataset row's ``difficulty`` as a level key: None when absent (or NaN), else str."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return str(value)
+
+
 ALLOCATORS = ("sqrt", "bandit")
 VARIANCE_MODES = ("prompt", "bin")
 PROMPT_SIGNALS = ("pg_loss", "failure_rate")
@@ -627,7 +645,13 @@ class GDROCurriculum(GlobalBatchCurriculum):
     The classifier (``classifier_signal``, ``unseen``: :class:`DifficultyClassifier`) records
     ``rollout_fraction`` (correct rollouts, rollouts) or ``any_correct`` (the paper's eq. 10 c(x))
     per appearance; with ``unseen="unseen"`` prompts never observed form their own group (index
-    ``num_bins``, logged as ``..._bin_unseen``), with ``"hardest"`` they join bin 0.
+    ``num_bins``, logged as ``..._bin_unseen``), with ``"hardest"`` they join bin 0, and with
+    ``"difficulty"`` they are binned by the pooled per-rollout success rate of the prompts with the
+    same ``difficulty`` value (the dataset rows' column) observed so far (over the last
+    ``window`` steps that had that level), a level prior learned online; rows without the column
+    and levels not observed yet use the unseen group. The levels of the global batch are gathered
+    from every rank, so every rank bins the same way. With that mode a prompt's shrinkage target
+    in the per-prompt variance is its level's rate where known.
 
     Rollout allocation (``allocator``): ``sqrt`` is the closed form (:func:`sqrt_allocation`,
     Theorem 4.2) and ``bandit`` is eqs. 19-21 (:class:`RolloutGDRO`). Both keep the step's total
@@ -699,6 +723,10 @@ class GDROCurriculum(GlobalBatchCurriculum):
         self.mean_budget, self.n_min, self.n_max = mean_budget, n_min, n_max
         # Per group, (correct rollouts, rollouts) of its last `window` observed steps (0: all).
         self.success: list[deque] = [deque(maxlen=window or None) for _ in range(states)]
+        # unseen="difficulty": the same per difficulty level, and the levels of the step planned.
+        self.window = window
+        self.level_success: dict[str, deque] = {}
+        self._levels: list[str | None] | None = None
 
     @classmethod
     def from_options(
@@ -754,9 +782,28 @@ class GDROCurriculum(GlobalBatchCurriculum):
     # -- the protocol ---------------------------------------------------------------------------
     def plan(self, batch: PromptBatch) -> Plan:
         """Bins (from history up to the previous step), rollouts and weights per prompt."""
-        bins = self.classifier.classify(batch.indices)
+        self._levels = self._batch_levels(batch)
+        priors = None if self._levels is None else [self._level_rate(x) for x in self._levels]
+        bins = self.classifier.classify(batch.indices, priors)
         counts = self.rollout_counts(batch.indices, bins)
         return Plan(batch, counts, self.prompt_weights(bins, counts), bins)
+
+    def _batch_levels(self, batch: PromptBatch) -> list[str | None] | None:
+        """``unseen="difficulty"``: the ``difficulty`` value of every prompt of the global batch
+        (gathered from every rank, which holds its own rows), as strings; None otherwise."""
+        if self.classifier.unseen != "difficulty":
+            return None
+        mine = [level_key(row.get("difficulty")) for row in batch.rows]
+        (levels,) = concat_over_ranks((mine,), self.dist)
+        if len(levels) != len(batch.indices):
+            raise ValueError(f"{len(levels)} rows for {len(batch.indices)} prompts")
+        return list(levels)
+
+    def _level_rate(self, level: str | None) -> float | None:
+        """Pooled per-rollout success rate of the level's observed steps; None if none."""
+        seen = self.level_success.get(level) if level is not None else None
+        trials = sum(n for _, n in seen) if seen else 0
+        return sum(s for s, _ in seen) / trials if trials else None
 
     def _pooled_rate(self, groups: Sequence[int]) -> float | None:
         """Per-rollout success rate pooled over the groups' windows; None without rollouts."""
@@ -785,10 +832,15 @@ class GDROCurriculum(GlobalBatchCurriculum):
         for b in set(bins):
             rate = self._pooled_rate([b])
             group_rate[b] = overall if rate is None else rate
+        levels = self._levels if self._levels is not None else [None] * len(uids)
+        if len(levels) != len(uids):
+            levels = [None] * len(uids)
         variances = []
-        for uid, b in zip(uids, bins, strict=True):
+        for uid, b, level in zip(uids, bins, levels, strict=True):
             successes, trials = self.classifier.counts(uid)
-            p = shrunk_rate(successes, trials, group_rate[b], self.variance_prior)
+            target = self._level_rate(level)
+            target = group_rate[b] if target is None else target
+            p = shrunk_rate(successes, trials, target, self.variance_prior)
             variances.append(p * (1 - p))
         return variances
 
@@ -866,6 +918,16 @@ class GDROCurriculum(GlobalBatchCurriculum):
             self.success[b].append((int(correct[in_bin].sum()), int(in_bin.sum())))
         hits = np.bincount(row_prompt, weights=correct, minlength=len(bins)).astype(int)
         trials = np.bincount(row_prompt, minlength=len(bins))
+        if self._levels is not None and len(self._levels) == len(bins):
+            by_level: dict[str, list[int]] = {}
+            for i, level in enumerate(self._levels):
+                if level is not None and trials[i]:
+                    pair = by_level.setdefault(level, [0, 0])
+                    pair[0] += int(hits[i])
+                    pair[1] += int(trials[i])
+            for level, (s, n) in by_level.items():
+                self.level_success.setdefault(level, deque(maxlen=self.window or None))
+                self.level_success[level].append((s, n))
         if self.classifier_signal == "any_correct":  # eq. 10: c(x) = any of this step's rollouts
             self.classifier.update(uids, (hits > 0).tolist())
         else:  # per-rollout success fraction (audit row 16); a prompt without rows learns nothing
@@ -883,6 +945,7 @@ class GDROCurriculum(GlobalBatchCurriculum):
             "prompt_gdro": self.prompt_gdro.state_dict(),
             "rollout_gdro": self.rollout_gdro.state_dict(),
             "success": [[list(x) for x in d] for d in self.success],
+            "levels": {k: [list(x) for x in d] for k, d in self.level_success.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -898,6 +961,10 @@ class GDROCurriculum(GlobalBatchCurriculum):
         for d, items in zip(self.success, state["success"], strict=True):
             d.clear()
             d.extend(tuple(x) for x in items)
+        self.level_success = {
+            k: deque((tuple(x) for x in items), maxlen=self.window or None)
+            for k, items in state.get("levels", {}).items()
+        }
 
 
 class PromptGDROCurriculum(GDROCurriculum):
