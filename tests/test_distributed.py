@@ -193,10 +193,16 @@ def _assert_nested_close(a, b, atol: float, where: str = "") -> None:
 
 
 @pytest.mark.parametrize(
-    "curriculum,data_parallel",
-    [("prompt_gdro", "ddp"), ("rollout_gdro", "ddp"), ("rollout_gdro", "fsdp")],
+    "curriculum,data_parallel,unseen",
+    [
+        ("prompt_gdro", "ddp", "unseen"),
+        ("rollout_gdro", "ddp", "unseen"),
+        ("rollout_gdro", "fsdp", "unseen"),
+        # Levels gathered from every rank at each plan (a collective); these rows have none.
+        ("rollout_gdro", "ddp", "difficulty"),
+    ],
 )
-def test_curriculum_two_ranks_match_one_process(tmp_path, curriculum, data_parallel):
+def test_curriculum_two_ranks_match_one_process(tmp_path, curriculum, data_parallel, unseen):
     """Both ranks observe the global batch: their curriculum states are identical, equal to
     one process's, and so are the updates, also when Rollout-GDRO gives the two ranks
     different numbers of rows (and under FSDP, different numbers of micro-batches)."""
@@ -206,7 +212,7 @@ def test_curriculum_two_ranks_match_one_process(tmp_path, curriculum, data_paral
     # The bandit allocator with greedy arms, so the arm scores set above decide the rollouts.
     common = {"curriculum": curriculum, "data_parallel": data_parallel, "steps": 2,
               "easy_prompts": easy, "rollout_allocator": "bandit",
-              "rollout_arm_choice": "greedy"}  # fmt: skip
+              "rollout_arm_choice": "greedy", "gdro_unseen": unseen}  # fmt: skip
     single, ranks = _one_process_and_two_ranks(tmp_path, common)
     _assert_same_update(single, ranks)
     states = [(ranks / f"curriculum-{r}.json").read_text() for r in (0, 1)]
