@@ -100,6 +100,7 @@ def run(mode: str, base, tokenizer, train, evals, seed: int, steps: int) -> dict
             max_completion_length=5, temperature=1.0, gdro_num_bins=6,
             curriculum=mode.removesuffix("_failure"),
             gdro_signal="failure_rate" if mode.endswith("_failure") else "pg_loss",
+            gdro_share_normalize=not mode.endswith("_failure"),  # refused with failure_rate
             gdro_window=8, rollout_min=2, rollout_max=8, output_dir=out, disable_tqdm=True,
             seed=seed, max_prompt_length=None,
         )  # fmt: skip

@@ -260,9 +260,19 @@ def test_run_killed_then_resumed_is_bitwise_identical(tmp_path):
     assert rows[0] == rows[1]
 
 
-@pytest.mark.parametrize("curriculum", ["prompt_gdro", "rollout_gdro"])
-def test_resume_with_curriculum_is_exact(tmp_path, curriculum):
-    extra = dict(curriculum=curriculum, gdro_signal="failure_rate", rollout_min=2, rollout_max=6)
+@pytest.mark.parametrize(
+    "curriculum, allocator",
+    [("prompt_gdro", "sqrt"), ("rollout_gdro", "sqrt"), ("rollout_gdro", "bandit")],
+)
+def test_resume_with_curriculum_is_exact(tmp_path, curriculum, allocator):
+    extra = dict(
+        curriculum=curriculum,
+        rollout_allocator=allocator,  # bandit: sampled arms, a generator in the checkpoint
+        gdro_signal="failure_rate",
+        gdro_share_normalize=False,  # failure_rate with share normalisation is refused
+        rollout_min=2,
+        rollout_max=6,
+    )
     full = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "a", **extra))
     full.train()
     GRPOTrainer(

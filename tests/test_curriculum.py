@@ -165,8 +165,8 @@ def test_exact_budget_dp_matches_brute_force():
         assert exact_budget_arms(counts, log_p, arms, total) == best
 
 
-def test_rollout_gdro_allocation_exact_and_mu_direction():
-    gdro = RolloutGDRO(num_bins=3, n_min=2, n_max=12, mean_budget=4)
+def test_rollout_gdro_allocation_exact_and_mu_direction_expected_rule():
+    gdro = RolloutGDRO(num_bins=3, n_min=2, n_max=12, mean_budget=4, mu_update="expected")
     bins = [0, 0, 1, 2, 2, 2]
     n = gdro.allocate(bins)
     assert sum(n) == 24 and all(2 <= x <= 12 for x in n)
@@ -175,7 +175,7 @@ def test_rollout_gdro_allocation_exact_and_mu_direction():
     assert gdro.expected_mean(bins) > 4
     gdro.update(bins, n, [0.1] * 6)
     assert gdro.mu > 0
-    cheap = RolloutGDRO(num_bins=3, n_min=2, n_max=12, mean_budget=4)
+    cheap = RolloutGDRO(num_bins=3, n_min=2, n_max=12, mean_budget=4, mu_update="expected")
     cheap.scores[:, 0] = 10.0  # prefer 2 rollouts: mean below budget, mu falls
     cheap.update(bins, cheap.allocate(bins), [0.1] * 6)
     assert cheap.mu < 0
@@ -201,11 +201,17 @@ def _parity(prompts, completions, completion_ids, **kwargs):
     return [1.0 if ids[0] % 2 == 0 else 0.0 for ids in completion_ids]
 
 
+def _parity_but_prompt_0(prompts, completions, completion_ids, **kwargs):
+    # Prompt 0 is always solved (p = 1, no variance), the others as _parity.
+    parity = _parity(prompts, completions, completion_ids)
+    return [1.0 if "number 0" in str(p) else r for p, r in zip(prompts, parity, strict=True)]
+
+
 @pytest.mark.parametrize(
-    "mode, allocator",
-    [("prompt_gdro", "bandit"), ("rollout_gdro", "bandit"), ("rollout_gdro", "sqrt")],
+    "mode, allocator, variance_prior",
+    [("prompt_gdro", "sqrt", 2.0), ("rollout_gdro", "bandit", 2.0), ("rollout_gdro", "sqrt", 0.0)],
 )
-def test_short_training_run_with_each_curriculum(tmp_path, mode, allocator):
+def test_short_training_run_with_each_curriculum(tmp_path, mode, allocator, variance_prior):
     from groupwise import GRPOConfig, GRPOTrainer
 
     rows = [{"prompt": f"Say something number {i}"} for i in range(4)]
@@ -220,6 +226,9 @@ def test_short_training_run_with_each_curriculum(tmp_path, mode, allocator):
         max_completion_length=3,
         curriculum=mode,
         rollout_allocator=allocator,
+        # No shrinkage, so the always-solved prompt 0 gets v = 0 and n_min (3 prompts x 4
+        # rollouts of parity rewards alone give variances too close to move a rollout).
+        rollout_variance_prior=variance_prior,
         gdro_num_bins=4,
         rollout_min=2,
         rollout_max=8,
@@ -227,15 +236,21 @@ def test_short_training_run_with_each_curriculum(tmp_path, mode, allocator):
         disable_tqdm=True,
         seed=0,
     )
-    trainer = GRPOTrainer("tiny-random", _parity, rows, args=args)
+    reward = _parity_but_prompt_0 if allocator == "sqrt" else _parity
+    trainer = GRPOTrainer("tiny-random", reward, rows, args=args)
     logs = trainer.train()
+    groups = [*range(4), "unseen"]  # four bins and the unseen state (gdro_unseen's default)
+    assert logs[0]["curriculum/prompts_bin_unseen"] == 3  # step 1: every prompt is new
     for log in logs:
-        rollouts = sum(log[f"curriculum/rollouts_bin_{b}"] for b in range(4))
-        prompts = sum(log[f"curriculum/prompts_bin_{b}"] for b in range(4))
+        rollouts = sum(log[f"curriculum/rollouts_bin_{b}"] for b in groups)
+        prompts = sum(log[f"curriculum/prompts_bin_{b}"] for b in groups)
         assert rollouts == 12 and prompts == 3  # the budget is exact every step
         for key in (
             "curriculum/wse",
             "curriculum/wse_uniform",
+            "curriculum/wse_heldout",
+            "curriculum/var_proxy",
+            "curriculum/var_proxy_uniform",
             "curriculum/mu",
             "curriculum/lead_lag",
         ):
@@ -247,14 +262,14 @@ def test_short_training_run_with_each_curriculum(tmp_path, mode, allocator):
         sizes = [
             sorted(
                 log[f"curriculum/rollouts_bin_{b}"] / max(log[f"curriculum/prompts_bin_{b}"], 1)
-                for b in range(4)
+                for b in groups
                 if log[f"curriculum/prompts_bin_{b}"]
             )
             for log in logs
         ]
         assert any(s != [4.0] * len(s) for s in sizes), sizes
     else:
-        assert any(log["curriculum/weight_bin_0"] != 0.25 for log in logs[1:])
+        assert any(log["curriculum/weight_bin_0"] != 0.2 for log in logs[1:])
 
 
 def _plan(bins, counts):
@@ -270,18 +285,440 @@ def test_prompt_signal_pg_loss_is_flat_on_policy_and_failure_rate_is_not():
     # Two prompts in bins 0 and 2, two rollouts each; prompt 0 fails, prompt 1 succeeds.
     row_prompt, correct = [0, 0, 1, 1], [0.0, 0.0, 1.0, 1.0]
     advantages = [0.7, -0.7, 0.7, -0.7]  # on-policy: the pg signal is -A, summing to 0 per group
-    flat = PromptGDROCurriculum(num_bins=3, prompt_kwargs={"eta": 1.0, "gamma": 0.0})
+    kwargs = {"eta": 1.0, "gamma": 0.0}
+    flat = PromptGDROCurriculum(num_bins=3, unseen="hardest", prompt_kwargs=kwargs)
     rows = GlobalRows(row_prompt, correct, [-a for a in advantages], [0.0, 0.0, 1.0, 1.0])
     flat.observe_global(_plan([0, 2], [2, 2]), rows)
     assert flat.prompt_gdro.scores == [0.0, None, 0.0]
     assert flat.prompt_weights([0, 2], [2, 2]) == [1.0, 1.0]
     hard = PromptGDROCurriculum(
-        num_bins=3, prompt_signal="failure_rate", prompt_kwargs={"eta": 1.0, "gamma": 0.0}
+        num_bins=3,
+        unseen="hardest",
+        prompt_signal="failure_rate",
+        prompt_kwargs={**kwargs, "share_normalize": False},
     )
     hard.observe_global(_plan([0, 2], [2, 2]), GlobalRows(row_prompt, correct, [0.0] * 4,
                                                           [0.0, 0.0, 1.0, 1.0]))  # fmt: skip
-    # bin 0: failure 1 / share 0.5 = 2; bin 2: 0. softmax([2, 0, 0]) -> bin 0 gets e^2 / (e^2 + 2)
-    assert hard.prompt_gdro.scores == [2.0, None, 0.0]
+    # bin 0: failure rate 1; bin 2: 0. softmax([1, 0, 0]) -> q = [e, 1, 1] / (e + 2)
+    assert hard.prompt_gdro.scores == [1.0, None, 0.0]
     w = np.repeat(hard.prompt_weights([0, 2], [2, 2]), 2)
-    # per-sample q = [0.7870, 0.7870, 0.1065, 0.1065] -> mean-1 weights [1.762, 1.762, 0.238, 0.238]
-    np.testing.assert_allclose(w, [1.761594, 1.761594, 0.238406, 0.238406], atol=1e-5)
+    # per-sample q = [0.5761, 0.5761, 0.2119, 0.2119] -> mean-1 weights 2 q / (q_0 + q_2):
+    # 2 e / (e + 1) = 1.462117 and 2 / (e + 1) = 0.537883
+    np.testing.assert_allclose(w, [1.462117, 1.462117, 0.537883, 0.537883], atol=1e-5)
+    # With share normalisation the same signal is refused (audit section 2.4: rarity, not
+    # difficulty); the message names both options.
+    with pytest.raises(ValueError, match="share_normalize.*pg_loss"):
+        PromptGDROCurriculum(num_bins=3, prompt_signal="failure_rate", prompt_kwargs=kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 14: the classifier, the unseen state, the rollout allocators, mu and the diagnostics
+
+
+def _rows(per_prompt):
+    """GlobalRows from [(rollouts, correct), ...] per prompt (loss 0, reward = correct)."""
+    from groupwise.curriculum import GlobalRows
+
+    prompt, correct = [], []
+    for i, (n, c) in enumerate(per_prompt):
+        prompt += [i] * n
+        correct += [1.0] * c + [0.0] * (n - c)
+    return GlobalRows(prompt, correct, [0.0] * len(prompt), list(correct))
+
+
+def _plan_for(uids, bins, counts):
+    from groupwise.curriculum import Plan, PromptBatch
+
+    n = len(uids)
+    batch = PromptBatch(list(uids), slice(0, n), [{}] * n, [[1]] * n)
+    return Plan(batch, list(counts), [1.0] * n, list(bins))
+
+
+def _step(cur, uids, per_prompt):
+    """One step of a curriculum: plan, then observe with the given (rollouts, correct) per prompt
+    (the rollout counts of the rows, not the plan's, so a test controls them)."""
+    plan = cur.plan(_plan_for(uids, [0] * len(uids), [1] * len(uids)).batch)
+    plan.counts = [n for n, _ in per_prompt]
+    return plan, cur.observe_global(plan, _rows(per_prompt))
+
+
+def test_classifier_uses_per_rollout_fraction_not_pass_at_n():
+    from groupwise.curriculum import RolloutGDROCurriculum
+
+    # Three prompts with per-rollout success 0.25, 0.25 and 1/12, given 8, 4 and 12 rollouts.
+    outcome = [(8, 2), (4, 1), (12, 1)]
+    new = RolloutGDROCurriculum(num_bins=10)
+    _step(new, ["a", "b", "c"], outcome)
+    # 0.25 -> bin 2 ([0.2, 0.3)) for both, whatever their rollout count; 0.0833 -> bin 0.
+    assert new.classifier.classify(["a", "b", "c"]) == [2, 2, 0]
+    assert new.classifier.counts("a") == (2, 8)
+    # The paper's c(x) (pass@n_b): every prompt had a success, so all look easiest (bin 9),
+    # including the 1-in-12 prompt that got the most rollouts.
+    old = RolloutGDROCurriculum(num_bins=10, classifier_signal="any_correct")
+    _step(old, ["a", "b", "c"], outcome)
+    assert old.classifier.classify(["a", "b", "c"]) == [9, 9, 9]
+
+
+def test_classifier_unseen_state_and_hardest_mode():
+    clf = DifficultyClassifier(num_bins=4, unseen="unseen", hysteresis=0.1)
+    assert clf.num_states == 5 and clf.unseen_state == 4
+    assert clf.classify(["a", "b"]) == [4, 4]  # never observed: their own state
+    assert clf.last_bin == {}  # hysteresis starts at the first real bin
+    clf.update(["a"], [3], [4])  # 0.75 -> bin 3, no hysteresis against the unseen state
+    assert clf.classify(["a", "b"]) == [3, 4]
+    paper = DifficultyClassifier(num_bins=4, unseen="hardest")
+    assert paper.num_states == 4 and paper.classify(["a"]) == [0]  # accuracy 0: bin 0
+    with pytest.raises(ValueError, match="unseen must be one of"):
+        DifficultyClassifier(unseen="prior")
+    with pytest.raises(ValueError, match="3 successes out of 2"):
+        clf.update(["a"], [3], [2])
+
+
+def test_classifier_window_zero_is_all_history_and_old_checkpoints_load():
+    clf = DifficultyClassifier(num_bins=10, window=0)
+    for i in range(100):  # 100 appearances: a window would forget the first ones
+        clf.update(["a"], [1 if i < 30 else 0], [1])
+    assert clf.accuracy("a") == pytest.approx(0.3)
+    windowed = DifficultyClassifier(num_bins=10, window=50)
+    for i in range(100):
+        windowed.update(["a"], [1 if i < 30 else 0], [1])
+    assert windowed.accuracy("a") == 0.0  # the last 50 appearances all failed
+    # Checkpoints before the (successes, rollouts) pairs kept one c(x) per appearance.
+    legacy = DifficultyClassifier(num_bins=10, window=3)
+    legacy.load_state_dict({"history": {"a": [1, 0, 1, 1]}, "last_bin": {"a": 6}})
+    assert legacy.counts("a") == (2, 3) and legacy.last_bin == {"a": 6}
+
+
+def test_window_zero_keeps_all_history_for_the_bin_rates():
+    from groupwise.curriculum import RolloutGDROCurriculum
+
+    def bin_zero_rate(window):
+        cur = RolloutGDROCurriculum(
+            num_bins=4, window=window, unseen="hardest", variance="bin", allocator="sqrt"
+        )
+        # New prompts every step, so every prompt is in bin 0 (unseen -> hardest).
+        for uid, correct in (("a", 4), ("b", 0), ("c", 0)):
+            _step(cur, [uid], [(4, correct)])
+        return cur._bin_success_rate(0)
+
+    assert bin_zero_rate(0) == pytest.approx(4 / 12)  # all history (was: the last step only)
+    assert bin_zero_rate(1) == 0.0  # window 1: the last step
+    assert bin_zero_rate(2) == 0.0
+
+
+def test_shrunk_rate_variance_proxy_and_best_response_by_hand():
+    from groupwise.curriculum import best_response_arm, shrunk_rate, variance_proxy
+
+    assert shrunk_rate(1, 4, 0.5, 2) == pytest.approx(2 / 6)  # (1 + 2 * 0.5) / (4 + 2)
+    assert shrunk_rate(0, 0, 0.3, 0) == 0.3  # nothing observed, no prior weight: the prior
+    assert shrunk_rate(3, 4, 0.5, 0) == 0.75
+    # VarProxy = 0.5 * 0.25 / 4 + 0.5 * 0.09 / 1 = 0.03125 + 0.045
+    assert variance_proxy([0.5, 0.5], [0.25, 0.09], [4, 1]) == pytest.approx(0.07625)
+    # The square-root law minimises it: v = [0.25, 0.0625], q = 1/2, n_bar = 3 -> n = [4, 2]:
+    # 0.5 * 0.25 / 4 + 0.5 * 0.0625 / 2 = 0.046875 < uniform 0.5 * 0.3125 / 3 = 0.0520833
+    n = sqrt_allocation([0, 1], [0.25, 0.0625], 3, 1, 12)
+    assert n == [4, 2]
+    assert variance_proxy([0.5, 0.5], [0.25, 0.0625], n) == pytest.approx(0.046875)
+    assert variance_proxy([0.5, 0.5], [0.25, 0.0625], [3, 3]) == pytest.approx(0.3125 / 6)
+    # Best response: J = [unplayed -> mean -0.75, -1, -0.5] on arms [2, 3, 4].
+    # mu 0.1: L = 0.75 + 0.2, 1 + 0.3, 0.5 + 0.4 = [0.95, 1.3, 0.9] -> 4
+    # mu 0.3: L = [1.35, 1.9, 1.7] -> 2
+    j = [math.nan, -1.0, -0.5]
+    assert best_response_arm(j, [2, 3, 4], 0.1, 3) == 4
+    assert best_response_arm(j, [2, 3, 4], 0.3, 3) == 2
+    # No information: every arm ties; the budget wins, then the smaller of two equally near.
+    assert best_response_arm([math.nan] * 3, [2, 3, 4], 0.0, 3) == 3
+    assert best_response_arm([0.0] * 4, [2, 3, 4, 5], 0.0, 3.5) == 3
+    assert best_response_arm([0.0] * 3, [2, 3, 4], 0.2, 3) == 2  # priced: the cheapest
+
+
+def test_sample_exact_budget_arms_by_hand_and_against_brute_force():
+    from groupwise.curriculum import sample_exact_budget_arms
+
+    # Two bins of one prompt, arms [1, 2, 3], total 4: (1, 3), (2, 2), (3, 1) with weights
+    # 0.2 * 0.2 = 0.04, 0.3 * 0.3 = 0.09, 0.5 * 0.5 = 0.25 (sum 0.38). Bin 1 is drawn first, by
+    # inverse CDF over its arms [1, 2, 3]: [0.25, 0.09, 0.04] / 0.38 -> CDF [0.658, 0.895, 1].
+    counts = {0: 1, 1: 1}
+    log_p = {0: np.log([0.2, 0.3, 0.5]), 1: np.log([0.5, 0.3, 0.2])}
+    assert sample_exact_budget_arms(counts, log_p, [1, 2, 3], 4, [0.0, 0.5]) == {0: 3, 1: 1}
+    assert sample_exact_budget_arms(counts, log_p, [1, 2, 3], 4, [0.0, 0.7]) == {0: 2, 1: 2}
+    assert sample_exact_budget_arms(counts, log_p, [1, 2, 3], 4, [0.0, 0.95]) == {0: 1, 1: 3}
+    # Frequencies match the conditional distribution of the brute force.
+    rng = np.random.default_rng(3)
+    arms = [2, 3, 4, 5]
+    counts = {0: 2, 4: 1, 7: 1}
+    log_p = {b: np.log(rng.dirichlet(np.ones(len(arms)))) for b in counts}
+    total = 4 * sum(counts.values())
+    exact = {}
+    for combo in itertools.product(range(len(arms)), repeat=3):
+        chosen = tuple(arms[k] for k in combo)
+        if sum(c * a for c, a in zip(counts.values(), chosen, strict=True)) == total:
+            exact[chosen] = math.exp(sum(log_p[b][k] for b, k in zip(counts, combo, strict=True)))
+    norm = sum(exact.values())
+    draws = 4000
+    seen: dict[tuple, int] = {}
+    for u in rng.random((draws, 3)):
+        key = tuple(sample_exact_budget_arms(counts, log_p, arms, total, u.tolist()).values())
+        assert key in exact  # always exactly on budget
+        seen[key] = seen.get(key, 0) + 1
+    for key, weight in exact.items():
+        assert seen.get(key, 0) / draws == pytest.approx(weight / norm, abs=0.03), key
+
+
+def test_rollout_gdro_mu_does_not_drift_without_information():
+    bins = [0, 0, 1, 2, 2, 2]
+
+    def run(mu_update, steps=200, mu=0.0, loss=0.0):
+        gdro = RolloutGDRO(num_bins=3, n_min=2, n_max=12, mean_budget=4, mu_update=mu_update)
+        gdro.mu = mu
+        path = []
+        for _ in range(steps):  # the same loss for every arm: the arms carry no information
+            gdro.update(bins, gdro.allocate(bins), [loss] * len(bins))
+            path.append(gdro.mu)
+        return np.asarray(path)
+
+    assert (run("best_response") == 0.0).all()  # the best response is the budget: mu stays
+    assert (run("best_response", loss=0.3) == 0.0).all()  # identical non-zero signals too
+    assert (run("realized") == 0.0).all()  # eq. 21 under the exact budget: frozen at 0
+    # The earlier rule steps on the flat bandits' mean arm, 7 > 4: +0.15 at the first step, and
+    # it keeps rising (audit row 14).
+    drift = run("expected")
+    assert drift[0] == pytest.approx(0.05 * (7 - 4)) and drift[-1] > 2.0
+    # Started away from 0, the best response walks mu back (n_min = 2 at mu > 0: -0.1 a step)
+    # and then stays in the band the constant step allows, here [-0.05 * 2, 0.05 * 8].
+    back = run("best_response", mu=1.0)
+    assert back[0] == pytest.approx(0.9) and back[4] == pytest.approx(0.5)
+    assert (back[20:] >= -0.1 - 1e-9).all() and (back[20:] <= 0.4 + 1e-9).all()
+
+
+def test_rollout_gdro_best_response_clears_the_budget_with_information():
+    # Bin 0's J rises with n (more rollouts help), bin 1's is flat: the best response puts bin 0
+    # high and mu settles where the budget clears, instead of drifting.
+    gdro = RolloutGDRO(num_bins=2, n_min=2, n_max=6, mean_budget=4, dual_lr=0.01)
+    gdro.j_hat[0] = [-1.0, -0.6, -0.4, -0.3, -0.25]  # arms 2..6
+    gdro.j_hat[1] = [-0.5] * 5
+    bins = [0, 1]
+    for _ in range(400):
+        n_hat = gdro.best_response_mean(bins)
+        gdro.mu += gdro.dual_lr * (n_hat - gdro.mean_budget)
+    # At mu in (0.1, 0.2): bin 0's best arm is 4 (L = 0.4 + 4 mu vs 0.6 + 3 mu and 0.3 + 5 mu),
+    # bin 1's is 2 (flat J, priced): mean 3 < 4, so mu falls below 0.1, where bin 0 takes 5
+    # (mean 3.5) and at mu < 0.05, 6 (mean 4): mu hovers around 0.05.
+    assert 0.0 < gdro.mu < 0.1
+
+
+def test_rollout_gdro_sampling_is_seeded_and_resumes_exactly():
+    import io
+
+    import torch
+
+    from groupwise.checkpoint import plain
+
+    bins = [0, 0, 1, 2, 2, 2]
+
+    def make(**kwargs):
+        return RolloutGDRO(num_bins=3, n_min=2, n_max=8, mean_budget=4, seed=5, **kwargs)
+
+    def advance(gdro, steps, losses=(0.3, -0.1, 0.2, 0.0, 0.5, -0.2)):
+        out = []
+        for _ in range(steps):
+            n = gdro.allocate(bins)
+            assert sum(n) == 24 and min(n) >= 2 and max(n) <= 8
+            gdro.update(bins, n, list(losses))
+            out.append(n)
+        return out
+
+    straight = make()
+    full = advance(straight, 8)
+    first = make()
+    head = advance(first, 3)
+    buffer = io.BytesIO()
+    torch.save(plain(first.state_dict()), buffer)  # as run.py saves it
+    buffer.seek(0)
+    resumed = make()
+    resumed.generator.manual_seed(123)  # overwritten by the checkpoint
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    assert head + advance(resumed, 5) == full  # the same draws after a resume
+    assert np.array_equal(resumed.j_hat, straight.j_hat, equal_nan=True)
+    assert resumed.mu == straight.mu
+    assert len({tuple(n) for n in full}) > 1  # sampled: not the same arms every step
+    greedy = make(arm_choice="greedy", mu_update="realized")
+    flat = advance(greedy, 1, losses=(0.0,) * 6)
+    # Flat probabilities: the DP keeps the first path found, the smallest arm for bins 0 and 1
+    # and for bin 2 (3 prompts) the arm that closes the budget: (24 - 2 * 2 - 2) / 3 = 6.
+    assert flat == [[2, 2, 2, 6, 6, 6]]
+    with pytest.raises(ValueError, match="arm_choice must be one of"):
+        make(arm_choice="argmax")
+
+
+def test_sqrt_allocation_per_prompt_variance_by_hand():
+    from groupwise.curriculum import RolloutGDROCurriculum
+
+    cur = RolloutGDROCurriculum(num_bins=10, n_min=2, n_max=12, mean_budget=4, variance_prior=2)
+    uids = ["a", "b", "c", "d"]
+    plan, logs = _step(cur, uids, [(4, 4), (4, 0), (4, 2), (4, 1)])
+    assert plan.bins == [10] * 4 and plan.counts == [4] * 4  # all unseen, all equal
+    assert logs["curriculum/prompts_bin_unseen"] == 4
+    # Step 2: bins by fraction 1, 0, 0.5, 0.25 -> 9, 0, 5, 2; those bins have no pooled rate yet,
+    # so each prompt shrinks towards every group's pooled rate 7/16 with 2 pseudo-rollouts:
+    # p = (4 + 0.875) / 6 = 0.8125, 0.875 / 6 = 0.14583, 2.875 / 6 = 0.47917, 1.875 / 6 = 0.3125
+    # v = p (1 - p) = 0.152344, 0.124566, 0.249566, 0.214844
+    # n = 16 sqrt(v) / sum sqrt(v) = 3.660, 3.309, 4.684, 4.346: floors 3, 3, 4, 4 (14), the two
+    # spare units to the largest fractions (0.684 c, 0.660 a).
+    p = np.array([4.875, 0.875, 2.875, 1.875]) / 6
+    np.testing.assert_allclose(cur.prompt_variances(uids, [9, 0, 5, 2]), p * (1 - p))
+    plan = cur.plan(_plan_for(uids, [0] * 4, [1] * 4).batch)
+    assert plan.bins == [9, 0, 5, 2]
+    assert plan.counts == [4, 3, 5, 4]
+    # The held-out diagnostics of that step: VarProxy = mean_x v_x / n_x (eq. 28, each prompt a
+    # stratum of share 1/4) = 0.045808, against 0.046332 with 4 each.
+    logs = cur.observe_global(plan, _rows([(4, 4), (3, 0), (5, 2), (4, 1)]))
+    assert logs["curriculum/var_proxy"] == pytest.approx(0.0458080150)
+    assert logs["curriculum/var_proxy_uniform"] == pytest.approx(0.0463324653)
+    expected_wse = np.mean(np.sqrt(p * (1 - p)) / np.sqrt([4, 3, 5, 4]))
+    assert logs["curriculum/wse_heldout"] == pytest.approx(expected_wse)
+    # The earlier per-bin variance: unobserved bins use their range midpoints 0.95, 0.05, 0.55,
+    # 0.25 -> v = 0.0475, 0.0475, 0.2475, 0.1875: a different allocation.
+    per_bin = RolloutGDROCurriculum(num_bins=10, variance="bin")
+    _step(per_bin, uids, [(4, 4), (4, 0), (4, 2), (4, 1)])
+    v = [0.0475, 0.0475, 0.2475, 0.1875]
+    assert per_bin.plan(_plan_for(uids, [0] * 4, [1] * 4).batch).counts == sqrt_allocation(
+        [0, 1, 2, 3], v, 4, 2, 12
+    )
+
+
+def test_curriculum_state_round_trip_and_identical_ranks():
+    import io
+
+    import torch
+
+    from groupwise.checkpoint import plain
+    from groupwise.curriculum import RolloutGDROCurriculum
+
+    uids = ["a", "b", "c", "d", "e", "f"]
+    outcomes = [
+        [(4, 1), (4, 0), (4, 4), (4, 2), (4, 3), (4, 0)],
+        [(4, 2), (4, 0), (4, 3), (4, 2), (4, 4), (4, 1)],
+    ]
+
+    def run(cur, steps, start=0):
+        plans = []
+        for t in range(start, start + steps):
+            plan = cur.plan(_plan_for(uids, [0] * 6, [1] * 6).batch)
+            rng = np.random.default_rng(t)
+            per_prompt = [(n, int(rng.integers(0, n + 1))) for n in plan.counts]
+            cur.observe_global(plan, _rows(per_prompt))
+            plans.append((plan.bins, plan.counts))
+        return plans
+
+    for allocator in ("bandit", "sqrt"):
+        kwargs = dict(num_bins=4, window=3, n_max=8, allocator=allocator)
+        rank0, rank1 = RolloutGDROCurriculum(**kwargs), RolloutGDROCurriculum(**kwargs)
+        for per_prompt in outcomes:
+            for cur in (rank0, rank1):
+                plan = cur.plan(_plan_for(uids, [0] * 6, [1] * 6).batch)
+                plan.counts = [4] * 6
+                cur.observe_global(plan, _rows(per_prompt))
+        # Two ranks that observe the same global rows hold the same state.
+        assert repr(rank0.state_dict()) == repr(rank1.state_dict())
+        straight = run(rank0, 6)
+        head = run(rank1, 2)
+        buffer = io.BytesIO()
+        torch.save(plain(rank1.state_dict()), buffer)  # as run.py saves it
+        buffer.seek(0)
+        resumed = RolloutGDROCurriculum(**kwargs)
+        resumed.load_state_dict(torch.load(buffer, weights_only=True))
+        assert head + run(resumed, 4, start=2) == straight, allocator
+        assert repr(resumed.state_dict()) == repr(rank0.state_dict())
+
+
+def test_config_options_for_issue_14():
+    from groupwise.config import ConfigError, GRPOConfig
+    from groupwise.curriculum import RolloutGDROCurriculum
+
+    defaults = GRPOConfig()
+    assert defaults.rollout_allocator == "sqrt" and defaults.rollout_variance == "prompt"
+    assert defaults.gdro_classifier_signal == "rollout_fraction"
+    assert defaults.gdro_unseen == "unseen"
+    assert defaults.rollout_arm_choice == "sample" and defaults.rollout_mu_update == "best_response"
+    with pytest.raises(ConfigError, match="gdro_share_normalize: false.*gdro_signal: pg_loss"):
+        GRPOConfig(curriculum="prompt_gdro", gdro_signal="failure_rate")
+    GRPOConfig(curriculum="prompt_gdro", gdro_signal="failure_rate", gdro_share_normalize=False)
+    GRPOConfig(gdro_signal="failure_rate")  # no curriculum: nothing to refuse
+    GRPOConfig(curriculum="rollout_gdro", gdro_unseen="difficulty")
+    for name, bad in (
+        ("rollout_allocator", "neyman"),
+        ("rollout_variance", "pooled"),
+        ("rollout_arm_choice", "argmax"),
+        ("rollout_mu_update", "frozen"),
+        ("gdro_classifier_signal", "pass_at_k"),
+        ("gdro_unseen", "prior"),
+    ):
+        with pytest.raises(ConfigError, match=rf"{name}='{bad}' is not one of \['"):
+            GRPOConfig(**{name: bad})
+    with pytest.raises(ConfigError, match="gdro_window must be >= 0"):
+        GRPOConfig(gdro_window=-1)
+    with pytest.raises(ConfigError, match="rollout_variance_prior must be >= 0"):
+        GRPOConfig(rollout_variance_prior=-0.5)
+    # Every earlier behaviour is still one option away.
+    old = GRPOConfig(
+        curriculum="rollout_gdro",
+        rollout_allocator="bandit",
+        rollout_variance="bin",
+        rollout_arm_choice="greedy",
+        rollout_mu_update="expected",
+        gdro_classifier_signal="any_correct",
+        gdro_unseen="hardest",
+        gdro_window=0,
+        seed=7,
+    )
+    cur = RolloutGDROCurriculum.from_options(old.to_dict())
+    assert cur.allocator == "bandit" and cur.variance == "bin"
+    assert cur.classifier_signal == "any_correct" and cur.classifier.unseen == "hardest"
+    assert cur.rollout_gdro.arm_choice == "greedy" and cur.rollout_gdro.mu_update == "expected"
+    assert cur.classifier.num_states == 10 and cur.classifier.window == 0
+    assert cur.rollout_gdro.generator.initial_seed() == 7
+
+
+def test_a_checkpoint_with_another_number_of_groups_is_refused():
+    from groupwise.curriculum import PromptGDROCurriculum
+
+    old = PromptGDROCurriculum(num_bins=4, unseen="hardest").state_dict()  # pre-issue-14 shape
+    with pytest.raises(ValueError, match="4 groups, this run 5.*gdro_unseen: hardest"):
+        PromptGDROCurriculum(num_bins=4).load_state_dict(old)
+    PromptGDROCurriculum(num_bins=4, unseen="hardest").load_state_dict(old)
+
+
+def test_unseen_prompts_binned_by_their_difficulty_level():
+    import json
+
+    from groupwise.curriculum import PromptBatch, RolloutGDROCurriculum
+
+    def batch(uids, levels):
+        rows = [{} if lv is None else {"difficulty": lv} for lv in levels]
+        return PromptBatch(uids, slice(0, len(uids)), rows, [[1]] * len(uids))
+
+    cur = RolloutGDROCurriculum(num_bins=10, unseen="difficulty", variance_prior=2)
+    plan = cur.plan(batch(["a", "b", "e"], [1, 2, None]))
+    assert plan.bins == [10, 10, 10]  # no level observed yet: the unseen group
+    cur.observe_global(plan, _rows([(4, 3), (4, 0), (4, 2)]))
+    assert cur._level_rate("1") == 0.75 and cur._level_rate("2") == 0.0
+    # New prompts c (level 1) and f (level 2) take their level's rate, 0.75 -> bin 7 and 0 ->
+    # bin 0; d's level 3 was never observed: the unseen group; a has its own history (3/4).
+    plan = cur.plan(batch(["c", "d", "f", "a"], [1, 3, 2, 1]))
+    assert plan.bins == [7, 10, 0, 7]
+    # Variances: c shrinks to its level's 0.75 (v = 0.1875), a (3 + 2 * 0.75) / 6 = 0.75 too,
+    # f to 0 (v = 0: n_min = 2), d to the unseen group's pooled 5/12 (v = 35/144 = 0.24306).
+    # The other 14 rollouts go as sqrt(v): 0.4330, 0.4930, 0.4330 -> 4.461, 5.079, 4.461:
+    # floors 4 + 5 + 4 + 2 = 15, the spare unit to c (tied with a, first in order).
+    np.testing.assert_allclose(
+        cur.prompt_variances(["c", "d", "f", "a"], plan.bins), [0.1875, 35 / 144, 0.0, 0.1875]
+    )
+    assert plan.counts == [5, 5, 2, 4]
+    cur.observe_global(plan, _rows([(5, 5), (5, 1), (2, 0), (4, 2)]))
+    assert cur.level_success["1"][-1] == (7, 9)  # c and a, pooled in one entry for the step
+    state = json.loads(json.dumps(cur.state_dict()))  # JSON-friendly, as the torchrun test dumps
+    other = RolloutGDROCurriculum(num_bins=10, unseen="difficulty", variance_prior=2)
+    other.load_state_dict(state)
+    assert other._level_rate("1") == pytest.approx(10 / 13)
+    assert json.dumps(other.state_dict()) == json.dumps(cur.state_dict())

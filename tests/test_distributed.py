@@ -70,7 +70,7 @@ SCRIPT = textwrap.dedent(
         # not (bottom bin); Prompt-GDRO weighs the hard bin up, Rollout-GDRO gives it 6 rollouts
         # and the easy bin 2, so ranks holding different prompts hold different row counts.
         state = trainer.curriculum.state_dict()
-        top = len(state["prompt_gdro"]["scores"]) - 1
+        top = trainer.curriculum.classifier.num_bins - 1  # the easiest bin
         state["classifier"]["history"] = {i: [int(i in easy)] for i in range(len(rows))}
         state["prompt_gdro"]["scores"][0], state["prompt_gdro"]["scores"][top] = 1.0, -1.0
         arms = trainer.curriculum.rollout_gdro.arms
@@ -195,18 +195,26 @@ def _assert_nested_close(a, b, atol: float, where: str = "") -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "curriculum,data_parallel",
-    [("prompt_gdro", "ddp"), ("rollout_gdro", "ddp"), ("rollout_gdro", "fsdp")],
+    "curriculum,data_parallel,unseen",
+    [
+        ("prompt_gdro", "ddp", "unseen"),
+        ("rollout_gdro", "ddp", "unseen"),
+        ("rollout_gdro", "fsdp", "unseen"),
+        # Levels gathered from every rank at each plan (a collective); these rows have none.
+        ("rollout_gdro", "ddp", "difficulty"),
+    ],
 )
-def test_curriculum_two_ranks_match_one_process(tmp_path, curriculum, data_parallel):
+def test_curriculum_two_ranks_match_one_process(tmp_path, curriculum, data_parallel, unseen):
     """Both ranks observe the global batch: their curriculum states are identical, equal to
     one process's, and so are the updates, also when Rollout-GDRO gives the two ranks
     different numbers of rows (and under FSDP, different numbers of micro-batches)."""
     from groupwise.trainer import PromptSampler
 
     easy = PromptSampler(8, seed=0).take(2)  # rank 0's prompts in the first step
+    # The bandit allocator with greedy arms, so the arm scores set above decide the rollouts.
     common = {"curriculum": curriculum, "data_parallel": data_parallel, "steps": 2,
-              "easy_prompts": easy}  # fmt: skip
+              "easy_prompts": easy, "rollout_allocator": "bandit",
+              "rollout_arm_choice": "greedy", "gdro_unseen": unseen}  # fmt: skip
     single, ranks = _one_process_and_two_ranks(tmp_path, common)
     _assert_same_update(single, ranks)
     states = [(ranks / f"curriculum-{r}.json").read_text() for r in (0, 1)]
@@ -344,6 +352,12 @@ RESUME_SCRIPT = textwrap.dedent(
         (
             {
                 "curriculum": "rollout_gdro",
+                # Sampled bandit arms: the draws' generator goes through the checkpoint too.
+                # The paper's classifier (pass@n, unseen prompts in bin 0) splits these prompts
+                # into both bins, which the per-rollout fraction at threshold 0.7 does not.
+                "rollout_allocator": "bandit",
+                "gdro_classifier_signal": "any_correct",
+                "gdro_unseen": "hardest",
                 "gdro_num_bins": 2,
                 "gdro_correct_threshold": 0.7,
                 "num_prompts": 4,

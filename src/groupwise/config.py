@@ -83,25 +83,49 @@ class GRPOConfig:
 
     # --- curriculum (Multi-Adversary GDRO, arXiv 2601.19280; paper defaults) -----------------
     curriculum: str = "none"  # none | prompt_gdro | rollout_gdro | select
-    gdro_num_bins: int = 10  # online pass@k bins (equal width) unless gdro_bin_edges is set
+    gdro_num_bins: int = 10  # online difficulty bins (equal width) unless gdro_bin_edges is set
     gdro_bin_edges: list[float] | None = None  # sorted edges inside (0, 1)
-    gdro_window: int = 50  # H: last H outcomes per prompt (0: all history)
+    gdro_window: int = 50  # H: last H appearances per prompt (0: all history, no window)
     gdro_hysteresis: float = 0.0  # delta: margin past a bin edge before a prompt moves
     gdro_correct_threshold: float = 0.5  # a rollout is correct if its correctness reward > this
+    # What the classifier records per appearance: rollout_fraction (correct rollouts / rollouts;
+    # default since issue 14, independent of the prompt's rollout count) | any_correct (the
+    # paper's c(x) of eq. 10, pass@n_b: prompts given more rollouts look easier; earlier default)
+    gdro_classifier_signal: str = "rollout_fraction"
+    # Prompts never observed: unseen (their own group, logged as *_bin_unseen; default since
+    # issue 14) | hardest (bin 0 with accuracy 0, the paper's code; earlier default) |
+    # difficulty (binned by the observed success rate of prompts with the same `difficulty`
+    # column value; rows without it, or levels not observed yet, use the unseen group)
+    gdro_unseen: str = "unseen"
     gdro_eta: float = 0.65  # eta_q (Prompt-GDRO) and the arm bandits' eta (Rollout-GDRO)
     gdro_gamma: float = 0.01  # uniform exploration mix
     gdro_ema_beta: float = 0.12  # Prompt-GDRO EMA of bin losses
     gdro_clip: float | None = None  # C: clip of the EMA scores (None: off)
     gdro_weight_cap: float = 15.0  # cap of the per-sample advantage multiplier
-    gdro_share_normalize: bool = True  # divide a bin's mean loss by its realised share
+    # divide a bin's mean loss by its realised share (the paper's); refused with
+    # gdro_signal=failure_rate, where it ranks bins by rarity instead of difficulty
+    gdro_share_normalize: bool = True
     # Prompt-GDRO signal: pg_loss (the paper's; exactly 0 per bin when num_iterations = 1) |
-    # failure_rate (1 - correct per rollout)
+    # failure_rate (1 - correct per rollout; needs gdro_share_normalize: false)
     gdro_signal: str = "pg_loss"
     rollout_min: int = 2  # Rollout-GDRO arms n_min..n_max; the mean budget is num_generations
     rollout_max: int = 12  # Rollout-GDRO: most rollouts one prompt gets
-    rollout_allocator: str = "bandit"  # bandit (eqs. 19-21) | sqrt (closed-form square-root law)
+    # sqrt (closed-form square-root law, Theorem 4.2 / eq. 30; default since issue 14) |
+    # bandit (the paper's eqs. 19-21; the earlier default)
+    rollout_allocator: str = "sqrt"
+    # sqrt law's variance: prompt (per-prompt p(1-p) shrunk towards its bin's rate; default) |
+    # bin (the bin's pooled p(1-p), the earlier behaviour)
+    rollout_variance: str = "prompt"
+    rollout_variance_prior: float = 2.0  # pseudo-rollouts at the bin's rate in the per-prompt p
     rollout_dual_lr: float = 0.05  # alpha_mu of the shadow price
     rollout_score_decay: float = 0.4  # arm score EMA decay
+    # bandit arms: sample (EXP3P draw under the exact budget, seeded by `seed`, checkpointed;
+    # default) | greedy (the most probable arms, the earlier behaviour)
+    rollout_arm_choice: str = "sample"
+    # mu's dual step on: best_response (unconstrained best response at the current mu; does
+    # not move without information; default) | expected (mean arm under the bandit
+    # probabilities, the earlier rule: drifts up) | realized (eq. 21 as written: stays at 0)
+    rollout_mu_update: str = "best_response"
     # Predictive selection with adaptive group size (curriculum: select; README). Group sizes
     # are rollout_min..rollout_max around num_generations; correct: gdro_correct_threshold.
     select_oversample: int = 2  # candidates drawn per prompt slot; the rest are skipped
@@ -237,6 +261,15 @@ class GRPOConfig:
             SCALE_MODES,
         )
         from .curriculum import CURRICULA
+        from .curriculum.gdro import (
+            ALLOCATORS,
+            ARM_CHOICES,
+            CLASSIFIER_SIGNALS,
+            MU_UPDATES,
+            PROMPT_SIGNALS,
+            UNSEEN_MODES,
+            VARIANCE_MODES,
+        )
 
         choices = {
             "loss_type": tuple(LOSSES),
@@ -247,9 +280,14 @@ class GRPOConfig:
             "dtype": ("auto", "float32", "bfloat16"),
             "on_invalid_rows": ("error", "skip"),
             "curriculum": tuple(CURRICULA),
-            "rollout_allocator": ("bandit", "sqrt"),
+            "rollout_allocator": ALLOCATORS,
+            "rollout_variance": VARIANCE_MODES,
+            "rollout_arm_choice": ARM_CHOICES,
+            "rollout_mu_update": MU_UPDATES,
+            "gdro_signal": PROMPT_SIGNALS,
+            "gdro_classifier_signal": CLASSIFIER_SIGNALS,
+            "gdro_unseen": UNSEEN_MODES,
             "select_allocator": ("knapsack", "sqrt", "uniform"),
-            "gdro_signal": ("pg_loss", "failure_rate"),
             "long_prompts": ("truncate", "skip", "error"),
             "algorithm": ("grpo", "ppo"),
             "logprob_impl": ("chunked", "naive"),
@@ -340,6 +378,21 @@ class GRPOConfig:
                 f"rollout_max, got {self.rollout_min}, {self.num_generations}, {self.rollout_max}"
             )
         self._validate_select()
+        if self.curriculum != "none" and self.gdro_signal == "failure_rate":
+            if self.gdro_share_normalize:
+                raise ConfigError(
+                    "gdro_signal=failure_rate with gdro_share_normalize=true ranks bins by "
+                    "rarity, not difficulty (a mean failure rate divided by the bin's share; "
+                    "docs/curriculum-audit.md section 2.4); set gdro_share_normalize: false, or "
+                    "use gdro_signal: pg_loss"
+                )
+        if self.gdro_window < 0:
+            raise ConfigError(f"gdro_window must be >= 0 (0: all history), got {self.gdro_window}")
+        if self.rollout_variance_prior < 0:
+            raise ConfigError(
+                "rollout_variance_prior must be >= 0 (pseudo-rollouts), "
+                f"got {self.rollout_variance_prior}"
+            )
         for name in ("rollout_correction_clip_min", "rollout_correction_clip_max"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 or null, got {getattr(self, name)}")
