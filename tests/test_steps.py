@@ -17,6 +17,7 @@ from groupwise.batching import minibatch_prompts, select_prompts
 from groupwise.config import ConfigError
 from groupwise.core import equal_prompt_factors, informative_groups, policy_loss
 from groupwise.curriculum import CURRICULA, Curriculum, Outcome, Plan, PromptBatch
+from groupwise.curriculum.gdro import PromptGDROCurriculum
 from groupwise.rollout import Rollout
 from groupwise.run import PhaseTimer
 
@@ -327,8 +328,17 @@ def test_old_logprobs_are_the_sampling_policys(tmp_path):
             assert (now - old).abs().max() > 1e-4  # the policy moved; old stayed the sampler's
 
 
-def test_resume_with_several_steps_per_generation_is_exact(tmp_path):
-    extra = dict(curriculum="rollout_gdro", rollout_min=2, rollout_max=6, gdro_signal="pg_loss",
+class UnevenPromptGDRO(PromptGDROCurriculum):
+    """Prompt-GDRO (its state, the paper's pg_loss signal) with 2, 2, 6, 6 rollouts per 4
+    prompts: the first mini-batch holds 4 rows, the second 12."""
+
+    def rollout_counts(self, bins):
+        return [(2, 2, 6, 6)[i % 4] for i in range(len(bins))]
+
+
+def test_resume_with_several_steps_per_generation_is_exact(tmp_path, monkeypatch):
+    monkeypatch.setitem(CURRICULA, "uneven", UnevenPromptGDRO)
+    extra = dict(curriculum="uneven", gdro_signal="pg_loss", gdro_num_bins=2,
                  prompt_weighting="equal", per_device_train_batch_size=8,
                  steps_per_generation=2, max_steps=3, save_steps=2)  # fmt: skip
     full = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "a", **extra))
@@ -345,6 +355,7 @@ def test_resume_with_several_steps_per_generation_is_exact(tmp_path):
     assert a == [_without_timing(r) for r in rest.log_history]
     assert [r["compute/optimizer_steps_total"] for r in a] == [2, 4, 6]
     assert a[-1]["compute/rollouts_total"] == 3 * 16  # 4 prompts x mean 4 rollouts per step
+    assert all(r["curriculum/rollouts_bin_0"] + r["curriculum/rollouts_bin_1"] == 16 for r in a)
     tokens = [r["compute/generated_tokens"] for r in a]
     assert a[-1]["compute/generated_tokens_total"] == sum(tokens)
     assert rest.compute.state_dict() == full.compute.state_dict()
