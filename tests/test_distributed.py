@@ -462,3 +462,23 @@ def test_ppo_with_fsdp_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="algorithm=ppo with data_parallel=fsdp"):
         PPOTrainer("tiny-random", lambda completions, **kw: [0.0] * len(completions),
                    [{"prompt": "x"}], args=args)  # fmt: skip
+
+
+@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
+def test_two_ranks_take_several_optimizer_steps_per_generation(tmp_path, data_parallel):
+    """steps_per_generation under torchrun: each rank cuts its share of the generation batch
+    into the same number of mini-batches (global mini-batch j = every rank's j-th block, as in
+    TRL), every mini-batch is one optimizer step with collectives in step, and the logged
+    compute counts are the global batch's."""
+    script = tmp_path / "step.py"
+    script.write_text(SCRIPT)
+    # Per rank: 4 prompts x 4 completions, micro-batches of 4, 2 per optimizer step: 2 steps.
+    options = {"data_parallel": data_parallel, "per_device_train_batch_size": 4,
+               "gradient_accumulation_steps": 2, "steps_per_generation": 4}  # fmt: skip
+    _run(_torchrun(str(script), str(tmp_path), json.dumps(options)), tmp_path)
+    logs = json.loads((tmp_path / "logs.json").read_text())
+    assert logs["compute/optimizer_steps"] == 2
+    assert logs["compute/rollouts"] == 2 * 16  # both ranks' completions
+    assert [json.loads((tmp_path / f"rows-{r}.json").read_text()) for r in (0, 1)] == [[16]] * 2
+    params = torch.load(tmp_path / "params.pt")
+    assert all(torch.isfinite(p).all() for p in params.values())

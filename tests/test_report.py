@@ -540,3 +540,31 @@ def test_check_script_exit_codes(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(module, "check_in_browser", lambda path, chromium: ["console: boom"])
     assert module.main([str(tmp_path / "r.html")]) == 1
     assert "console: boom" in capsys.readouterr().err
+
+
+def test_eval_against_generated_tokens_when_the_run_counts_them(tmp_path):
+    # 100 tokens per step, evaluations at steps 0, 2 and 4 (step 3 logged no count): the plot
+    # puts them at 0, 200 and 400 tokens; a run without compute/* keys has no such plot.
+    run = tmp_path / "tokens"
+    run.mkdir()
+    rows = []
+    for step in range(5):
+        if step:
+            row = {"step": step, "reward": 0.1 * step}
+            if step != 3:
+                row["compute/generated_tokens_total"] = 100.0 * step
+            rows.append(row)
+        if step % 2 == 0:
+            rows.append({"step": step, "eval/reward": 0.2 * step, "eval/accuracy": 0.1 * step})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = report.load_run(run)
+    assert report.token_axis(data) == {0: 0.0, 1: 100.0, 2: 200.0, 4: 400.0}
+    x, y = report.series(data.evals, "eval/accuracy", report.token_axis(data))
+    assert x.tolist() == [0.0, 200.0, 400.0] and y.tolist() == pytest.approx([0.0, 0.2, 0.4])
+    page = build_report(run, tmp_path / "r.html", dpi=30).read_text()
+    assert "eval_tokens" in plot_ids(page)
+    assert "completion tokens generated" in page
+    for row in rows:
+        row.pop("compute/generated_tokens_total", None)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "eval_tokens" not in plot_ids(build_report(run, tmp_path / "s.html", dpi=30).read_text())

@@ -379,3 +379,12 @@ def test_two_ranks_choose_plan_and_learn_identically(tokenizer):
         logs = [c.observe_global(p, global_rows) for c, p in zip(curricula, plans, strict=True)]
         assert logs[0] == logs[1]
     assert curricula[0].state_dict() == curricula[1].state_dict()
+
+
+def test_equal_prompt_weighting_is_not_applied_twice():
+    from groupwise.config import ConfigError, GRPOConfig
+
+    with pytest.raises(ConfigError, match="prompt_weighting=equal with curriculum=select"):
+        GRPOConfig(curriculum="select", prompt_weighting="equal")
+    assert GRPOConfig(curriculum="select", prompt_weighting="equal",
+                      select_equal_prompt_weight=False).prompt_weighting == "equal"  # fmt: skip

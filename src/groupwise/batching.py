@@ -13,6 +13,43 @@ import torch
 from .rollout import Rollout
 
 
+def minibatch_prompts(num_prompts: int, num_minibatches: int) -> list[torch.Tensor]:
+    """Split a generation batch's prompts into ``num_minibatches`` mini-batches, one optimizer
+    step each (TRL's steps_per_generation): consecutive blocks of equal size, in batch order
+    (the sampler already shuffled it), so a prompt's group is never split and every mini-batch
+    holds the same number of prompts. Returns LongTensors of prompt (group) indices."""
+    if num_minibatches < 1 or num_prompts % num_minibatches:
+        raise ValueError(
+            f"{num_prompts} prompts do not split into {num_minibatches} equal mini-batches"
+        )
+    return list(torch.arange(num_prompts).split(num_prompts // num_minibatches))
+
+
+def select_prompts(rollout: Rollout, prompts: torch.Tensor) -> tuple[Rollout, torch.Tensor]:
+    """The part of ``rollout`` answering ``prompts`` (group indices, ascending): a Rollout of
+    those groups (group ids renumbered 0..len(prompts)-1) and its rows' indices in ``rollout``."""
+    group_ids = rollout.group_ids.cpu()
+    renumber = torch.full((rollout.prompt_ids.shape[0],), -1, dtype=torch.long)
+    renumber[prompts] = torch.arange(prompts.numel())
+    rows = torch.nonzero(renumber[group_ids] >= 0).flatten()
+
+    def take(x: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
+        return None if x is None else x[index.to(x.device)]
+
+    part = Rollout(
+        prompt_ids=take(rollout.prompt_ids, prompts),
+        prompt_mask=take(rollout.prompt_mask, prompts),
+        completion_ids=take(rollout.completion_ids, rows),
+        completion_mask=take(rollout.completion_mask, rows),
+        truncated=take(rollout.truncated, rows),
+        group_ids=renumber[group_ids[rows]].to(rollout.group_ids.device),
+        texts=[rollout.texts[i] for i in rows.tolist()],
+        sampling_logprobs=take(rollout.sampling_logprobs, rows),
+        loss_mask=take(rollout.loss_mask, rows),
+    )
+    return part, rows
+
+
 def trimmed_completions(
     rollout: Rollout, rows: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import types
 import typing
@@ -61,7 +62,15 @@ class GRPOConfig:
     num_generations: int = 8  # G: completions per prompt
     per_device_train_batch_size: int = 8  # completions per micro-batch (TRL's meaning)
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
-    num_iterations: int = 1  # mu: optimizer passes over each generated batch
+    # One generation batch, several optimizer steps (TRL's names and meanings; README "Batch
+    # arithmetic"). steps_per_generation: micro-batches (of per_device_train_batch_size
+    # completions, per rank) per generation batch; None: gradient_accumulation_steps, i.e. one
+    # optimizer step per generation. generation_batch_size: completions per generation batch
+    # over all ranks (= per_device_train_batch_size * ranks * steps_per_generation). At most one
+    # of the two may be set. Each optimizer step takes gradient_accumulation_steps of them.
+    steps_per_generation: int | None = None
+    generation_batch_size: int | None = None
+    num_iterations: int = 1  # mu: passes over each generation batch's mini-batches
     beta: float = 0.04  # KL coefficient; 0 loads no reference model at all
     epsilon: float = 0.2  # lower clip
     epsilon_high: float | None = None  # upper clip (DAPO clip-higher); None: same as epsilon
@@ -69,6 +78,11 @@ class GRPOConfig:
     scale_rewards: str = "group"  # group | batch | none
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
     mask_truncated_completions: bool = False  # DAPO overlong filtering
+    # How prompts weigh in the loss when they have different numbers of rollouts
+    # (Rollout-GDRO): rollouts (each rollout counts once, so a prompt weighs its rollout count) |
+    # equal (GDRO eq. 17: a prompt's rollouts are averaged first, every prompt weighs the same;
+    # row weight mean(n) / n_x). Identical when every prompt has num_generations rollouts.
+    prompt_weighting: str = "rollouts"
 
     # --- PPO baseline (algorithms.md 3.6; verl defaults gamma = lambda = 1) ------------------
     # With algorithm=ppo, beta is the per-token KL penalty inside the reward, and the policy
@@ -218,14 +232,47 @@ class GRPOConfig:
     # ----------------------------------------------------------------------------------------
     @property
     def completions_per_step(self) -> int:
+        """Completions per optimizer step, per rank (one mini-batch)."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
 
     @property
+    def micro_steps_per_generation(self) -> int:
+        """TRL's steps_per_generation, resolved: micro-batches per generation batch, per rank
+        (from generation_batch_size with the world size torchrun sets in WORLD_SIZE)."""
+        if self.steps_per_generation is not None:
+            return self.steps_per_generation
+        if self.generation_batch_size is not None:
+            ranks = world_size_from_env()
+            return self.generation_batch_size // (self.per_device_train_batch_size * ranks)
+        return self.gradient_accumulation_steps
+
+    @property
+    def optimizer_steps_per_generation(self) -> int:
+        """Mini-batches per generation batch: each is one optimizer step (per pass)."""
+        return self.micro_steps_per_generation // self.gradient_accumulation_steps
+
+    @property
+    def completions_per_generation(self) -> int:
+        """Completions per generation batch, per rank (on average under Rollout-GDRO)."""
+        return self.per_device_train_batch_size * self.micro_steps_per_generation
+
+    @property
     def prompts_per_step(self) -> int:
-        return self.completions_per_step // self.num_generations
+        """Prompts per groupwise step (one generation batch), per rank."""
+        return self.completions_per_generation // self.num_generations
 
     def _validate_select(self) -> None:
         """The ``select_*`` options (curriculum: select), each error naming its option."""
+        if (
+            self.curriculum == "select"
+            and self.select_equal_prompt_weight
+            and self.prompt_weighting == "equal"
+        ):
+            raise ConfigError(
+                "prompt_weighting=equal with curriculum=select and select_equal_prompt_weight="
+                "true would weight each prompt by mean(n)/n_x twice (GDRO eq. 17); set one of "
+                "them: prompt_weighting: rollouts, or select_equal_prompt_weight: false"
+            )
         if self.select_oversample < 1:
             raise ConfigError(f"select_oversample must be >= 1, got {self.select_oversample}")
         if not 0.0 < self.select_discount <= 1.0:
@@ -294,6 +341,7 @@ class GRPOConfig:
             "data_parallel": ("ddp", "fsdp"),
             "generation_dtype": ("auto", "bfloat16"),
             "rollout_correction_mode": ROLLOUT_CORRECTION_MODES,
+            "prompt_weighting": ("rollouts", "equal"),
         }
         if self.loss_type == "cispo" and (self.epsilon_high is None or self.epsilon_high < 1):
             raise ConfigError(
@@ -370,6 +418,7 @@ class GRPOConfig:
                 f"{self.completions_per_step}) must be a multiple of num_generations "
                 f"({self.num_generations}) so that every prompt gets a full group"
             )
+        self._validate_generation_batch()
         if self.curriculum == "rollout_gdro" and not (
             1 <= self.rollout_min <= self.num_generations <= self.rollout_max
         ):
@@ -433,6 +482,38 @@ class GRPOConfig:
                 f"{len(self.reward_funcs)} ({self.reward_funcs})"
             )
 
+    def _validate_generation_batch(self) -> None:
+        """steps_per_generation / generation_batch_size, as TRL checks them, plus what groupwise
+        needs: whole optimizer steps (and so whole prompt groups) per generation batch."""
+        spg, gbs = self.steps_per_generation, self.generation_batch_size
+        if spg is not None and gbs is not None:
+            raise ConfigError(
+                "steps_per_generation and generation_batch_size are mutually exclusive (as in "
+                f"TRL): got steps_per_generation={spg} and generation_batch_size={gbs}; set one"
+            )
+        if spg is not None and spg < 1:
+            raise ConfigError(f"steps_per_generation must be >= 1 or null, got {spg}")
+        if gbs is not None:
+            per_micro = self.per_device_train_batch_size * world_size_from_env()
+            if gbs < 1 or gbs % per_micro:
+                raise ConfigError(
+                    f"generation_batch_size={gbs} must be a positive multiple of "
+                    f"per_device_train_batch_size * ranks = {per_micro}"
+                )
+        micro = self.micro_steps_per_generation
+        if micro % self.gradient_accumulation_steps:
+            name = "steps_per_generation" if gbs is None else "generation_batch_size"
+            raise ConfigError(
+                f"{name}: a generation batch of {micro} micro-batches per rank is not a whole "
+                f"number of optimizer steps of gradient_accumulation_steps="
+                f"{self.gradient_accumulation_steps} micro-batches; use a multiple"
+            )
+        if self.algorithm == "ppo" and self.optimizer_steps_per_generation > 1:
+            raise ConfigError(
+                "steps_per_generation / generation_batch_size: algorithm=ppo takes one optimizer "
+                "step per generation batch (per num_iterations pass); leave both unset"
+            )
+
     # ----------------------------------------------------------------------------------------
     @classmethod
     def field_names(cls) -> list[str]:
@@ -475,6 +556,14 @@ class GRPOConfig:
     def to_yaml(self, path: str | Path) -> None:
         with open(path, "w", encoding="utf-8") as handle:
             yaml.safe_dump(self.to_dict(), handle, sort_keys=False)
+
+
+def world_size_from_env() -> int:
+    """The number of ranks torchrun announces (WORLD_SIZE), 1 for a single process."""
+    try:
+        return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
+    except ValueError:
+        return 1
 
 
 def _type_name(tp: Any) -> str:

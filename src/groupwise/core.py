@@ -8,7 +8,7 @@ papers and the TRL / verl code these functions follow.
 
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -150,6 +150,29 @@ def zero_std_groups_fraction(rewards: Tensor, group_ids: Tensor) -> float:
     if constant.numel() == 0:
         return 0.0
     return constant.sum().item() / constant.numel()
+
+
+def equal_prompt_factors(counts: Sequence[int]) -> list[float]:
+    """Row-weight factor per prompt that turns the row mean into GDRO's prompt mean under
+    variable rollout counts (arXiv 2601.19280 eqs. 17-18; algorithms.md §1.4).
+
+    A loss that averages over the N rows of a batch of P prompts weighs prompt x by its count
+    n_x: ``(1/N) sum_x sum_j l_xj``. Eq. 17 averages within a prompt first and eq. 18 over
+    prompts: ``(1/P) sum_x (1/n_x) sum_j l_xj``. Weighting each of x's rows by
+    ``f_x = nbar / n_x`` with ``nbar = N / P`` makes the first the second exactly (and the
+    factors have mean 1 over rows: ``sum_x n_x f_x = N``). All 1.0 when the counts are equal.
+    """
+    if not counts or min(counts) < 1:
+        raise ValueError(f"every prompt needs at least one rollout, got counts {list(counts)}")
+    mean = sum(counts) / len(counts)
+    return [mean / n for n in counts]
+
+
+def informative_groups(rewards: Tensor, group_ids: Tensor, tol: float = 1e-6) -> int:
+    """Number of groups that carry a learning signal: at least two valid (non-NaN) rewards whose
+    Bessel std exceeds ``tol``. A tolerance rather than ``std != 0``: rewards that differ only by
+    float rounding (e.g. 0.1 + 0.2 vs 0.3) give advantages that are noise, not signal."""
+    return int((_group_stats(rewards, group_ids)["std"] > tol).sum())
 
 
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:

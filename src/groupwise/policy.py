@@ -30,7 +30,13 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel
 
-from .batching import micro_batch_rows, prompt_blocks, trimmed_completions
+from .batching import (
+    micro_batch_rows,
+    minibatch_prompts,
+    prompt_blocks,
+    select_prompts,
+    trimmed_completions,
+)
 from .core import (
     BatchCounts,
     get_loss,
@@ -76,6 +82,13 @@ def lr_factor(args: GRPOConfig, total_steps: int) -> Callable[[int], float]:
     return factor
 
 
+def optimizer_steps(args: GRPOConfig, steps: int) -> int:
+    """Optimizer steps in ``steps`` groupwise steps (generation batches): every generation
+    batch is split into ``optimizer_steps_per_generation`` mini-batches, each stepped once per
+    pass, ``num_iterations`` passes."""
+    return steps * args.optimizer_steps_per_generation * args.num_iterations
+
+
 def apply_lora(model: PreTrainedModel, args: GRPOConfig) -> PreTrainedModel:
     """Wrap ``model`` in a peft LoRA adapter; only the adapter's parameters train."""
     from peft import LoraConfig, get_peft_model
@@ -116,7 +129,7 @@ class Trainable:
             weight_decay=args.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(args, args.max_steps * args.num_iterations)
+            self.optimizer, lr_factor(args, optimizer_steps(args, args.max_steps))
         )
 
     @property
@@ -263,6 +276,37 @@ class PolicyInputs:
             row_weights=None if self.row_weights is None else self.row_weights[rows].to(device),
             counts=self.counts,
         )
+
+
+@dataclass
+class GenerationBatch:
+    """One generation batch as the optimizer sees it: its mini-batches (one optimizer step each
+    per pass; TRL's steps_per_generation), each prepared with the sampling policy's log-probs.
+    ``rows[j]``: mini-batch j's rows in the rollout (None: the whole rollout, one mini-batch)."""
+
+    rollout: Rollout
+    rows: list[Tensor | None]
+    inputs: list[PolicyInputs]
+
+
+def merge_stats(parts: Sequence[UpdateStats], rows: Sequence[Tensor], n_rows: int) -> UpdateStats:
+    """The stats of a generation batch from its mini-batches' (``rows[j]``: mini-batch j's rows
+    in the rollout): loss and metric sums averaged over the mini-batches (so over every
+    optimizer step), entropy summed with its token count, the last optimizer step's gradient
+    norms, each row's policy term from the mini-batch it was trained in, skipped if any was."""
+    merged = UpdateStats(passes=parts[0].passes, tokens=sum(p.tokens for p in parts))
+    for part in parts:
+        for key, value in part.sums.items():
+            merged.sums[key] = merged.sums.get(key, 0.0) + value / len(parts)
+        merged.entropy_sum += part.entropy_sum
+        merged.mismatch += part.mismatch
+        merged.skipped |= part.skipped
+    merged.grad_norms = parts[-1].grad_norms
+    if all(p.sequence_loss is not None for p in parts):
+        merged.sequence_loss = torch.zeros(n_rows)
+        for part, index in zip(parts, rows, strict=True):
+            merged.sequence_loss[index] = part.sequence_loss
+    return merged
 
 
 # ----------------------------------------------------------------------------------------------
@@ -464,6 +508,39 @@ class Policy(Trainable):
             correction=[None] * len(micro_batches),
             stats=UpdateStats(tokens=counts.tokens),
         )
+
+    def prepare_generation(
+        self, rollout: Rollout, advantages: Tensor, row_weights: Tensor | None = None
+    ) -> GenerationBatch:
+        """Split a generation batch into ``optimizer_steps_per_generation`` mini-batches of
+        whole prompt groups (:func:`~groupwise.batching.minibatch_prompts`) and prepare each.
+        With several, pi_old is computed for all of them now, before any update: the later
+        mini-batches are trained off-policy against the policy that sampled them (TRL). With
+        one, this is :meth:`prepare` of the whole rollout (pi_old only when mu > 1)."""
+        count = self.args.optimizer_steps_per_generation
+        if count == 1:
+            inputs = self.prepare(rollout, advantages, row_weights)
+            return GenerationBatch(rollout, [None], [inputs])
+        parts, rows = [], []
+        for prompts in minibatch_prompts(rollout.prompt_ids.shape[0], count):
+            part, index = select_prompts(rollout, prompts)
+            weights = None if row_weights is None else row_weights[index]
+            parts.append(self.prepare(part, advantages[index], weights, need_old=True))
+            rows.append(index)
+        return GenerationBatch(rollout, rows, parts)
+
+    def train_generation(
+        self, batch: GenerationBatch, loss: Callable[[Tensor, MicroBatch], LossTerms]
+    ) -> UpdateStats:
+        """``num_iterations`` passes, each one optimizer step per mini-batch in order (TRL's
+        order: mini-batches inside, passes outside); the stats of the whole generation batch."""
+        for _ in range(self.args.num_iterations):
+            for inputs in batch.inputs:
+                stats = self.update(inputs, loss)
+        if len(batch.inputs) == 1:
+            return stats
+        n_rows = batch.rollout.completion_ids.shape[0]
+        return merge_stats([inputs.stats for inputs in batch.inputs], batch.rows, n_rows)
 
     def update(
         self,

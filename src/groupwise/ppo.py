@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel
 
 from .batching import scatter_rows, trimmed_completions
-from .config import GRPOConfig
+from .config import ConfigError, GRPOConfig
 from .core import get_loss, masked_mean, policy_loss
 from .distributed import DistributedContext
 from .files import staged_files
@@ -415,6 +415,11 @@ class PPOTrainer(Trainer):
             raise ValueError("the curriculum works with GRPO only")
         if args.generation_dtype != "auto":
             raise ValueError("generation_dtype (with rollout correction) works with GRPO only")
+        if args.optimizer_steps_per_generation > 1:
+            raise ConfigError(
+                "steps_per_generation / generation_batch_size: PPOTrainer takes one optimizer "
+                "step per generation batch (per num_iterations pass); leave both unset"
+            )
 
     def train_step(self) -> dict[str, float]:
         """Generate, score, estimate advantages with the critic and update policy and critic

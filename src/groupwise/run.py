@@ -41,11 +41,12 @@ from .build import (
 )
 from .checkpoint import TrainingInterrupted, TrainingStopped
 from .config import ConfigError, GRPOConfig
-from .core import group_reward_std, zero_std_groups_fraction
+from .core import group_reward_std, informative_groups, zero_std_groups_fraction
 from .curriculum import Curriculum, NoCurriculum, Plan
 from .distributed import (
     DistributedContext,
     all_gather_objects,
+    all_reduce_sum,
     any_rank,
     barrier,
     init_distributed,
@@ -54,7 +55,7 @@ from .distributed import (
 from .files import atomic_write_text, staged_files
 from .loggers import RunLoggers
 from .monitor import TrainingMonitor
-from .policy import CheckpointMismatch, Policy, UpdateStats
+from .policy import CheckpointMismatch, Policy, UpdateStats, optimizer_steps
 from .rewards import RewardFunc
 from .rollout import Rollout
 from .sampler import PromptBatches
@@ -82,6 +83,39 @@ class PhaseTimer:
     @property
     def total(self) -> float:
         return self.last - self.start
+
+
+class ComputeLedger:
+    """What the run has spent so far (checkpointed, so a resumed run continues the totals):
+    generated completion tokens, rollouts, prompt groups and informative groups (non-zero
+    reward spread, :func:`groupwise.core.informative_groups`) and optimizer steps, over every
+    rank. :meth:`record` adds one step and returns its ``compute/*`` metrics."""
+
+    KEYS = ("generated_tokens", "rollouts", "groups", "informative_groups", "optimizer_steps")
+
+    def __init__(self) -> None:
+        self.totals: dict[str, int] = dict.fromkeys(self.KEYS, 0)
+
+    def record(self, step: dict[str, int]) -> dict[str, float]:
+        for key in self.KEYS:
+            self.totals[key] += step[key]
+        logs: dict[str, float] = {}
+        for key in ("generated_tokens", "rollouts", "informative_groups", "optimizer_steps"):
+            logs[f"compute/{key}"] = float(step[key])
+            logs[f"compute/{key}_total"] = float(self.totals[key])
+        logs["compute/informative_groups_per_rollout"] = step["informative_groups"] / max(
+            step["rollouts"], 1
+        )
+        logs["compute/informative_groups_per_rollout_total"] = self.totals[
+            "informative_groups"
+        ] / max(self.totals["rollouts"], 1)
+        return logs
+
+    def state_dict(self) -> dict[str, int]:
+        return dict(self.totals)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.totals = {key: int(state.get(key, 0)) for key in self.KEYS}
 
 
 class Trainer:
@@ -128,6 +162,7 @@ class Trainer:
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed + self.dist.rank)
         self.engine = build_engine(self.policy, self.tokenizer, args, self.generator, self.dtype)
         self.global_step = 0
+        self.compute = ComputeLedger()  # tokens, rollouts, informative groups, optimizer steps
         self.log_history: list[dict[str, float]] = []
         self._metrics_started = False
         self.output_dir = Path(args.output_dir)
@@ -269,12 +304,30 @@ class Trainer:
         )
         for block in extra:
             logs.update(block)
+        logs.update(self.compute.record(self.compute_spent(rollout, scores)))
         if stats.mismatch:
             logs.update(rollout_mismatch_logs(stats.mismatch))
         logs = reduce_metrics(logs, self.dist)
         if stats.skipped:
             logs["nonfinite_step"] = 1.0
         return logs
+
+    def compute_spent(self, rollout: Rollout, scores: Scores) -> dict[str, int]:
+        """This step's generated tokens, rollouts, groups and informative groups over every
+        rank, and its optimizer steps (one per mini-batch per pass)."""
+        local = torch.tensor(
+            [
+                int(rollout.completion_mask.sum()),
+                int(rollout.completion_ids.shape[0]),
+                int(torch.unique(rollout.group_ids.cpu()).numel()),
+                informative_groups(scores.rewards, rollout.group_ids.cpu()),
+            ],
+            dtype=torch.float64,
+        )
+        total = [int(v) for v in all_reduce_sum(local, self.dist).tolist()]
+        spent = dict(zip(ComputeLedger.KEYS[:4], total, strict=True))
+        spent["optimizer_steps"] = optimizer_steps(self.args, 1)
+        return spent
 
     def keep_batch(
         self,
@@ -442,6 +495,7 @@ class Trainer:
             "sampler": self.prompts,
             "curriculum": self.curriculum,
             "monitor": self.monitor,
+            "compute": self.compute,
         }
 
     def extra_state_dict(self) -> dict[str, Any]:

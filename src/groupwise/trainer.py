@@ -4,8 +4,9 @@
              -> generate the completions                                (rollout/: an engine)
              -> score with every reward function                        (build.RolloutScorer)
              -> group-relative advantages                               (core.group_advantages)
-             -> old log-probs (mu > 1) and reference log-probs (beta > 0)
-             -> mu optimizer passes of the clipped surrogate            (policy.update, core.LOSSES)
+             -> mini-batches of whole groups (steps_per_generation), old log-probs (when
+                several, or mu > 1) and reference log-probs (beta > 0)  (policy.prepare_generation)
+             -> mu passes, one optimizer step per mini-batch each      (policy.train_generation)
              -> the curriculum observes the outcome
 
 Everything else (the loop, logging, evaluation, checkpoints) is the run's (:mod:`groupwise.run`).
@@ -51,9 +52,9 @@ class GRPOTrainer(Trainer):
         scores = self.scorer(batch.rows, rollout)  # r_i
         advantages = self.advantages(scores.rewards, rollout.group_ids)  # A_i
         timer.mark("scoring")
-        inputs = self.policy.prepare(rollout, advantages, plan.row_weights(rollout))
-        for _ in range(self.args.num_iterations):  # mu passes of J_GRPO (eq. 3)
-            stats = self.policy.update(inputs, self.loss)
+        weights = plan.row_weights(rollout, self.args.prompt_weighting)  # w_q (GDRO eqs. 16-17)
+        generation = self.policy.prepare_generation(rollout, advantages, weights)
+        stats = self.policy.train_generation(generation, self.loss)  # mu passes of J_GRPO (eq. 3)
         self.engine.sync(self.policy.model)
         timer.mark("update")
         self.global_step += 1

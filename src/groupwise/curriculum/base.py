@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..core import equal_prompt_factors
 from ..distributed import DistributedContext, concat_over_ranks
 from ..rollout import Rollout
 
@@ -50,9 +51,17 @@ class Plan:
         """Rollouts per prompt of this rank's share."""
         return self.counts[self.batch.mine]
 
-    def row_weights(self, rollout: Rollout) -> torch.Tensor | None:
-        """Per row of this rank's rollout, its prompt's weight; None when every weight is 1."""
+    def row_weights(
+        self, rollout: Rollout, prompt_weighting: str = "rollouts"
+    ) -> torch.Tensor | None:
+        """Per row of this rank's rollout, its prompt's weight; None when every weight is 1.
+        ``prompt_weighting="equal"`` multiplies it by GDRO eq. 17's ``mean(n) / n_x`` (the
+        global batch's counts, :func:`groupwise.core.equal_prompt_factors`), so a prompt weighs
+        the same whatever its number of rollouts."""
         mine = self.weights[self.batch.mine]
+        if prompt_weighting == "equal":
+            factors = equal_prompt_factors(self.counts)[self.batch.mine]
+            mine = [w * f for w, f in zip(mine, factors, strict=True)]
         if all(w == 1.0 for w in mine):
             return None
         return torch.as_tensor(mine, dtype=torch.float32)[rollout.group_ids.cpu()]

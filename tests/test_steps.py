@@ -1,0 +1,361 @@
+"""One generation batch, several optimizer steps (steps_per_generation / generation_batch_size,
+TRL's names), GDRO eq. 17's prompt weighting, and the compute accounting in every step's logs.
+
+Hand-computed values for the pure functions; tiny-random runs for the trainer: the default is
+bitwise the pre-existing step, spg > 1 makes exactly that many optimizer steps per generation
+with pi_old from generation time, the curriculum then sees the paper's non-zero signal, and a
+resumed run is exact.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
+from groupwise.batching import minibatch_prompts, select_prompts
+from groupwise.config import ConfigError
+from groupwise.core import equal_prompt_factors, informative_groups, policy_loss
+from groupwise.curriculum import CURRICULA, Curriculum, Outcome, Plan, PromptBatch
+from groupwise.curriculum.gdro import PromptGDROCurriculum
+from groupwise.rollout import Rollout
+from groupwise.run import PhaseTimer
+
+ROWS = [{"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1)} for i in range(12)]
+TIMING_KEYS = ("time/", "tokens_per_second", "generation_tokens_per_second")
+
+
+def _reward(completions, answer, **kwargs):
+    return [float(a in c) + 0.1 * len(c) / 20 for c, a in zip(completions, answer, strict=True)]
+
+
+def _args(tmp_path, **overrides) -> GRPOConfig:
+    values = dict(model="tiny-random", max_steps=2, learning_rate=1e-2, beta=0.04,
+                  num_generations=4, per_device_train_batch_size=8, max_completion_length=5,
+                  output_dir=str(tmp_path / "run"), disable_tqdm=True, seed=0)  # fmt: skip
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+def _without_timing(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith(TIMING_KEYS)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Options
+
+
+def test_batch_arithmetic_follows_trl(monkeypatch):
+    default = GRPOConfig(per_device_train_batch_size=8, num_generations=4)
+    assert default.steps_per_generation is None and default.micro_steps_per_generation == 1
+    assert default.optimizer_steps_per_generation == 1 and default.prompts_per_step == 2
+    # 8 completions per micro-batch, 2 micro-batches per optimizer step, 8 micro-batches per
+    # generation: 64 completions = 16 prompts per generation, 4 optimizer steps of 4 prompts.
+    args = GRPOConfig(per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                      steps_per_generation=8, num_generations=4)  # fmt: skip
+    assert args.optimizer_steps_per_generation == 4 and args.prompts_per_step == 16
+    assert args.completions_per_generation == 64 and args.completions_per_step == 16
+    # TRL's default: steps_per_generation = gradient_accumulation_steps (one optimizer step).
+    accum = GRPOConfig(per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                       num_generations=4)  # fmt: skip
+    assert accum.micro_steps_per_generation == 2 and accum.optimizer_steps_per_generation == 1
+    # generation_batch_size counts every rank's completions: 32 / (8 x 1 rank) = 4 micro-batches;
+    # under torchrun with 2 ranks, 32 / (8 x 2) = 2.
+    assert GRPOConfig(per_device_train_batch_size=8, generation_batch_size=32,
+                      num_generations=4).optimizer_steps_per_generation == 4  # fmt: skip
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert GRPOConfig(per_device_train_batch_size=8, generation_batch_size=32,
+                      num_generations=4).optimizer_steps_per_generation == 2  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(steps_per_generation=2, generation_batch_size=16), "mutually exclusive"),
+        (dict(steps_per_generation=0), "steps_per_generation must be >= 1"),
+        (dict(steps_per_generation=3, gradient_accumulation_steps=2), "steps_per_generation:"),
+        (dict(generation_batch_size=12), "generation_batch_size=12"),
+        (dict(generation_batch_size=8, gradient_accumulation_steps=2), "generation_batch_size:"),
+        (dict(steps_per_generation=2, algorithm="ppo"), "algorithm=ppo"),
+        (dict(prompt_weighting="prompt"), "prompt_weighting"),
+    ],
+)
+def test_config_errors_name_the_option(options, match):
+    values = dict(per_device_train_batch_size=8, num_generations=4)
+    values.update(options)
+    with pytest.raises(ConfigError, match=match):
+        GRPOConfig(**values)
+
+
+def test_ppo_trainer_refuses_several_optimizer_steps_per_generation(tmp_path):
+    args = _args(tmp_path, steps_per_generation=2, per_device_train_batch_size=4)
+    with pytest.raises(ConfigError, match="steps_per_generation"):
+        PPOTrainer("tiny-random", _reward, ROWS, args=args)
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure functions
+
+
+def _rollout(group_ids: list[int], num_prompts: int) -> Rollout:
+    n = len(group_ids)
+    ids = torch.arange(n * 3).view(n, 3)
+    return Rollout(torch.arange(num_prompts * 2).view(num_prompts, 2),
+                   torch.ones(num_prompts, 2), ids, torch.ones(n, 3),
+                   torch.tensor([i % 2 == 0 for i in range(n)]), torch.tensor(group_ids),
+                   [f"t{i}" for i in range(n)])  # fmt: skip
+
+
+def test_minibatches_are_consecutive_whole_groups():
+    assert [m.tolist() for m in minibatch_prompts(6, 3)] == [[0, 1], [2, 3], [4, 5]]
+    assert [m.tolist() for m in minibatch_prompts(4, 1)] == [[0, 1, 2, 3]]
+    with pytest.raises(ValueError, match="equal mini-batches"):
+        minibatch_prompts(5, 2)
+    # Groups of 2, 1, 3 and 2 rows (Rollout-GDRO): mini-batch 2 holds prompts 2 and 3.
+    rollout = _rollout([0, 0, 1, 2, 2, 2, 3, 3], 4)
+    part, rows = select_prompts(rollout, torch.tensor([2, 3]))
+    assert rows.tolist() == [3, 4, 5, 6, 7]
+    assert part.group_ids.tolist() == [0, 0, 0, 1, 1]
+    assert torch.equal(part.prompt_ids, rollout.prompt_ids[2:4])
+    assert torch.equal(part.completion_ids, rollout.completion_ids[3:])
+    assert part.texts == ["t3", "t4", "t5", "t6", "t7"]
+    assert part.truncated.tolist() == [False, True, False, True, False]
+    assert torch.equal(part.loss_mask, rollout.loss_mask[3:])
+
+
+def test_equal_prompt_weighting_is_eq_17_by_hand():
+    # Prompt 0 has 2 rollouts with policy terms -3, -1 (mean -2); prompt 1 has 6 with 0 x 5 and
+    # -6 (mean -1). The row mean weighs prompt 1 three times as much: -(3 + 1 + 6) / 8 = -1.25.
+    # Eq. 17-18: mean over prompts of each prompt's mean, (-2 + -1) / 2 = -1.5. The factors are
+    # nbar / n_x = 4 / 2 and 4 / 6: (2 * 4 + (2/3) * 6) / 8 = 1.5.
+    assert equal_prompt_factors([2, 6]) == [2.0, 4 / 6]
+    assert equal_prompt_factors([4, 4, 4]) == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="at least one rollout"):
+        equal_prompt_factors([0, 4])
+    batch = PromptBatch([7, 9], slice(0, 2), [{}, {}], [[1], [1]])
+    rollout = _rollout([0, 0, 1, 1, 1, 1, 1, 1], 2)
+    plan = Plan(batch, [2, 6], [1.0, 1.0])
+    assert plan.row_weights(rollout) is None  # rollouts: today's row mean
+    weights = plan.row_weights(rollout, "equal")
+    assert weights.tolist() == pytest.approx([2.0] * 2 + [2 / 3] * 6)
+    advantages = torch.tensor([3.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 6.0])
+    logps = torch.zeros(8, 3, requires_grad=True)  # on-policy: per token -A
+    mask = torch.ones(8, 3)
+    row_mean, _ = policy_loss(logps, None, None, advantages, mask)
+    prompt_mean, _ = policy_loss(logps, None, None, advantages, mask, row_weights=weights)
+    assert row_mean.item() == pytest.approx(-1.25)
+    assert prompt_mean.item() == pytest.approx(-1.5)
+    # It multiplies a curriculum's weights; equal counts leave the row weights untouched.
+    assert Plan(batch, [2, 6], [3.0, 1.0]).row_weights(rollout, "equal")[0] == 6.0
+    assert Plan(batch, [4, 4], [1.0, 1.0]).row_weights(_rollout([0] * 4 + [1] * 4, 2),
+                                                       "equal") is None  # fmt: skip
+
+
+def test_informative_groups_use_a_tolerance():
+    rewards = torch.tensor(
+        [1.0, 1.0, 1.0,                       # constant
+         0.1 + 0.2, 0.3, 0.3,                 # differ by rounding only (5.6e-17)
+         0.0, 1.0, float("nan"),              # informative
+         1.0, float("nan")],                  # one valid reward: no baseline
+        dtype=torch.float64,
+    )  # fmt: skip
+    groups = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3])
+    assert (0.1 + 0.2) != 0.3
+    assert informative_groups(rewards, groups) == 1
+    assert informative_groups(rewards, groups, tol=0.0) == 2  # what "std != 0" would count
+
+
+# ----------------------------------------------------------------------------------------------
+# The default is the step as it was
+
+
+class PreviousStep(GRPOTrainer):
+    """GRPOTrainer.train_step as it was before steps_per_generation (commit 9879567)."""
+
+    def train_step(self):
+        timer = PhaseTimer()
+        batch = self.prompts.next()
+        plan = self.curriculum.plan(batch)
+        rollout = self.engine.generate(batch.prompt_ids, plan.local_counts)
+        timer.mark("generation")
+        scores = self.scorer(batch.rows, rollout)
+        advantages = self.advantages(scores.rewards, rollout.group_ids)
+        timer.mark("scoring")
+        inputs = self.policy.prepare(rollout, advantages, plan.row_weights(rollout))
+        for _ in range(self.args.num_iterations):
+            stats = self.policy.update(inputs, self.loss)
+        self.engine.sync(self.policy.model)
+        timer.mark("update")
+        self.global_step += 1
+        outcome = Outcome(
+            rollout, scores.correctness, scores.rewards, stats.sequence_loss, stats.skipped
+        )
+        curriculum_logs = self.curriculum.observe(plan, outcome)
+        self.keep_batch(batch.rows, rollout, scores, advantages, plan)
+        return self.step_logs(rollout, scores, stats, timer, curriculum_logs)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(),
+        dict(num_iterations=2, per_device_train_batch_size=4, gradient_accumulation_steps=2),
+        dict(curriculum="rollout_gdro", rollout_min=2, rollout_max=6, steps_per_generation=1),
+    ],
+)
+def test_default_reproduces_the_previous_step_bitwise(tmp_path, extra):
+    new = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "a", **extra))
+    old = PreviousStep("tiny-random", _reward, ROWS, args=_args(tmp_path / "b", **extra))
+    new_logs, old_logs = new.train(), old.train()
+    assert [_without_timing(r) for r in new_logs] == [_without_timing(r) for r in old_logs]
+    for (name, p), q in zip(new.model.named_parameters(), old.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert new.optimizer.state_dict()["state"][0]["step"] == 2 * new.args.num_iterations
+
+
+# ----------------------------------------------------------------------------------------------
+# Several optimizer steps per generation
+
+
+class Recorder(Curriculum):
+    """Uniform GRPO that records what it observed: per row, the group and the policy term."""
+
+    def __init__(self, num_generations=4):
+        self.num_generations, self.seen = num_generations, []
+
+    @classmethod
+    def from_options(cls, options, dist=None):
+        return cls(options["num_generations"])
+
+    def plan(self, batch):
+        return Plan(batch, [self.num_generations] * len(batch.indices), [1.0] * len(batch.indices))
+
+    def observe(self, plan, outcome):
+        self.seen.append((outcome.rollout.group_ids.cpu().clone(), outcome.sequence_loss.clone()))
+        return {}
+
+
+def _group_means(group_ids, values):
+    return [float(values[group_ids == g].mean()) for g in group_ids.unique()]
+
+
+@pytest.mark.parametrize("iterations", [1, 2])
+def test_spg_makes_that_many_optimizer_steps_per_generation(tmp_path, monkeypatch, iterations):
+    monkeypatch.setitem(CURRICULA, "recorder", Recorder)
+    # 4 prompts x 4 rollouts per generation; micro-batches of 4 completions, 2 per optimizer
+    # step (8 completions = 2 prompts): 4 micro-batches per generation = 2 optimizer steps.
+    args = _args(tmp_path, curriculum="recorder", per_device_train_batch_size=4,
+                 gradient_accumulation_steps=2, steps_per_generation=4,
+                 num_iterations=iterations, lr_scheduler_type="linear")  # fmt: skip
+    trainer = GRPOTrainer("tiny-random", _reward, ROWS, args=args)
+    generations, updates = [], []
+    generate, update = trainer.engine.generate, trainer.policy.update
+    monkeypatch.setattr(trainer.engine, "generate",
+                        lambda *a, **k: generations.append(1) or generate(*a, **k))  # fmt: skip
+
+    def recording_update(inputs, loss, also=()):
+        updates.append((len(generations), inputs.rollout.prompt_ids.shape[0], id(inputs)))
+        return update(inputs, loss, also)
+
+    monkeypatch.setattr(trainer.policy, "update", recording_update)
+    logs = trainer.train()
+    steps = 2 * iterations  # optimizer steps per generation
+    assert len(generations) == 2 and len(updates) == 2 * steps
+    assert all(prompts == 2 for _, prompts, _ in updates)  # mini-batches of whole groups
+    # TRL's order: every pass runs over the mini-batches, [a, b, a, b] with mu = 2.
+    first = [i for g, _, i in updates if g == 1]
+    assert first == [first[0], first[1]] * iterations and first[0] != first[1]
+    assert trainer.optimizer.state_dict()["state"][0]["step"] == 2 * steps
+    assert trainer.scheduler.last_epoch == 2 * steps
+    # The linear schedule decays over max_steps x spg x mu optimizer steps.
+    assert logs[-1]["learning_rate"] == pytest.approx(0.0, abs=1e-12)
+    assert [r["compute/optimizer_steps_total"] for r in logs] == [steps, 2 * steps]
+    assert [r["step"] for r in logs] == [1, 2]
+    # The curriculum sees each row's policy term from the mini-batch it was trained in: the
+    # first mini-batch was on-policy in the first pass (group means of -A are 0), the second
+    # was sampled one optimizer step ago, so its ratio is not 1 and the paper's signal is not 0.
+    group_ids, loss = trainer.curriculum.seen[0]
+    means = _group_means(group_ids, loss)
+    if iterations == 1:
+        assert max(abs(m) for m in means[:2]) < 1e-5, means
+    assert max(abs(m) for m in means[2:]) > 1e-4, means
+
+
+def test_one_step_per_generation_gives_the_paper_signal_zero_and_counts_compute(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setitem(CURRICULA, "recorder", Recorder)
+    trainer = GRPOTrainer("tiny-random", _reward, ROWS,
+                          args=_args(tmp_path, curriculum="recorder", max_steps=3))  # fmt: skip
+    logs = trainer.train()
+    for group_ids, loss in trainer.curriculum.seen:
+        assert max(abs(m) for m in _group_means(group_ids, loss)) < 1e-5
+    running = 0
+    for row in logs:
+        running += row["compute/generated_tokens"]
+        assert row["compute/generated_tokens_total"] == running
+        # completions/mean_length is over the same 8 completions' tokens.
+        assert row["compute/generated_tokens"] == pytest.approx(
+            8 * row["completions/mean_length"]
+        )
+        assert row["compute/rollouts"] == 8.0  # 2 prompts x 4
+        per_rollout = row["compute/informative_groups"] / 8
+        assert row["compute/informative_groups_per_rollout"] == per_rollout
+        assert row["compute/optimizer_steps"] == 1.0
+    assert logs[-1]["compute/rollouts_total"] == 24.0
+    informative = sum(r["compute/informative_groups"] for r in logs)
+    assert logs[-1]["compute/informative_groups_per_rollout_total"] == informative / 24
+
+
+def test_old_logprobs_are_the_sampling_policys(tmp_path):
+    args = _args(tmp_path, per_device_train_batch_size=8, steps_per_generation=2)
+    trainer = GRPOTrainer("tiny-random", _reward, ROWS, args=args)
+    batch = trainer.prompts.next()
+    rollout = trainer.engine.generate(batch.prompt_ids, 4)
+    scores = trainer.scorer(batch.rows, rollout)
+    advantages = trainer.advantages(scores.rewards, rollout.group_ids)
+    sampler = copy.deepcopy(trainer.model)
+    generation = trainer.policy.prepare_generation(rollout, advantages)
+    assert len(generation.inputs) == 2
+    assert [r.tolist() for r in generation.rows] == [list(range(8)), list(range(8, 16))]
+    trainer.policy.train_generation(generation, trainer.loss)
+    assert trainer.optimizer.state_dict()["state"][0]["step"] == 2
+    for inputs in generation.inputs:
+        for rows, old in zip(inputs.micro_batches, inputs.old_logprobs, strict=True):
+            at_sampling = trainer.policy.logprobs(inputs.rollout, rows, sampler)[0]
+            torch.testing.assert_close(old, at_sampling, rtol=0, atol=1e-6)
+            now = trainer.policy.logprobs(inputs.rollout, rows)[0].detach()
+            assert (now - old).abs().max() > 1e-4  # the policy moved; old stayed the sampler's
+
+
+class UnevenPromptGDRO(PromptGDROCurriculum):
+    """Prompt-GDRO (its state, the paper's pg_loss signal) with 2, 2, 6, 6 rollouts per 4
+    prompts: the first mini-batch holds 4 rows, the second 12."""
+
+    def rollout_counts(self, bins):
+        return [(2, 2, 6, 6)[i % 4] for i in range(len(bins))]
+
+
+def test_resume_with_several_steps_per_generation_is_exact(tmp_path, monkeypatch):
+    monkeypatch.setitem(CURRICULA, "uneven", UnevenPromptGDRO)
+    extra = dict(curriculum="uneven", gdro_signal="pg_loss", gdro_num_bins=2,
+                 prompt_weighting="equal", per_device_train_batch_size=8,
+                 steps_per_generation=2, max_steps=3, save_steps=2)  # fmt: skip
+    full = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "a", **extra))
+    full.train()
+    half = dict(extra, max_steps=2)
+    GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "b", **half)).train()
+    resumed = _args(tmp_path / "b", resume_from_checkpoint="auto", **extra)
+    rest = GRPOTrainer("tiny-random", _reward, ROWS, args=resumed)
+    rest.train()
+    assert rest.curriculum.state_dict() == full.curriculum.state_dict()
+    for (name, p), q in zip(full.model.named_parameters(), rest.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    a = [_without_timing(r) for r in full.log_history]
+    assert a == [_without_timing(r) for r in rest.log_history]
+    assert [r["compute/optimizer_steps_total"] for r in a] == [2, 4, 6]
+    assert a[-1]["compute/rollouts_total"] == 3 * 16  # 4 prompts x mean 4 rollouts per step
+    assert all(r["curriculum/rollouts_bin_0"] + r["curriculum/rollouts_bin_1"] == 16 for r in a)
+    tokens = [r["compute/generated_tokens"] for r in a]
+    assert a[-1]["compute/generated_tokens_total"] == sum(tokens)
+    assert rest.compute.state_dict() == full.compute.state_dict()
