@@ -290,6 +290,9 @@ class DynamicSampling:
             if found >= self.target or (self.max_batches and len(draws) >= self.max_batches):
                 break
         kept = select_keys(flags, self.target, min_groups=world)
+        self._count(flags, sizes, kept)
+        if len(draws) == 1 and len(kept) == len(flags[0]):  # the whole first batch: as drawn
+            return draws[0]
         share = [kept[s] for s in shares(len(kept), world)]
         owner = {key: key[1] // len(draws[key[0]].batch.rows) for key in kept}
         groups = {g.key: g for k, d in enumerate(draws) for g in split_groups(d, k)
@@ -299,17 +302,14 @@ class DynamicSampling:
                     if any(key in share[r] for r in range(world) if r != rank)}  # fmt: skip
             for part in all_gather_objects(send, self.dist):
                 groups.update(part)
-        first = draws[0]
         indices = [draws[k].batch.indices[p] for k, p in kept]
         counts = [draws[k].plan.counts[p] for k, p in kept]
         weights = [draws[k].plan.weights[p] for k, p in kept]
         start = sum(len(share[r]) for r in range(rank))
-        device = first.rollout.completion_ids.device
-        result = join_groups([groups[key] for key in share[rank]], indices,
-                             slice(start, start + len(share[rank])), counts, weights,
-                             self.pad_token_id, device)  # fmt: skip
-        self._count(flags, sizes, kept)
-        return result
+        device = draws[0].rollout.completion_ids.device
+        return join_groups([groups[key] for key in share[rank]], indices,
+                           slice(start, start + len(share[rank])), counts, weights,
+                           self.pad_token_id, device)  # fmt: skip
 
     def _count(
         self, flags: list[list[bool]], sizes: list[list[tuple[int, int]]], kept: list
