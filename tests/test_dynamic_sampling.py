@@ -117,6 +117,30 @@ def test_split_and_join_groups_round_trip():
         join_groups([], [], slice(0, 0), [], [], 0)
 
 
+def test_a_joined_batch_trains_like_the_batch_it_came_from(tmp_path):
+    """Split a generated batch into groups and join them again (re-padded): the gradient of one
+    update on it is the original batch's."""
+    args = _args(tmp_path, per_device_train_batch_size=4, max_grad_norm=1e9)
+    trainer = GRPOTrainer("tiny-random", [correct, shaped], ROWS, args=args)
+    draw = trainer.draw(PhaseTimer())
+    batch = draw.batch
+    joined = join_groups(split_groups(draw), batch.indices, batch.mine, draw.plan.counts,
+                         draw.plan.weights, trainer.tokenizer.pad_token_id)  # fmt: skip
+    assert joined.batch.rows == batch.rows and joined.rollout.texts == draw.rollout.texts
+    grads = []
+    for rollout in (draw.rollout, joined.rollout):
+        advantages = torch.linspace(-1.0, 1.0, rollout.completion_ids.shape[0])
+        inputs = trainer.policy.prepare(rollout, advantages)
+        seen = {}
+        trainer.policy.step = lambda seen=seen: seen.update(
+            {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+        trainer.policy.update(inputs, trainer.loss)
+        grads.append(seen)
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7)
+
+
 def test_phase_timer_adds_up_a_phase_marked_twice():
     timer = PhaseTimer()
     timer.mark("generation")
