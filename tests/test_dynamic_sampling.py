@@ -272,7 +272,7 @@ def test_the_cap_is_respected_and_logged(tmp_path):
         assert log["dynamic/dropped_tokens"] > 0
     assert logs[1]["dynamic/dropped_tokens_total"] == (
         logs[0]["dynamic/dropped_tokens"] + logs[1]["dynamic/dropped_tokens"])  # fmt: skip
-    # Trained on one zero-variance group (advantage 0): the KL term alone.
+    # Trained on one zero-variance group (as plain GRPO would: no correctness signal).
     assert [r.completion_ids.shape[0] for r in prepared] == [4, 4]
     assert trainer.prompts.sampler.epoch == 1 and len(trainer.prompts.sampler.order) == 0
 

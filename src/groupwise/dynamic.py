@@ -18,8 +18,9 @@ number of times, and the kept groups are the same as one process drawing the glo
 The kept groups are then dealt out to the ranks in consecutive, balanced shares (groups generated
 on another rank travel pickled), so ranks hold at most one group more than each other. When fewer
 informative groups than ranks are found (only when the cap stops the search), the first
-zero-variance groups fill up to one group per rank: they have advantage 0 (the KL term alone
-acts on them), and every rank has rows to run.
+zero-variance groups fill up to one group per rank, so every rank has rows to run; they are
+trained as plain GRPO trains them (their correctness is uniform, so only a shaped part of the
+reward, if any, and the KL term act on them) and logged as ``dynamic/filler_groups``.
 
 Everything here but :class:`DynamicSampling` is a pure function of its arguments.
 """
