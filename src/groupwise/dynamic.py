@@ -27,7 +27,7 @@ Everything here but :class:`DynamicSampling` is a pure function of its arguments
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -107,16 +107,21 @@ class Group:
         return int(self.completion_mask.sum())
 
 
-def split_groups(draw: Draw, draw_index: int = 0) -> list[Group]:
-    """This rank's groups of ``draw``, in order, each on its own (CPU tensors)."""
+def split_groups(
+    draw: Draw, draw_index: int = 0, positions: Collection[int] | None = None
+) -> list[Group]:
+    """This rank's groups of ``draw`` (those at the global ``positions`` when given), in order,
+    each on its own (CPU tensors)."""
     batch, plan, rollout, scores = draw
     ids = rollout.group_ids.cpu()
     lengths = rollout.completion_mask.cpu().sum(dim=1)
     first = batch.mine.start
     groups = []
     for j in range(len(batch.rows)):
-        rows = torch.nonzero(ids == j).flatten()
         p = first + j
+        if positions is not None and p not in positions:
+            continue
+        rows = torch.nonzero(ids == j).flatten()
         width = max(int(lengths[rows].max()), 1)
 
         def take(t: Tensor, rows: Tensor = rows, width: int = width) -> Tensor:
@@ -267,16 +272,22 @@ class DynamicSampling:
 
     def collect(self, draw: Callable[[], Draw]) -> Draw:
         """The step's batch: ``draw()`` once when disabled; else draws until enough
-        informative groups (see the module docstring). ``self.logs`` holds the step's metrics."""
+        informative groups (see the module docstring). ``self.logs`` holds the step's metrics.
+        Only the groups that can still be kept are held (on the CPU) between draws: the first
+        ``target`` informative ones and the first zero-variance one per rank."""
         if not self.enabled:
             return draw()
         world, rank = self.dist.world_size, self.dist.rank
-        draws: list[Draw] = []
         flags: list[list[bool]] = []  # per draw, per global position
         sizes: list[list[tuple[int, int]]] = []  # per draw, per global position: rows, tokens
-        found = 0
+        held: dict[tuple[int, int], Group] = {}  # this rank's groups that may be kept
+        owners: dict[tuple[int, int], int] = {}  # (draw, position) -> the rank that drew it
+        entries: dict[tuple[int, int], tuple[int, int, float]] = {}  # index, count, weight
+        first: Draw | None = None
+        informative = uniform = 0
         while True:
-            d = draw()
+            d, k = draw(), len(flags)
+            first = d if k == 0 else None
             local = informative_groups(d.scores.correctness, d.rollout.group_ids, self.tol,
                                        len(d.batch.rows))  # fmt: skip
             ids = d.rollout.group_ids.cpu()
@@ -286,31 +297,31 @@ class DynamicSampling:
             parts = all_gather_objects((local.tolist(), mine), self.dist)
             flags.append([f for part in parts for f in part[0]])
             sizes.append([s for part in parts for s in part[1]])
-            draws.append(d)
-            found += sum(flags[-1])
-            if found >= self.target or (self.max_batches and len(draws) >= self.max_batches):
+            wanted = set()
+            for p, f in enumerate(flags[-1]):
+                if (informative if f else uniform) < (self.target if f else world):
+                    wanted.add(p)
+                    owners[k, p] = p // len(d.batch.rows)
+                    entries[k, p] = (d.batch.indices[p], d.plan.counts[p], d.plan.weights[p])
+                informative, uniform = informative + f, uniform + (not f)
+            held.update({g.key: g for g in split_groups(d, k, wanted)})
+            if informative >= self.target or (self.max_batches and len(flags) >= self.max_batches):
                 break
         kept = select_keys(flags, self.target, min_groups=world)
         self._count(flags, sizes, kept)
-        if len(draws) == 1 and len(kept) == len(flags[0]):  # the whole first batch: as drawn
-            return draws[0]
+        if first is not None and len(kept) == len(flags[0]):  # the whole first batch, as drawn
+            return first
         share = [kept[s] for s in shares(len(kept), world)]
-        owner = {key: key[1] // len(draws[key[0]].batch.rows) for key in kept}
-        groups = {g.key: g for k, d in enumerate(draws) for g in split_groups(d, k)
-                  if g.key in owner}  # fmt: skip
-        if any(owner[key] != r for r in range(world) for key in share[r]):
-            send = {key: g for key, g in groups.items()
+        if any(owners[key] != r for r in range(world) for key in share[r]):
+            send = {key: g for key, g in held.items()
                     if any(key in share[r] for r in range(world) if r != rank)}  # fmt: skip
             for part in all_gather_objects(send, self.dist):
-                groups.update(part)
-        indices = [draws[k].batch.indices[p] for k, p in kept]
-        counts = [draws[k].plan.counts[p] for k, p in kept]
-        weights = [draws[k].plan.weights[p] for k, p in kept]
+                held.update(part)
+        indices, counts, weights = ([entries[key][i] for key in kept] for i in range(3))
         start = sum(len(share[r]) for r in range(rank))
-        device = draws[0].rollout.completion_ids.device
-        return join_groups([groups[key] for key in share[rank]], indices,
+        return join_groups([held[key] for key in share[rank]], indices,
                            slice(start, start + len(share[rank])), counts, weights,
-                           self.pad_token_id, device)  # fmt: skip
+                           self.pad_token_id, d.rollout.completion_ids.device)  # fmt: skip
 
     def _count(
         self, flags: list[list[bool]], sizes: list[list[tuple[int, int]]], kept: list
