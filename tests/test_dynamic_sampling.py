@@ -296,6 +296,24 @@ def test_a_capped_step_trains_on_the_informative_groups_it_found(tmp_path):
         assert log["dynamic/capped"] == 1.0 and groups == max(log["dynamic/kept_groups"], 1)
 
 
+def test_no_cap_draws_until_the_target_is_reached(tmp_path):
+    # max_num_gen_batches = 0 (verl: no limit): only prompts 1 and 2 of 12 are informative, so
+    # the step draws until it has met both, crossing into the next epoch if it must.
+    def rare(completions, answer, **kwargs):
+        return [float(i % 2) if a in ("1", "2") else 0.0 for i, a in enumerate(answer)]
+
+    rare.is_correctness = True
+    trainer = GRPOTrainer("tiny-random", [rare], ROWS,
+                          args=_args(tmp_path, max_num_gen_batches=0, max_steps=1))  # fmt: skip
+    prepared, _ = _recording(trainer)
+    log = trainer.train_step()
+    assert log["dynamic/kept_groups"] == 2 and log["dynamic/capped"] == 0.0
+    assert sorted(row["answer"] for row in trainer._last_batch[0]) == ["1", "2"]
+    assert log["dynamic/gen_batches"] >= 1 and prepared[0].completion_ids.shape[0] == 8
+    drawn = 12 * (trainer.prompts.sampler.epoch - 1) + 12 - len(trainer.prompts.sampler.order)
+    assert drawn == 2 * log["dynamic/gen_batches"]
+
+
 class TodaysStep(GRPOTrainer):
     """The step as it was before dynamic sampling (commit 9879567), verbatim."""
 
