@@ -272,7 +272,7 @@ LAYERS = [
     {"config"},
     {"policy", "checkpoint"},
     {"build"},
-    {"run"},
+    {"run", "dynamic"},
     {"trainer", "ppo"},
     {"memory", "cli", "__init__", "__main__"},
 ]  # fmt: skip

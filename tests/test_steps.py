@@ -332,7 +332,7 @@ class UnevenPromptGDRO(PromptGDROCurriculum):
     """Prompt-GDRO (its state, the paper's pg_loss signal) with 2, 2, 6, 6 rollouts per 4
     prompts: the first mini-batch holds 4 rows, the second 12."""
 
-    def rollout_counts(self, bins):
+    def rollout_counts(self, uids, bins):
         return [(2, 2, 6, 6)[i % 4] for i in range(len(bins))]
 
 

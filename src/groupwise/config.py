@@ -83,6 +83,13 @@ class GRPOConfig:
     # equal (GDRO eq. 17: a prompt's rollouts are averaged first, every prompt weighs the same;
     # row weight mean(n) / n_x). Identical when every prompt has num_generations rollouts.
     prompt_weighting: str = "rollouts"
+    # DAPO dynamic sampling (verl's filter_groups, metric acc): drop groups whose correctness
+    # reward has zero variance (population std <= dynamic_sampling_std_tol) and draw further
+    # prompt batches until the step holds its normal number of informative groups, or
+    # max_num_gen_batches batches were drawn (0: no limit) and it trains on what there is.
+    dynamic_sampling: bool = False
+    max_num_gen_batches: int = 10  # dynamic_sampling: prompt batches per step at most
+    dynamic_sampling_std_tol: float = 1e-6  # dynamic_sampling: std at or below is uniform
 
     # --- PPO baseline (algorithms.md 3.6; verl defaults gamma = lambda = 1) ------------------
     # With algorithm=ppo, beta is the per-token KL penalty inside the reward, and the policy
@@ -386,6 +393,8 @@ class GRPOConfig:
             "vf_coef",
             "cliprange_value",
             "lora_dropout",
+            "max_num_gen_batches",
+            "dynamic_sampling_std_tol",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -463,6 +472,18 @@ class GRPOConfig:
                 )
         if self.algorithm == "ppo" and self.curriculum != "none":
             raise ConfigError("the curriculum works with algorithm=grpo only")
+        if self.dynamic_sampling and self.algorithm == "ppo":
+            raise ConfigError(
+                "dynamic_sampling works with algorithm=grpo only: PPO's critic gives advantages "
+                "to groups whose rewards are all equal, so no group is uninformative"
+            )
+        if self.dynamic_sampling and self.curriculum != "none":
+            raise ConfigError(
+                f"dynamic_sampling cannot be combined with curriculum={self.curriculum}: the "
+                "curriculum plans rollouts and weights per prompt batch, and dynamic sampling "
+                "trains on groups gathered from several batches; set dynamic_sampling: false "
+                "or curriculum: none"
+            )
         if self.num_generations < 2 and self.algorithm == "grpo":
             raise ConfigError(
                 "num_generations must be >= 2: a group of one completion has no baseline "

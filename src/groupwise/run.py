@@ -70,15 +70,17 @@ def seed_everything(seed: int) -> None:
 
 
 class PhaseTimer:
-    """Wall time of a step's phases: ``mark(name)`` ends the phase begun at the previous mark."""
+    """Wall time of a step's phases: ``mark(name)`` ends the phase begun at the previous mark
+    (and adds it to ``name``'s time)."""
 
     def __init__(self) -> None:
         self.start = self.last = time.perf_counter()
         self.phases: dict[str, float] = {}
 
     def mark(self, name: str) -> None:
+        """A phase marked more than once (several generation batches) adds up."""
         now = time.perf_counter()
-        self.phases[name], self.last = now - self.last, now
+        self.phases[name], self.last = self.phases.get(name, 0.0) + now - self.last, now
 
     @property
     def total(self) -> float:

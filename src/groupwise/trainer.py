@@ -14,12 +14,16 @@ Everything else (the loop, logging, evaluation, checkpoints) is the run's (:mod:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from .build import build_curriculum
+from .build import Scores, build_curriculum
 from .curriculum import Outcome
 from .distributed import global_group_advantages
+from .dynamic import Draw, DynamicSampling
 from .policy import GRPOLoss
+from .rollout import Rollout
 from .run import PhaseTimer, Trainer
 from .sampler import PromptSampler
 
@@ -37,6 +41,33 @@ class GRPOTrainer(Trainer):
     def setup(self) -> None:
         self.curriculum = build_curriculum(self.args, self.dist)
         self.loss = GRPOLoss(self.args)
+        pad = self.tokenizer.pad_token_id or 0
+        self.dynamic = DynamicSampling.from_args(self.args, self.dist, pad)  # DAPO
+
+    def components(self) -> dict[str, Any]:
+        return {**super().components(), "dynamic_sampling": self.dynamic}
+
+    def draw(self, timer: PhaseTimer) -> Draw:
+        """One prompt batch, planned, generated and scored (DAPO's dynamic sampling draws
+        several per step: :mod:`groupwise.dynamic`)."""
+        batch = self.prompts.next(self.curriculum)  # q ~ D (the curriculum may choose among more)
+        plan = self.curriculum.plan(batch)  # n_q rollouts, weight w_q (GDRO eqs. 16, 19-21)
+        rollout = self.engine.generate(batch.prompt_ids, plan.local_counts)  # o_i ~ pi_old(.|q)
+        timer.mark("generation")
+        scores = self.scorer(batch.rows, rollout)  # r_i
+        timer.mark("scoring")
+        return Draw(batch, plan, rollout, scores)
+
+    def compute_spent(self, rollout: Rollout, scores: Scores) -> dict[str, int]:
+        """What the step generated, dynamic sampling's dropped groups included: they cost their
+        generation (the counts in ``self.dynamic.logs`` are already global)."""
+        spent = super().compute_spent(rollout, scores)
+        dropped = self.dynamic.logs
+        spent["generated_tokens"] += int(dropped.get("dynamic/dropped_tokens", 0))
+        spent["rollouts"] += int(dropped.get("dynamic/dropped_rollouts", 0))
+        spent["groups"] += int(dropped.get("dynamic/dropped_groups", 0))
+        spent["informative_groups"] += int(dropped.get("dynamic/trimmed_groups", 0))
+        return spent
 
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """A_i = (r_i - mean(group)) / (std + eps), DeepSeekMath Sec. 4.1.2 (``scale_rewards``)."""
@@ -45,11 +76,8 @@ class GRPOTrainer(Trainer):
     def train_step(self) -> dict[str, float]:
         """Generate, score and update once; returns this step's metrics."""
         timer = PhaseTimer()
-        batch = self.prompts.next(self.curriculum)  # q ~ D (the curriculum may choose among more)
-        plan = self.curriculum.plan(batch)  # n_q rollouts, weight w_q (GDRO eqs. 16, 19-21)
-        rollout = self.engine.generate(batch.prompt_ids, plan.local_counts)  # o_i ~ pi_old(.|q)
-        timer.mark("generation")
-        scores = self.scorer(batch.rows, rollout)  # r_i
+        # q ~ D, plan, o_i ~ pi_old(.|q), r_i (dynamic_sampling: until enough informative groups)
+        batch, plan, rollout, scores = self.dynamic.collect(lambda: self.draw(timer))
         advantages = self.advantages(scores.rewards, rollout.group_ids)  # A_i
         timer.mark("scoring")
         weights = plan.row_weights(rollout, self.args.prompt_weighting)  # w_q (GDRO eqs. 16-17)
@@ -63,4 +91,4 @@ class GRPOTrainer(Trainer):
         )
         curriculum_logs = self.curriculum.observe(plan, outcome)
         self.keep_batch(batch.rows, rollout, scores, advantages, plan)
-        return self.step_logs(rollout, scores, stats, timer, curriculum_logs)
+        return self.step_logs(rollout, scores, stats, timer, curriculum_logs, self.dynamic.logs)
