@@ -224,8 +224,8 @@ def test_uniform_groups_never_reach_the_loss(tmp_path):
     drawn = []
     inner = trainer.prompts.next
 
-    def next_batch():
-        batch = inner()
+    def next_batch(curriculum=None):
+        batch = inner(curriculum)
         drawn.append(batch.indices)
         return batch
 
