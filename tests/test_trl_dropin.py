@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import math
 import textwrap
 import warnings
-from pathlib import Path
 
 import pytest
 
@@ -322,19 +320,25 @@ def _lengths(completions, **kwargs):
 
 
 def test_trl_positional_order_processing_class_and_refusals(tmp_path, tokenizer):
-    args = tiny_config(tmp_path, max_steps=-1, num_train_epochs=2)
+    args = tiny_config(tmp_path, max_steps=-1, num_train_epochs=2, save_strategy="epoch")
+    dataset = datasets.Dataset.from_list(ROWS)
     with pytest.warns(IgnoredOptionsWarning, match="reward_processing_classes"):
         trainer = GRPOTrainer(  # TRL's order: model, reward_funcs, args, train_dataset
-            "tiny-random", _lengths, args, ROWS, processing_class=tokenizer,
+            "tiny-random", _lengths, args, dataset, processing_class=tokenizer,
             reward_processing_classes=[tokenizer],
         )  # fmt: skip
-    assert trainer.tokenizer is tokenizer
-    assert trainer.args.max_steps == 3  # ceil(2 * 3 / 2)
-    assert trainer.train_dataset is ROWS
+    assert trainer.tokenizer is tokenizer and trainer.train_dataset is dataset
+    # 3 prompts, 2 per step: 2 epochs = ceil(2 * 3 / 2) = 3 steps; an epoch = ceil(1.5) = 2.
+    assert (trainer.args.max_steps, trainer.args.save_steps) == (3, 2)
+    assert args.max_steps == -1  # the caller's config is not changed
+    assert trainer.state.global_step == 0 and trainer.state.max_steps == 3
     with pytest.raises(ConfigError, match="optimizers: groupwise builds its own AdamW"):
         GRPOTrainer("tiny-random", _lengths, ROWS, args=args, optimizers=(object(), None))
     with pytest.raises(ValueError, match="train_dataset is required"):
         GRPOTrainer("tiny-random", _lengths, args=args)
+    streamed = datasets.Dataset.from_list(ROWS).to_iterable_dataset()
+    with pytest.raises(TypeError, match="an IterableDataset is not supported"):
+        GRPOTrainer("tiny-random", _lengths, streamed, args=args)
 
 
 def test_callbacks_state_and_stopping(tmp_path):
@@ -477,14 +481,3 @@ def test_real_dataset_through_load_dataset_rows(tmp_path):
     splits.save_to_disk(str(tmp_path / "saved"))
     rows, _ = load_dataset_rows(str(tmp_path / "saved"), prompt_column="text", split="test")
     assert rows == [{"prompt": "A?", "answer": "1"}]
-
-
-def test_epoch_run_length_with_a_dataset(tmp_path):
-    """num_train_epochs on a real Dataset: 3 prompts, 2 per step, 1 epoch -> ceil(1.5) = 2."""
-    dataset = datasets.Dataset.from_list(ROWS)
-    args = tiny_config(tmp_path, max_steps=-1, num_train_epochs=1, save_strategy="epoch")
-    trainer = GRPOTrainer("tiny-random", _lengths, dataset, args=args)
-    assert trainer.args.max_steps == 2 == math.ceil(1 * 3 / 2)
-    assert trainer.args.save_steps == 2  # one epoch: ceil(1.5)
-    assert isinstance(trainer.state.log_history, list) and trainer.state.global_step == 0
-    assert Path(trainer.args.output_dir) == tmp_path / "run"

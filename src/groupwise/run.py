@@ -315,6 +315,11 @@ class Trainer:
 
     @staticmethod
     def _check_dataset(dataset: Sequence[dict[str, Any]], name: str) -> None:
+        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            raise TypeError(
+                f"{name} must be sized and indexable (a list of dict rows or a datasets.Dataset), "
+                f"got {type(dataset).__name__}; an IterableDataset is not supported"
+            )
         if len(dataset) == 0:
             raise ValueError(f"{name} is empty")
         first = dataset[0]
