@@ -155,12 +155,20 @@ def _config(**kwargs) -> GRPOConfig:
         ({"eval_strategy": "steps", "eval_steps": None}, {"eval_steps": 1}),
         ({"eval_steps": None, "num_completions_to_print": None}, {"eval_steps": 0}),
         ({"per_device_eval_batch_size": 8}, {"per_device_eval_batch_size": 8}),
+        ({"lr_scheduler_type": "constant_with_warmup"}, {"lr_scheduler_type": "constant"}),
     ],
 )
 def test_trl_option_mapping(kwargs, expected):
     config = _config(**kwargs)
     for name, value in expected.items():
         assert getattr(config, name) == value, name
+
+
+def test_transformers_enums_are_read_as_values():
+    from transformers.trainer_utils import IntervalStrategy, SchedulerType
+
+    config = GRPOConfig(lr_scheduler_type=SchedulerType.COSINE, save_strategy=IntervalStrategy.NO)
+    assert (config.lr_scheduler_type, config.save_strategy) == ("cosine", "no")
 
 
 def test_report_to_all_is_the_installed_loggers(monkeypatch):

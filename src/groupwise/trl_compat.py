@@ -9,7 +9,9 @@ A TRL script builds ``GRPOConfig(...)`` with the usual ``TrainingArguments`` key
   ratio (transformers 5's meaning) and becomes ``warmup_ratio``; ``num_train_epochs`` without
   ``max_steps`` sets ``max_steps=-1`` (TRL's "train for num_train_epochs"); ``save_strategy=
   "steps"`` without ``save_steps`` saves every 500 steps and ``eval_strategy="steps"`` without
-  ``eval_steps`` evaluates every ``logging_steps`` (TrainingArguments' defaults).
+  ``eval_steps`` evaluates every ``logging_steps`` (TrainingArguments' defaults);
+  ``lr_scheduler_type="constant_with_warmup"`` is groupwise's ``constant`` (which warms up over
+  ``warmup_steps``); transformers' enums (``SchedulerType.COSINE``, ...) are read as their values.
   ``num_train_epochs``, ``warmup_ratio``, ``adam_epsilon``, ``save_strategy``, ``eval_strategy``
   and ``per_device_eval_batch_size`` are real ``GRPOConfig`` fields.
 - Names in :data:`TRL_IGNORED` (TRL 1.16's GRPOConfig fields with no meaning in groupwise, and
@@ -195,6 +197,7 @@ TRL_IGNORED: frozenset[str] = frozenset(
 # What groupwise trains with: every adamw_torch* is torch.optim.AdamW.
 _OPTIM_PREFIX = "adamw_torch"
 _DEFAULT_SAVE_STEPS = 500  # TrainingArguments' save_steps
+_ENUMS = ("lr_scheduler_type", "save_strategy", "eval_strategy")
 # Options that TRL allows to be None ("unset") where groupwise has a value.
 _NONE_IS_DEFAULT = (
     "eval_steps",
@@ -227,6 +230,11 @@ def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
 
     kwargs = dict(kwargs)
     ignored = {name: kwargs.pop(name) for name in sorted(kwargs) if name in TRL_IGNORED}
+    for name in _ENUMS:  # transformers' SchedulerType / IntervalStrategy enums -> their value
+        if hasattr(kwargs.get(name), "value"):
+            kwargs[name] = kwargs[name].value
+    if kwargs.get("lr_scheduler_type") == "constant_with_warmup":  # groupwise's constant warms up
+        kwargs["lr_scheduler_type"] = "constant"
     if kwargs.pop("use_cpu", False):
         _set(kwargs, "device", "cpu", "use_cpu=True")
     if kwargs.pop("fp16", False):
