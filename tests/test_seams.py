@@ -269,7 +269,7 @@ LAYERS = [
      "memory.plan"},
     {"distributed", "rollout", "rewards", "batching"},
     {"curriculum", "tasks", "evaluation", "sampler"},
-    {"config"},
+    {"config", "trl_compat"},
     {"policy", "checkpoint"},
     {"build"},
     {"run", "dynamic"},

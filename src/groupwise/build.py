@@ -71,15 +71,17 @@ def build_model(
     args: GRPOConfig,
     device: torch.device,
     dtype: torch.dtype,
+    peft_config: Any | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The policy model on its device and dtype (gradient checkpointing, LoRA) and tokenizer."""
+    """The policy model on its device and dtype (gradient checkpointing, LoRA: ``peft_config``
+    when given, else the ``lora_*`` options) and tokenizer."""
     model, tokenizer = load_model_and_tokenizer(model, processing_class, seed=args.seed)
     model = model.to(device=device, dtype=dtype)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     if args.use_peft:
-        model = apply_lora(model, args)
+        model = apply_lora(model, args, peft_config)
     model.train()
     return model, tokenizer
 

@@ -67,6 +67,10 @@ RESUME_SAFE_FIELDS = frozenset(
         "code_timeout",
         "remote_timeout",
         "reward_max_failure_fraction",
+        "num_train_epochs",
+        "save_strategy",
+        "eval_strategy",
+        "per_device_eval_batch_size",
     }
 )
 

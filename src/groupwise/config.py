@@ -8,15 +8,27 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
+import math
 import os
 import re
 import types
 import typing
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .trl_compat import (
+    TRL_IGNORED,
+    TRL_TRANSLATED,
+    IgnoredOptionsWarning,
+    ignored_message,
+    normalise_report_to,
+    translate_trl_options,
+)
 
 
 class ConfigError(ValueError):
@@ -168,11 +180,15 @@ class GRPOConfig:
     learning_rate: float = 1e-6  # AdamW peak learning rate
     lr_scheduler_type: str = "constant"  # constant | linear | cosine
     warmup_steps: int = 0  # linear warmup from 0 over this many optimizer steps
+    warmup_ratio: float = 0.0  # warmup_steps=0: warm up over ceil(ratio * total steps) (TRL)
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     adam_beta1: float = 0.9  # AdamW first-moment decay
     adam_beta2: float = 0.999  # AdamW second-moment decay
+    adam_epsilon: float = 1e-8  # AdamW epsilon
     max_grad_norm: float = 1.0  # clip the global gradient norm to this
-    max_steps: int = 100  # optimizer steps of the run
+    max_steps: int = 100  # optimizer steps of the run (-1: from num_train_epochs, TRL's meaning)
+    # max_steps=-1: passes over train_dataset; steps = ceil(epochs * rows / prompts per step)
+    num_train_epochs: float = 3.0
     seed: int = 42  # seeds data order, sampling and initialisation
 
     # --- runtime --------------------------------------------------------------------------
@@ -212,10 +228,13 @@ class GRPOConfig:
     output_dir: str = "runs/grpo"  # model, config, metrics and checkpoints go here
     logging_steps: int = 1  # print and log metrics every N steps
     save_steps: int = 0  # 0: save only at the end
+    save_strategy: str = "steps"  # steps (every save_steps) | epoch | no (no checkpoints)
     save_total_limit: int | None = None  # keep the last N checkpoint-* folders (None: all)
     resume_from_checkpoint: str | None = None  # auto (latest in output_dir) | PATH | None
     eval_steps: int = 0  # 0: evaluate only before and after training (if eval_on_start)
     eval_on_start: bool = False  # evaluate before the first step too
+    eval_strategy: str = "steps"  # steps (every eval_steps) | epoch | no (none during training)
+    per_device_eval_batch_size: int = 64  # prompts per generation batch of evaluate()
     eval_num_generations: int = 0  # groupwise eval: samples per prompt (0: greedy only)
     eval_ks: list[int] | None = None  # groupwise eval: k of pass@k (None: 1, 2, 4, ..., n)
     eval_output: str | None = None  # groupwise eval: JSON file (None: OUTPUT_DIR/eval.json)
@@ -234,6 +253,7 @@ class GRPOConfig:
     disable_tqdm: bool = False  # no progress bar
 
     def __post_init__(self) -> None:
+        self.report_to = normalise_report_to(self.report_to)
         self.validate()
 
     # ----------------------------------------------------------------------------------------
@@ -267,6 +287,37 @@ class GRPOConfig:
     def prompts_per_step(self) -> int:
         """Prompts per groupwise step (one generation batch), per rank."""
         return self.completions_per_generation // self.num_generations
+
+    def steps_per_epoch(self, num_rows: int, world_size: int = 1) -> float:
+        """Optimizer steps for one pass over ``num_rows`` prompts (each step draws
+        ``prompts_per_step`` prompts on each of ``world_size`` ranks)."""
+        return num_rows / (self.prompts_per_step * world_size)
+
+    def for_dataset(self, num_rows: int, world_size: int = 1) -> GRPOConfig:
+        """This config with what depends on the training set's size made concrete: max_steps=-1
+        -> ceil(num_train_epochs * steps_per_epoch); save_strategy / eval_strategy "epoch" ->
+        save_steps / eval_steps = one epoch's steps (at least 1); "no" -> 0. ``self`` if nothing
+        changes; otherwise a copy (the ignored TRL options travel with it, unreported)."""
+        per_epoch = self.steps_per_epoch(num_rows, world_size)
+        changes: dict[str, Any] = {}
+        if self.max_steps == -1:
+            changes["max_steps"] = max(1, math.ceil(self.num_train_epochs * per_epoch))
+        for strategy, steps in (("save_strategy", "save_steps"), ("eval_strategy", "eval_steps")):
+            value = getattr(self, strategy)
+            if value == "epoch":
+                changes[steps] = max(1, math.ceil(per_epoch))
+            elif value == "no" and getattr(self, steps):
+                changes[steps] = 0
+        if not changes:
+            return self
+        resolved = dataclasses.replace(self, **changes)
+        resolved.trl_ignored = dict(self.trl_ignored)
+        return resolved
+
+    def warmup_steps_for(self, total_steps: int) -> int:
+        """Warmup steps of a schedule of ``total_steps``: warmup_steps, else
+        ceil(warmup_ratio * total_steps) (TrainingArguments.get_warmup_steps)."""
+        return self.warmup_steps or math.ceil(self.warmup_ratio * total_steps)
 
     def _validate_select(self) -> None:
         """The ``select_*`` options (curriculum: select), each error naming its option."""
@@ -349,6 +400,8 @@ class GRPOConfig:
             "generation_dtype": ("auto", "bfloat16"),
             "rollout_correction_mode": ROLLOUT_CORRECTION_MODES,
             "prompt_weighting": ("rollouts", "equal"),
+            "save_strategy": ("steps", "epoch", "no"),
+            "eval_strategy": ("steps", "epoch", "no"),
         }
         if self.loss_type == "cispo" and (self.epsilon_high is None or self.epsilon_high < 1):
             raise ConfigError(
@@ -366,8 +419,8 @@ class GRPOConfig:
             "gradient_accumulation_steps",
             "num_iterations",
             "max_completion_length",
-            "max_steps",
             "logprob_chunk_size",
+            "per_device_eval_batch_size",
             "num_train_prompts",
             "logging_steps",
         )
@@ -403,6 +456,18 @@ class GRPOConfig:
                 "reward_max_failure_fraction must be in [0, 1], "
                 f"got {self.reward_max_failure_fraction}"
             )
+        if self.max_steps < 1 and self.max_steps != -1:
+            raise ConfigError(
+                f"max_steps must be >= 1, or -1 to train for num_train_epochs, got {self.max_steps}"
+            )
+        if self.max_steps == -1 and not self.num_train_epochs > 0:
+            raise ConfigError(
+                f"num_train_epochs must be > 0 when max_steps=-1, got {self.num_train_epochs}"
+            )
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.adam_epsilon <= 0:
+            raise ConfigError(f"adam_epsilon must be > 0, got {self.adam_epsilon}")
         for name in ("accuracy_timeout", "code_timeout", "remote_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
@@ -541,19 +606,34 @@ class GRPOConfig:
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
+    def unknown_option(cls, name: str, source: str) -> ConfigError:
+        """The error for a name that is neither an option nor a TRL name, with the closest."""
+        valid = cls.field_names()
+        close = difflib.get_close_matches(name, [*valid, *TRL_TRANSLATED, *TRL_IGNORED], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return ConfigError(
+            f"{source}: unknown option {name!r}{hint}. Valid options: {', '.join(valid)} "
+            "(and TRL's names: README 'Coming from TRL')"
+        )
+
+    @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> GRPOConfig:
         """Build a config from plain values, checking every name and type."""
-        hints = typing.get_type_hints(cls)
-        valid = cls.field_names()
+        hints = {**typing.get_type_hints(cls), **TRL_TRANSLATED}
         kwargs = {}
         for name, value in values.items():
-            if name not in valid:
-                close = difflib.get_close_matches(name, valid, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(
-                    f"{source}: unknown option {name!r}{hint}. Valid options: {', '.join(valid)}"
-                )
-            kwargs[name] = coerce(value, hints[name], f"{source}: option {name!r}")
+            what = f"{source}: option {name!r}"
+            if name == "warmup_steps":  # a float below 1 is a ratio (transformers 5)
+                value = coerce(value, float, what)
+                if value >= 1 and not value.is_integer():
+                    raise ConfigError(f"{what} expects an integer, or a ratio below 1: {value}")
+                kwargs[name] = int(value) if value >= 1 or value == 0 else value
+            elif name in hints:
+                kwargs[name] = coerce(value, hints[name], what)
+            elif name in TRL_IGNORED:
+                kwargs[name] = value
+            else:
+                raise cls.unknown_option(name, source)
         return cls(**kwargs)
 
     @classmethod
@@ -585,6 +665,27 @@ def world_size_from_env() -> int:
         return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
     except ValueError:
         return 1
+
+
+_generated_init = GRPOConfig.__init__
+_FIELDS = frozenset(GRPOConfig.field_names())
+
+
+def _init(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
+    """GRPOConfig(**options): groupwise's fields and TRL's names (trl_compat); the TRL options
+    with no meaning here are kept in ``trl_ignored`` and reported in one warning."""
+    for name in kwargs:
+        if name not in _FIELDS and name not in TRL_IGNORED and name not in TRL_TRANSLATED:
+            raise GRPOConfig.unknown_option(name, "GRPOConfig")
+    kwargs, ignored = translate_trl_options(kwargs)
+    _generated_init(self, *args, **kwargs)
+    self.trl_ignored = ignored
+    if ignored:
+        warnings.warn(ignored_message(ignored), IgnoredOptionsWarning, stacklevel=2)
+
+
+_init.__signature__ = inspect.signature(_generated_init)  # type: ignore[attr-defined]
+GRPOConfig.__init__ = _init  # type: ignore[method-assign]
 
 
 def _type_name(tp: Any) -> str:

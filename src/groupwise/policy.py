@@ -65,15 +65,17 @@ class CheckpointMismatch(ValueError):
 
 
 def lr_factor(args: GRPOConfig, total_steps: int) -> Callable[[int], float]:
-    """The LR multiplier per optimizer step: linear warm-up over ``warmup_steps``, then
-    constant, linear decay or cosine decay to 0 at ``total_steps``."""
+    """The LR multiplier per optimizer step: linear warm-up over ``warmup_steps`` (or
+    ``ceil(warmup_ratio * total_steps)``), then constant, linear decay or cosine decay to 0 at
+    ``total_steps``."""
+    warmup = args.warmup_steps_for(total_steps)
 
     def factor(step: int) -> float:
-        if args.warmup_steps and step < args.warmup_steps:
-            return (step + 1) / args.warmup_steps
+        if warmup and step < warmup:
+            return (step + 1) / warmup
         if args.lr_scheduler_type == "constant":
             return 1.0
-        progress = (step - args.warmup_steps) / max(1, total_steps - args.warmup_steps)
+        progress = (step - warmup) / max(1, total_steps - warmup)
         progress = min(max(progress, 0.0), 1.0)
         if args.lr_scheduler_type == "linear":
             return 1.0 - progress
@@ -89,10 +91,17 @@ def optimizer_steps(args: GRPOConfig, steps: int) -> int:
     return steps * args.optimizer_steps_per_generation * args.num_iterations
 
 
-def apply_lora(model: PreTrainedModel, args: GRPOConfig) -> PreTrainedModel:
-    """Wrap ``model`` in a peft LoRA adapter; only the adapter's parameters train."""
+def apply_lora(
+    model: PreTrainedModel, args: GRPOConfig, peft_config: Any | None = None
+) -> PreTrainedModel:
+    """Wrap ``model`` in a peft LoRA adapter; only the adapter's parameters train.
+    ``peft_config`` (a ``peft.LoraConfig``, TRL's ``GRPOTrainer(peft_config=...)``) is used as
+    given; otherwise one is made from ``lora_r``, ``lora_alpha``, ``lora_dropout`` and
+    ``lora_target_modules``."""
     from peft import LoraConfig, get_peft_model
 
+    if peft_config is not None:
+        return get_peft_model(model, peft_config)
     config = LoraConfig(
         r=args.lora_r,
         lora_alpha=args.lora_alpha,
@@ -126,6 +135,7 @@ class Trainable:
             [p for p in module.parameters() if p.requires_grad],
             lr=learning_rate,
             betas=(args.adam_beta1, args.adam_beta2),
+            eps=args.adam_epsilon,
             weight_decay=args.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -492,11 +492,11 @@ class PPOTrainer(Trainer):
         if "critic_scheduler" in state:
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
 
-    def save_model(self, path: str | Path | None = None) -> Path:
+    def save_model(self, path: str | Path | None = None, output_dir: str | None = None) -> Path:
         """Save the policy and tokenizer (as GRPOTrainer does) and the critic under
         ``<path>/critic/``: ``model.safetensors`` (the ValueModel state dict) and
         ``critic_config.json``. :meth:`load_critic` reads them back."""
-        target = super().save_model(path)
+        target = super().save_model(path, output_dir)
         if not self.dist.is_main:  # under data parallel only rank 0 writes
             return target
         with staged_files(target / CRITIC_DIR) as tmp:

@@ -13,6 +13,7 @@ config, every rank's RNG state and the metrics so far.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import json
 import math
@@ -20,6 +21,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,12 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TrainerControl,
+    TrainerState,
+)
 
 from . import checkpoint as ckpt
 from .build import (
@@ -59,6 +66,7 @@ from .policy import CheckpointMismatch, Policy, UpdateStats, optimizer_steps
 from .rewards import RewardFunc
 from .rollout import Rollout
 from .sampler import PromptBatches
+from .trl_compat import IgnoredOptionsWarning
 
 
 def seed_everything(seed: int) -> None:
@@ -120,34 +128,86 @@ class ComputeLedger:
         self.totals = {key: int(state.get(key, 0)) for key in self.KEYS}
 
 
+def with_peft_config(args: GRPOConfig, peft_config: Any) -> GRPOConfig:
+    """``args`` with use_peft on and the lora_* options read from a ``peft.LoraConfig`` (the
+    adapter itself is built from ``peft_config`` as given; these record it in config.yaml)."""
+    if not all(hasattr(peft_config, name) for name in ("r", "lora_alpha", "target_modules")):
+        raise ConfigError(
+            f"peft_config: only a peft.LoraConfig is supported, got {type(peft_config).__name__}"
+        )
+    targets = peft_config.target_modules
+    if targets is None or targets == "all-linear":
+        recorded = None
+    else:
+        recorded = [targets] if isinstance(targets, str) else sorted(targets)
+    resolved = dataclasses.replace(
+        args,
+        use_peft=True,
+        lora_r=int(peft_config.r),
+        lora_alpha=int(peft_config.lora_alpha),
+        lora_dropout=float(getattr(peft_config, "lora_dropout", 0.0)),
+        lora_target_modules=recorded,
+    )
+    resolved.trl_ignored = dict(args.trl_ignored)
+    return resolved
+
+
 class Trainer:
     """What every trainer shares (see the module docstring). ``args`` defaults to
     ``GRPOConfig()``; ``model`` is a built-in name, a path or a loaded ``PreTrainedModel``;
-    ``reward_funcs`` built-in names or callables ``f(prompts, completions, **columns)``."""
+    ``reward_funcs`` built-in names or callables ``f(prompts, completions, **columns)``.
+
+    TRL's other arguments: ``processing_class`` (the tokenizer, instead of the model's own),
+    ``peft_config`` (a ``peft.LoraConfig``: LoRA as configured there), ``callbacks``
+    (``transformers.TrainerCallback``-like objects or classes: on_init_end, on_train_begin,
+    on_step_begin, on_step_end, on_log, on_evaluate, on_save and on_train_end are called with
+    ``(args, state, control, **kwargs)``; ``control.should_training_stop`` and
+    ``control.should_save`` are obeyed), ``reward_processing_classes`` (accepted and reported as
+    ignored: reward models here load their own tokenizer), ``optimizers`` (only ``(None,
+    None)``). TRL's positional order ``(model, reward_funcs, args, train_dataset)`` works too."""
 
     def __init__(
         self,
         model: str | PreTrainedModel,
         reward_funcs: RewardFunc | str | Sequence[RewardFunc | str],
-        train_dataset: Sequence[dict[str, Any]],
-        args: GRPOConfig | None = None,
+        train_dataset: Sequence[dict[str, Any]] | GRPOConfig | None = None,
+        args: GRPOConfig | Sequence[dict[str, Any]] | None = None,
         eval_dataset: Sequence[dict[str, Any]] | None = None,
         processing_class: PreTrainedTokenizerBase | None = None,
+        reward_processing_classes: Any = None,
+        callbacks: Sequence[Any] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        peft_config: Any | None = None,
     ) -> None:
-        self.args = args = args or self.default_args()
+        if isinstance(train_dataset, GRPOConfig) and not isinstance(args, GRPOConfig):
+            train_dataset, args = args, train_dataset  # TRL's order: (model, funcs, args, data)
+        if train_dataset is None:
+            raise ValueError("train_dataset is required: rows with a 'prompt' column")
+        if tuple(optimizers) != (None, None):
+            raise ConfigError(
+                "optimizers: groupwise builds its own AdamW and schedule; pass (None, None) and "
+                "set learning_rate, lr_scheduler_type, warmup_steps, weight_decay, adam_* instead"
+            )
+        if args is not None and not isinstance(args, GRPOConfig):
+            raise TypeError(f"args must be a groupwise GRPOConfig, got {type(args).__name__}")
+        args = args or self.default_args()
+        if peft_config is not None:
+            args = with_peft_config(args, peft_config)
         seed_everything(args.seed)
         self.dist: DistributedContext = init_distributed(args.device)
+        self._check_dataset(train_dataset, "train_dataset")
+        # max_steps=-1 (num_train_epochs) and "epoch" strategies need the dataset's size.
+        self.args = args = args.for_dataset(len(train_dataset), self.dist.world_size)
         self.check_options(args, self.dist)
         self.device = resolve_device(args.device)
         if self.device.type == "cuda" and self.dist.enabled:
             self.device = torch.device("cuda", self.dist.local_rank)
         self.dtype = resolve_dtype(args.dtype, self.device)
         model, self.tokenizer = build_model(
-            model, processing_class, args, self.device, self.dtype
+            model, processing_class, args, self.device, self.dtype, peft_config
         )
         self.scorer = build_scorer(reward_funcs, args)
         self.eval_dataset = eval_dataset
-        self._check_dataset(train_dataset, "train_dataset")
         if eval_dataset is not None:
             self._check_dataset(eval_dataset, "eval_dataset")
         self.policy = Policy(model, args, self.dist, self.device)
@@ -174,7 +234,18 @@ class Trainer:
         # Failure-mode warnings (checkpointed), reading the reward that says "solved".
         self.monitor = TrainingMonitor(args, correctness_reward=self.scorer.correctness_name)
         self.loggers: RunLoggers | None = None  # TensorBoard / wandb, opened by train()
+        self.callbacks = [cb() if isinstance(cb, type) else cb for cb in callbacks or ()]
+        self.control = TrainerControl()
+        self._state = TrainerState()
+        if reward_processing_classes is not None:
+            warnings.warn(
+                "GRPOTrainer: reward_processing_classes is accepted but ignored (a reward model "
+                "here, reward_model:PATH, loads its own tokenizer)",
+                IgnoredOptionsWarning,
+                stacklevel=2,
+            )
         self.setup()
+        self._callback("on_init_end")
 
     @classmethod
     def default_args(cls) -> GRPOConfig:
@@ -199,6 +270,50 @@ class Trainer:
         raise NotImplementedError
 
     # -- the components' parts users reach for (TRL's attribute names) -------------------------
+    @property
+    def state(self) -> TrainerState:
+        """A ``transformers.TrainerState`` of this run, up to date: global_step, max_steps,
+        log_history (the same list as ``self.log_history``), epoch, ..."""
+        state, args = self._state, self.args
+        per_epoch = args.steps_per_epoch(len(self.prompts.dataset), self.dist.world_size)
+        state.global_step = self.global_step
+        state.max_steps = args.max_steps
+        state.log_history = self.log_history
+        state.epoch = self.global_step / per_epoch
+        state.num_train_epochs = math.ceil(args.max_steps / per_epoch)
+        state.logging_steps = args.logging_steps
+        state.save_steps = args.save_steps
+        state.eval_steps = args.eval_steps
+        state.train_batch_size = args.per_device_train_batch_size
+        state.is_world_process_zero = self.dist.is_main
+        state.is_local_process_zero = self.dist.local_rank == 0
+        return state
+
+    def add_callback(self, callback: Any) -> None:
+        """Add a ``TrainerCallback``-like object (or class), as transformers' Trainer does."""
+        self.callbacks.append(callback() if isinstance(callback, type) else callback)
+
+    def _callback(self, event: str, **kwargs: Any) -> None:
+        """Call ``event`` on every callback that has it, with transformers' arguments."""
+        for callback in self.callbacks:
+            method = getattr(callback, event, None)
+            if method is None:
+                continue
+            result = method(
+                self.args,
+                self.state,
+                self.control,
+                model=self.model,
+                processing_class=self.tokenizer,
+                optimizer=self.optimizer,
+                lr_scheduler=self.scheduler,
+                train_dataloader=None,
+                eval_dataloader=None,
+                **kwargs,
+            )
+            if isinstance(result, TrainerControl):
+                self.control = result
+
     @property
     def model(self) -> PreTrainedModel:
         return self.policy.model
@@ -237,6 +352,11 @@ class Trainer:
 
     @staticmethod
     def _check_dataset(dataset: Sequence[dict[str, Any]], name: str) -> None:
+        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            raise TypeError(
+                f"{name} must be sized and indexable (a list of dict rows or a datasets.Dataset), "
+                f"got {type(dataset).__name__}; an IterableDataset is not supported"
+            )
         if len(dataset) == 0:
             raise ValueError(f"{name} is empty")
         first = dataset[0]
@@ -359,11 +479,12 @@ class Trainer:
     def evaluate(
         self,
         dataset: Sequence[dict[str, Any]] | None = None,
-        batch_size: int = 64,
+        batch_size: int | None = None,
         greedy: bool = True,
     ) -> dict[str, float]:
         """Mean of every reward function over ``dataset`` (default: eval_dataset), one greedy
-        completion per prompt (or one sample at the training temperature); with
+        completion per prompt (or one sample at the training temperature), ``batch_size``
+        (default ``per_device_eval_batch_size``) prompts at a time; with
         ``eval_num_generations`` also pass@k / mean@k (overall and per difficulty level)."""
         from .evaluation import evaluate_model, reward_means
 
@@ -371,6 +492,7 @@ class Trainer:
         if dataset is None:
             raise ValueError("evaluate() needs a dataset: pass one or give eval_dataset")
         args = self.args
+        batch_size = batch_size or args.per_device_eval_batch_size
         with self.policy.full_weights():  # FSDP: generation calls the unwrapped model
             result = reward_means(
                 self.engine,
@@ -411,6 +533,7 @@ class Trainer:
     # -- files ----------------------------------------------------------------------------------
     def _log(self, logs: dict[str, float]) -> None:
         self.log_history.append(logs)
+        self._callback("on_log", logs=dict(logs))
         if not self.dist.is_main:  # under data parallel only rank 0 writes
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -552,6 +675,7 @@ class Trainer:
             path = ckpt.write_checkpoint(self.output_dir, self.global_step, write)
             ckpt.rotate_checkpoints(self.output_dir, self.args.save_total_limit)
         barrier(self.dist)
+        self._callback("on_save")
         return path
 
     def load_checkpoint(self, path: str | Path) -> None:
@@ -643,8 +767,11 @@ class Trainer:
                 resume_step=self.global_step,
             )
         previous_handlers = self._install_signal_handlers()
+        self.control = TrainerControl()
         try:
+            self._callback("on_train_begin")
             self._train_loop()
+            self._callback("on_train_end")
         finally:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
@@ -669,8 +796,10 @@ class Trainer:
             dynamic_ncols=True,
         )
         while self.global_step < args.max_steps:
+            self._callback("on_step_begin")
             logs = self.train_step()
             step = self.global_step
+            self._callback("on_step_end")
             if step % args.logging_steps == 0 or step == args.max_steps:
                 self._log(logs)
             if args.log_completions_steps and step % args.log_completions_steps == 0:
@@ -696,14 +825,19 @@ class Trainer:
                 and (step % args.eval_steps == 0)
                 and step < args.max_steps
             ):
-                self._log({"step": step, **self.evaluate()})
-            if args.save_steps and step % args.save_steps == 0:
+                metrics = self.evaluate()
+                self._log({"step": step, **metrics})
+                self._callback("on_evaluate", metrics=metrics)
+            if (args.save_steps and step % args.save_steps == 0) or self.control.should_save:
+                self.control.should_save = False
                 self.save_checkpoint()
             if any_rank(self._stop_signal is not None, self.dist):
                 bar.close()
                 path = self.save_checkpoint()
                 signum, self._stop_signal = self._stop_signal or signal.SIGTERM, None
                 raise TrainingInterrupted(signum, path)
+            if self.control.should_training_stop:  # a callback asked to stop
+                break
         bar.close()
         if self.eval_dataset is not None and (args.eval_on_start or args.eval_steps):
             last = self.log_history[-1] if self.log_history else {}
@@ -727,14 +861,16 @@ class Trainer:
             postfix[name.removesuffix("_reward")] = f"{logs[f'rewards/{name}/mean']:.2f}"
         return postfix
 
-    def save_model(self, path: str | Path | None = None) -> Path:
+    def save_model(self, path: str | Path | None = None, output_dir: str | None = None) -> Path:
         """Save model and tokenizer in Hugging Face format (``from_pretrained``-loadable; with
         LoRA the adapter, ``PeftModel.from_pretrained``-loadable).
 
         Files are written into a temporary folder first and then moved into place one by one
         (``os.replace`` is atomic), so a crash never leaves a truncated weights file.
 
-        Under FSDP every rank must call it (the full weights are gathered); rank 0 writes."""
+        Under FSDP every rank must call it (the full weights are gathered); rank 0 writes.
+        ``output_dir`` is TRL's name for ``path``."""
+        path = path if path is not None else output_dir
         target = Path(path) if path is not None else self.output_dir
         weights = self.policy.full_state_dict()
         if not self.dist.is_main and self.policy.sharded:

@@ -1,0 +1,293 @@
+"""TRL / Hugging Face ``TrainingArguments`` option names that a TRL GRPO script passes.
+
+A TRL script builds ``GRPOConfig(...)`` with the usual ``TrainingArguments`` keywords. Here:
+
+- Names that mean something in groupwise are translated (:func:`translate_trl_options`):
+  ``use_cpu`` -> ``device="cpu"``; ``bf16`` -> ``dtype`` (True: bfloat16, False: float32);
+  ``fp16=True`` is refused (groupwise has no fp16 loss scaling); ``optim`` must be an
+  ``adamw_torch*`` (groupwise trains with ``torch.optim.AdamW``); ``warmup_steps`` below 1 is a
+  ratio (transformers 5's meaning) and becomes ``warmup_ratio``; ``num_train_epochs`` without
+  ``max_steps`` sets ``max_steps=-1`` (TRL's "train for num_train_epochs"); ``save_strategy=
+  "steps"`` without ``save_steps`` saves every 500 steps and ``eval_strategy="steps"`` without
+  ``eval_steps`` evaluates every ``logging_steps`` (TrainingArguments' defaults);
+  ``lr_scheduler_type="constant_with_warmup"`` is groupwise's ``constant`` (which warms up over
+  ``warmup_steps``); transformers' enums (``SchedulerType.COSINE``, ...) are read as their values.
+  ``num_train_epochs``, ``warmup_ratio``, ``adam_epsilon``, ``save_strategy``, ``eval_strategy``
+  and ``per_device_eval_batch_size`` are real ``GRPOConfig`` fields.
+- Names in :data:`TRL_IGNORED` (TRL 1.16's GRPOConfig fields with no meaning in groupwise, and
+  a few older TrainingArguments names) are accepted, kept out of the config's fields (so
+  ``to_dict()``, ``config.yaml`` and checkpoint comparison never see them) and reported once,
+  in one :class:`IgnoredOptionsWarning` listing every such name the caller passed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+
+class IgnoredOptionsWarning(UserWarning):
+    """TRL options that were accepted but have no effect in groupwise."""
+
+
+# TRL-only names that groupwise translates (not fields of GRPOConfig), with their types for
+# YAML / command-line coercion.
+TRL_TRANSLATED: dict[str, Any] = {
+    "use_cpu": bool,
+    "bf16": bool | None,
+    "fp16": bool,
+    "optim": str,
+}
+
+# TRL 1.16 GRPOConfig fields that have no meaning in groupwise (HF generation is the only
+# engine, one optimizer, no hub, no vLLM, no DeepSpeed/accelerate, no Liger kernels, ...), plus
+# older TrainingArguments names still common in scripts (logging_dir, overwrite_output_dir).
+TRL_IGNORED: frozenset[str] = frozenset(
+    (
+        "accelerator_config",
+        "activation_checkpointing",
+        "activation_checkpointing_kwargs",
+        "auto_find_batch_size",
+        "average_tokens_across_devices",
+        "batch_eval_metrics",
+        "bf16_full_eval",
+        "cache_implementation",
+        "cast_lm_head_to_fp32",
+        "chat_template_kwargs",
+        "data_seed",
+        "dataloader_drop_last",
+        "dataloader_in_order",
+        "dataloader_multiprocessing_context",
+        "dataloader_num_workers",
+        "dataloader_persistent_workers",
+        "dataloader_pin_memory",
+        "dataloader_prefetch_factor",
+        "ddp_backend",
+        "ddp_broadcast_buffers",
+        "ddp_bucket_cap_mb",
+        "ddp_find_unused_parameters",
+        "ddp_static_graph",
+        "ddp_timeout",
+        "debug",
+        "deepspeed",
+        "delta",
+        "disable_dropout",
+        "do_eval",
+        "do_predict",
+        "do_train",
+        "ds3_gather_for_generation",
+        "enable_jit_checkpoint",
+        "entropy_coef",
+        "entropy_coef_delta",
+        "entropy_coef_max",
+        "entropy_coef_min",
+        "entropy_target",
+        "eval_accumulation_steps",
+        "eval_delay",
+        "eval_do_concat_batches",
+        "eval_use_gather_object",
+        "fp16_full_eval",
+        "fsdp",
+        "fsdp_config",
+        "full_determinism",
+        "generation_kwargs",
+        "gradient_checkpointing_kwargs",
+        "greater_is_better",
+        "hub_always_push",
+        "hub_model_id",
+        "hub_private_repo",
+        "hub_revision",
+        "hub_strategy",
+        "hub_token",
+        "ignore_data_skip",
+        "include_for_metrics",
+        "include_num_input_tokens_seen",
+        "label_names",
+        "label_smoothing_factor",
+        "length_column_name",
+        "liger_kernel_config",
+        "load_best_model_at_end",
+        "local_rank",
+        "log_completions_hub_repo",
+        "log_level",
+        "log_level_replica",
+        "log_multimodal",
+        "log_on_each_node",
+        "log_unique_prompts",
+        "logging_dir",
+        "logging_first_step",
+        "logging_nan_inf_filter",
+        "logging_strategy",
+        "lr_scheduler_kwargs",
+        "max_tool_calling_iterations",
+        "metric_for_best_model",
+        "min_p",
+        "model_init_kwargs",
+        "multi_objective_aggregation",
+        "neftune_noise_alpha",
+        "num_generations_eval",
+        "off_policy_mask_threshold",
+        "optim_args",
+        "optim_target_modules",
+        "overwrite_output_dir",
+        "pad_to_multiple_of",
+        "parallelism_config",
+        "prediction_loss_only",
+        "project",
+        "push_to_hub",
+        "ref_model_mixup_alpha",
+        "ref_model_sync_steps",
+        "remove_unused_columns",
+        "repetition_penalty",
+        "restore_callback_states_from_checkpoint",
+        "router_aux_loss_coef",
+        "run_name",
+        "sapo_temperature_neg",
+        "sapo_temperature_pos",
+        "save_on_each_node",
+        "save_only_model",
+        "shuffle_dataset",
+        "skip_memory_metrics",
+        "sync_ref_model",
+        "tf32",
+        "top_entropy_quantile",
+        "torch_compile",
+        "torch_compile_backend",
+        "torch_compile_mode",
+        "torch_empty_cache_steps",
+        "trackio_bucket_id",
+        "trackio_space_id",
+        "trackio_static_space_id",
+        "train_sampling_strategy",
+        "transformers_continuous_batching_config",
+        "trust_remote_code",
+        "use_adaptive_entropy",
+        "use_bias_correction_kl",
+        "use_cache",
+        "use_liger_kernel",
+        "use_transformers_continuous_batching",
+        "use_transformers_paged",
+        "use_vllm",
+        "vespo_k_neg",
+        "vespo_k_pos",
+        "vespo_lambda_neg",
+        "vespo_lambda_pos",
+        "vllm_enable_sleep_mode",
+        "vllm_gpu_memory_utilization",
+        "vllm_group_port",
+        "vllm_importance_sampling_cap",
+        "vllm_importance_sampling_clip_max",
+        "vllm_importance_sampling_clip_min",
+        "vllm_importance_sampling_correction",
+        "vllm_importance_sampling_mode",
+        "vllm_max_model_length",
+        "vllm_mode",
+        "vllm_model_impl",
+        "vllm_server_base_url",
+        "vllm_server_host",
+        "vllm_server_port",
+        "vllm_server_timeout",
+        "vllm_structured_outputs_regex",
+        "vllm_tensor_parallel_size",
+    )
+)
+
+# What groupwise trains with: every adamw_torch* is torch.optim.AdamW.
+_OPTIM_PREFIX = "adamw_torch"
+_DEFAULT_SAVE_STEPS = 500  # TrainingArguments' save_steps
+_ENUMS = ("lr_scheduler_type", "save_strategy", "eval_strategy")
+# Options that TRL allows to be None ("unset") where groupwise has a value.
+_NONE_IS_DEFAULT = (
+    "eval_steps",
+    "num_generations",
+    "max_completion_length",
+    "num_completions_to_print",
+    "disable_tqdm",
+)
+
+
+def is_trl_name(name: str) -> bool:
+    return name in TRL_IGNORED or name in TRL_TRANSLATED
+
+
+def _set(kwargs: dict[str, Any], name: str, value: Any, because: str) -> None:
+    """``kwargs[name] = value`` unless the caller set ``name`` to something else."""
+    from .config import ConfigError
+
+    if name in kwargs and kwargs[name] != value:
+        raise ConfigError(
+            f"{because} means {name}={value!r}, but {name}={kwargs[name]!r} was also given"
+        )
+    kwargs[name] = value
+
+
+def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``GRPOConfig`` keyword arguments with TRL names translated (see the module docstring),
+    and the ignored ones ``{name: value}`` taken out."""
+    from .config import ConfigError
+
+    kwargs = dict(kwargs)
+    ignored = {name: kwargs.pop(name) for name in sorted(kwargs) if name in TRL_IGNORED}
+    for name in _ENUMS:  # transformers' SchedulerType / IntervalStrategy enums -> their value
+        if hasattr(kwargs.get(name), "value"):
+            kwargs[name] = kwargs[name].value
+    if kwargs.get("lr_scheduler_type") == "constant_with_warmup":  # groupwise's constant warms up
+        kwargs["lr_scheduler_type"] = "constant"
+    if kwargs.pop("use_cpu", False):
+        _set(kwargs, "device", "cpu", "use_cpu=True")
+    if kwargs.pop("fp16", False):
+        where = " on CPU (use_cpu=True)" if kwargs.get("device") == "cpu" else ""
+        raise ConfigError(
+            f"fp16=True is not supported{where}: groupwise trains in float32 or bfloat16 "
+            "(no fp16 loss scaling); use bf16=True on a GPU with bfloat16, or bf16=False"
+        )
+    bf16 = kwargs.pop("bf16", None)
+    if bf16 is not None:
+        _set(kwargs, "dtype", "bfloat16" if bf16 else "float32", f"bf16={bf16}")
+    optim = kwargs.pop("optim", None)
+    if optim is not None and not str(getattr(optim, "value", optim)).startswith(_OPTIM_PREFIX):
+        raise ConfigError(
+            f"optim={optim!r} is not supported: groupwise trains with torch.optim.AdamW "
+            "(optim='adamw_torch' or 'adamw_torch_fused'); weight_decay, adam_beta1, adam_beta2 "
+            "and adam_epsilon configure it"
+        )
+    warmup = kwargs.get("warmup_steps")
+    if isinstance(warmup, str):
+        try:
+            warmup = float(warmup)
+        except ValueError:
+            pass
+    if isinstance(warmup, float) and 0 < warmup < 1:  # transformers 5: a ratio of max_steps
+        del kwargs["warmup_steps"]
+        _set(kwargs, "warmup_ratio", warmup, f"warmup_steps={warmup} (< 1: a ratio)")
+    if "num_train_epochs" in kwargs and "max_steps" not in kwargs:
+        kwargs["max_steps"] = -1
+    if kwargs.get("save_strategy") == "steps" and "save_steps" not in kwargs:
+        kwargs["save_steps"] = _DEFAULT_SAVE_STEPS
+    if kwargs.get("eval_strategy") == "steps" and kwargs.get("eval_steps") is None:
+        kwargs["eval_steps"] = kwargs.get("logging_steps", 1)
+    for name in _NONE_IS_DEFAULT:  # TRL's "unset"; groupwise's default applies
+        if name in kwargs and kwargs[name] is None:
+            del kwargs[name]
+    return kwargs, ignored
+
+
+def normalise_report_to(value: Any) -> list[str] | None:
+    """TRL's ``report_to``: "none" (or a list holding it) -> None; "all" -> the installed ones of
+    tensorboard and wandb; a single name -> a list."""
+    if value is None:
+        return None
+    names = [value] if isinstance(value, str) else list(value)
+    if "none" in names:
+        return None
+    if "all" in names:
+        return [n for n in ("tensorboard", "wandb") if importlib.util.find_spec(n) is not None]
+    return names
+
+
+def ignored_message(ignored: dict[str, Any]) -> str:
+    listed = ", ".join(f"{name}={value!r}" for name, value in ignored.items())
+    return (
+        f"groupwise accepted these TRL options but ignores them (no meaning here; README "
+        f"'Coming from TRL'): {listed}"
+    )
