@@ -81,7 +81,7 @@ class GRPOConfig:
     # over all ranks (= per_device_train_batch_size * ranks * steps_per_generation). At most one
     # of the two may be set. Each optimizer step takes gradient_accumulation_steps of them.
     steps_per_generation: int | None = None
-    generation_batch_size: int | None = None
+    generation_batch_size: int | None = None  # completions per generation batch, all ranks
     num_iterations: int = 1  # mu: passes over each generation batch's mini-batches
     beta: float = 0.04  # KL coefficient; 0 loads no reference model at all
     epsilon: float = 0.2  # lower clip
