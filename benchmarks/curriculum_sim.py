@@ -77,7 +77,9 @@ def make_arm(name: str, seed: int, theta: np.ndarray):
         allocator = {"select": "knapsack", "select_sqrt": "sqrt", "select_fixed_g": "uniform"}
         return SelectCurriculum(num_generations=g, allocator=allocator[name], seed=seed)
     if name == "prompt_gdro":
-        return PromptGDROCurriculum(mean_budget=g, prompt_signal="failure_rate")
+        return PromptGDROCurriculum(
+            mean_budget=g, prompt_signal="failure_rate", prompt_kwargs={"share_normalize": False}
+        )
     if name == "rollout_gdro_sqrt":
         return RolloutGDROCurriculum(mean_budget=g, allocator="sqrt")
     if name == "rollout_gdro":
