@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError
+from .errors import OutputDirError, UserError
 from .files import fsync_dir
 
 PREFIX = "checkpoint-"
@@ -85,8 +86,53 @@ class TrainingStopped(RuntimeError):
     """The run cannot continue (repeated non-finite steps); the last good state was saved."""
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used: the message names the folder and what is wrong."""
+
+
+# Files that show a folder holds a run's output (besides checkpoint-<step> folders).
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "completions.jsonl",
+    "model.safetensors",
+    "adapter_model.safetensors",
+    "pytorch_model.bin",
+)
+
+
+def earlier_run(output_dir: str | Path) -> list[str]:
+    """The names in ``output_dir`` that an earlier run left there (empty: none)."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    found = [name for name in RUN_FILES if (output_dir / name).exists()]
+    return found + [path.name for _, path in checkpoint_dirs(output_dir)]
+
+
+def check_output_dir(output_dir: str | Path, resume: str | None, overwrite: bool) -> None:
+    """Refuse an output_dir that is not a usable folder, or that holds an earlier run when the
+    run neither resumes it (``resume_from_checkpoint``) nor may overwrite it
+    (``overwrite_output_dir``): nothing a user has is replaced silently."""
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise OutputDirError(
+            f"output_dir={str(output_dir)!r} is a file, not a folder; choose another output_dir"
+        )
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        raise OutputDirError(
+            f"output_dir={str(output_dir)!r}: {parent} is not writable; choose another output_dir"
+        )
+    found = earlier_run(path)
+    if found and not resume and not overwrite:
+        raise OutputDirError(
+            f"output_dir={str(output_dir)!r} holds an earlier run ({', '.join(found[:6])}); "
+            "continue it with --resume, start over in it with --overwrite_output_dir (its "
+            "model, metrics and checkpoints are replaced), or choose another output_dir"
+        )
 
 
 def checkpoint_dirs(output_dir: str | Path) -> list[tuple[int, Path]]:

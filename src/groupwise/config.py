@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -20,6 +21,21 @@ import yaml
 
 class ConfigError(ValueError):
     """A bad option: the message names the option and what was expected."""
+
+
+# Float options where infinity means "no limit"; NaN is refused everywhere.
+UNBOUNDED_FIELDS = frozenset(
+    {
+        "max_grad_norm",
+        "accuracy_timeout",
+        "code_timeout",
+        "remote_timeout",
+        "warn_kl_max",
+        "gdro_weight_cap",
+        "gdro_clip",
+        "rollout_correction_clip_max",
+    }
+)
 
 
 @dataclass
@@ -169,6 +185,7 @@ class GRPOConfig:
     save_steps: int = 0  # 0: save only at the end
     save_total_limit: int | None = None  # keep the last N checkpoint-* folders (None: all)
     resume_from_checkpoint: str | None = None  # auto (latest in output_dir) | PATH | None
+    overwrite_output_dir: bool = False  # train into an output_dir holding an earlier run anyway
     eval_steps: int = 0  # 0: evaluate only before and after training (if eval_on_start)
     eval_on_start: bool = False  # evaluate before the first step too
     eval_num_generations: int = 0  # groupwise eval: samples per prompt (0: greedy only)
@@ -227,7 +244,46 @@ class GRPOConfig:
                 f"{self.rollout_max}"
             )
 
+    def _validate_numbers(self) -> None:
+        """No NaN anywhere, no infinity but where it means "no limit", and sampling and
+        optimiser settings in their meaningful ranges; each error names its option."""
+        for name in self.field_names():
+            value = getattr(self, name)
+            values = value if isinstance(value, list) else [value]
+            for item in values:
+                if not isinstance(item, float):
+                    continue
+                if math.isnan(item) or (math.isinf(item) and name not in UNBOUNDED_FIELDS):
+                    raise ConfigError(f"{name} must be a finite number, got {value}")
+        if not self.temperature > 0:
+            raise ConfigError(
+                f"temperature must be > 0, got {self.temperature} (GRPO samples its groups; at "
+                "temperature 0 every completion of a prompt is the same and nothing is learned)"
+            )
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.max_grad_norm <= 0:
+            raise ConfigError(
+                f"max_grad_norm must be > 0 (inf: no clipping), got {self.max_grad_norm}"
+            )
+        if not str(self.output_dir).strip():
+            raise ConfigError(
+                "output_dir is empty; name the folder the run writes its model, config, "
+                "metrics and checkpoints to, e.g. --output_dir runs/my-run"
+            )
+        if not self.ops or set(self.ops) - set("+-*"):
+            raise ConfigError(f"ops must be a non-empty subset of '+-*', got {self.ops!r}")
+        if self.eval_ks is not None:
+            bad = [k for k in self.eval_ks if k < 1 or k > max(self.eval_num_generations, 1)]
+            if bad:
+                raise ConfigError(
+                    f"eval_ks {bad}: each k of pass@k must be in 1..eval_num_generations "
+                    f"({self.eval_num_generations}); raise eval_num_generations or lower k"
+                )
+
     def validate(self) -> None:
+        self._validate_numbers()
         # Choices that name a registered component are read from its registry, so a variant
         # registered before the config is made is valid here too.
         from .core import (

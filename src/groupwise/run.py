@@ -17,6 +17,7 @@ import io
 import json
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -106,9 +107,7 @@ class Trainer:
         if self.device.type == "cuda" and self.dist.enabled:
             self.device = torch.device("cuda", self.dist.local_rank)
         self.dtype = resolve_dtype(args.dtype, self.device)
-        model, self.tokenizer = build_model(
-            model, processing_class, args, self.device, self.dtype
-        )
+        model, self.tokenizer = build_model(model, processing_class, args, self.device, self.dtype)
         self.scorer = build_scorer(reward_funcs, args)
         self.eval_dataset = eval_dataset
         self._check_dataset(train_dataset, "train_dataset")
@@ -562,6 +561,14 @@ class Trainer:
             return
         path = ckpt.resolve_resume_path(value, self.output_dir)
         if path is None:
+            found = ckpt.earlier_run(self.output_dir)
+            if found and not self.args.overwrite_output_dir:
+                raise ckpt.OutputDirError(
+                    f"resume_from_checkpoint=auto, but output_dir={str(self.output_dir)!r} "
+                    f"holds a run without checkpoints ({', '.join(found)}) that starting over "
+                    "would replace; pass --overwrite_output_dir to replace it, or choose another "
+                    "output_dir (save_steps makes checkpoints)"
+                )
             tqdm.write(f"[groupwise] no checkpoint in {self.output_dir}: starting from step 0")
             return
         self.load_checkpoint(path)
@@ -571,8 +578,14 @@ class Trainer:
         ``resume_from_checkpoint`` is set), logging to ``output_dir/metrics.jsonl``, evaluating
         every ``eval_steps`` and saving every ``save_steps``, on SIGINT/SIGTERM, and at the end."""
         args = self.args
+        ckpt.check_output_dir(
+            self.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir
+        )
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._resume_if_asked()
+        if self.global_step == 0 and args.overwrite_output_dir and self.dist.is_main:
+            for _, stale in ckpt.checkpoint_dirs(self.output_dir):  # not this run's
+                shutil.rmtree(stale, ignore_errors=True)
         if self.dist.is_main:
             args.to_yaml(self.output_dir / "config.yaml")
             # Reward names, weights and which one is correctness, for `groupwise report`.
