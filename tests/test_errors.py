@@ -182,3 +182,151 @@ def test_bad_input_is_one_clear_error(case: Case, tmp_path: Path, capsys) -> Non
 
 def test_corpus_is_large() -> None:
     assert len(CASES) >= 40
+
+
+# --- nothing a user has is lost ---------------------------------------------------------------
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def test_an_earlier_run_is_never_replaced_silently(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(_train(tmp_path, "--save_steps", "1")) == 0
+    assert (out / "checkpoint-1").is_dir() and (out / "model.safetensors").is_file()
+    before = _snapshot(out)
+    capsys.readouterr()
+    code, err = _run(_train(tmp_path, "--learning_rate", "0.5"), capsys)
+    assert code == 2 and "Traceback" not in err
+    assert "holds an earlier run" in err and str(out) in err
+    assert "--resume" in err and "--overwrite_output_dir" in err
+    assert _snapshot(out) == before  # not one byte changed
+    # Asked for explicitly: the old run is replaced, its checkpoints too (they are not this run's).
+    assert main(_train(tmp_path, "--learning_rate", "0.5", "--overwrite_output_dir")) == 0
+    assert "learning_rate: 0.5" in (out / "config.yaml").read_text()
+    assert not (out / "checkpoint-1").exists()
+
+
+def test_resume_of_a_run_without_checkpoints_refuses(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(_train(tmp_path)) == 0
+    before = _snapshot(out)
+    capsys.readouterr()
+    code, err = _run(_train(tmp_path, "--resume"), capsys)
+    assert code == 2 and "without checkpoints" in err and "--overwrite_output_dir" in err
+    assert _snapshot(out) == before
+
+
+def test_the_python_api_refuses_an_earlier_run_too(tmp_path: Path) -> None:
+    from conftest import TargetToken, tiny_config
+
+    from groupwise import GRPOTrainer
+    from groupwise.errors import OutputDirError
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+    rows = [{"prompt": "a"}, {"prompt": "b"}]
+    trainer = GRPOTrainer("tiny-random", TargetToken(), rows, args=tiny_config(tmp_path))
+    with pytest.raises(OutputDirError, match="holds an earlier run"):
+        trainer.train()
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_the_demo_replaces_its_own_folder_explicitly() -> None:
+    from groupwise.cli import DEMO_CONFIG
+
+    assert DEMO_CONFIG["overwrite_output_dir"] is True
+
+
+# --- damaged checkpoints and model files ------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory) -> Path:
+    """A run with checkpoint-1 and checkpoint-2 (module-scoped: each test copies it)."""
+    tmp = tmp_path_factory.mktemp("saved")
+    assert main(_train(tmp, "--save_steps", "1", "--max_steps", "2")) == 0
+    return tmp / "run"
+
+
+def _copy(saved: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(saved, tmp_path / "run"))
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncated-model", "model-header", "model-body-same-size", "state-same-size", "manifest"],
+)
+def test_a_damaged_checkpoint_is_named(damage: str, saved_run: Path, tmp_path: Path, capsys):
+    out = _copy(saved_run, tmp_path)
+    ckpt = out / "checkpoint-2"
+    model = ckpt / "model.safetensors"
+    if damage == "truncated-model":
+        model.write_bytes(model.read_bytes()[:100])
+        expected = "model.safetensors"
+    elif damage == "model-header":
+        _flip_byte(model, 10)  # inside the JSON header; the size still matches the manifest
+        expected = "model.safetensors"
+    elif damage == "model-body-same-size":
+        _flip_byte(model, model.stat().st_size - 5)
+        expected = "model.safetensors"
+    elif damage == "state-same-size":
+        _flip_byte(ckpt / "training_state.pt", 40)
+        expected = "training_state.pt"
+    else:
+        (ckpt / "checkpoint.json").write_text("{not json")
+        expected = "checkpoint.json"
+    code, err = _run(_train(tmp_path, "--save_steps", "1", "--max_steps", "3", "--resume"), capsys)
+    assert code == 2 and "Traceback" not in err
+    assert expected in err and "checkpoint-2" in err, err
+
+
+def test_an_old_manifest_without_hashes_still_resumes(saved_run: Path, tmp_path: Path, capsys):
+    out = _copy(saved_run, tmp_path)
+    manifest = out / "checkpoint-2" / "checkpoint.json"
+    old = json.loads(manifest.read_text())
+    assert set(old["sha256"]) == set(old["files"])
+    del old["sha256"]
+    manifest.write_text(json.dumps(old))
+    code, err = _run(_train(tmp_path, "--save_steps", "1", "--max_steps", "3", "--resume"), capsys)
+    assert code == 0, err
+    assert (out / "checkpoint-3").is_dir()
+
+
+def test_a_damaged_model_folder_is_named(saved_run: Path, tmp_path: Path, capsys) -> None:
+    out = _copy(saved_run, tmp_path)
+    model = out / "model.safetensors"
+    model.write_bytes(b"\x00" * model.stat().st_size)  # same size, nothing readable
+    argv = ["eval", "--model", str(out), "--num_eval_prompts", "2", "--max_completion_length",
+            "4", "--output_dir", str(tmp_path / "ev")]  # fmt: skip
+    code, err = _run(argv, capsys)
+    assert code == 2 and "Traceback" not in err
+    assert str(out) in err and "could not be loaded" in err
+
+
+def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch) -> None:
+    from groupwise.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError):
+        main(["train", "--debug", "--model", "tiny-randm", "--output_dir", str(tmp_path / "r")])
+    monkeypatch.setenv("GROUPWISE_DEBUG", "1")
+    with pytest.raises(ModelLoadError):
+        main(["train", "--model", "tiny-randm", "--output_dir", str(tmp_path / "r")])
+
+
+def test_an_internal_bug_keeps_its_traceback(tmp_path: Path, monkeypatch) -> None:
+    import groupwise.cli as cli
+
+    def broken(args):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(cli, "run_train", broken)
+    with pytest.raises(KeyError):
+        main(["train", "--output_dir", str(tmp_path / "r")])

@@ -10,6 +10,7 @@ checkpoint under a checkpoint-<step> name; the manifest catches folders damaged 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -163,13 +164,14 @@ def write_checkpoint(output_dir: str | Path, step: int, write: Callable[[Path], 
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{PREFIX}{step}-", dir=output_dir))
     try:
         write(tmp)
-        files = {}
+        files, hashes = {}, {}
         for path in sorted(tmp.rglob("*")):
             if path.is_file():
                 with open(path, "rb+") as handle:
                     os.fsync(handle.fileno())
                 files[str(path.relative_to(tmp))] = path.stat().st_size
-        manifest = {"step": step, "files": files}
+                hashes[str(path.relative_to(tmp))] = file_sha256(path)
+        manifest = {"step": step, "files": files, "sha256": hashes}
         with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as handle:
             json.dump(manifest, handle, indent=1)
             handle.flush()
@@ -190,9 +192,19 @@ def write_checkpoint(output_dir: str | Path, step: int, write: Callable[[Path], 
     return final
 
 
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, hex (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def verify_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The manifest of checkpoint ``path``; raises CheckpointError naming the first missing or
-    truncated file."""
+    """The manifest of checkpoint ``path``; raises CheckpointError naming the first missing,
+    truncated or (where the manifest has content hashes: those written since hashes were added)
+    modified file."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist or is not a folder")
@@ -214,10 +226,18 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
         if file.stat().st_size != size:
             raise CheckpointError(
                 f"checkpoint {path}: {name} has {file.stat().st_size} bytes, the manifest says "
-                f"{size} (truncated or modified)"
+                f"{size} (truncated or modified); resume from an earlier checkpoint with "
+                "--resume_from_checkpoint PATH, or start over"
             )
     if STATE_FILE not in files:
         raise CheckpointError(f"checkpoint {path} is incomplete: {STATE_FILE} is missing")
+    for name, expected in (manifest.get("sha256") or {}).items():
+        if (path / name).is_file() and file_sha256(path / name) != expected:
+            raise CheckpointError(
+                f"checkpoint {path}: {name} is damaged (its content does not match the SHA-256 "
+                "in the manifest, although its size does); resume from an earlier checkpoint "
+                "with --resume_from_checkpoint PATH, or start over"
+            )
     return manifest
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -59,6 +60,11 @@ from .policy import CheckpointMismatch, Policy, UpdateStats
 from .rewards import RewardFunc
 from .rollout import Rollout
 from .sampler import PromptBatches
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else repr(err)
 
 
 def seed_everything(seed: int) -> None:
@@ -502,12 +508,23 @@ class Trainer:
         differs in options that change training, and cut the run's log files back to it."""
         path = Path(path)
         ckpt.verify_checkpoint(path)
-        state = torch.load(path / ckpt.STATE_FILE, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(path / ckpt.STATE_FILE, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unreadable file is named, not traced
+            raise ckpt.CheckpointError(
+                f"checkpoint {path}: {ckpt.STATE_FILE} cannot be read ({type(err).__name__}: "
+                f"{_first_line(err)}); resume from an earlier checkpoint, or start over"
+            ) from err
         ckpt.check_resume_config(state["config"], self.args.to_dict(), path)
         try:
             self.policy.load_weights(path)
         except CheckpointMismatch as err:
             raise ckpt.CheckpointError(f"checkpoint {path}: {err}") from None
+        except (OSError, ValueError, RuntimeError, SafetensorError) as err:
+            raise ckpt.CheckpointError(
+                f"checkpoint {path}: the model weights cannot be read ({type(err).__name__}: "
+                f"{_first_line(err)}); resume from an earlier checkpoint, or start over"
+            ) from err
         self.policy.load_optimizer_state_dict(state["optimizer"])
         self.policy.scheduler.load_state_dict(state["scheduler"])
         for name, component in self.components().items():
