@@ -330,3 +330,89 @@ def test_an_internal_bug_keeps_its_traceback(tmp_path: Path, monkeypatch) -> Non
     monkeypatch.setattr(cli, "run_train", broken)
     with pytest.raises(KeyError):
         main(["train", "--output_dir", str(tmp_path / "r")])
+
+
+# --- rewards that give no usable number -----------------------------------------------------
+def test_a_reward_returning_inf_is_named() -> None:
+    from groupwise.rewards.combine import RewardFunctionError, RewardScorer
+
+    def blows_up(prompts, completions, **kw):
+        return [1.0, float("inf")]
+
+    scorer = RewardScorer([blows_up])
+    with pytest.raises(RewardFunctionError, match=r"'blows_up' returned inf for completion 1"):
+        scorer(["p", "p"], ["a", "b"])
+
+
+def test_a_reward_returning_nan_or_none_everywhere_is_named(caplog) -> None:
+    from groupwise.rewards.combine import RewardScorer
+
+    def all_nan(prompts, completions, **kw):
+        return [float("nan")] * len(completions)
+
+    def all_none(prompts, completions, **kw):
+        return [None] * len(completions)
+
+    def fine(prompts, completions, **kw):
+        return [1.0] * len(completions)
+
+    scorer = RewardScorer([all_nan, all_none, fine])
+    with caplog.at_level("WARNING", logger="groupwise.rewards"):
+        scorer(["p", "p"], ["a", "b"])
+        scorer(["p", "p"], ["a", "b"])
+    text = caplog.text
+    assert "'all_nan' returned NaN" in text
+    assert "'all_nan' returned None (or NaN) for all 2 completions" in text
+    assert "'all_none' returned None (or NaN) for all 2 completions" in text
+    assert "'fine'" not in text
+    assert text.count("'all_none' returned None") == 1  # once, not every step
+    assert scorer.nan_counts["all_nan"] == 4
+
+
+def test_the_zero_variance_warning_names_a_silent_reward() -> None:
+    from groupwise import GRPOConfig
+    from groupwise.monitor import TrainingMonitor
+
+    monitor = TrainingMonitor(GRPOConfig(warn_zero_std_steps=1))
+    logs = {"frac_reward_zero_std": 1.0, "rewards/all_none/frac_none": 1.0,
+            "rewards/fine/frac_none": 0.0}  # fmt: skip
+    message = monitor._zero_std(logs, step=1)
+    assert message is not None and "['all_none'] returned None" in message
+
+
+def test_a_reward_past_its_timeout_is_named() -> None:
+    import time
+
+    from groupwise.rewards.combine import RewardFunctionError, RewardScorer
+
+    def slow(prompts, completions, **kw):
+        time.sleep(5)
+        return [1.0] * len(completions)
+
+    async def slow_async(prompts, completions, **kw):
+        import asyncio
+
+        await asyncio.sleep(5)
+        return [1.0] * len(completions)
+
+    def quick(prompts, completions, **kw):
+        return [0.5] * len(completions)
+
+    start = time.perf_counter()
+    with pytest.raises(RewardFunctionError, match=r"'slow' ran past reward_timeout=0.2 s"):
+        RewardScorer([quick, slow], timeout=0.2)(["p"], ["a"])
+    with pytest.raises(RewardFunctionError, match=r"'slow_async' ran past reward_timeout=0.2 s"):
+        RewardScorer([quick, slow_async], timeout=0.2)(["p"], ["a"])
+    assert time.perf_counter() - start < 3
+    rewards, _ = RewardScorer([quick], timeout=0.2)(["p"], ["a"])
+    assert rewards.tolist() == [0.5]
+
+
+def test_reward_timeout_is_an_option() -> None:
+    from groupwise import GRPOConfig
+    from groupwise.build import build_scorer
+    from groupwise.config import ConfigError
+
+    assert build_scorer(["format"], GRPOConfig(reward_timeout=3.0)).combine.timeout == 3.0
+    with pytest.raises(ConfigError, match="reward_timeout"):
+        GRPOConfig(reward_timeout=0)

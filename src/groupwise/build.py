@@ -275,7 +275,12 @@ def build_scorer(
             f"reward_weights has {len(weights)} entries for {len(funcs)} reward functions "
             f"({names}); give one weight per reward function"
         )
-    return RolloutScorer(funcs, weights, max_failure_fraction=args.reward_max_failure_fraction)
+    return RolloutScorer(
+        funcs,
+        weights,
+        max_failure_fraction=args.reward_max_failure_fraction,
+        timeout=args.reward_timeout,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -302,9 +307,7 @@ def build_engine(
     ``generation_dtype: bfloat16`` (and an update in another dtype) it generates under bf16
     autocast and records its log-probs, which turns rollout correction on."""
     differs = (
-        args.generation_dtype == "bfloat16"
-        and not args.bf16_autocast
-        and dtype != torch.bfloat16
+        args.generation_dtype == "bfloat16" and not args.bf16_autocast and dtype != torch.bfloat16
     )
 
     def numerics() -> contextlib.AbstractContextManager:

@@ -69,6 +69,8 @@ RESUME_SAFE_FIELDS = frozenset(
         "code_timeout",
         "remote_timeout",
         "reward_max_failure_fraction",
+        "reward_timeout",
+        "overwrite_output_dir",
     }
 )
 

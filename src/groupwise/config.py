@@ -30,6 +30,7 @@ UNBOUNDED_FIELDS = frozenset(
         "accuracy_timeout",
         "code_timeout",
         "remote_timeout",
+        "reward_timeout",
         "warn_kl_max",
         "gdro_weight_cap",
         "gdro_clip",
@@ -62,6 +63,7 @@ class GRPOConfig:
     reward_funcs: list[str] | None = None
     reward_weights: list[float] | None = None  # None: every reward function weighs 1.0
     reward_max_failure_fraction: float = 0.5  # stop if a reward fails on more of a step
+    reward_timeout: float | None = None  # stop if one reward call on a batch takes longer (s)
     accuracy_timeout: float = 5.0  # seconds per symbolic comparison (math-verify)
     overlong_buffer_len: int | None = None  # length_penalty: L_cache (None: max_len // 4)
     overlong_penalty_factor: float = 1.0  # length_penalty: penalty at and beyond max length
@@ -363,6 +365,10 @@ class GRPOConfig:
             raise ConfigError(
                 "reward_max_failure_fraction must be in [0, 1], "
                 f"got {self.reward_max_failure_fraction}"
+            )
+        if self.reward_timeout is not None and self.reward_timeout <= 0:
+            raise ConfigError(
+                f"reward_timeout must be > 0 seconds or null, got {self.reward_timeout}"
             )
         for name in ("accuracy_timeout", "code_timeout", "remote_timeout"):
             if getattr(self, name) <= 0:
