@@ -5,7 +5,6 @@ Python traceback, and nothing the user has may be lost."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,8 +87,11 @@ CASES: list[Case] = [
     ("data-empty", lambda t: _train(t, "--task", _write(t / "d.jsonl", "")), "d.jsonl"),
     (
         "data-not-utf8",
-        lambda t: _train(t, "--task", _write(t / "d.jsonl", GOOD_ROWS.encode() + b'{"prompt":'
-                                             b' "caf\xe9", "answer": "1"}\n')),
+        lambda t: _train(
+            t,
+            "--task",
+            _write(t / "d.jsonl", GOOD_ROWS.encode() + b'{"prompt": "caf\xe9", "answer": "1"}\n'),
+        ),
         "d.jsonl:3",
     ),
     (
@@ -114,9 +116,13 @@ CASES: list[Case] = [
         ),
         "prompt_template",
     ),
-    ("eval-task-missing", lambda t: _train(
-        t, "--task", _write(t / "d.jsonl", GOOD_ROWS), "--eval_task", str(t / "e.jsonl")
-    ), "e.jsonl"),
+    (
+        "eval-task-missing",
+        lambda t: _train(
+            t, "--task", _write(t / "d.jsonl", GOOD_ROWS), "--eval_task", str(t / "e.jsonl")
+        ),
+        "e.jsonl",
+    ),
     ("arithmetic-bad-ops", lambda t: _train(t, "--ops", "/"), "ops"),
     (
         "long-prompts-error",
@@ -145,8 +151,16 @@ CASES: list[Case] = [
     ),
     (
         "eval-ks-over-n",
-        lambda t: ["eval", *TINY, "--eval_num_generations", "2", "--eval_ks", "8",
-                   "--output_dir", str(t / "ev")],
+        lambda t: [
+            "eval",
+            *TINY,
+            "--eval_num_generations",
+            "2",
+            "--eval_ks",
+            "8",
+            "--output_dir",
+            str(t / "ev"),
+        ],
         "eval_ks",
     ),
 ]
@@ -220,7 +234,6 @@ def test_resume_of_a_run_without_checkpoints_refuses(tmp_path: Path, capsys) -> 
 
 def test_the_python_api_refuses_an_earlier_run_too(tmp_path: Path) -> None:
     from conftest import TargetToken, tiny_config
-
     from groupwise import GRPOTrainer
     from groupwise.errors import OutputDirError
 
@@ -416,3 +429,61 @@ def test_reward_timeout_is_an_option() -> None:
     assert build_scorer(["format"], GRPOConfig(reward_timeout=3.0)).combine.timeout == 3.0
     with pytest.raises(ConfigError, match="reward_timeout"):
         GRPOConfig(reward_timeout=0)
+
+
+# --- models, data encodings, long prompts --------------------------------------------------
+def test_a_model_typo_suggests_the_built_in_name_without_asking_the_hub(monkeypatch) -> None:
+    import groupwise.models as models
+    from groupwise.errors import ModelLoadError
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", no_hub)
+    smollm2 = "smollm2-135m-instruct"
+    typos = [
+        ("tiny-randm", "tiny-random"),
+        ("SmolLM2-135M-Instruct", smollm2),
+        ("smollm2-135m", smollm2),
+    ]
+    for typo, name in typos:
+        with pytest.raises(ModelLoadError, match=f"did you mean '{name}'"):
+            models.load_model_and_tokenizer(typo)
+    with pytest.raises(ModelLoadError, match="nor an existing folder"):
+        models.load_model_and_tokenizer("./runs/not-there")
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "csv"])
+def test_bom_and_crlf_files_are_read(suffix: str, tmp_path: Path) -> None:
+    from groupwise.data import load_dataset_rows
+
+    if suffix == "jsonl":
+        text = '{"prompt": "1+1?", "answer": "2"}\r\n{"prompt": "caf\u00e9?", "answer": "4"}\r\n'
+    else:
+        text = 'prompt,answer\r\n1+1?,2\r\n"caf\u00e9?",4\r\n'
+    path = tmp_path / f"d.{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    rows, _ = load_dataset_rows(path)
+    assert [(r["prompt"], r["answer"]) for r in rows] == [("1+1?", "2"), ("caf\u00e9?", "4")]
+
+
+def test_utf16_and_latin1_files_are_refused_with_file_and_line(tmp_path: Path) -> None:
+    from groupwise.data import load_dataset_rows
+
+    path = tmp_path / "d.jsonl"
+    path.write_bytes('{"prompt": "x", "answer": "1"}\n'.encode("utf-16"))
+    with pytest.raises(ValueError, match=r"d.jsonl: the file is UTF-16"):
+        load_dataset_rows(path)
+    path = tmp_path / "d.csv"
+    path.write_bytes(b"prompt,answer\n1+1?,2\ncaf\xe9,3\n")
+    with pytest.raises(ValueError, match=r"d.csv:3: byte 0xe9 at column 4 is not UTF-8"):
+        load_dataset_rows(path)
+
+
+def test_truncated_prompts_are_counted(tmp_path: Path, capsys) -> None:
+    argv = _train(tmp_path, "--max_prompt_length", "8")  # long_prompts: truncate (default)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "warning: 4 of 4 prompts are longer than max_prompt_length=8 tokens" in out
