@@ -578,7 +578,7 @@ class Trainer:
             return
         path = ckpt.resolve_resume_path(value, self.output_dir)
         if path is None:
-            found = ckpt.earlier_run(self.output_dir)
+            found = ckpt.earlier_run(self.output_dir) if not self._metrics_started else []
             if found and not self.args.overwrite_output_dir:
                 raise ckpt.OutputDirError(
                     f"resume_from_checkpoint=auto, but output_dir={str(self.output_dir)!r} "
@@ -595,9 +595,10 @@ class Trainer:
         ``resume_from_checkpoint`` is set), logging to ``output_dir/metrics.jsonl``, evaluating
         every ``eval_steps`` and saving every ``save_steps``, on SIGINT/SIGTERM, and at the end."""
         args = self.args
-        ckpt.check_output_dir(
-            self.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir
-        )
+        if self.global_step == 0 and not self._metrics_started:  # not a continuation
+            ckpt.check_output_dir(
+                self.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir
+            )
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._resume_if_asked()
         if self.global_step == 0 and args.overwrite_output_dir and self.dist.is_main:
