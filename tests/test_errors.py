@@ -129,6 +129,87 @@ CASES: list[Case] = [
         lambda t: _train(t, "--long_prompts", "error", "--max_prompt_length", "3"),
         "max_prompt_length",
     ),
+    # --- more data files ------------------------------------------------------------------
+    (
+        "data-utf16",
+        lambda t: _train(t, "--task", _write(t / "d.jsonl", GOOD_ROWS.encode("utf-16"))),
+        "UTF-16",
+    ),
+    (
+        "data-json-not-a-list",
+        lambda t: _train(t, "--task", _write(t / "d.json", '{"prompt": "x"}')),
+        "d.json",
+    ),
+    (
+        "data-csv-ragged-row",
+        lambda t: _train(t, "--task", _write(t / "d.csv", "prompt,answer\n1+1?,2,3\n")),
+        "d.csv:2",
+    ),
+    (
+        "data-prompt-not-text",
+        lambda t: _train(t, "--task", _write(t / "d.jsonl", '{"prompt": 5, "answer": "1"}\n')),
+        "d.jsonl:1",
+    ),
+    (
+        "data-folder-not-a-dataset",
+        lambda t: _train(t, "--task", str(Path(_write(t / "ds" / "x.txt", "x")).parent)),
+        "ds",
+    ),
+    (
+        "data-template-unclosed",
+        lambda t: _train(
+            t, "--task", _write(t / "d.jsonl", GOOD_ROWS), "--prompt_template", "Q: {prompt"
+        ),
+        "prompt_template",
+    ),
+    (
+        "data-system-prompt-twice",
+        lambda t: _train(
+            t,
+            "--task",
+            _write(
+                t / "d.jsonl",
+                '{"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": '
+                '"1+1?"}], "answer": "2"}\n',
+            ),
+            "--system_prompt",
+            "Be brief.",
+        ),
+        "system",
+    ),
+    (
+        "eval-task-bad-json",
+        lambda t: _train(
+            t,
+            "--task",
+            _write(t / "d.jsonl", GOOD_ROWS),
+            "--eval_task",
+            _write(t / "e.jsonl", "{oops\n"),
+        ),
+        "e.jsonl:1",
+    ),
+    # --- more options, rewards and models -------------------------------------------------
+    ("config-is-a-folder", lambda t: ["train", str(t)], "config"),
+    ("reward_funcs-empty", lambda t: _train(t, "--reward_funcs", ""), "reward_funcs"),
+    ("reward-remote-not-a-url", lambda t: _train(t, "--reward_funcs", "remote:nope"), "nope"),
+    (
+        "reward-model-missing",
+        lambda t: _train(t, "--reward_funcs", f"reward_model:{t / 'rm'}"),
+        "rm",
+    ),
+    ("model-is-a-file", lambda t: _train(t, "--model", _write(t / "m.txt", "x")), "m.txt"),
+    ("num_generations-one", lambda t: _train(t, "--num_generations", "1"), "num_generations"),
+    (
+        "batch-not-a-multiple",
+        lambda t: _train(t, "--per_device_train_batch_size", "3"),
+        "num_generations",
+    ),
+    ("adam_beta2-one", lambda t: _train(t, "--adam_beta2", "1"), "adam_beta2"),
+    (
+        "eval-compare-model-typo",
+        lambda t: ["eval", *TINY, "--compare_model", "smollm-135m", "--output_dir", str(t / "e")],
+        "smollm2-135m-instruct",
+    ),
     # --- output folders -------------------------------------------------------------------
     ("output_dir-empty", lambda t: ["train", *TINY, "--output_dir", ""], "output_dir"),
     (

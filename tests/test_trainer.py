@@ -69,7 +69,7 @@ def test_rollout_correction_reweights_the_update(tmp_path):
     grads = []
     for correction in (True, False):
         args = _config(
-            tmp_path,
+            tmp_path / str(correction),
             max_steps=1,
             generation_dtype="bfloat16",
             rollout_correction=correction,

@@ -164,14 +164,17 @@ def build_reward_func(spec: str | RewardFunc, args: GRPOConfig | None = None) ->
         from .tasks import task_reward_func
 
         return task_reward_func(spec)
-    if spec.startswith("reward_model:"):
-        from .rewards.model import RewardModel
+    if spec.startswith(("reward_model:", "remote:")):
+        try:
+            if spec.startswith("reward_model:"):
+                from .rewards.model import RewardModel
 
-        return RewardModel(spec.split(":", 1)[1])
-    if spec.startswith("remote:"):
-        from .rewards.remote import RemoteReward
+                return RewardModel(spec.split(":", 1)[1])
+            from .rewards.remote import RemoteReward
 
-        return RemoteReward(spec.split(":", 1)[1], timeout=args.remote_timeout)
+            return RemoteReward(spec.split(":", 1)[1], timeout=args.remote_timeout)
+        except (ValueError, OSError) as err:
+            raise ConfigError(f"reward_funcs: {spec!r}: {err}") from err
     names = [n for n in REWARD_NAMES if ":" not in n]
     close = difflib.get_close_matches(spec, names, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""

@@ -470,6 +470,11 @@ class GRPOConfig:
                 values = yaml.safe_load(handle) or {}
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+            raise ConfigError(
+                f"config file {path} cannot be read ({reason}); give a YAML file of option: value"
+            ) from None
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
         if not isinstance(values, dict):
