@@ -325,7 +325,8 @@ def test_reward_function_errors_name_the_function(tmp_path):
         (short, "'short' must return a list"),
     )
     for func, message in cases:
-        trainer = GRPOTrainer("tiny-random", func, ROWS, args=_config(tmp_path, max_steps=1))
+        args = _config(tmp_path / func.__name__, max_steps=1)
+        trainer = GRPOTrainer("tiny-random", func, ROWS, args=args)
         with pytest.raises(RewardFunctionError, match=message):
             trainer.train()
 
