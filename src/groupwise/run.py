@@ -135,6 +135,7 @@ class Trainer:
         self.global_step = 0
         self.log_history: list[dict[str, float]] = []
         self._metrics_started = False
+        self._earlier_run: list[str] = []  # what an earlier run left in output_dir (train())
         self.output_dir = Path(args.output_dir)
         self._last_samples: list[dict[str, Any]] = []
         self._last_batch: tuple | None = None
@@ -578,7 +579,7 @@ class Trainer:
             return
         path = ckpt.resolve_resume_path(value, self.output_dir)
         if path is None:
-            found = ckpt.earlier_run(self.output_dir) if not self._metrics_started else []
+            found = self._earlier_run
             if found and not self.args.overwrite_output_dir:
                 raise ckpt.OutputDirError(
                     f"resume_from_checkpoint=auto, but output_dir={str(self.output_dir)!r} "
@@ -595,10 +596,13 @@ class Trainer:
         ``resume_from_checkpoint`` is set), logging to ``output_dir/metrics.jsonl``, evaluating
         every ``eval_steps`` and saving every ``save_steps``, on SIGINT/SIGTERM, and at the end."""
         args = self.args
+        self._earlier_run = []
         if self.global_step == 0 and not self._metrics_started:  # not a continuation
             ckpt.check_output_dir(
                 self.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir
             )
+            self._earlier_run = ckpt.earlier_run(self.output_dir)
+        barrier(self.dist)  # every rank looked before rank 0 writes anything
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._resume_if_asked()
         if self.global_step == 0 and args.overwrite_output_dir and self.dist.is_main:
