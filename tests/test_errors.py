@@ -210,6 +210,15 @@ CASES: list[Case] = [
         lambda t: ["eval", *TINY, "--compare_model", "smollm-135m", "--output_dir", str(t / "e")],
         "smollm2-135m-instruct",
     ),
+    # --- other commands -------------------------------------------------------------------
+    ("report-missing-run", lambda t: ["report", str(t / "nope")], "nope"),
+    ("report-no-metrics", lambda t: ["report", str(t)], "metrics.jsonl"),
+    ("memory-model-typo", lambda t: ["memory", "--model", "tiny-randm"], "tiny-randm"),
+    (
+        "eval-output-is-a-folder",
+        lambda t: ["eval", *TINY, "--eval_output", str(t)],
+        "eval_output",
+    ),
     # --- output folders -------------------------------------------------------------------
     ("output_dir-empty", lambda t: ["train", *TINY, "--output_dir", ""], "output_dir"),
     (
@@ -271,7 +280,7 @@ def test_bad_input_is_one_clear_error(case: Case, tmp_path: Path, capsys) -> Non
     code, err = _run(build(tmp_path), capsys)
     assert code != 0
     assert "Traceback" not in err
-    assert "groupwise: error:" in err
+    assert "error:" in err
     assert expected in err, err
 
 

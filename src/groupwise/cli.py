@@ -19,7 +19,7 @@ from .data import (
     filter_long_prompts,
     load_dataset_rows,
 )
-from .errors import DataError, UserError
+from .errors import DataError, OutputDirError, UserError
 from .rewards.combine import RewardFunctionError
 
 # Errors in what the user gave: printed as one paragraph, without a traceback (a bug keeps its
@@ -292,6 +292,12 @@ def run_eval(args: GRPOConfig) -> dict:
     )
     from .models import load_model_and_tokenizer
 
+    output = Path(args.eval_output or Path(args.output_dir) / "eval.json")
+    if output.is_dir():
+        raise ConfigError(
+            f"eval_output={str(output)!r} is a folder; give the JSON file to write, e.g. "
+            f"{output / 'eval.json'}"
+        )
     train, evals = build_datasets(args)
     rows = evals if evals else train
     config = EvalConfig(
@@ -317,7 +323,6 @@ def run_eval(args: GRPOConfig) -> dict:
         return result
 
     result = run(args.model)
-    output = Path(args.eval_output or Path(args.output_dir) / "eval.json")
     report: dict = {"model": args.model, **result.to_dict()}
     if args.compare_model:
         other = run(args.compare_model)
@@ -329,8 +334,14 @@ def run_eval(args: GRPOConfig) -> dict:
             "b": {"model": args.compare_model, **other.to_dict()},
             "comparison": diff,
         }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    save_json(report, output)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        save_json(report, output)
+    except OSError as err:
+        raise OutputDirError(
+            f"eval_output={str(output)!r} cannot be written ({err.strerror}); choose another "
+            "eval_output or output_dir"
+        ) from err
     print(f"[groupwise] results: {output}")
     return report
 
