@@ -257,9 +257,11 @@ CASES: list[Case] = [
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch):
+def _offline(monkeypatch, tmp_path):
     # A hub that cannot be reached must not be retried (CI machines have no network).
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # A case that wrongly trains (output_dir "" once meant the current folder) writes here.
+    monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GROUPWISE_DEBUG", raising=False)
 
 
