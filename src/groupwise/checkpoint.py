@@ -3,9 +3,10 @@
 A checkpoint is a folder ``OUTPUT_DIR/checkpoint-<step>`` holding the model in Hugging Face format
 (or the LoRA adapter), the tokenizer, ``training_state.pt`` (optimizer, scheduler, every RNG, the
 prompt sampler, curriculum and monitor state, the metrics so far) and ``checkpoint.json``, a
-manifest of every file with its size. It is written into a temporary folder first and renamed
-into place, so a crash during a save leaves the previous checkpoint intact and never a half
-checkpoint under a checkpoint-<step> name; the manifest catches folders damaged afterwards.
+manifest of every file with its size and SHA-256. It is written into a temporary folder first and
+renamed into place, so a crash during a save leaves the previous checkpoint intact and never a
+half checkpoint under a checkpoint-<step> name; the manifest catches folders damaged afterwards
+(a manifest from before the hashes is checked by size only).
 """
 
 from __future__ import annotations
