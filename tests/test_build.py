@@ -42,7 +42,9 @@ def test_build_reward_func_callable_passthrough():
 def test_build_reward_func_unknown_name():
     with pytest.raises(ValueError) as info:
         build_reward_func("fromat")
-    assert str(info.value).startswith("unknown reward function 'fromat'; built-in ones are:")
+    assert str(info.value).startswith(
+        "reward_funcs: unknown reward function 'fromat'; did you mean 'format'? built-in ones are:"
+    )
     assert all(name in str(info.value) for name in REWARD_NAMES)
     with pytest.raises(ValueError, match="callable or a name"):
         build_reward_func(3)

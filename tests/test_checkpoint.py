@@ -39,7 +39,12 @@ def test_write_checkpoint_has_manifest_and_replaces_atomically(tmp_path):
     path = ckpt.write_checkpoint(tmp_path, 3, _write_files(["a.txt", ckpt.STATE_FILE]))
     assert path == tmp_path / "checkpoint-3"
     manifest = ckpt.verify_checkpoint(path)
-    assert manifest == {"step": 3, "files": {"a.txt": 50, ckpt.STATE_FILE: 10 * 17}}
+    hashes = {name: ckpt.file_sha256(path / name) for name in ("a.txt", ckpt.STATE_FILE)}
+    assert manifest == {
+        "step": 3,
+        "files": {"a.txt": 50, ckpt.STATE_FILE: 10 * 17},
+        "sha256": hashes,
+    }
 
     def crash(folder: Path) -> None:
         (folder / "a.txt").write_text("half")

@@ -228,7 +228,7 @@ def test_num_generations_below_two():
     [
         ({"beta": -0.1}, "beta must be >= 0"),
         ({"max_steps": 0}, "max_steps must be >= 1"),
-        ({"temperature": -1.0}, "temperature must be >= 0"),
+        ({"temperature": -1.0}, "temperature must be > 0"),
         ({"max_prompt_length": 0}, "max_prompt_length must be >= 1 or null"),
         ({"epsilon_high": -0.2}, "epsilon_high must be >= 0"),
         ({"reward_funcs": []}, "reward_funcs must name at least one"),

@@ -323,7 +323,7 @@ def test_malformed_jsonl_line_names_file_and_line(tmp_path):
     )
     with pytest.raises(ValueError) as info:
         load_dataset_rows(path)
-    assert str(info.value).startswith(f"{path}:3: not valid JSON (")
+    assert str(info.value).startswith(f"{path}:3: not valid JSON at column 2 (")
     rows, report = load_dataset_rows(path, on_invalid="skip")
     assert rows == [{"prompt": "a"}]
     assert report.rows_read == 3 and report.rows_kept == 1

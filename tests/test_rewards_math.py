@@ -92,9 +92,13 @@ ACCURACY_CASES = [
     (r"<answer>\$5</answer>", "5", 1.0),
     ("<answer>5 million</answer>", "5", 0.0),  # a number word is not a unit
     ("<answer>x = 12</answer>", "12", 1.0),
-    # A numeric ground truth needs a number, not an expression that evaluates to it.
+    # A numeric ground truth needs a number or an equivalent closed form (as math-verify), not
+    # arithmetic left undone.
     ("<answer>3 * 4</answer>", "12", 0.0),
-    (r"<answer>\sqrt{4}</answer>", "2", 0.0),
+    (r"<answer>\sqrt{4}</answer>", "2", 1.0),
+    ("<answer>2^{10}</answer>", "1024", 1.0),
+    (r"<answer>\sqrt{5}</answer>", "2", 0.0),
+    ("<answer>2^{10}</answer>", "1000", 0.0),
     # Symbolic answers (math-verify).
     ("<answer>x+1</answer>", "1+x", 1.0),
     ("<answer>x+1</answer>", "x-1", 0.0),
@@ -239,6 +243,7 @@ def test_stats_count_each_outcome_and_reset():
         "no_answer": 2,
         "gold_unparsable": 1,
         "timeouts": 0,
+        "restated": 0,
     }
     reward.stats.reset()
     assert reward.stats.as_dict() == {
@@ -246,6 +251,7 @@ def test_stats_count_each_outcome_and_reset():
         "no_answer": 0,
         "gold_unparsable": 0,
         "timeouts": 0,
+        "restated": 0,
     }
 
 
@@ -538,3 +544,21 @@ def test_unsupported_math_does_not_raise():
     # Garbage that math-verify cannot parse as a prediction is simply wrong.
     assert verify_answer(r"\frac{{{", "x+1") is False
     assert score(r"<answer>\frac{{{</answer>", "x+1") == 0.0
+
+
+def test_a_closed_form_that_restates_the_prompt_earns_nothing():
+    prompts = [
+        "What is the square root of 4?",
+        "Compute $2^{10}$.",
+        "What is 2 to the power 10?",
+        [{"role": "user", "content": "Compute 2^{ 10 }"}],
+        r"Let $y = \sqrt{4}$. What is $y$?",
+    ]
+    answers = [r"\sqrt{4}", "2^{10}", "2^{10}", "2^10", r"\sqrt{4}"]
+    golds = ["2", "1024", "1024", "1024", "2"]
+    reward = make_accuracy_reward()
+    completions = [f"<answer>{a}</answer>" for a in answers]
+    assert reward(prompts, completions, answer=golds) == [1.0, 0.0, 1.0, 0.0, 0.0]
+    assert reward.stats.restated == 3
+    # The literal answer is never a restatement, even where the prompt holds the number.
+    assert reward(["Compute 2^{10} = 1024?"], ["<answer>1024</answer>"], answer=["1024"]) == [1.0]

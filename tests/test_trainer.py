@@ -69,7 +69,7 @@ def test_rollout_correction_reweights_the_update(tmp_path):
     grads = []
     for correction in (True, False):
         args = _config(
-            tmp_path,
+            tmp_path / str(correction),
             max_steps=1,
             generation_dtype="bfloat16",
             rollout_correction=correction,
@@ -132,7 +132,7 @@ def test_micro_batches_give_same_update_as_one_batch(tmp_path, loss_type):
     grads = []
     for micro, accum, by_length in ((8, 1, True), (4, 2, True), (2, 4, True), (2, 4, False)):
         args = _config(
-            tmp_path,
+            tmp_path / f"{micro}-{accum}-{by_length}",
             per_device_train_batch_size=micro,
             gradient_accumulation_steps=accum,
             group_by_length=by_length,
@@ -325,7 +325,8 @@ def test_reward_function_errors_name_the_function(tmp_path):
         (short, "'short' must return a list"),
     )
     for func, message in cases:
-        trainer = GRPOTrainer("tiny-random", func, ROWS, args=_config(tmp_path, max_steps=1))
+        args = _config(tmp_path / func.__name__, max_steps=1)
+        trainer = GRPOTrainer("tiny-random", func, ROWS, args=args)
         with pytest.raises(RewardFunctionError, match=message):
             trainer.train()
 
@@ -353,7 +354,8 @@ def test_new_run_keeps_earlier_metrics(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"step": 99}\n')
-    GRPOTrainer("tiny-random", TargetToken(), ROWS, args=_config(tmp_path, max_steps=1)).train()
+    args = _config(tmp_path, max_steps=1, overwrite_output_dir=True)  # else refused
+    GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args).train()
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1]
     (previous,) = run.glob("metrics-*.jsonl")

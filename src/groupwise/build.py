@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .config import GRPOConfig
+from .config import ConfigError, GRPOConfig
 from .curriculum import CURRICULA, Curriculum
 from .distributed import DistributedContext
 from .models import load_model_and_tokenizer
@@ -50,7 +51,10 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device={name!r} was asked for but CUDA is not available")
+        raise ConfigError(
+            f"device={name!r} was asked for but CUDA is not available on this machine; use "
+            "device: auto or cpu"
+        )
     return torch.device(name)
 
 
@@ -104,6 +108,9 @@ REWARD_NAMES = (
     "reward_model:PATH",
     "remote:URL",
 )
+
+# The dataset column each built-in reward reads (checked when the data loads).
+REWARD_COLUMNS = {"accuracy": "answer", "code": "tests", "code_binary": "tests"}
 
 # Rewards of a file task (a path, not a built-in task name) when reward_funcs is not given.
 FILE_TASK_REWARDS = ("format", "accuracy")
@@ -159,16 +166,23 @@ def build_reward_func(spec: str | RewardFunc, args: GRPOConfig | None = None) ->
         from .tasks import task_reward_func
 
         return task_reward_func(spec)
-    if spec.startswith("reward_model:"):
-        from .rewards.model import RewardModel
+    if spec.startswith(("reward_model:", "remote:")):
+        try:
+            if spec.startswith("reward_model:"):
+                from .rewards.model import RewardModel
 
-        return RewardModel(spec.split(":", 1)[1])
-    if spec.startswith("remote:"):
-        from .rewards.remote import RemoteReward
+                return RewardModel(spec.split(":", 1)[1])
+            from .rewards.remote import RemoteReward
 
-        return RemoteReward(spec.split(":", 1)[1], timeout=args.remote_timeout)
-    raise ValueError(
-        f"unknown reward function {spec!r}; built-in ones are: {', '.join(REWARD_NAMES)}"
+            return RemoteReward(spec.split(":", 1)[1], timeout=args.remote_timeout)
+        except (ValueError, OSError) as err:
+            raise ConfigError(f"reward_funcs: {spec!r}: {err}") from err
+    names = [n for n in REWARD_NAMES if ":" not in n]
+    close = difflib.get_close_matches(spec, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(
+        f"reward_funcs: unknown reward function {spec!r}; {hint}built-in ones are: "
+        f"{', '.join(REWARD_NAMES)}"
     )
 
 
@@ -262,11 +276,16 @@ def build_scorer(
     weights = args.reward_weights or [1.0] * len(funcs)
     if len(weights) != len(funcs):
         names = [reward_func_name(f) for f in funcs]
-        raise ValueError(
+        raise ConfigError(
             f"reward_weights has {len(weights)} entries for {len(funcs)} reward functions "
-            f"({names})"
+            f"({names}); give one weight per reward function"
         )
-    return RolloutScorer(funcs, weights, max_failure_fraction=args.reward_max_failure_fraction)
+    return RolloutScorer(
+        funcs,
+        weights,
+        max_failure_fraction=args.reward_max_failure_fraction,
+        timeout=args.reward_timeout,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -293,9 +312,7 @@ def build_engine(
     ``generation_dtype: bfloat16`` (and an update in another dtype) it generates under bf16
     autocast and records its log-probs, which turns rollout correction on."""
     differs = (
-        args.generation_dtype == "bfloat16"
-        and not args.bf16_autocast
-        and dtype != torch.bfloat16
+        args.generation_dtype == "bfloat16" and not args.bf16_autocast and dtype != torch.bfloat16
     )
 
     def numerics() -> contextlib.AbstractContextManager:

@@ -3,13 +3,15 @@
 A checkpoint is a folder ``OUTPUT_DIR/checkpoint-<step>`` holding the model in Hugging Face format
 (or the LoRA adapter), the tokenizer, ``training_state.pt`` (optimizer, scheduler, every RNG, the
 prompt sampler, curriculum and monitor state, the metrics so far) and ``checkpoint.json``, a
-manifest of every file with its size. It is written into a temporary folder first and renamed
-into place, so a crash during a save leaves the previous checkpoint intact and never a half
-checkpoint under a checkpoint-<step> name; the manifest catches folders damaged afterwards.
+manifest of every file with its size and SHA-256. It is written into a temporary folder first and
+renamed into place, so a crash during a save leaves the previous checkpoint intact and never a
+half checkpoint under a checkpoint-<step> name; the manifest catches folders damaged afterwards
+(a manifest from before the hashes is checked by size only).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError
+from .errors import OutputDirError, UserError
 from .files import fsync_dir
 
 PREFIX = "checkpoint-"
@@ -71,6 +74,8 @@ RESUME_SAFE_FIELDS = frozenset(
         "save_strategy",
         "eval_strategy",
         "per_device_eval_batch_size",
+        "reward_timeout",
+        "overwrite_output_dir",
     }
 )
 
@@ -89,8 +94,53 @@ class TrainingStopped(RuntimeError):
     """The run cannot continue (repeated non-finite steps); the last good state was saved."""
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used: the message names the folder and what is wrong."""
+
+
+# Files that show a folder holds a run's output (besides checkpoint-<step> folders).
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "completions.jsonl",
+    "model.safetensors",
+    "adapter_model.safetensors",
+    "pytorch_model.bin",
+)
+
+
+def earlier_run(output_dir: str | Path) -> list[str]:
+    """The names in ``output_dir`` that an earlier run left there (empty: none)."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    found = [name for name in RUN_FILES if (output_dir / name).exists()]
+    return found + [path.name for _, path in checkpoint_dirs(output_dir)]
+
+
+def check_output_dir(output_dir: str | Path, resume: str | None, overwrite: bool) -> None:
+    """Refuse an output_dir that is not a usable folder, or that holds an earlier run when the
+    run neither resumes it (``resume_from_checkpoint``) nor may overwrite it
+    (``overwrite_output_dir``): nothing a user has is replaced silently."""
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise OutputDirError(
+            f"output_dir={str(output_dir)!r} is a file, not a folder; choose another output_dir"
+        )
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        raise OutputDirError(
+            f"output_dir={str(output_dir)!r}: {parent} is not writable; choose another output_dir"
+        )
+    found = earlier_run(path)
+    if found and not resume and not overwrite:
+        raise OutputDirError(
+            f"output_dir={str(output_dir)!r} holds an earlier run ({', '.join(found[:6])}); "
+            "continue it with --resume, start over in it with --overwrite_output_dir (its "
+            "model, metrics and checkpoints are replaced), or choose another output_dir"
+        )
 
 
 def checkpoint_dirs(output_dir: str | Path) -> list[tuple[int, Path]]:
@@ -121,13 +171,14 @@ def write_checkpoint(output_dir: str | Path, step: int, write: Callable[[Path], 
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{PREFIX}{step}-", dir=output_dir))
     try:
         write(tmp)
-        files = {}
+        files, hashes = {}, {}
         for path in sorted(tmp.rglob("*")):
             if path.is_file():
                 with open(path, "rb+") as handle:
                     os.fsync(handle.fileno())
                 files[str(path.relative_to(tmp))] = path.stat().st_size
-        manifest = {"step": step, "files": files}
+                hashes[str(path.relative_to(tmp))] = file_sha256(path)
+        manifest = {"step": step, "files": files, "sha256": hashes}
         with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as handle:
             json.dump(manifest, handle, indent=1)
             handle.flush()
@@ -148,9 +199,19 @@ def write_checkpoint(output_dir: str | Path, step: int, write: Callable[[Path], 
     return final
 
 
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, hex (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def verify_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The manifest of checkpoint ``path``; raises CheckpointError naming the first missing or
-    truncated file."""
+    """The manifest of checkpoint ``path``; raises CheckpointError naming the first missing,
+    truncated or (where the manifest has content hashes: those written since hashes were added)
+    modified file."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist or is not a folder")
@@ -172,10 +233,18 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
         if file.stat().st_size != size:
             raise CheckpointError(
                 f"checkpoint {path}: {name} has {file.stat().st_size} bytes, the manifest says "
-                f"{size} (truncated or modified)"
+                f"{size} (truncated or modified); resume from an earlier checkpoint with "
+                "--resume_from_checkpoint PATH, or start over"
             )
     if STATE_FILE not in files:
         raise CheckpointError(f"checkpoint {path} is incomplete: {STATE_FILE} is missing")
+    for name, expected in (manifest.get("sha256") or {}).items():
+        if (path / name).is_file() and file_sha256(path / name) != expected:
+            raise CheckpointError(
+                f"checkpoint {path}: {name} is damaged (its content does not match the SHA-256 "
+                "in the manifest, although its size does); resume from an earlier checkpoint "
+                "with --resume_from_checkpoint PATH, or start over"
+            )
     return manifest
 
 

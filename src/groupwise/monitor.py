@@ -240,6 +240,18 @@ class TrainingMonitor:
         self._zero_std_run = self._zero_std_run + 1 if frac > t.zero_std_fraction else 0
         if self._zero_std_run < t.zero_std_steps:
             return None
+        silent = [
+            key.split("/")[1]
+            for key, value in logs.items()
+            if key.startswith("rewards/") and key.endswith("/frac_none") and value == 1.0
+        ]
+        if silent:
+            return (
+                f"frac_reward_zero_std has been above {t.zero_std_fraction:g} for "
+                f"{self._zero_std_run} steps because reward function(s) {silent} returned None "
+                "(or NaN) for every completion: they give no signal. Check that the dataset has "
+                "the columns they read and that they can parse the completions."
+            )
         return (
             f"frac_reward_zero_std has been above {t.zero_std_fraction:g} for "
             f"{self._zero_std_run} steps (now {frac:.2f}): almost every group gave all its "

@@ -667,7 +667,11 @@ class Policy(Trainable):
             file = path / "adapter_model.safetensors"
             if not file.is_file():
                 raise CheckpointMismatch(f"{file.name} is missing")
-            result = set_peft_model_state_dict(self.model, load_file(file))
+            try:
+                adapter = load_file(file)
+            except Exception as err:  # noqa: BLE001 - a damaged file is named, not traced
+                raise CheckpointMismatch(f"{file.name} cannot be read ({err}): damaged") from err
+            result = set_peft_model_state_dict(self.model, adapter)
             if getattr(result, "unexpected_keys", None):
                 raise CheckpointMismatch(
                     f"adapter does not match this model ({result.unexpected_keys[:3]} ...)"
@@ -678,7 +682,14 @@ class Policy(Trainable):
             raise CheckpointMismatch("no model*.safetensors weights")
         weights: dict[str, Tensor] = {}
         for file in files:
-            weights.update(load_file(file))
+            try:
+                weights.update(load_file(file))
+            except Exception as err:  # noqa: BLE001 - a damaged file is named, not traced
+                message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+                raise CheckpointMismatch(
+                    f"{file.name} cannot be read ({type(err).__name__}: {message}): the file is "
+                    "damaged; resume from an earlier checkpoint, or start over"
+                ) from err
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import (
                 StateDictOptions,

@@ -18,6 +18,7 @@ import io
 import json
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 from transformers import (
     PreTrainedModel,
@@ -67,6 +69,11 @@ from .rewards import RewardFunc
 from .rollout import Rollout
 from .sampler import PromptBatches
 from .trl_compat import IgnoredOptionsWarning
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else repr(err)
 
 
 def seed_everything(seed: int) -> None:
@@ -227,6 +234,7 @@ class Trainer:
         self.compute = ComputeLedger()  # tokens, rollouts, informative groups, optimizer steps
         self.log_history: list[dict[str, float]] = []
         self._metrics_started = False
+        self._earlier_run: list[str] = []  # what an earlier run left in output_dir (train())
         self.output_dir = Path(args.output_dir)
         self._last_samples: list[dict[str, Any]] = []
         self._last_batch: tuple | None = None
@@ -683,12 +691,23 @@ class Trainer:
         differs in options that change training, and cut the run's log files back to it."""
         path = Path(path)
         ckpt.verify_checkpoint(path)
-        state = torch.load(path / ckpt.STATE_FILE, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(path / ckpt.STATE_FILE, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unreadable file is named, not traced
+            raise ckpt.CheckpointError(
+                f"checkpoint {path}: {ckpt.STATE_FILE} cannot be read ({type(err).__name__}: "
+                f"{_first_line(err)}); resume from an earlier checkpoint, or start over"
+            ) from err
         ckpt.check_resume_config(state["config"], self.args.to_dict(), path)
         try:
             self.policy.load_weights(path)
         except CheckpointMismatch as err:
             raise ckpt.CheckpointError(f"checkpoint {path}: {err}") from None
+        except (OSError, ValueError, RuntimeError, SafetensorError) as err:
+            raise ckpt.CheckpointError(
+                f"checkpoint {path}: the model weights cannot be read ({type(err).__name__}: "
+                f"{_first_line(err)}); resume from an earlier checkpoint, or start over"
+            ) from err
         self.policy.load_optimizer_state_dict(state["optimizer"])
         self.policy.scheduler.load_state_dict(state["scheduler"])
         for name, component in self.components().items():
@@ -742,6 +761,14 @@ class Trainer:
             return
         path = ckpt.resolve_resume_path(value, self.output_dir)
         if path is None:
+            found = self._earlier_run
+            if found and not self.args.overwrite_output_dir:
+                raise ckpt.OutputDirError(
+                    f"resume_from_checkpoint=auto, but output_dir={str(self.output_dir)!r} "
+                    f"holds a run without checkpoints ({', '.join(found)}) that starting over "
+                    "would replace; pass --overwrite_output_dir to replace it, or choose another "
+                    "output_dir (save_steps makes checkpoints)"
+                )
             tqdm.write(f"[groupwise] no checkpoint in {self.output_dir}: starting from step 0")
             return
         self.load_checkpoint(path)
@@ -751,8 +778,18 @@ class Trainer:
         ``resume_from_checkpoint`` is set), logging to ``output_dir/metrics.jsonl``, evaluating
         every ``eval_steps`` and saving every ``save_steps``, on SIGINT/SIGTERM, and at the end."""
         args = self.args
+        self._earlier_run = []
+        if self.global_step == 0 and not self._metrics_started:  # not a continuation
+            ckpt.check_output_dir(
+                self.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir
+            )
+            self._earlier_run = ckpt.earlier_run(self.output_dir)
+        barrier(self.dist)  # every rank looked before rank 0 writes anything
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._resume_if_asked()
+        if self.global_step == 0 and args.overwrite_output_dir and self.dist.is_main:
+            for _, stale in ckpt.checkpoint_dirs(self.output_dir):  # not this run's
+                shutil.rmtree(stale, ignore_errors=True)
         if self.dist.is_main:
             args.to_yaml(self.output_dir / "config.yaml")
             # Reward names, weights and which one is correctness, for `groupwise report`.

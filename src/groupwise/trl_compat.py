@@ -41,7 +41,8 @@ TRL_TRANSLATED: dict[str, Any] = {
 
 # TRL 1.16 GRPOConfig fields that have no meaning in groupwise (HF generation is the only
 # engine, one optimizer, no hub, no vLLM, no DeepSpeed/accelerate, no Liger kernels, ...), plus
-# older TrainingArguments names still common in scripts (logging_dir, overwrite_output_dir).
+# older TrainingArguments names still common in scripts (logging_dir). overwrite_output_dir is
+# a real option here (an earlier run in output_dir is refused without it).
 TRL_IGNORED: frozenset[str] = frozenset(
     (
         "accelerator_config",
@@ -129,7 +130,6 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "off_policy_mask_threshold",
         "optim_args",
         "optim_target_modules",
-        "overwrite_output_dir",
         "pad_to_multiple_of",
         "parallelism_config",
         "prediction_loss_only",

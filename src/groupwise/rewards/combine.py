@@ -19,6 +19,7 @@ import inspect
 import json
 import logging
 import math
+import threading
 import traceback
 from collections import Counter
 from collections.abc import Sequence
@@ -59,6 +60,7 @@ class RewardScorer:
         funcs: Sequence[RewardFunc],
         weights: Sequence[float] | None = None,
         max_failure_fraction: float = 0.5,
+        timeout: float | None = None,
     ) -> None:
         if not funcs:
             raise ValueError("at least one reward function is needed")
@@ -71,8 +73,14 @@ class RewardScorer:
         self.names = [reward_func_name(f) for f in self.funcs]
         self.weights = torch.tensor(weights, dtype=torch.float32)
         self.max_failure_fraction = max_failure_fraction
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
+        self.timeout = timeout
         self.error_counts: dict[str, Counter] = {name: Counter() for name in self.names}
         self._traceback_logged: set[str] = set()
+        self.nan_counts: Counter = Counter()
+        self._nan_logged: set[str] = set()
+        self._all_none_logged: set[str] = set()
 
     # ------------------------------------------------------------------------------------------
     def _check_values(self, name: str, values: Any, n: int) -> list[float | None]:
@@ -93,8 +101,36 @@ class RewardScorer:
                     f"reward function {name!r} returned {value!r} for completion {i}; "
                     "expected a float or None"
                 ) from None
+            if math.isinf(number):
+                raise RewardFunctionError(
+                    f"reward function {name!r} returned {number} for completion {i}; a reward "
+                    "must be a finite float (return None where the reward does not apply)"
+                )
+            if math.isnan(number):
+                self.nan_counts[name] += 1
+                if name not in self._nan_logged:
+                    self._nan_logged.add(name)
+                    logger.warning(
+                        "reward function %r returned NaN for completion %d; NaN counts as None "
+                        "(not applicable), return None for that instead (logged once)",
+                        name,
+                        i,
+                    )
             checked.append(None if math.isnan(number) else number)
         return checked
+
+    def _check_applies(self, name: str, values: list[float | None]) -> None:
+        """Warn, by name, the first time a function gives no reward to any completion of a
+        step (every value None or NaN): usually a missing dataset column or a broken parser."""
+        if values and all(v is None for v in values) and name not in self._all_none_logged:
+            self._all_none_logged.add(name)
+            logger.warning(
+                "reward function %r returned None (or NaN) for all %d completions of a step: it "
+                "gives no signal; check that the dataset has the columns it reads and that it "
+                "can parse the completions (logged once)",
+                name,
+                len(values),
+            )
 
     def _record_failure(self, name: str, err: BaseException) -> None:
         self.error_counts[name][type(err).__name__] += 1
@@ -106,13 +142,43 @@ class RewardScorer:
                 "".join(traceback.format_exception(type(err), err, err.__traceback__)),
             )
 
+    def _invoke(self, func: RewardFunc, name: str, kwargs: dict[str, Any]) -> Any:
+        """``func(**kwargs)``, within ``timeout`` seconds when one is set: the call runs in a
+        daemon thread and one that runs past it is a RewardFunctionError naming the function
+        (the thread cannot be killed; it is left to finish or to end with the process)."""
+        if self.timeout is None:
+            return func(**kwargs)
+        outcome: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                outcome["value"] = func(**kwargs)
+            except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+                outcome["error"] = err
+
+        thread = threading.Thread(target=target, name=f"reward-{name}", daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        if thread.is_alive():
+            raise RewardFunctionError(
+                f"reward function {name!r} ran past reward_timeout={self.timeout:g} s on a batch "
+                f"of {len(kwargs.get('completions', []))} completions; make it faster, give it "
+                "its own per-completion timeout, or raise reward_timeout"
+            )
+        if "error" in outcome:
+            raise outcome["error"]
+        out = outcome.get("value")
+        if inspect.isawaitable(out):
+            return asyncio.wait_for(out, self.timeout)
+        return out
+
     def _call_one_by_one(self, func: RewardFunc, name: str, kwargs: dict[str, Any], n: int):
         values: list[Any] = []
         failures = 0
         for i in range(n):
             single = {k: [v[i]] for k, v in kwargs.items()}
             try:
-                result = func(**single)
+                result = self._invoke(func, name, single)
                 if inspect.isawaitable(result):
                     result = run_coroutine(result)
                 values.extend(self._check_values(name, result, 1))
@@ -137,7 +203,9 @@ class RewardScorer:
         pending: dict[int, Any] = {}
         for j, func in enumerate(self.funcs):
             try:
-                out = func(**kwargs)
+                out = self._invoke(func, self.names[j], kwargs)
+            except RewardFunctionError:
+                raise
             except Exception:  # noqa: BLE001 - retried completion by completion below
                 failed.append(j)
                 continue
@@ -151,6 +219,12 @@ class RewardScorer:
                 return await asyncio.gather(*pending.values(), return_exceptions=True)
 
             for j, out in zip(pending, run_coroutine(gather()), strict=True):
+                if isinstance(out, asyncio.TimeoutError):
+                    raise RewardFunctionError(
+                        f"reward function {self.names[j]!r} ran past reward_timeout="
+                        f"{self.timeout:g} s on a batch of {n} completions; make it faster, give "
+                        "it its own per-completion timeout, or raise reward_timeout"
+                    )
                 if isinstance(out, Exception):
                     failed.append(j)
                 else:
@@ -183,6 +257,7 @@ class RewardScorer:
             kwargs[key] = list(values)
         per_func = torch.full((n, len(self.funcs)), float("nan"))
         for j, values in enumerate(self._call_all(kwargs, n)):
+            self._check_applies(self.names[j], values)
             for i, value in enumerate(values):
                 if value is not None:
                     per_func[i, j] = value

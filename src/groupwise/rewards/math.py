@@ -15,9 +15,10 @@ Pipeline for one completion (see :func:`make_accuracy_reward`):
    - **Number literals** (``12``, ``-3.5``, ``1,024``, ``1e3``, ``1.5 \\times 10^{3}``, ``1/2``,
      ``\\frac{1}{2}``, ``\\dfrac12``, optionally with a percent sign or units) are compared
      exactly with :class:`fractions.Fraction`, in process, in microseconds, without sympy.
-     When the ground truth is a number literal, the prediction must be one too: an unevaluated
-     expression such as ``3 * 4`` is not a final answer (it would otherwise let a model restate
-     the arithmetic task's question and collect the reward).
+     When the ground truth is a number literal, the prediction must be one too, or a closed form
+     math-verify finds equal (``\\sqrt{4}`` for 2, ``2^{10}`` for 1024) that does not restate the
+     prompt's expression: plain arithmetic such as ``3 * 4`` is not a final answer (it would
+     otherwise let a model restate the arithmetic task's question and collect the reward).
    - **Text answers** (``\\text{Evelyn}``, ``yes``) are compared as case-insensitive strings.
    - **Everything else** (``x+1``, ``\\sqrt{2}/2``, intervals, sets, equations) goes to
      `math-verify <https://github.com/huggingface/Math-Verify>`_ + sympy, run in a persistent
@@ -471,6 +472,46 @@ def _gold_text(truth: Any) -> str | None:
     return text or None
 
 
+# Plain arithmetic of number literals: what an unevaluated computation is made of.
+_ARITHMETIC_TOKENS = re.compile(r"\\times|\\cdot|\\div|\\left|\\right|[\d\s.,+\-*/()\[\]{}×÷]")
+
+
+def _is_closed_form(text: str) -> bool:
+    """Whether a non-literal answer is a closed form worth a symbolic check (``\\sqrt{4}``,
+    ``2^{10}``, ``\\frac{\\pi}{2}``) rather than plain arithmetic of literals (``3 * 4``),
+    which is a computation left undone, not a final answer."""
+    return bool(text.strip()) and bool(_ARITHMETIC_TOKENS.sub("", text))
+
+
+def _canonical_math(text: str) -> str:
+    """``text`` without spacing and brace noise, for comparing an answer with a prompt."""
+    text = text.lower().replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    for times in ("\\times", "\\cdot", "×"):
+        text = text.replace(times, "*")
+    for divide in ("\\div", "÷"):
+        text = text.replace(divide, "/")
+    text = re.sub(r"\\left|\\right|\\[,;!: ]|\$", "", text)
+    return re.sub(r"[\s{}]", "", text)
+
+
+def _prompt_plain_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (list, tuple)):
+        return " ".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
+    return ""
+
+
+def restates_prompt(prediction: str, prompt: Any) -> bool:
+    """Whether an answer that is not a number literal merely restates (part of) the prompt's
+    expression: ``2^{10}`` for "Compute $2^{10}$." is the question, not its answer."""
+    side = _normalize(prediction)
+    if side.value is not None or side.words is not None:
+        return False
+    answer = _canonical_math(side.text)
+    return len(answer) >= 2 and answer in _canonical_math(_prompt_plain_text(prompt))
+
+
 @functools.lru_cache(maxsize=8192)
 def _verdict(prediction: str | None, gold: str, timeout_s: float, float_rel_tol: float) -> _Verdict:
     """Compare an extracted answer (None: there was none) with a ground truth string.
@@ -487,6 +528,25 @@ def _verdict(prediction: str | None, gold: str, timeout_s: float, float_rel_tol:
         pred_side = _normalize(prediction)
         if gold_side.words is not None:
             ok = pred_side.words == gold_side.words
+        elif (
+            pred_side.value is None
+            and pred_side.words is None
+            and _is_closed_form(pred_side.text)
+            and len(pred_side.text) <= MAX_ANSWER_CHARS
+        ):
+            # An equivalent closed form (\sqrt{4} for 2, 2^{10} for 1024): math-verify decides.
+            # An answer that restates the prompt is refused before (make_accuracy_reward).
+            return _WORKER.verdict(
+                {
+                    "pred": pred_side.text,
+                    "pred_percent": pred_side.percent,
+                    "gold": gold_side.text,
+                    "gold_percent": gold_side.percent,
+                    "float_rel_tol": float_rel_tol,
+                    "timeout_s": timeout_s,
+                },
+                hard_timeout_s=timeout_s + HARD_KILL_GRACE_S,
+            )
         else:
             ok = pred_side.value is not None and _literals_match(
                 gold_side, pred_side, float_rel_tol
@@ -526,8 +586,12 @@ def verify_answer(
       math-verify's own rule, which accepts ``50%`` for ``50`` but not ``12.5%`` for ``12.5``;
     - units are stripped: ``5 cm``, ``5 \\text{ meters}``, ``12 apples``, ``30^\\circ``, ``\\$5``;
       ``x = 12`` answers ``12``;
-    - a ground truth that is a number literal needs a number literal: ``3 * 4`` or ``\\sqrt{4}``
-      is not accepted for ``12`` (restating the question is not answering it);
+    - a ground truth that is a number literal needs a number literal or an equivalent closed
+      form: ``\\sqrt{4}`` is accepted for ``2`` and ``2^{10}`` for ``1024`` (as math-verify
+      does), but plain arithmetic of literals such as ``3 * 4`` is not accepted for ``12`` (a
+      computation left undone), and the accuracy reward refuses a closed form that restates
+      the prompt's expression (:func:`restates_prompt`: restating the question is not
+      answering it);
     - anything else is decided by math-verify with sympy: ``x+1`` = ``1+x``,
       ``\\sqrt{2}/2`` = ``\\frac{1}{\\sqrt{2}}``, ``[1, 2)``, ``\\{1, 2\\}`` = ``\\{2, 1\\}``,
       ``x \\le 3`` = ``(-\\infty, 3]``, ``1.4142136`` = ``\\sqrt{2}`` (same tolerance rule).
@@ -787,17 +851,20 @@ class AccuracyStats:
     (missing, empty, several tags or candidates, only inside ``<think>``); they score 0.0.
     ``gold_unparsable``: completions whose ground truth could not be parsed; they score None.
     ``timeouts``: completions whose symbolic check timed out (or whose worker died); they score
-    0.0, and a repeated identical answer counts again. Updated without a lock: exact when the
-    function is called from one thread at a time.
+    0.0, and a repeated identical answer counts again. ``restated``: closed-form answers equal
+    to a number ground truth that restate the prompt's expression; they score 0.0. Updated
+    without a lock: exact when the function is called from one thread at a time.
     """
 
     completions: int = 0
     no_answer: int = 0
     gold_unparsable: int = 0
     timeouts: int = 0
+    restated: int = 0
 
     def reset(self) -> None:
         self.completions = self.no_answer = self.gold_unparsable = self.timeouts = 0
+        self.restated = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -826,7 +893,9 @@ def make_accuracy_reward(
         if answer_column not in columns:
             raise TypeError(f"{name}() needs the dataset column {answer_column!r}")
         scores: list[float | None] = []
-        for completion, truth in zip(completions, columns[answer_column], strict=True):
+        for prompt, completion, truth in zip(
+            prompts, completions, columns[answer_column], strict=True
+        ):
             stats.completions += 1
             gold = _gold_text(truth)
             if gold is None:
@@ -838,6 +907,14 @@ def make_accuracy_reward(
                 completion_text(completion), fallback_last_number, allow_list=allow_list
             )
             verdict = _verdict(prediction, gold, float(timeout_s), float(float_rel_tol))
+            if (
+                verdict is _Verdict.CORRECT
+                and prediction is not None
+                and _normalize(gold).value is not None
+                and restates_prompt(prediction, prompt)
+            ):
+                verdict = _Verdict.WRONG  # restating the question is not answering it
+                stats.restated += 1
             if verdict is _Verdict.GOLD_UNPARSABLE:
                 stats.gold_unparsable += 1
                 scores.append(None)

@@ -1,0 +1,26 @@
+"""Errors in what the user gave (an option, a file, a model, an output folder).
+
+Each carries one paragraph that names the file, line, column or option and says what to do;
+the command line prints it without a traceback (``--debug`` or ``GROUPWISE_DEBUG=1`` shows it
+for a bug report). Anything else that escapes the command line is a bug and keeps its traceback.
+They subclass ``ValueError`` (``OutputDirError``: ``OSError``) so code that caught the plain
+type before still does.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """An error the user can fix; the message says what and where."""
+
+
+class DataError(UserError, ValueError):
+    """A data file (or built-in task) that cannot be read: names the file and line."""
+
+
+class ModelLoadError(UserError, ValueError):
+    """A model that cannot be found or loaded: names the model (and file)."""
+
+
+class OutputDirError(UserError, OSError):
+    """An output folder that cannot be used, or that holds an earlier run."""
