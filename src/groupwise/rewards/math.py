@@ -536,17 +536,7 @@ def _verdict(prediction: str | None, gold: str, timeout_s: float, float_rel_tol:
         ):
             # An equivalent closed form (\sqrt{4} for 2, 2^{10} for 1024): math-verify decides.
             # An answer that restates the prompt is refused before (make_accuracy_reward).
-            return _WORKER.verdict(
-                {
-                    "pred": pred_side.text,
-                    "pred_percent": pred_side.percent,
-                    "gold": gold_side.text,
-                    "gold_percent": gold_side.percent,
-                    "float_rel_tol": float_rel_tol,
-                    "timeout_s": timeout_s,
-                },
-                hard_timeout_s=timeout_s + HARD_KILL_GRACE_S,
-            )
+            return _symbolic_verdict(pred_side, gold_side, float_rel_tol, timeout_s)
         else:
             ok = pred_side.value is not None and _literals_match(
                 gold_side, pred_side, float_rel_tol
@@ -555,6 +545,13 @@ def _verdict(prediction: str | None, gold: str, timeout_s: float, float_rel_tol:
     pred_side = _normalize(prediction) if prediction is not None else _Normalized(text="")
     if len(pred_side.text) > MAX_ANSWER_CHARS:
         pred_side = _Normalized(text="")
+    return _symbolic_verdict(pred_side, gold_side, float_rel_tol, timeout_s)
+
+
+def _symbolic_verdict(
+    pred_side: _Normalized, gold_side: _Normalized, float_rel_tol: float, timeout_s: float
+) -> _Verdict:
+    """math-verify's verdict on two normalised answers, in the worker (killed past the timeout)."""
     return _WORKER.verdict(
         {
             "pred": pred_side.text,
