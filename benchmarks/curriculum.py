@@ -92,18 +92,32 @@ def warm_start(tokenizer, rows: list[dict], seed: int, steps: int) -> LlamaForCa
     return model
 
 
+# Per arm, the options that differ from uniform GRPO (8 prompts x 4 rollouts per generation).
+ARMS: dict[str, dict] = {
+    "none": {},
+    "prompt_gdro": {"curriculum": "prompt_gdro"},
+    "prompt_gdro_failure": {"curriculum": "prompt_gdro", "gdro_signal": "failure_rate",
+                            "gdro_share_normalize": False},
+    # The paper's setting: 4 optimizer steps per generation batch (8 completions each), so the
+    # pg_loss signal is not 0.
+    "prompt_gdro_spg4": {"curriculum": "prompt_gdro", "per_device_train_batch_size": 8,
+                         "steps_per_generation": 4},
+    "rollout_gdro": {"curriculum": "rollout_gdro"},
+    "dynamic_sampling": {"dynamic_sampling": True},
+    "select": {"curriculum": "select"},
+}  # fmt: skip
+
+
 def run(mode: str, base, tokenizer, train, evals, seed: int, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        args = GRPOConfig(
+        options = dict(
             model="warm-start", max_steps=steps, beta=0.0, learning_rate=2e-4,
             num_generations=4, per_device_train_batch_size=32,  # 8 prompts x 4 rollouts
             max_completion_length=5, temperature=1.0, gdro_num_bins=6,
-            curriculum=mode.removesuffix("_failure"),
-            gdro_signal="failure_rate" if mode.endswith("_failure") else "pg_loss",
-            gdro_share_normalize=not mode.endswith("_failure"),  # refused with failure_rate
             gdro_window=8, rollout_min=2, rollout_max=8, output_dir=out, disable_tqdm=True,
             seed=seed, max_prompt_length=None,
         )  # fmt: skip
+        args = GRPOConfig(**{**options, **ARMS[mode]})
         trainer = GRPOTrainer(
             copy.deepcopy(base), exact_answer, train, args=args, processing_class=tokenizer
         )
@@ -121,6 +135,10 @@ def run(mode: str, base, tokenizer, train, evals, seed: int, steps: int) -> dict
         "hard_pass@8": hard.get("pass@8", float("nan")),
         "hard_mean@8": hard.get("mean@8", float("nan")),
         "wse_ratio": (sum(wse) / sum(wse_u)) if wse and sum(wse_u) else float("nan"),
+        # What the arm spent: completion tokens generated (dropped groups included) and
+        # informative groups (reward spread > 0) per rollout, over the run.
+        "tokens": logs[-1]["compute/generated_tokens_total"],
+        "informative_per_rollout": logs[-1]["compute/informative_groups_per_rollout_total"],
     }  # fmt: skip
 
 
@@ -134,7 +152,7 @@ def main() -> None:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     train, evals = problems(600, "train", 0), problems(120, "eval", 0)
-    modes = ["none", "prompt_gdro", "prompt_gdro_failure", "rollout_gdro"]
+    modes = list(ARMS)
     results: dict[str, list[dict]] = {mode: [] for mode in modes}
     # One warm start (seed 0) shared by every run: the seeds vary the GRPO runs only.
     base = warm_start(tokenizer, train, 0, opts.warm_steps)
@@ -151,15 +169,16 @@ def main() -> None:
         f"training prompts, lr 2e-4) after one "
         f"{opts.warm_steps}-step supervised warm start; mean +- stdev over {opts.seeds} seeds"
     )
-    keys = ["greedy", "pass@8", "mean@8", "hard_greedy", "hard_pass@8", "hard_mean@8"]
-    print(f"{'mode':20s}" + "".join(f"{k:>16s}" for k in keys))
+    keys = ["greedy", "pass@8", "mean@8", "hard_greedy", "hard_pass@8", "hard_mean@8",
+            "tokens", "informative_per_rollout"]  # fmt: skip
+    print(f"{'mode':20s}" + "".join(f" {k:>16s}" for k in keys))
     for mode, runs in results.items():
         cells = []
         for k in keys:
             values = [r[k] for r in runs]
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{statistics.mean(values):9.3f}+-{spread:5.3f}")
-        print(f"{mode:20s}" + "".join(f"{c:>16s}" for c in cells))
+        print(f"{mode:20s}" + "".join(f" {c:>16s}" for c in cells))
     ratios = [r["wse_ratio"] for r in results["rollout_gdro"]]
     print(f"Rollout-GDRO WSE / uniform-allocation WSE: {statistics.mean(ratios):.3f}")
 
