@@ -3,8 +3,10 @@ import collections
 import pytest
 import torch
 
-from groupwise import GRPOConfig
+from groupwise import GRPOConfig, GRPOTrainer
+from groupwise.curriculum import Outcome
 from groupwise.models import smollm2_tokenizer, tiny_random_model
+from groupwise.run import PhaseTimer
 
 
 @pytest.fixture(scope="session")
@@ -59,3 +61,30 @@ class TargetToken:
             counts = collections.Counter(t for ids in completion_ids for t in ids)
             self.target = counts.most_common(1)[0][0]
         return [sum(t == self.target for t in ids) / len(ids) for ids in completion_ids]
+
+
+class StepBeforeIssue14(GRPOTrainer):
+    """GRPOTrainer.train_step as it was before issue 14 (commit 9879567), verbatim: the
+    reference that steps_per_generation and dynamic sampling, when off, must reproduce bitwise."""
+
+    def train_step(self):
+        timer = PhaseTimer()
+        batch = self.prompts.next()
+        plan = self.curriculum.plan(batch)
+        rollout = self.engine.generate(batch.prompt_ids, plan.local_counts)
+        timer.mark("generation")
+        scores = self.scorer(batch.rows, rollout)
+        advantages = self.advantages(scores.rewards, rollout.group_ids)
+        timer.mark("scoring")
+        inputs = self.policy.prepare(rollout, advantages, plan.row_weights(rollout))
+        for _ in range(self.args.num_iterations):
+            stats = self.policy.update(inputs, self.loss)
+        self.engine.sync(self.policy.model)
+        timer.mark("update")
+        self.global_step += 1
+        outcome = Outcome(
+            rollout, scores.correctness, scores.rewards, stats.sequence_loss, stats.skipped
+        )
+        curriculum_logs = self.curriculum.observe(plan, outcome)
+        self.keep_batch(batch.rows, rollout, scores, advantages, plan)
+        return self.step_logs(rollout, scores, stats, timer, curriculum_logs)

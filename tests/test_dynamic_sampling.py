@@ -10,10 +10,11 @@ import textwrap
 import pytest
 import torch
 
+from conftest import StepBeforeIssue14
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.build import Scores
 from groupwise.config import ConfigError
-from groupwise.curriculum import Outcome, Plan, PromptBatch
+from groupwise.curriculum import Plan, PromptBatch
 from groupwise.dynamic import (
     Draw,
     informative_groups,
@@ -318,32 +319,6 @@ def test_no_cap_draws_until_the_target_is_reached(tmp_path):
     assert drawn == 2 * log["dynamic/gen_batches"]
 
 
-class TodaysStep(GRPOTrainer):
-    """The step as it was before dynamic sampling (commit 9879567), verbatim."""
-
-    def train_step(self):
-        timer = PhaseTimer()
-        batch = self.prompts.next()
-        plan = self.curriculum.plan(batch)
-        rollout = self.engine.generate(batch.prompt_ids, plan.local_counts)
-        timer.mark("generation")
-        scores = self.scorer(batch.rows, rollout)
-        advantages = self.advantages(scores.rewards, rollout.group_ids)
-        timer.mark("scoring")
-        inputs = self.policy.prepare(rollout, advantages, plan.row_weights(rollout))
-        for _ in range(self.args.num_iterations):
-            stats = self.policy.update(inputs, self.loss)
-        self.engine.sync(self.policy.model)
-        timer.mark("update")
-        self.global_step += 1
-        outcome = Outcome(
-            rollout, scores.correctness, scores.rewards, stats.sequence_loss, stats.skipped
-        )
-        curriculum_logs = self.curriculum.observe(plan, outcome)
-        self.keep_batch(batch.rows, rollout, scores, advantages, plan)
-        return self.step_logs(rollout, scores, stats, timer, curriculum_logs)
-
-
 TIMING = ("time/", "tokens_per_second", "generation_tokens_per_second")
 
 
@@ -357,7 +332,7 @@ def _same_weights(a, b):
 
 
 def test_default_off_is_todays_step_bitwise(tmp_path):
-    today = TodaysStep("tiny-random", [correct, shaped], ROWS,
+    today = StepBeforeIssue14("tiny-random", [correct, shaped], ROWS,
                        args=_args(tmp_path / "a", dynamic_sampling=False))  # fmt: skip
     now = GRPOTrainer("tiny-random", [correct, shaped], ROWS,
                       args=_args(tmp_path / "b", dynamic_sampling=False))  # fmt: skip

@@ -12,14 +12,14 @@ import copy
 import pytest
 import torch
 
+from conftest import StepBeforeIssue14
 from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
 from groupwise.batching import minibatch_prompts, select_prompts
 from groupwise.config import ConfigError
 from groupwise.core import equal_prompt_factors, informative_groups, policy_loss
-from groupwise.curriculum import CURRICULA, Curriculum, Outcome, Plan, PromptBatch
+from groupwise.curriculum import CURRICULA, Curriculum, Plan, PromptBatch
 from groupwise.curriculum.gdro import PromptGDROCurriculum
 from groupwise.rollout import Rollout
-from groupwise.run import PhaseTimer
 
 ROWS = [{"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1)} for i in range(12)]
 TIMING_KEYS = ("time/", "tokens_per_second", "generation_tokens_per_second")
@@ -169,32 +169,6 @@ def test_informative_groups_use_a_tolerance():
 # The default is the step as it was
 
 
-class PreviousStep(GRPOTrainer):
-    """GRPOTrainer.train_step as it was before steps_per_generation (commit 9879567)."""
-
-    def train_step(self):
-        timer = PhaseTimer()
-        batch = self.prompts.next()
-        plan = self.curriculum.plan(batch)
-        rollout = self.engine.generate(batch.prompt_ids, plan.local_counts)
-        timer.mark("generation")
-        scores = self.scorer(batch.rows, rollout)
-        advantages = self.advantages(scores.rewards, rollout.group_ids)
-        timer.mark("scoring")
-        inputs = self.policy.prepare(rollout, advantages, plan.row_weights(rollout))
-        for _ in range(self.args.num_iterations):
-            stats = self.policy.update(inputs, self.loss)
-        self.engine.sync(self.policy.model)
-        timer.mark("update")
-        self.global_step += 1
-        outcome = Outcome(
-            rollout, scores.correctness, scores.rewards, stats.sequence_loss, stats.skipped
-        )
-        curriculum_logs = self.curriculum.observe(plan, outcome)
-        self.keep_batch(batch.rows, rollout, scores, advantages, plan)
-        return self.step_logs(rollout, scores, stats, timer, curriculum_logs)
-
-
 @pytest.mark.parametrize(
     "extra",
     [
@@ -205,7 +179,7 @@ class PreviousStep(GRPOTrainer):
 )
 def test_default_reproduces_the_previous_step_bitwise(tmp_path, extra):
     new = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "a", **extra))
-    old = PreviousStep("tiny-random", _reward, ROWS, args=_args(tmp_path / "b", **extra))
+    old = StepBeforeIssue14("tiny-random", _reward, ROWS, args=_args(tmp_path / "b", **extra))
     new_logs, old_logs = new.train(), old.train()
     assert [_without_timing(r) for r in new_logs] == [_without_timing(r) for r in old_logs]
     for (name, p), q in zip(new.model.named_parameters(), old.model.parameters(), strict=True):
