@@ -46,8 +46,15 @@ def select_prompts(rollout: Rollout, prompts: torch.Tensor) -> tuple[Rollout, to
         texts=[rollout.texts[i] for i in rows.tolist()],
         sampling_logprobs=take(rollout.sampling_logprobs, rows),
         loss_mask=take(rollout.loss_mask, rows),
+        conversations=pick(rollout.conversations, rows),
+        env_states=pick(rollout.env_states, rows),
     )
     return part, rows
+
+
+def pick(values: list | None, rows: torch.Tensor) -> list | None:
+    """The entries of a per-row list (None stays None) at ``rows``."""
+    return None if values is None else [values[i] for i in rows.tolist()]
 
 
 def trimmed_completions(

@@ -26,8 +26,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import importlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,9 @@ from .policy import Policy, apply_lora
 from .rewards import RewardFunc, correctness_index, reward_func_name
 from .rewards.combine import RewardScorer, score_rollout
 from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams
+from .rollout.multiturn import MultiTurnEngine, TurnLimits
+from .tools import ENVIRONMENTS, Environment, ToolBox, ToolEnvironment, resolve_tools, tool_schema
+from .tools.calls import TOOL_CALL_CLOSE
 
 # ----------------------------------------------------------------------------------------------
 # Machine and model
@@ -301,16 +305,89 @@ def sampling_params(args: GRPOConfig, *, greedy: bool = False) -> SamplingParams
     )
 
 
+@dataclass
+class Interaction:
+    """What a multi-turn run talks to: one environment per conversation (``make_env``), the
+    tool schemas its prompts show (None: no tools), and where a turn ends besides EOS."""
+
+    make_env: Callable[[], Environment]
+    schemas: list[dict[str, Any]] | None
+    stop_strings: tuple[str, ...]
+    toolbox: ToolBox | None = None
+
+
+def build_interaction(
+    args: GRPOConfig,
+    tools: Sequence[Callable[..., Any] | str] | None = None,
+    environment_factory: Callable[[], Environment] | None = None,
+) -> Interaction | None:
+    """The run's tools (``args.tools`` and GRPOTrainer's ``tools``) or environment
+    (``args.environment`` or GRPOTrainer's ``environment_factory``); None when it has neither
+    (single-turn rollouts)."""
+    specs = [*(args.tools or []), *(tools or [])]
+    if environment_factory is not None and args.environment is not None:
+        raise ConfigError(
+            "environment and GRPOTrainer(environment_factory=...) are both set; give one"
+        )
+    factory = environment_factory
+    if factory is None and args.environment is not None:
+        factory = resolve_environment(args.environment)
+    if factory is not None and specs:
+        raise ConfigError(
+            f"tools {[getattr(t, '__name__', t) for t in specs]} and an environment are both "
+            "set: an environment runs its own tools (see groupwise.tools.ToolEnvironment); "
+            "give tools or an environment"
+        )
+    if factory is not None:
+        return Interaction(factory, None, tuple(getattr(factory, "stop_strings", ())))
+    if not specs:
+        return None
+    toolbox = ToolBox(
+        resolve_tools(specs),
+        timeout_s=args.tool_timeout,
+        # Characters: a generous bound before the token cut (max_tool_output_tokens).
+        max_output_chars=16 * args.max_tool_output_tokens,
+    )
+
+    def make_env() -> Environment:
+        return ToolEnvironment(toolbox, max_tool_calls=args.max_tool_calls)
+
+    schemas = [tool_schema(f) for f in toolbox.tools]
+    return Interaction(make_env, schemas, (TOOL_CALL_CLOSE,), toolbox)
+
+
+def resolve_environment(spec: str) -> Callable[[], Environment]:
+    """A built-in environment name, or ``module:factory`` (a callable returning an
+    environment)."""
+    if spec in ENVIRONMENTS:
+        return ENVIRONMENTS[spec]
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise ConfigError(f"environment {spec!r}: cannot import it ({err})") from err
+        if not callable(factory):
+            raise ConfigError(f"environment {spec!r} is not callable")
+        return factory
+    raise ConfigError(
+        f"unknown environment {spec!r}; built-in: {', '.join(sorted(ENVIRONMENTS))}, "
+        "or module:factory"
+    )
+
+
 def build_engine(
     policy: Policy,
     tokenizer: PreTrainedTokenizerBase,
     args: GRPOConfig,
     generator: torch.Generator,
     dtype: torch.dtype,
+    interaction: Interaction | None = None,
 ) -> RolloutEngine:
     """The rollout engine: the Hugging Face / torch engine on the policy's own weights. With
     ``generation_dtype: bfloat16`` (and an update in another dtype) it generates under bf16
-    autocast and records its log-probs, which turns rollout correction on."""
+    autocast and records its log-probs, which turns rollout correction on. With tools or an
+    environment (``interaction``) the multi-turn engine wraps it."""
     differs = (
         args.generation_dtype == "bfloat16" and not args.bf16_autocast and dtype != torch.bfloat16
     )
@@ -320,7 +397,7 @@ def build_engine(
             return torch.autocast(device_type=policy.device.type, dtype=torch.bfloat16)
         return policy.autocast()
 
-    return HFEngine(
+    engine = HFEngine(
         policy.model,
         tokenizer,
         sampling_params(args),
@@ -328,6 +405,12 @@ def build_engine(
         numerics=numerics,
         weights=policy.full_weights,
         records_logprobs=differs,
+    )
+    if interaction is None:
+        return engine
+    limits = TurnLimits(args.max_turns, args.max_tool_output_tokens, interaction.stop_strings)
+    return MultiTurnEngine(
+        engine, interaction.make_env, limits, tools=interaction.schemas, examples=args.tool_examples
     )
 
 

@@ -84,6 +84,17 @@ class GRPOConfig:
     code_timeout: float = 5.0  # code / code_binary: wall-clock seconds per completion
     remote_timeout: float = 10.0  # remote:URL: seconds per request
 
+    # --- tools and environments (multi-turn rollouts; README "Tools and environments") ------
+    # Tools the model may call: built-in names (calculator, python) or module:function paths.
+    # GRPOTrainer(tools=[fn]) adds Python functions. None and no environment: single-turn.
+    tools: list[str] | None = None
+    environment: str | None = None  # multi-turn environment: guess_number or module:factory
+    max_turns: int = 4  # assistant turns per conversation
+    max_tool_calls: int = 8  # tool calls per conversation; later ones get an error message
+    tool_timeout: float = 10.0  # seconds per tool call (a hung call is killed)
+    max_tool_output_tokens: int = 256  # each tool / environment reply is cut to this
+    tool_examples: bool = True  # show each tool's worked example (if it has one) in the prompt
+
     # --- algorithm ------------------------------------------------------------------------
     algorithm: str = "grpo"  # grpo (critic-free) | ppo (actor-critic with GAE, the baseline)
 
@@ -529,7 +540,10 @@ class GRPOConfig:
             raise ConfigError(
                 f"reward_timeout must be > 0 seconds or null, got {self.reward_timeout}"
             )
-        for name in ("accuracy_timeout", "code_timeout", "remote_timeout"):
+        for name in ("max_turns", "max_tool_calls", "max_tool_output_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("accuracy_timeout", "code_timeout", "remote_timeout", "tool_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.repetition_max_penalty > 0:

@@ -16,7 +16,7 @@ import math
 import random
 import string
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,13 +59,19 @@ def _prompt_token_ids(prompt: Any, tokenizer: PreTrainedTokenizerBase) -> list[i
 
 
 def tokenize_prompts(
-    prompts: Sequence[Any], tokenizer: PreTrainedTokenizerBase, max_prompt_length: int | None
+    prompts: Sequence[Any],
+    tokenizer: PreTrainedTokenizerBase,
+    max_prompt_length: int | None,
+    render: Callable[[Any], str] | None = None,
 ) -> list[list[int]]:
     """Token ids of each prompt, keeping the last ``max_prompt_length`` tokens (left truncation
-    keeps the question and the generation prompt, as TRL does)."""
+    keeps the question and the generation prompt, as TRL does). ``render`` turns a prompt into
+    its text (default :func:`prompt_text`; with tools, one that shows them)."""
     ids = []
     for prompt in prompts:
-        tokens = _prompt_token_ids(prompt, tokenizer)
+        text = render(prompt) if render is not None else prompt_text(prompt, tokenizer)
+        # The chat template already holds the special tokens; don't add a second BOS.
+        tokens = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         if max_prompt_length is not None and len(tokens) > max_prompt_length:
             tokens = tokens[-max_prompt_length:]
         ids.append(tokens)

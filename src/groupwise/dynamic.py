@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from .batching import pick
 from .build import Scores
 from .curriculum import Plan, PromptBatch
 from .distributed import DistributedContext, all_gather_objects
@@ -93,6 +94,8 @@ class Group:
     loss_mask: Tensor
     truncated: Tensor  # [n]
     texts: list[str]
+    conversations: list | None  # multi-turn rollouts: messages and environment state per row
+    env_states: list | None
     sampling_logprobs: Tensor | None
     rewards: Tensor  # [n]
     per_func: Tensor  # [n, F]
@@ -142,6 +145,8 @@ def split_groups(
                 loss_mask=take(rollout.loss_mask),
                 truncated=rollout.truncated.cpu()[rows],
                 texts=[rollout.texts[i] for i in rows.tolist()],
+                conversations=pick(rollout.conversations, rows),
+                env_states=pick(rollout.env_states, rows),
                 sampling_logprobs=(
                     None if rollout.sampling_logprobs is None else take(rollout.sampling_logprobs)
                 ),
@@ -151,6 +156,12 @@ def split_groups(
             )
         )
     return groups
+
+
+def _joined(parts: Sequence[list | None]) -> list | None:
+    if any(p is None for p in parts):
+        return None
+    return [x for p in parts if p is not None for x in p]
 
 
 def _pad_right(parts: Sequence[Tensor], width: int, value: float) -> Tensor:
@@ -197,6 +208,8 @@ def join_groups(
         texts=[t for g in groups for t in g.texts],
         sampling_logprobs=None if any(x is None for x in logps) else _pad_right(logps, width, 0),
         loss_mask=_pad_right([g.loss_mask for g in groups], width, 0),
+        conversations=_joined([g.conversations for g in groups]),
+        env_states=_joined([g.env_states for g in groups]),
     )
     if device is not None:
         for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask",

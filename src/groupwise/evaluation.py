@@ -232,6 +232,11 @@ def as_engine(model: torch.nn.Module | RolloutEngine, tokenizer: Any) -> Rollout
     return model
 
 
+def prompt_render(engine: RolloutEngine) -> Callable[[Any], str] | None:
+    """How ``engine`` wants prompts rendered: a multi-turn engine shows its tools in them."""
+    return getattr(engine, "prompt_text", None)
+
+
 @torch.no_grad()
 def reward_means(
     engine: RolloutEngine,
@@ -253,8 +258,10 @@ def reward_means(
     reward_sum, reward_count = 0.0, 0
     for begin in range(0, len(rows), batch_size):
         batch = [rows[i] for i in range(begin, min(begin + batch_size, len(rows)))]
-        ids = tokenize_prompts([r["prompt"] for r in batch], tokenizer, max_prompt_length)
-        rewards, per_func = scorer(batch, engine.generate(ids, 1, params))
+        ids = tokenize_prompts(
+            [r["prompt"] for r in batch], tokenizer, max_prompt_length, prompt_render(engine)
+        )
+        rewards, per_func = scorer(batch, engine.generate(ids, 1, params, rows=batch))
         valid = ~torch.isnan(per_func)
         totals += torch.where(valid, per_func, 0.0).sum(0)
         counts += valid.sum(0)
@@ -306,19 +313,24 @@ def evaluate_model(
     format_j = _resolve_reward(names, config.format_reward, "format_reward", "format_reward")
     threshold = config.correct_threshold
     engine = as_engine(model, tokenizer)
+    render = prompt_render(engine)
     device = getattr(engine, "device", torch.device("cpu"))
     results: list[PromptResult] = []
 
     for begin in range(0, len(rows), config.batch_size):
         batch = rows[begin : begin + config.batch_size]
-        ids = tokenize_prompts([r["prompt"] for r in batch], tokenizer, config.max_prompt_length)
+        ids = tokenize_prompts(
+            [r["prompt"] for r in batch], tokenizer, config.max_prompt_length, render
+        )
         batch_results = [
             PromptResult(prompt_id=prompt_id(r), difficulty=r.get("difficulty"), task=r.get("task"))
             for r in batch
         ]
         if config.n > 0:
             generator = torch.Generator(device=device).manual_seed(_batch_seed(config.seed, begin))
-            rollout = engine.generate(ids, config.n, config.sampling_params(), generator)
+            rollout = engine.generate(
+                ids, config.n, config.sampling_params(), generator, rows=batch
+            )
             per_func = _score(scorer, batch, rollout)
             lengths = rollout.lengths.cpu().double()
             truncated = rollout.truncated.cpu().double()
@@ -337,7 +349,7 @@ def evaluate_model(
             params = SamplingParams(
                 max_completion_length=config.max_completion_length, temperature=0.0
             )
-            rollout = engine.generate(ids, 1, params)
+            rollout = engine.generate(ids, 1, params, rows=batch)
             per_func = _score(scorer, batch, rollout)
             for p, result in enumerate(batch_results):
                 result.greedy_correct = bool(per_func[p, correct_j] >= threshold)

@@ -427,7 +427,7 @@ class PPOTrainer(Trainer):
         args, policy, critic = self.args, self.policy, self.critic_trainable
         timer = PhaseTimer()
         batch = self.prompts.next()
-        rollout = self.engine.generate(batch.prompt_ids, args.num_generations)
+        rollout = self.engine.generate(batch.prompt_ids, args.num_generations, rows=batch.rows)
         timer.mark("generation")
         scores = self.scorer(batch.rows, rollout)
         timer.mark("scoring")

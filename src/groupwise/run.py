@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from . import checkpoint as ckpt
 from .build import (
     Scores,
     build_engine,
+    build_interaction,
     build_model,
     build_scorer,
     resolve_device,
@@ -67,6 +68,7 @@ from .monitor import TrainingMonitor
 from .policy import CheckpointMismatch, Policy, UpdateStats, optimizer_steps
 from .rewards import RewardFunc
 from .rollout import Rollout
+from .rollout.multiturn import conversation_logs
 from .sampler import PromptBatches
 from .trl_compat import IgnoredOptionsWarning
 
@@ -171,7 +173,12 @@ class Trainer:
     ``(args, state, control, **kwargs)``; ``control.should_training_stop`` and
     ``control.should_save`` are obeyed), ``reward_processing_classes`` (accepted and reported as
     ignored: reward models here load their own tokenizer), ``optimizers`` (only ``(None,
-    None)``). TRL's positional order ``(model, reward_funcs, args, train_dataset)`` works too."""
+    None)``). TRL's positional order ``(model, reward_funcs, args, train_dataset)`` works too.
+
+    Multi-turn rollouts (README "Tools and environments"): ``tools``, typed and documented Python
+    functions (or built-in names) the model may call, as TRL's ``tools``; or
+    ``environment_factory``, a callable returning one :class:`groupwise.tools.Environment` per
+    conversation (``reset(row)``, ``step(message)``, ``state()``)."""
 
     def __init__(
         self,
@@ -185,6 +192,8 @@ class Trainer:
         callbacks: Sequence[Any] | None = None,
         optimizers: tuple[Any, Any] = (None, None),
         peft_config: Any | None = None,
+        tools: Sequence[Callable[..., Any] | str] | None = None,
+        environment_factory: Callable[[], Any] | None = None,
     ) -> None:
         if isinstance(train_dataset, GRPOConfig) and not isinstance(args, GRPOConfig):
             train_dataset, args = args, train_dataset  # TRL's order: (model, funcs, args, data)
@@ -218,6 +227,14 @@ class Trainer:
         if eval_dataset is not None:
             self._check_dataset(eval_dataset, "eval_dataset")
         self.policy = Policy(model, args, self.dist, self.device)
+        self.curriculum: Curriculum = NoCurriculum(args.num_generations)
+        # Each rank samples its own completions (the model and prompt order are shared).
+        self.generator = torch.Generator(device=self.device).manual_seed(args.seed + self.dist.rank)
+        # Tools or an environment: multi-turn rollouts (rollout/multiturn.py).
+        self.interaction = build_interaction(args, tools, environment_factory)
+        self.engine = build_engine(
+            self.policy, self.tokenizer, args, self.generator, self.dtype, self.interaction
+        )
         self.prompts = PromptBatches(
             train_dataset,
             self.tokenizer,
@@ -225,11 +242,8 @@ class Trainer:
             args.max_prompt_length,
             args.seed,
             self.dist,
+            getattr(self.engine, "prompt_text", None),  # with tools: shown in the prompt
         )
-        self.curriculum: Curriculum = NoCurriculum(args.num_generations)
-        # Each rank samples its own completions (the model and prompt order are shared).
-        self.generator = torch.Generator(device=self.device).manual_seed(args.seed + self.dist.rank)
-        self.engine = build_engine(self.policy, self.tokenizer, args, self.generator, self.dtype)
         self.global_step = 0
         self.compute = ComputeLedger()  # tokens, rollouts, informative groups, optimizer steps
         self.log_history: list[dict[str, float]] = []
@@ -432,6 +446,11 @@ class Trainer:
                 "generation_tokens_per_second": gen_tokens / max(generation, 1e-9),
             }
         )
+        if rollout.conversations is not None:  # multi-turn: tool use, turns, masked tokens
+            logs.update(conversation_logs(rollout, scores.correctness))
+            timing = getattr(self.engine, "timing", {})
+            logs["time/environment"] = timing.get("env_s", 0.0)
+            logs["time/context_insert"] = timing.get("insert_s", 0.0)
         for block in extra:
             logs.update(block)
         logs.update(self.compute.record(self.compute_spent(rollout, scores)))

@@ -7,7 +7,7 @@ draws the same global batch and keeps its own consecutive share, tokenised.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -63,8 +63,10 @@ class PromptBatches:
         max_prompt_length: int,
         seed: int,
         dist: DistributedContext,
+        render: Callable[[Any], str] | None = None,
     ) -> None:
         self.dataset, self.tokenizer, self.dist = dataset, tokenizer, dist
+        self.render = render  # prompt -> text (None: the chat template; tools: shown to the model)
         self.prompts_per_rank, self.max_prompt_length = prompts_per_rank, max_prompt_length
         self.sampler = PromptSampler(len(dataset), seed)
 
@@ -86,7 +88,7 @@ class PromptBatches:
         mine = slice(self.dist.rank * share, (self.dist.rank + 1) * share)
         rows = [self.dataset[i] for i in indices[mine]]
         prompt_ids = tokenize_prompts(
-            [r["prompt"] for r in rows], self.tokenizer, self.max_prompt_length
+            [r["prompt"] for r in rows], self.tokenizer, self.max_prompt_length, self.render
         )
         return PromptBatch(indices, mine, rows, prompt_ids, skipped)
 

@@ -52,7 +52,8 @@ class GRPOTrainer(Trainer):
         several per step: :mod:`groupwise.dynamic`)."""
         batch = self.prompts.next(self.curriculum)  # q ~ D (the curriculum may choose among more)
         plan = self.curriculum.plan(batch)  # n_q rollouts, weight w_q (GDRO eqs. 16, 19-21)
-        rollout = self.engine.generate(batch.prompt_ids, plan.local_counts)  # o_i ~ pi_old(.|q)
+        # o_i ~ pi_old(.|q); the rows reset a multi-turn engine's environments
+        rollout = self.engine.generate(batch.prompt_ids, plan.local_counts, rows=batch.rows)
         timer.mark("generation")
         scores = self.scorer(batch.rows, rollout)  # r_i
         timer.mark("scoring")

@@ -17,6 +17,7 @@ per-rollout classifier, the unseen group, the per-prompt square-root law, sample
 the best response); each paper choice stays one option away. Everything here is plain Python /
 numpy (the arm draws use a ``torch.Generator``) and holds its state in a ``state_dict``.
 """
+
 from __future__ import annotations
 
 import math
@@ -676,8 +677,11 @@ class GDROCurriculum(GlobalBatchCurriculum):
         self,
         *,
         # the classifier (DifficultyClassifier's options)
-        num_bins: int = 10, edges: Sequence[float] | None = None, window: int = 50,
-        hysteresis: float = 0.0, classifier_signal: str = "rollout_fraction",
+        num_bins: int = 10,
+        edges: Sequence[float] | None = None,
+        window: int = 50,
+        hysteresis: float = 0.0,
+        classifier_signal: str = "rollout_fraction",
         unseen: str = "unseen",
         # the rollout budget and its allocation
         mean_budget: int = 4,

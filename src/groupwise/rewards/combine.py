@@ -288,18 +288,26 @@ def score_rollout(
     scorer: RewardScorer, rows: Sequence[dict[str, Any]], rollout: Rollout
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Score a rollout's completions with TRL's call convention: prompts and completions
-    (conversational when the prompts are), ``completion_ids``, and every dataset column by name
-    (the union of the rows' keys; a row without a column passes None)."""
+    (conversational when the prompts are: for a multi-turn rollout the whole conversation after
+    the prompt, assistant turns and tool / environment messages, so the built-in rewards read
+    the last message), ``completion_ids``, every dataset column by name (the union of the rows'
+    keys; a row without a column passes None) and, for a multi-turn rollout, ``env_state``
+    (each conversation's final environment state)."""
     from ..data import is_conversational
 
     group_ids = rollout.group_ids.tolist()
     prompts = [rows[g]["prompt"] for g in group_ids]
-    if is_conversational(rows[0]["prompt"]):
-        completions: list[Any] = [[{"role": "assistant", "content": t}] for t in rollout.texts]
-    else:
+    completions: list[Any]
+    if not is_conversational(rows[0]["prompt"]):
         completions = list(rollout.texts)
+    elif rollout.conversations is not None:
+        completions = [[dict(m) for m in c] for c in rollout.conversations]
+    else:
+        completions = [[{"role": "assistant", "content": t}] for t in rollout.texts]
     keys = list(dict.fromkeys(k for row in rows for k in row if k != "prompt"))
     columns = {key: [rows[g].get(key) for g in group_ids] for key in keys}
+    if rollout.env_states is not None:
+        columns["env_state"] = list(rollout.env_states)
     completion_ids = [
         row[: int(n)].tolist()
         for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)

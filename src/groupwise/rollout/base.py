@@ -8,9 +8,9 @@ tokens it inserted in ``loss_mask``) needs no change outside its own module.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -46,6 +46,12 @@ class Rollout:
     # [N, T] 1 for the tokens the policy wrote and is trained on; 0 for context an engine
     # inserted (tool output) and for padding. Defaults to ``completion_mask``.
     loss_mask: torch.Tensor | None = None
+    # Multi-turn engines (rollout/multiturn.py): each row's messages after the prompt (the
+    # assistant's turns and the tool / environment replies) and its environment's final state
+    # (with ``turns``). Reward functions receive them as completions and the ``env_state``
+    # column.
+    conversations: list[list[dict[str, str]]] | None = None
+    env_states: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.loss_mask is None:
@@ -60,19 +66,26 @@ PromptIds = Sequence[Sequence[int]]  # tokenised prompts
 Counts = int | Sequence[int]  # rollouts: one count for every prompt, or one per prompt
 Params = SamplingParams | None  # None: the engine's own (training) sampling parameters
 Gen = torch.Generator | None  # None: the engine's own generator
+Rows = Sequence[Mapping[str, Any]] | None  # the prompts' dataset rows (environments reset)
 
 
 @runtime_checkable
 class RolloutEngine(Protocol):
     """Samples completions from the current policy.
 
-    ``generate(prompt_ids, counts, params, generator)``: ``counts`` is one rollout count for every
-    prompt or one per prompt; ``params``/``generator`` default to the engine's own (training)
-    ones. ``sync(policy)`` is called after every optimizer step, so an engine holding its own copy
-    of the weights (vLLM) can refresh them."""
+    ``generate(prompt_ids, counts, params, generator, rows)``: ``counts`` is one rollout count
+    for every prompt or one per prompt; ``params``/``generator`` default to the engine's own
+    (training) ones; ``rows`` are the prompts' dataset rows, which a multi-turn engine resets its
+    environments from (a token engine ignores them). ``sync(policy)`` is called after every
+    optimizer step, so an engine holding its own copy of the weights (vLLM) can refresh them."""
 
     def generate(
-        self, prompt_ids: PromptIds, counts: Counts, params: Params = None, generator: Gen = None
+        self,
+        prompt_ids: PromptIds,
+        counts: Counts,
+        params: Params = None,
+        generator: Gen = None,
+        rows: Rows = None,
     ) -> Rollout: ...
 
     def sync(self, policy: torch.nn.Module) -> None: ...

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from .base import Counts, Gen, Params, PromptIds, Rollout, SamplingParams
+from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
 
 
 def sample_next_token(
@@ -241,9 +241,15 @@ class HFEngine:
         self.records_logprobs = records_logprobs
 
     def generate(
-        self, prompt_ids: PromptIds, counts: Counts, params: Params = None, generator: Gen = None
+        self,
+        prompt_ids: PromptIds,
+        counts: Counts,
+        params: Params = None,
+        generator: Gen = None,
+        rows: Rows = None,
     ) -> Rollout:
-        """Completions for every prompt (see :class:`~groupwise.rollout.base.RolloutEngine`)."""
+        """Completions for every prompt (see :class:`~groupwise.rollout.base.RolloutEngine`);
+        ``rows`` are not needed."""
         # One count for all prompts when the groups are uniform: the prompt cache is then
         # repeated instead of gathered (cheaper, and the same numbers either way).
         if not isinstance(counts, int) and len(set(counts)) == 1:

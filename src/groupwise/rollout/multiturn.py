@@ -1,0 +1,510 @@
+"""The multi-turn engine: conversations with tools and environments, on the token engine.
+
+    prompt -> the policy writes a turn (until EOS, a stop string such as ``</tool_call>``, or
+              the token budget) -> the conversation's environment reads it (runs the tool calls,
+              or replies as a game would) -> its reply is rendered by the chat template and
+              appended as context -> the policy writes the next turn ... until the environment
+              says done, ``max_turns`` turns were written, or the budget is spent.
+
+One :class:`~groupwise.rollout.base.Rollout` row is one whole conversation: ``completion_ids``
+holds every token after the prompt (the policy's and the inserted ones, in order),
+``completion_mask`` all of them, and ``loss_mask`` only the policy's: inserted tokens are context
+for the log-probs and take no part in the loss, KL or entropy. The trainer, the curriculum,
+evaluation and checkpoints see an ordinary rollout.
+
+Decoding is batched over all conversations and continues from the KV cache after each turn: the
+inserted tokens are one forward over the cache (left-padded across rows; pad positions are
+masked), so no turn re-encodes the conversation (``reencode=True`` does, as the baseline that
+benchmarks/multiturn.py measures). Turns are synchronous: a row whose turn ended waits, fed
+masked pads, until every row's turn has ended; a row whose conversation is over leaves the batch
+at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from ..data import is_conversational, prompt_text
+from ..tools.prompting import prompt_text_with_tools
+from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
+from .hf import HFEngine, eos_token_ids, left_pad, sample_next_token
+
+if TYPE_CHECKING:  # the protocol lives with the tools (groupwise.tools.environment)
+    from ..tools import Environment
+
+_SENTINEL = "\x00GROUPWISE-TURN\x00"
+
+
+class TurnRenderer:
+    """The text inserted between two policy turns: the end of the assistant's turn, the
+    environment's messages and the next assistant header, exactly as the chat template renders
+    them (the difference of two renderings, as verl's agent loop does). Templates that refuse a
+    ``tool`` role get the tool output as a ``user`` message wrapped in ``<tool_response>`` (the
+    Qwen/Hermes convention); prompts without a chat template get that wrapping as plain text."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, conversational: bool) -> None:
+        self.tokenizer = tokenizer
+        self.conversational = conversational and tokenizer.chat_template is not None
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self.eos_texts = [tokenizer.decode([i]) for i in eos]
+
+    def __call__(self, messages: Sequence[Mapping[str, str]], ended_with_eos: bool) -> str:
+        if not self.conversational:
+            return "".join(_plain(m) for m in messages)
+        text = self._delta(messages)
+        if ended_with_eos:  # the policy already wrote the end-of-turn token
+            for eos in self.eos_texts:
+                if eos and text.startswith(eos):
+                    return text[len(eos) :]
+        return text
+
+    def _delta(self, messages: Sequence[Mapping[str, str]]) -> str:
+        head = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _SENTINEL}]
+        try:
+            full = self._render(head + [dict(m) for m in messages])
+        except Exception:  # noqa: BLE001 - a template without a tool role: Hermes wrapping
+            full = self._render(head + [_as_user(m) for m in messages])
+        return full[full.index(_SENTINEL) + len(_SENTINEL) :]
+
+    def _render(self, conversation: list[dict[str, str]]) -> str:
+        text = self.tokenizer.apply_chat_template(
+            conversation, add_generation_prompt=True, tokenize=False
+        )
+        if _SENTINEL not in text:
+            raise ValueError("the chat template dropped the assistant message")
+        return text
+
+
+def _as_user(message: Mapping[str, str]) -> dict[str, str]:
+    if message.get("role") == "tool":
+        wrapped = f"<tool_response>\n{message['content']}\n</tool_response>"
+        return {"role": "user", "content": wrapped}
+    return dict(message)
+
+
+def _plain(message: Mapping[str, str]) -> str:
+    if message.get("role") == "tool":
+        return f"\n<tool_response>\n{message['content']}\n</tool_response>\n"
+    return f"\n{message['content']}\n"
+
+
+def conversation_text(messages: Sequence[Mapping[str, str]]) -> str:
+    """A conversation as one readable string (completion tables, the report, plain-prompt
+    rewards): the assistant's turns as written, other messages as ``[role] content`` lines."""
+    parts = []
+    for m in messages:
+        parts.append(m["content"] if m["role"] == "assistant" else f"[{m['role']}] {m['content']}")
+    return "\n".join(parts)
+
+
+@dataclass
+class TurnLimits:
+    max_turns: int = 4  # assistant turns per conversation
+    max_observation_tokens: int = 256  # each inserted message's content is cut to this
+    stop_strings: tuple[str, ...] = ()  # end a turn here, as EOS does (e.g. "</tool_call>")
+
+
+@dataclass
+class _Conversation:
+    env: Environment
+    tokens: list[int] = field(default_factory=list)  # everything after the prompt
+    trained: list[int] = field(default_factory=list)  # 1: the policy wrote it
+    logps: list[float] = field(default_factory=list)
+    messages: list[dict[str, str]] = field(default_factory=list)
+    turn_start: int = 0
+    turns: int = 0
+    finished: bool = False
+    truncated: bool = False
+    pending: list[int] = field(default_factory=list)  # tokens to insert at the turn boundary
+
+    def append(self, token: int, logp: float) -> None:
+        self.tokens.append(token)
+        self.trained.append(1)
+        self.logps.append(logp)
+
+
+class _StopMatcher:
+    """Whether a turn ends at a stop string: tokens whose text contains a stop string's last
+    character trigger a decode of the turn's tail (decoding every token would cost more)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_strings: Sequence[str]) -> None:
+        self.tokenizer, self.stops = tokenizer, tuple(s for s in stop_strings if s)
+        last = {s[-1] for s in self.stops}
+        self.triggers: set[int] = set()
+        if self.stops:
+            vocab = tokenizer.get_vocab()
+            texts = tokenizer.batch_decode([[i] for i in vocab.values()])
+            self.triggers = {i for i, t in zip(vocab.values(), texts, strict=True)
+                             if any(c in t for c in last)}  # fmt: skip
+        self.tail = max((len(s) for s in self.stops), default=0)  # characters, >= tokens
+
+    def __call__(self, turn: Sequence[int]) -> bool:
+        if not self.stops or turn[-1] not in self.triggers:
+            return False
+        text = self.tokenizer.decode(list(turn[-self.tail :]))
+        return any(s in text for s in self.stops)
+
+
+@torch.no_grad()
+def converse(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_token_ids: list[list[int]],
+    counts: list[int],
+    envs: list[Environment],
+    render: TurnRenderer,
+    params: SamplingParams,
+    limits: TurnLimits,
+    generator: torch.Generator | None = None,
+    *,
+    return_logprobs: bool = False,
+    reencode: bool = False,
+    stop_matcher: _StopMatcher | None = None,
+) -> tuple[Rollout, dict[str, float]]:
+    """Run one conversation per row (``counts[p]`` rows for prompt ``p``; ``envs`` one per row,
+    already reset). ``params.max_completion_length`` bounds every conversation's tokens after
+    the prompt. Returns the rollout and timing (seconds in the environments, in inserting)."""
+    n_prompts = len(prompt_token_ids)
+    if len(counts) != n_prompts or any(c < 1 for c in counts):
+        raise ValueError(f"need one count >= 1 per prompt, got {counts}")
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    eos = set(eos_token_ids(model, tokenizer))
+    budget = params.max_completion_length
+    stop = stop_matcher or _StopMatcher(tokenizer, limits.stop_strings)
+    temperature = params.temperature if not params.greedy else 1.0
+    timing = {"env_s": 0.0, "insert_s": 0.0}
+
+    row_prompt = [p for p, c in enumerate(counts) for _ in range(c)]
+    convs = [_Conversation(env) for env in envs]
+    if len(convs) != len(row_prompt):
+        raise ValueError(f"{len(convs)} environments for {len(row_prompt)} conversations")
+
+    def end_turn(r: int, reason: str) -> None:
+        """The turn of row ``r`` ended (eos | stop | budget): record it, ask the environment."""
+        c = convs[r]
+        c.turns += 1
+        text = tokenizer.decode(c.tokens[c.turn_start :], skip_special_tokens=True)
+        c.messages.append({"role": "assistant", "content": text})
+        if reason == "budget":
+            c.finished = c.truncated = True
+            return
+        start = time.perf_counter()
+        step = c.env.step(text)
+        timing["env_s"] += time.perf_counter() - start
+        if step.done or c.turns >= limits.max_turns:
+            c.finished = True
+            return
+        shown = [_cut(m, tokenizer, limits.max_observation_tokens) for m in step.messages]
+        inserted = tokenizer(render(shown, reason == "eos"), add_special_tokens=False)["input_ids"]
+        if len(c.tokens) + len(inserted) >= budget:  # no room left to answer
+            c.finished = c.truncated = True
+            return
+        c.messages.extend(shown)
+        # The turn's last token was sampled but not fed yet: it goes in first.
+        c.pending = [c.tokens[-1], *inserted]
+        c.tokens.extend(inserted)
+        c.trained.extend([0] * len(inserted))
+        c.logps.extend([0.0] * len(inserted))
+        c.turn_start = len(c.tokens)
+
+    prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        # Encode each prompt once and share its cache across the prompt's rows.
+        live = torch.arange(len(row_prompt), device=device)  # batch position -> row
+        logits, cache, attn, next_pos = _prefill(
+            model, prompt_ids, prompt_mask, torch.tensor(row_prompt, device=device)
+        )
+        while live.numel():
+            # 1. Decode until every live row has ended its turn.
+            writing = torch.ones(live.numel(), dtype=torch.bool, device=device)
+            while True:
+                token = sample_next_token(logits, params, generator)
+                token = torch.where(writing, token, torch.full_like(token, pad_id))
+                logp = None
+                if return_logprobs:
+                    scaled = logits.float() / temperature
+                    logp = scaled.gather(1, token[:, None]).squeeze(1) - scaled.logsumexp(-1)
+                    logp = logp.tolist()
+                for b, (r, t, w) in enumerate(
+                    zip(live.tolist(), token.tolist(), writing.tolist(), strict=True)
+                ):
+                    if not w:
+                        continue
+                    c = convs[r]
+                    c.append(t, logp[b] if logp is not None else 0.0)
+                    if t in eos:
+                        reason = "eos"
+                    elif stop(c.tokens[c.turn_start :]):
+                        reason = "stop"
+                    elif len(c.tokens) >= budget:
+                        reason = "budget"
+                    else:
+                        continue
+                    writing[b] = False
+                    end_turn(r, reason)
+                # Conversations that are over leave the batch (and the cache) at once.
+                keep = [b for b, r in enumerate(live.tolist()) if not convs[r].finished]
+                if len(keep) < live.numel():
+                    index = torch.tensor(keep, dtype=torch.long, device=device)
+                    live, writing, token = live[index], writing[index], token[index]
+                    attn, next_pos = attn[index], next_pos[index]
+                    if keep:
+                        cache.batch_select_indices(index)
+                if not keep or not bool(writing.any()):
+                    break
+                attn = torch.cat([attn, writing.long()[:, None]], dim=1)
+                out = model(
+                    input_ids=token[:, None],
+                    attention_mask=attn,
+                    position_ids=next_pos[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                cache, logits = out.past_key_values, out.logits[:, -1, :]
+                next_pos = next_pos + writing.long()
+            if live.numel() == 0:
+                break
+            # 2. Insert every waiting row's context in one forward over the cache (or, as the
+            # baseline, re-encode each conversation from its prompt).
+            start = time.perf_counter()
+            rows = live.tolist()
+            if reencode:
+                sequences = [prompt_token_ids[row_prompt[r]] + convs[r].tokens for r in rows]
+                ids, mask = left_pad(sequences, pad_id)
+                logits, cache, attn, next_pos = _prefill(model, ids.to(device), mask.to(device))
+            else:
+                logits, attn, next_pos = _insert(
+                    model, cache, attn, next_pos, [convs[r].pending for r in rows], pad_id
+                )
+            for r in rows:
+                convs[r].pending = []
+            timing["insert_s"] += time.perf_counter() - start
+    finally:
+        model.train(was_training)
+    return _assemble(convs, row_prompt, prompt_ids, prompt_mask, pad_id, return_logprobs), timing
+
+
+def _prefill(
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    rows: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor]:
+    """Encode left-padded sequences; with ``rows``, batch row i continues sequence rows[i]."""
+    cache = DynamicCache()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache, logits, next_pos = out.past_key_values, out.logits[:, -1, :], positions[:, -1] + 1
+    if rows is not None:
+        cache.batch_select_indices(rows)
+        logits, mask, next_pos = logits[rows], mask[rows], next_pos[rows]
+    return logits, cache, mask, next_pos
+
+
+def _insert(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    attn: torch.Tensor,
+    next_pos: torch.Tensor,
+    pending: list[list[int]],
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Append each row's ``pending`` tokens to its cache in one forward: left-padded so that
+    every row's last position is real (one logits row each); pad positions are masked."""
+    device = attn.device
+    ids, mask = left_pad(pending, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    lengths = mask.sum(dim=1)
+    # Position of each real token: next_pos, next_pos + 1, ...; pads get any (masked) value.
+    offsets = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    positions = next_pos[:, None] + offsets
+    attn = torch.cat([attn, mask], dim=1)
+    out = model(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1, :], attn, next_pos + lengths
+
+
+def _cut(message: Mapping[str, str], tokenizer: PreTrainedTokenizerBase, limit: int) -> dict:
+    """The message with its content cut to ``limit`` tokens (a marker says how much was cut)."""
+    content = str(message.get("content", ""))
+    ids = tokenizer(content, add_special_tokens=False)["input_ids"]
+    if len(ids) <= limit:
+        return {"role": str(message.get("role", "user")), "content": content}
+    kept = tokenizer.decode(ids[:limit])
+    return {
+        "role": str(message.get("role", "user")),
+        "content": f"{kept} ... [cut {len(ids) - limit} tokens]",
+    }
+
+
+def _assemble(
+    convs: list[_Conversation],
+    row_prompt: list[int],
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    pad_id: int,
+    return_logprobs: bool,
+) -> Rollout:
+    n = len(convs)
+    width = max(max((len(c.tokens) for c in convs), default=1), 1)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    trained = torch.zeros((n, width), dtype=torch.long)
+    logps = torch.zeros((n, width)) if return_logprobs else None
+    for i, c in enumerate(convs):
+        k = len(c.tokens)
+        ids[i, :k] = torch.tensor(c.tokens, dtype=torch.long)
+        mask[i, :k] = 1
+        trained[i, :k] = torch.tensor(c.trained, dtype=torch.long)
+        if logps is not None:
+            logps[i, :k] = torch.tensor(c.logps)
+    device = prompt_ids.device
+    states = []
+    for c in convs:
+        state = dict(c.env.state())
+        state.setdefault("turns", c.turns)
+        states.append(state)
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=ids.to(device),
+        completion_mask=mask.to(device),
+        truncated=torch.tensor([c.truncated for c in convs], device=device),
+        group_ids=torch.tensor(row_prompt, dtype=torch.long, device=device),
+        texts=[conversation_text(c.messages) for c in convs],
+        sampling_logprobs=None if logps is None else logps.to(device),
+        loss_mask=trained.to(device),
+        conversations=[c.messages for c in convs],
+        env_states=states,
+    )
+
+
+class MultiTurnEngine:
+    """:class:`~groupwise.rollout.base.RolloutEngine` that runs conversations: it wraps the
+    token engine (:class:`~groupwise.rollout.hf.HFEngine`: its model, numerics, weights and
+    generator) and builds one environment per conversation with ``make_env()``, reset from the
+    conversation's dataset row. ``tools`` are the tool schemas the prompts show the model."""
+
+    def __init__(
+        self,
+        engine: HFEngine,
+        make_env: Callable[[], Environment],
+        limits: TurnLimits,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        examples: bool = True,
+        reencode: bool = False,
+    ) -> None:
+        self.engine, self.make_env, self.limits = engine, make_env, limits
+        self.tools, self.examples, self.reencode = tools, examples, reencode
+        self.stop = _StopMatcher(engine.tokenizer, limits.stop_strings)
+        self.timing: dict[str, float] = {}
+
+    def prompt_text(self, prompt: Any) -> str:
+        """A prompt's text with the tools shown (:mod:`groupwise.tools.prompting`)."""
+        if not self.tools:
+            return prompt_text(prompt, self.engine.tokenizer)
+        return prompt_text_with_tools(prompt, self.engine.tokenizer, self.tools, self.examples)
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.engine.params
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
+
+    def generate(
+        self,
+        prompt_ids: PromptIds,
+        counts: Counts,
+        params: Params = None,
+        generator: Gen = None,
+        rows: Rows = None,
+    ) -> Rollout:
+        """One conversation per rollout; ``rows`` (the prompts' dataset rows) reset the
+        environments. Without rows the environments are reset from ``{}``."""
+        counts = [counts] * len(prompt_ids) if isinstance(counts, int) else list(counts)
+        envs = []
+        for p, count in enumerate(counts):
+            for _ in range(count):
+                env = self.make_env()
+                env.reset(rows[p] if rows is not None else {})
+                envs.append(env)
+        engine = self.engine
+        # Replies are rendered by the chat template when the prompts are conversations.
+        render = TurnRenderer(
+            engine.tokenizer, rows is None or is_conversational(rows[0]["prompt"])
+        )
+        with engine.numerics(), engine.weights():
+            rollout, self.timing = converse(
+                engine.model,
+                engine.tokenizer,
+                [list(p) for p in prompt_ids],
+                counts,
+                envs,
+                render,
+                params if params is not None else engine.params,
+                self.limits,
+                generator if generator is not None else engine.generator,
+                return_logprobs=engine.records_logprobs,
+                reencode=self.reencode,
+                stop_matcher=self.stop,
+            )
+        return rollout
+
+    def sync(self, policy: torch.nn.Module) -> None:
+        self.engine.sync(policy)
+
+
+def conversation_logs(rollout: Rollout, correctness: torch.Tensor) -> dict[str, float]:
+    """A multi-turn rollout's metrics (docs/metrics.md "tools"): tool calls per conversation,
+    the share of conversations with a call, the failed share of calls, turns, the share of
+    completion tokens masked from the loss, and the mean correctness score of conversations
+    with and without a tool call (NaN when there are none)."""
+    states = rollout.env_states or [{} for _ in rollout.texts]
+    calls = torch.tensor([float(s.get("tool_calls", 0)) for s in states])
+    errors = torch.tensor([float(s.get("tool_errors", 0)) for s in states])
+    turns = torch.tensor([float(s.get("turns", 1)) for s in states])
+    used = calls > 0
+    score = correctness.detach().float().cpu()
+
+    def mean(values: torch.Tensor) -> float:
+        values = values[~torch.isnan(values)]
+        return float(values.mean()) if values.numel() else float("nan")
+
+    tokens = float(rollout.completion_mask.sum())
+    trained = float(rollout.loss_mask.sum())
+    return {
+        "tools/calls_per_conversation": float(calls.mean()),
+        "tools/call_rate": float(used.float().mean()),
+        "tools/error_rate": float(errors.sum() / calls.sum()) if calls.sum() > 0 else 0.0,
+        "tools/accuracy_with_call": mean(score[used]),
+        "tools/accuracy_without_call": mean(score[~used]),
+        "turns/mean": float(turns.mean()),
+        "turns/max": float(turns.max()),
+        "tokens/masked_fraction": 1.0 - trained / tokens if tokens else 0.0,
+    }
