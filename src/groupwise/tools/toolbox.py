@@ -181,9 +181,14 @@ class ToolBox:
                 result = receiver.recv()
             except (EOFError, OSError):
                 result = None  # died before sending: its exit status says how
-            proc.join(timeout=1.0)  # it exits right after sending
-            _kill(proc)  # whatever the tool started and left behind in its process group
-            proc.join()
+            # Kill whatever the tool left behind in its group. The child exits right after
+            # sending; multiprocessing reaps it at the next start() (not waiting here saves the
+            # several ms a big trainer process takes to tear down).
+            if result is None:
+                proc.join(timeout=1.0)  # its exit status tells what happened
+            _kill(proc)
+            if result is None:
+                proc.join()
         finally:
             receiver.close()
             sender.close()
