@@ -3,9 +3,11 @@ environments. Expected values are worked out by hand."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -121,6 +123,34 @@ def killed() -> str:
 
 def calls_exit() -> str:
     sys.exit("bye")
+
+
+def spawner(wait: bool) -> str:
+    """Start a long sleep, report its pid, then return or hang.
+
+    Args:
+        wait: Whether to hang after starting it.
+    """
+    child = subprocess.Popen(["sleep", "60"])
+    with open(os.environ["GW_TEST_PID_FILE"], "w") as f:
+        f.write(str(child.pid))
+    if wait:
+        time.sleep(60)
+    return "started"
+
+
+def gone(pid: int, within_s: float = 2.0) -> bool:
+    """Whether ``pid`` is dead (gone or a zombie) within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.02)
+    return False
 
 
 SEEN: list[int] = []
@@ -392,6 +422,24 @@ def test_dying_tools():
     )
     assert box.call(ToolCall("calls_exit", {})).text == "error: SystemExit: bye"
     assert box.stats == {"calls": 3, "errors": 3, "timeouts": 0}
+
+
+@pytest.mark.parametrize("wait", [False, True])
+def test_processes_a_tool_leaves_behind_are_killed(wait, tmp_path, monkeypatch):
+    pid_file = tmp_path / "pid"
+    monkeypatch.setenv("GW_TEST_PID_FILE", str(pid_file))
+    result = ToolBox([spawner], timeout_s=1.0).call(ToolCall("spawner", {"wait": wait}))
+    expected = "error: tool 'spawner' timed out after 1s" if wait else "started"
+    assert result.text == expected
+    assert gone(int(pid_file.read_text()))
+
+
+def test_calls_from_several_threads():
+    box = ToolBox([add])
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda i: box.call(ToolCall("add", {"a": i, "b": i})), range(12)))
+    assert [r.text for r in results] == [str(2 * i) for i in range(12)]
+    assert box.stats == {"calls": 12, "errors": 0, "timeouts": 0}
 
 
 def test_toolbox_configuration_errors():
