@@ -1,0 +1,215 @@
+"""Environments for multi-turn rollouts: one instance per conversation.
+
+The rollout engine calls ``reset(row)`` with the dataset row, then ``step(message)`` with each
+assistant message; the returned :class:`EnvStep` says which messages to append (tool results,
+a user's feedback) and whether the conversation is over. ``state()`` reaches the reward
+functions as the ``env_state`` column.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..config import ConfigError
+from ..data import is_eval_problem
+from .calls import parse_tool_calls
+from .toolbox import ToolBox
+
+
+@dataclass
+class EnvStep:
+    messages: list[dict[str, str]]  # observations to append, e.g. [{"role": "tool", ...}]
+    done: bool
+    tool_calls: int = 0  # calls made in this step (malformed blocks included)
+    tool_errors: int = 0  # of which failed (bad JSON, unknown tool, raised, timed out, ...)
+
+
+class Environment(Protocol):
+    def reset(self, row: Mapping[str, Any]) -> None: ...
+
+    def step(self, message: str) -> EnvStep: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+
+def _tool_message(text: str) -> dict[str, str]:
+    return {"role": "tool", "content": text}
+
+
+@dataclass
+class _ToolCounts:
+    calls: int = 0
+    errors: int = 0
+    used: list[str] = field(default_factory=list)
+
+
+class ToolEnvironment:
+    """Runs the tool calls of each assistant message; a message without any ends the episode.
+
+    Every ``<tool_call>`` block, well-formed or not, uses one of ``max_tool_calls`` for the
+    conversation; blocks beyond it are not run, get ``error: tool call limit (N) reached`` and
+    count as errors, and that step ends the conversation (after the messages are fed back).
+    Results come in call order, then one error message per malformed block.
+    """
+
+    def __init__(self, toolbox: ToolBox, max_tool_calls: int = 8) -> None:
+        if max_tool_calls < 1:
+            raise ConfigError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
+        self.toolbox = toolbox
+        self.max_tool_calls = max_tool_calls
+        self._counts = _ToolCounts()
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        return self.toolbox.schemas
+
+    def reset(self, row: Mapping[str, Any]) -> None:
+        self._counts = _ToolCounts()
+
+    def step(self, message: str) -> EnvStep:
+        calls, parse_errors = parse_tool_calls(message)
+        if not calls and not parse_errors:
+            return EnvStep([], done=True)
+        counts = self._counts
+        limit_text = f"error: tool call limit ({self.max_tool_calls}) reached"
+        messages, errors, over_limit = [], 0, False
+        for item in [*calls, *parse_errors]:
+            if counts.calls >= self.max_tool_calls:
+                text, failed, over_limit = limit_text, True, True
+            elif isinstance(item, str):  # a malformed block: its parse error
+                text, failed = item, True
+            else:
+                result = self.toolbox.call(item)
+                text, failed = result.text, result.error is not None
+                if item.name not in counts.used:
+                    counts.used.append(item.name)
+            counts.calls += 1
+            errors += failed
+            messages.append(_tool_message(text))
+        counts.errors += errors
+        step_calls = len(calls) + len(parse_errors)
+        return EnvStep(messages, done=over_limit, tool_calls=step_calls, tool_errors=errors)
+
+    def state(self) -> dict[str, Any]:
+        c = self._counts
+        return {"tool_calls": c.calls, "tool_errors": c.errors, "tools_used": list(c.used)}
+
+
+# ------------------------------------------------------------------------------------------------
+# Guess the number: a feedback game (the "user" answers higher / lower / correct).
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+_INTEGER = re.compile(r"-?\d+")
+NO_NUMBER_REPLY = "reply with a number inside <answer> </answer>"
+
+
+def read_guess(message: str) -> int | None:
+    """The last integer of the last ``<answer>`` block, else of the whole message."""
+    answers = _ANSWER.findall(message)
+    numbers = _INTEGER.findall(answers[-1] if answers else message)
+    return int(numbers[-1]) if numbers else None
+
+
+class GuessNumberEnvironment:
+    """The model guesses ``row["secret"]``; the user replies higher, lower or correct.
+
+    A message without a number is answered with a reminder of the format and uses a guess;
+    the game ends when the number is found or after ``max_guesses`` guesses.
+    """
+
+    def __init__(self, max_guesses: int = 6) -> None:
+        if max_guesses < 1:
+            raise ConfigError(f"guess_number: max_guesses must be >= 1, got {max_guesses}")
+        self.max_guesses = max_guesses
+        self.reset({"secret": 0})
+
+    def reset(self, row: Mapping[str, Any]) -> None:
+        if "secret" not in row:
+            raise ConfigError("guess_number: each row needs a 'secret' column (an integer)")
+        self.secret = int(row["secret"])
+        self.low = int(row.get("low", 1))
+        self.high = int(row.get("high", 100))
+        self.guesses = 0
+        self.solved = False
+
+    def step(self, message: str) -> EnvStep:
+        if self.solved or self.guesses >= self.max_guesses:
+            return EnvStep([], done=True)  # called past the end: nothing more to say
+        self.guesses += 1
+        guess = read_guess(message)
+        if guess is None:
+            reply = NO_NUMBER_REPLY
+        elif guess == self.secret:
+            reply, self.solved = "correct", True
+        else:
+            reply = "higher" if guess < self.secret else "lower"
+        done = self.solved or self.guesses >= self.max_guesses
+        return EnvStep([{"role": "user", "content": reply}], done=done)
+
+    def state(self) -> dict[str, Any]:
+        return {"solved": self.solved, "guesses": self.guesses, "secret": self.secret}
+
+
+GUESS_SYSTEM_PROMPT = (
+    "You are playing a number guessing game. The user has picked a secret integer. Each turn, "
+    "think briefly, then guess one number inside <answer> </answer>, e.g. <answer>50</answer>. "
+    "The user replies 'higher' if the secret is larger than your guess, 'lower' if it is "
+    "smaller, and 'correct' when you have found it. Find it in as few guesses as possible."
+)
+
+
+def guess_number_dataset(
+    num_problems: int,
+    split: str = "train",
+    seed: int = 0,
+    low: int = 1,
+    high: int = 100,
+) -> list[dict[str, Any]]:
+    """Seeded games ``{"prompt", "secret", "low", "high", "difficulty", "task"}``. The secrets
+    of the ``train`` and ``eval`` splits never overlap (a secret may repeat within a split)."""
+    if split not in ("train", "eval"):
+        raise ConfigError(f"guess_number: split must be 'train' or 'eval', got {split!r}")
+    if low >= high:
+        raise ConfigError(f"guess_number: need low < high, got low={low}, high={high}")
+    want_eval = split == "eval"
+    pool = [
+        n for n in range(low, high + 1) if is_eval_problem(_canonical(n, low, high)) == want_eval
+    ]
+    if not pool:
+        raise ConfigError(f"guess_number: no {split} secrets between {low} and {high}; widen it")
+    rng = random.Random(f"guess-{split}-{seed}")
+    user = f"I am thinking of a number between {low} and {high}. Guess it."
+    return [
+        {
+            "prompt": [
+                {"role": "system", "content": GUESS_SYSTEM_PROMPT},
+                {"role": "user", "content": user},
+            ],
+            "secret": rng.choice(pool),
+            "low": low,
+            "high": high,
+            "difficulty": 1,
+            "task": "guess",
+        }
+        for _ in range(num_problems)
+    ]
+
+
+def _canonical(secret: int, low: int, high: int) -> str:
+    return f"guess a number in [{low}, {high}]: {secret}"
+
+
+def guess_reward(
+    prompts: Sequence[Any], completions: Sequence[Any], env_state: Sequence[Any], **kwargs: Any
+) -> list[float]:
+    """1.0 when the game was won (the environment's state says ``solved``), else 0.0."""
+    return [1.0 if state and state.get("solved") else 0.0 for state in env_state]
+
+
+guess_reward.is_correctness = True  # type: ignore[attr-defined]
+
+ENVIRONMENTS: dict[str, Callable[..., Environment]] = {"guess_number": GuessNumberEnvironment}
