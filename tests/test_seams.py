@@ -162,7 +162,7 @@ class AppendingEngine:
     def __init__(self, inner, extra=(7, 8)):
         self.inner, self.extra = inner, list(extra)
 
-    def generate(self, prompt_ids, counts, params=None, generator=None):
+    def generate(self, prompt_ids, counts, params=None, generator=None, rows=None):
         return append_tokens(self.inner.generate(prompt_ids, counts, params, generator),
                              self.extra)  # fmt: skip
 
@@ -267,7 +267,7 @@ def _imports(path: Path) -> set[str]:
 LAYERS = [
     {"core", "logprobs", "data", "models", "monitor", "loggers", "report", "files",
      "memory.plan", "errors"},
-    {"distributed", "rollout", "rewards", "batching"},
+    {"distributed", "rollout", "rewards", "batching", "tools"},
     {"curriculum", "tasks", "evaluation", "sampler"},
     {"config", "trl_compat"},
     {"policy", "checkpoint"},

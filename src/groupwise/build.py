@@ -44,7 +44,7 @@ from .rewards import RewardFunc, correctness_index, reward_func_name
 from .rewards.combine import RewardScorer, score_rollout
 from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams
 from .rollout.multiturn import MultiTurnEngine, TurnLimits
-from .tools import ENVIRONMENTS, Environment, ToolBox, ToolEnvironment, resolve_tools, tool_schema
+from .tools import ENVIRONMENTS, Environment, ToolBox, ToolEnvironment, resolve_tools
 from .tools.calls import TOOL_CALL_CLOSE
 
 # ----------------------------------------------------------------------------------------------
@@ -352,8 +352,7 @@ def build_interaction(
     def make_env() -> Environment:
         return ToolEnvironment(toolbox, max_tool_calls=args.max_tool_calls)
 
-    schemas = [tool_schema(f) for f in toolbox.tools]
-    return Interaction(make_env, schemas, (TOOL_CALL_CLOSE,), toolbox)
+    return Interaction(make_env, toolbox.schemas, (TOOL_CALL_CLOSE,), toolbox)
 
 
 def resolve_environment(spec: str) -> Callable[[], Environment]:
