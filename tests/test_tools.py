@@ -37,6 +37,7 @@ from groupwise.tools import (
     tool_name,
     tool_schema,
 )
+from groupwise.tools.toolbox import _decode
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only (fork)")
 
@@ -442,6 +443,12 @@ def test_calls_from_several_threads():
     assert box.stats == {"calls": 12, "errors": 0, "timeouts": 0}
 
 
+def test_a_garbled_result_is_an_error():
+    assert _decode(b'["ok", null]') == ("ok", None)
+    assert _decode(b"\x80garbage") == ("", "the tool's result could not be read back")
+    assert _decode(b'["ok", 3]') == ("", "the tool's result could not be read back")
+
+
 def test_toolbox_configuration_errors():
     with pytest.raises(ConfigError, match="two tools are named 'add'"):
         ToolBox([add, add])
@@ -484,6 +491,9 @@ def test_python_tool(sandbox_ready):
         "partial\nValueError: bad input"
     )
     assert python("raise SystemExit(3)") == "error: exit status 3"
+    flood = python("print('x' * 2_000_000)")  # past the 1 MB output limit: stopped
+    assert flood.endswith("\nerror: output limit exceeded, the program was stopped")
+    assert set(flood.split("\n")[0]) == {"x"}
     result = sandbox.run_program("print(input()[::-1])", stdin="abc\n")
     assert (result.stdout, result.status, result.returncode) == ("cba\n", "ok", 0)
 
