@@ -521,10 +521,12 @@ def test_tool_environment_steps():
     )
     assert step.messages[2]["content"].startswith("error: tool call is not valid JSON")
     assert (step.done, step.tool_calls, step.tool_errors) == (False, 3, 2)
-    step = env.step(calls_text(ToolCall("add", {"a": 2, "b": 3})))
-    assert step == EnvStep([{"role": "tool", "content": "5"}], False, 1, 0)
+    step = env.step(calls_text(ToolCall("add", {"a": 2, "b": 3}), ToolCall("nope", {})))
+    assert step.messages[0] == {"role": "tool", "content": "5"}
+    assert (step.done, step.tool_calls, step.tool_errors) == (False, 2, 1)
     assert env.step("The answer is 1081.") == EnvStep([], True, 0, 0)
-    assert env.state() == {"tool_calls": 4, "tool_errors": 2, "tools_used": ["calculator", "add"]}
+    # Unknown tools are not "used".
+    assert env.state() == {"tool_calls": 5, "tool_errors": 3, "tools_used": ["calculator", "add"]}
     env.reset({})
     assert env.state() == {"tool_calls": 0, "tool_errors": 0, "tools_used": []}
 
