@@ -37,6 +37,7 @@ from groupwise.tools import (
     tool_name,
     tool_schema,
 )
+from groupwise.tools.toolbox import _decode
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only (fork)")
 
@@ -442,6 +443,12 @@ def test_calls_from_several_threads():
     assert box.stats == {"calls": 12, "errors": 0, "timeouts": 0}
 
 
+def test_a_garbled_result_is_an_error():
+    assert _decode(b'["ok", null]') == ("ok", None)
+    assert _decode(b"\x80garbage") == ("", "the tool's result could not be read back")
+    assert _decode(b'["ok", 3]') == ("", "the tool's result could not be read back")
+
+
 def test_toolbox_configuration_errors():
     with pytest.raises(ConfigError, match="two tools are named 'add'"):
         ToolBox([add, add])
@@ -484,6 +491,9 @@ def test_python_tool(sandbox_ready):
         "partial\nValueError: bad input"
     )
     assert python("raise SystemExit(3)") == "error: exit status 3"
+    flood = python("print('x' * 2_000_000)")  # past the 1 MB output limit: stopped
+    assert flood.endswith("\nerror: output limit exceeded, the program was stopped")
+    assert set(flood.split("\n")[0]) == {"x"}
     result = sandbox.run_program("print(input()[::-1])", stdin="abc\n")
     assert (result.stdout, result.status, result.returncode) == ("cba\n", "ok", 0)
 
@@ -511,10 +521,12 @@ def test_tool_environment_steps():
     )
     assert step.messages[2]["content"].startswith("error: tool call is not valid JSON")
     assert (step.done, step.tool_calls, step.tool_errors) == (False, 3, 2)
-    step = env.step(calls_text(ToolCall("add", {"a": 2, "b": 3})))
-    assert step == EnvStep([{"role": "tool", "content": "5"}], False, 1, 0)
+    step = env.step(calls_text(ToolCall("add", {"a": 2, "b": 3}), ToolCall("nope", {})))
+    assert step.messages[0] == {"role": "tool", "content": "5"}
+    assert (step.done, step.tool_calls, step.tool_errors) == (False, 2, 1)
     assert env.step("The answer is 1081.") == EnvStep([], True, 0, 0)
-    assert env.state() == {"tool_calls": 4, "tool_errors": 2, "tools_used": ["calculator", "add"]}
+    # Unknown tools are not "used".
+    assert env.state() == {"tool_calls": 5, "tool_errors": 3, "tools_used": ["calculator", "add"]}
     env.reset({})
     assert env.state() == {"tool_calls": 0, "tool_errors": 0, "tools_used": []}
 

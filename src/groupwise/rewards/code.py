@@ -2,7 +2,8 @@
 
 ``code_reward`` is the fraction of the row's tests that pass, ``code_reward_binary`` is 1.0 only
 if all of them pass; rows without tests get None (not applicable). :func:`make_code_reward`
-builds configured variants, :func:`run_tests` runs one piece of code against one set of tests.
+builds configured variants, :func:`run_tests` runs one piece of code against one set of tests,
+:func:`run_program` runs a program and returns what it printed (the ``python`` tool).
 
 Code: the completion's **last** fenced block tagged ``python``/``py``/``python3``/``py3`` or
 untagged (```` ```python ... ``` ```` / ```` ``` ... ``` ````; the fences on lines of their own,

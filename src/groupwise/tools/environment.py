@@ -85,7 +85,7 @@ class ToolEnvironment:
             else:
                 result = self.toolbox.call(item)
                 text, failed = result.text, result.error is not None
-                if item.name not in counts.used:
+                if item.name in self.toolbox.names and item.name not in counts.used:
                     counts.used.append(item.name)
             counts.calls += 1
             errors += failed
