@@ -15,6 +15,8 @@ Names accepted in ``reward_funcs`` (YAML and the command line):
 - ``countdown``: the answer expression uses each given number once and equals the target
 - ``reasoning_gym``: the reasoning-gym dataset's own scorer on the ``<answer>`` content
 - ``task``: the ``mixed`` task's dispatcher (each row scored by its own task's reward)
+- ``tool_call``: 1 when the conversation called a tool and no call failed (tool-use shaping)
+- ``guess``: the guess_number environment's game was won (its state says ``solved``)
 - ``reward_model:PATH``: a sequence-classification checkpoint's score (model.RewardModel)
 - ``remote:URL``: an HTTP verifier (remote.RemoteReward)
 
@@ -100,6 +102,8 @@ def build_model(
 
 REWARD_NAMES = (
     "format",
+    "tool_call",
+    "guess",
     "soft_format",
     "accuracy",
     "length_penalty",
@@ -166,6 +170,14 @@ def build_reward_func(spec: str | RewardFunc, args: GRPOConfig | None = None) ->
         from .rewards.code import make_code_reward
 
         return make_code_reward(timeout_s=args.code_timeout, binary=spec == "code_binary")
+    if spec == "tool_call":
+        from .tools.environment import tool_call_reward
+
+        return tool_call_reward
+    if spec == "guess":
+        from .tools.environment import guess_reward
+
+        return guess_reward
     if spec in ("countdown", "reasoning_gym", "task"):
         from .tasks import task_reward_func
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from .errors import ConfigError
 from .trl_compat import (
     TRL_IGNORED,
     TRL_TRANSLATED,
@@ -29,11 +30,6 @@ from .trl_compat import (
     normalise_report_to,
     translate_trl_options,
 )
-
-
-class ConfigError(ValueError):
-    """A bad option: the message names the option and what was expected."""
-
 
 # Float options where infinity means "no limit"; NaN is refused everywhere.
 UNBOUNDED_FIELDS = frozenset(

@@ -14,6 +14,10 @@ class UserError(Exception):
     """An error the user can fix; the message says what and where."""
 
 
+class ConfigError(UserError, ValueError):
+    """A bad option: the message names the option and what was expected."""
+
+
 class DataError(UserError, ValueError):
     """A data file (or built-in task) that cannot be read: names the file and line."""
 

@@ -14,7 +14,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from .schema import tool_name
 
 MAX_EXPRESSION_CHARS = 200

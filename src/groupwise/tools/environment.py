@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..config import ConfigError
 from ..data import is_eval_problem
+from ..errors import ConfigError
 from .calls import parse_tool_calls
 from .toolbox import ToolBox
 
@@ -213,3 +213,18 @@ def guess_reward(
 guess_reward.is_correctness = True  # type: ignore[attr-defined]
 
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {"guess_number": GuessNumberEnvironment}
+
+
+def tool_call_reward(
+    prompts: Sequence[Any], completions: Sequence[Any], env_state: Sequence[Any], **kwargs: Any
+) -> list[float | None]:
+    """Shaping for tool use: 1.0 when the conversation called a tool and no call failed (bad
+    JSON, unknown tool, the tool raised or timed out), else 0.0; None for a single-turn rollout
+    (no ``env_state``). Without it a model that rarely calls a tool gets almost no signal to
+    call more (verl#1569: turns collapse to 2 without tool-call shaping)."""
+    return [
+        None
+        if not isinstance(state, Mapping)
+        else float(state.get("tool_calls", 0) > 0 and state.get("tool_errors", 0) == 0)
+        for state in env_state
+    ]

@@ -28,18 +28,22 @@ TOOL_INSTRUCTIONS = (
     "{schemas}"
 )
 
-# One worked conversation per built-in tool (shown when ``tool_examples`` is on).
+
+def _calculator_example(a: int, b: int) -> list[dict[str, str]]:
+    call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a} * {b}"}})
+    return [
+        {"role": "user", "content": f"What is {a} * {b}?"},
+        {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
+        {"role": "tool", "content": str(a * b)},
+        {"role": "assistant", "content": f"<answer> {a * b} </answer>"},
+    ]
+
+
+# Worked conversations per built-in tool (shown when ``tool_examples`` is on). The calculator
+# has two: SmolLM2-135M-Instruct copies the tool call from two examples far more often than
+# from one (benchmarks/tool_use.py --examples 1 measures the difference).
 EXAMPLES: dict[str, list[dict[str, str]]] = {
-    "calculator": [
-        {"role": "user", "content": "What is 12 * 34?"},
-        {
-            "role": "assistant",
-            "content": '<tool_call>\n{"name": "calculator", "arguments": {"expression": '
-            '"12 * 34"}}\n</tool_call>',
-        },
-        {"role": "tool", "content": "408"},
-        {"role": "assistant", "content": "<answer> 408 </answer>"},
-    ],
+    "calculator": _calculator_example(12, 34) + _calculator_example(57, 89),
     "python": [
         {"role": "user", "content": "What is the sum of the squares of 1 to 10?"},
         {
@@ -61,9 +65,21 @@ def template_supports_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
     return isinstance(template, str) and "tools" in template
 
 
+def tool_signature(schema: dict[str, Any]) -> str:
+    """One line per tool, e.g. ``- calculator(expression: string): Evaluate ...``: shorter than
+    the JSON schema (prompt tokens cost every rollout) and easier for a small model to read."""
+    function = schema.get("function", schema)
+    properties = function.get("parameters", {}).get("properties", {})
+    args = ", ".join(f"{name}: {p.get('type', 'any')}" for name, p in properties.items())
+    described = "; ".join(
+        f"{name}: {p['description']}" for name, p in properties.items() if p.get("description")
+    )
+    line = f"- {function['name']}({args}): {function.get('description', '')}".rstrip(": ")
+    return f"{line} ({described})" if described else line
+
+
 def tool_instructions(schemas: Sequence[dict[str, Any]]) -> str:
-    lines = "\n".join(json.dumps(s, separators=(", ", ": ")) for s in schemas)
-    return TOOL_INSTRUCTIONS.format(schemas=lines)
+    return TOOL_INSTRUCTIONS.format(schemas="\n".join(tool_signature(s) for s in schemas))
 
 
 def examples_for(schemas: Sequence[dict[str, Any]]) -> list[dict[str, str]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 
 def tool_name(fn: Callable[..., Any]) -> str:

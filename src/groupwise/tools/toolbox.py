@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from .calls import ToolCall
 from .schema import tool_name, tool_schema
 

@@ -1,0 +1,436 @@
+"""Multi-turn rollouts (rollout/multiturn.py): conversations on the KV cache, the loss mask,
+log-prob equivalence with one forward, tools through the trainer, evaluation and resume."""
+
+import collections
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from conftest import TargetToken, tiny_config
+from groupwise import GRPOConfig, GRPOTrainer
+from groupwise.build import build_interaction
+from groupwise.config import ConfigError
+from groupwise.core import policy_loss
+from groupwise.data import arithmetic_dataset, prompt_text
+from groupwise.evaluation import evaluate_model
+from groupwise.logprobs import completion_logprobs
+from groupwise.rollout import HFEngine, SamplingParams
+from groupwise.rollout.multiturn import (
+    MultiTurnEngine,
+    TurnLimits,
+    TurnRenderer,
+    conversation_logs,
+    converse,
+)
+from groupwise.tools import EnvStep, ToolBox, ToolEnvironment, calculator
+from groupwise.tools.prompting import prompt_text_with_tools, template_supports_tools
+
+
+class Scripted:
+    """An environment that replies ``reply N`` to each turn and is done after ``turns``."""
+
+    def __init__(self, turns: int = 3, role: str = "tool") -> None:
+        self.turns, self.role, self.seen = turns, role, []
+
+    def reset(self, row):
+        self.seen = []
+
+    def step(self, message: str) -> EnvStep:
+        self.seen.append(message)
+        done = len(self.seen) >= self.turns
+        reply = [{"role": self.role, "content": f"reply {len(self.seen)}"}]
+        return EnvStep(reply, done, tool_calls=1, tool_errors=int(len(self.seen) == 2))
+
+    def state(self):
+        return {"tool_calls": len(self.seen), "tool_errors": int(len(self.seen) >= 2)}
+
+
+# A stop string that ends turns after a few tokens of the tiny random model's output.
+STOP = ("e",)
+
+
+def _prompts(tokenizer):
+    texts = ["What is 2 + 2?", "Name a colour.", "Count to three."]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def _converse(model, tokenizer, counts=(2, 1, 3), greedy=False, reencode=False, turns=3,
+              budget=40, logprobs=True):  # fmt: skip
+    envs = [Scripted(turns) for _ in range(sum(counts))]
+    for env in envs:
+        env.reset({})
+    params = SamplingParams(max_completion_length=budget, temperature=0.0 if greedy else 1.0)
+    generator = None if greedy else torch.Generator().manual_seed(0)
+    return converse(
+        model, tokenizer, _prompts(tokenizer), list(counts), envs, TurnRenderer(tokenizer, True),
+        params, TurnLimits(max_turns=4, stop_strings=STOP), generator,
+        return_logprobs=logprobs, reencode=reencode,
+    )  # fmt: skip
+
+
+def test_loss_mask_marks_exactly_the_inserted_tokens(tiny_model, tokenizer):
+    rollout, _ = _converse(tiny_model, tokenizer)
+    render = TurnRenderer(tokenizer, True)
+    for i, conversation in enumerate(rollout.conversations):
+        n = int(rollout.completion_mask[i].sum())
+        ids = rollout.completion_ids[i, :n].tolist()
+        mask = rollout.loss_mask[i, :n].tolist()
+        # Rebuild the mask by hand: walk the conversation; each reply is the rendered text.
+        expected, pos = [], 0
+        for k, message in enumerate(conversation):
+            if message["role"] == "assistant":
+                nxt = next((j for j in range(pos, n) if mask[j] == 0), n)
+                expected += [1] * (nxt - pos)
+                pos = nxt
+            else:
+                ended_eos = ids[pos - 1] == tokenizer.eos_token_id
+                text = render([message], ended_eos)
+                inserted = tokenizer(text, add_special_tokens=False)["input_ids"]
+                assert ids[pos : pos + len(inserted)] == inserted, (i, k)
+                expected += [0] * len(inserted)
+                pos += len(inserted)
+        assert pos == n and mask == expected
+        assert rollout.env_states[i]["turns"] == sum(m["role"] == "assistant" for m in conversation)
+    assert (rollout.loss_mask == 0).logical_and(rollout.completion_mask == 1).any()
+
+
+def test_logprobs_equal_one_forward_over_the_whole_conversation(tiny_model, tokenizer):
+    rollout, _ = _converse(tiny_model, tokenizer)
+    rows = torch.arange(rollout.completion_ids.shape[0])
+    prompt_ids = rollout.prompt_ids[rollout.group_ids]
+    prompt_mask = rollout.prompt_mask[rollout.group_ids]
+    with torch.no_grad():
+        logps, _ = completion_logprobs(
+            tiny_model, prompt_ids, prompt_mask, rollout.completion_ids, rollout.completion_mask
+        )
+    trained = rollout.loss_mask.bool()
+    assert rows.numel() == 6 and trained.sum() > 0
+    torch.testing.assert_close(logps[trained], rollout.sampling_logprobs[trained], atol=2e-5,
+                               rtol=0)  # fmt: skip
+    assert torch.all(rollout.sampling_logprobs[~trained] == 0)
+
+
+def test_cached_continuation_equals_re_encoding(tiny_model, tokenizer):
+    cached, timing = _converse(tiny_model, tokenizer, greedy=True)
+    again, _ = _converse(tiny_model, tokenizer, greedy=True, reencode=True)
+    assert torch.equal(cached.completion_ids, again.completion_ids)
+    assert torch.equal(cached.loss_mask, again.loss_mask)
+    assert cached.texts == again.texts
+    assert timing["insert_s"] > 0
+
+
+def test_budget_and_turn_limits(tiny_model, tokenizer):
+    rollout, _ = _converse(tiny_model, tokenizer, turns=10, budget=12)
+    assert rollout.completion_ids.shape[1] <= 12
+    assert bool(rollout.truncated.all())  # 10 turns never fit in 12 tokens
+    rollout, _ = _converse(tiny_model, tokenizer, turns=10, budget=200)
+    # max_turns (4) ends the conversations that were not cut by the budget
+    assert all(s["turns"] <= 4 for s in rollout.env_states)
+    finished = ~rollout.truncated
+    assert finished.any()
+    assert all(rollout.env_states[i]["turns"] == 4 for i in finished.nonzero().flatten().tolist())
+
+
+def test_masked_tokens_get_exactly_zero_gradient(tiny_model, tokenizer):
+    """d loss / d logp is zero on tool tokens for every loss type, with the KL term on."""
+    rollout, _ = _converse(tiny_model, tokenizer)
+    inserted = (rollout.loss_mask == 0) & (rollout.completion_mask == 1)
+    advantages = torch.linspace(-1, 1, rollout.completion_ids.shape[0])
+    for loss_type in ("grpo", "dapo", "dr_grpo", "bnpo", "cispo"):
+        logps = rollout.sampling_logprobs.clone().requires_grad_(True)
+        loss, _ = policy_loss(
+            logps, rollout.sampling_logprobs, rollout.sampling_logprobs - 0.1, advantages,
+            rollout.loss_mask.float(), loss_type=loss_type, beta=0.04, max_completion_length=40,
+        )  # fmt: skip
+        (grad,) = torch.autograd.grad(loss, logps)
+        assert torch.all(grad[inserted] == 0), loss_type
+        assert grad[rollout.loss_mask.bool()].abs().sum() > 0, loss_type
+
+
+class HandWritten:
+    """An engine that returns a fixed rollout: the conversation written by hand."""
+
+    def __init__(self, rollout):
+        self.rollout = rollout
+
+    def generate(self, prompt_ids, counts, params=None, generator=None, rows=None):
+        return self.rollout
+
+    def sync(self, policy):
+        pass
+
+
+def test_training_on_a_conversation_equals_training_on_the_hand_written_completion(tmp_path):
+    """One step on a multi-turn rollout updates the weights exactly as one step on a
+    single-turn rollout holding the same tokens, with the tool text masked by hand."""
+    rows = arithmetic_dataset(4, digits=1, ops="+")
+    args = tiny_config(tmp_path, max_steps=1, per_device_train_batch_size=4, num_generations=2,
+                       max_completion_length=40, max_turns=3, tools=["calculator"])  # fmt: skip
+    reward = TargetToken()
+    multi = GRPOTrainer("tiny-random", reward, rows[:2], args)
+    env_rows = []
+    multi.engine.make_env = lambda: Scripted(3)
+    multi.engine.limits = TurnLimits(max_turns=3, stop_strings=STOP)
+    multi.engine.stop.__init__(multi.tokenizer, STOP)
+    record = multi.engine.generate
+
+    def recording(*a, **k):
+        out = record(*a, **k)
+        env_rows.append(out)
+        return out
+
+    multi.engine.generate = recording
+    multi.train()
+    (rollout,) = env_rows
+    assert (rollout.loss_mask != rollout.completion_mask).any()
+
+    # By hand: the same tokens as one completion; the mask zero on every replied span.
+    mask = rollout.completion_mask.clone()
+    render = TurnRenderer(multi.tokenizer, True)
+    for i, conversation in enumerate(rollout.conversations):
+        ids = rollout.completion_ids[i].tolist()
+        pos = 0
+        for message in conversation:
+            if message["role"] == "assistant":
+                while pos < len(ids) and not _starts_reply(ids, pos, render, multi.tokenizer):
+                    pos += 1
+                continue
+            inserted = multi.tokenizer(
+                render([message], ids[pos - 1] == multi.tokenizer.eos_token_id),
+                add_special_tokens=False,
+            )["input_ids"]
+            assert ids[pos : pos + len(inserted)] == inserted
+            mask[i, pos : pos + len(inserted)] = 0
+            pos += len(inserted)
+    assert torch.equal(mask, rollout.loss_mask)
+    by_hand = type(rollout)(
+        prompt_ids=rollout.prompt_ids, prompt_mask=rollout.prompt_mask,
+        completion_ids=rollout.completion_ids, completion_mask=rollout.completion_mask,
+        truncated=rollout.truncated, group_ids=rollout.group_ids, texts=list(rollout.texts),
+        loss_mask=mask,
+    )  # fmt: skip
+    single_args = tiny_config(tmp_path / "single", max_steps=1, per_device_train_batch_size=4,
+                              num_generations=2, max_completion_length=40)  # fmt: skip
+    single = GRPOTrainer("tiny-random", reward, rows[:2], single_args)
+    single.engine = HandWritten(by_hand)
+    single.train()
+    for (name, p), q in zip(multi.model.named_parameters(), single.model.parameters(),
+                            strict=True):  # fmt: skip
+        assert torch.equal(p, q), name
+    fresh = GRPOTrainer("tiny-random", reward, rows[:2], tiny_config(tmp_path / "fresh"))
+    pairs = zip(multi.model.parameters(), fresh.model.parameters(), strict=True)
+    moved = [not torch.equal(p, q) for p, q in pairs]
+    assert any(moved)  # the step did update the weights
+
+
+def _starts_reply(ids, pos, render, tokenizer) -> bool:
+    for eos in (True, False):
+        text = render([{"role": "tool", "content": "reply"}], eos)
+        head = tokenizer(text, add_special_tokens=False)["input_ids"][:2]
+        if ids[pos : pos + 2] == head:
+            return True
+    return False
+
+
+def test_conversation_logs_by_hand():
+    from groupwise.rollout import Rollout
+
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
+    loss = torch.tensor([[1, 0, 0, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
+    rollout = Rollout(
+        prompt_ids=torch.zeros(1, 1, dtype=torch.long), prompt_mask=torch.ones(1, 1),
+        completion_ids=torch.zeros(3, 4, dtype=torch.long), completion_mask=mask,
+        truncated=torch.zeros(3, dtype=torch.bool), group_ids=torch.zeros(3, dtype=torch.long),
+        texts=["a", "b", "c"], loss_mask=loss, conversations=[[], [], []],
+        env_states=[{"tool_calls": 2, "tool_errors": 1, "turns": 3},
+                    {"tool_calls": 0, "tool_errors": 0, "turns": 1},
+                    {"tool_calls": 1, "tool_errors": 0, "turns": 2}],
+    )  # fmt: skip
+    logs = conversation_logs(rollout, torch.tensor([1.0, 0.0, 0.5]))
+    assert logs["tools/calls_per_conversation"] == pytest.approx(1.0)
+    assert logs["tools/call_rate"] == pytest.approx(2 / 3)
+    assert logs["tools/error_rate"] == pytest.approx(1 / 3)
+    assert logs["tools/accuracy_with_call"] == pytest.approx(0.75)
+    assert logs["tools/accuracy_without_call"] == pytest.approx(0.0)
+    assert logs["turns/mean"] == pytest.approx(2.0)
+    assert logs["tokens/masked_fraction"] == pytest.approx(1 - 7 / 9)
+
+
+# -- rendering and prompts ----------------------------------------------------------------------
+
+
+def test_turn_renderer_uses_the_template_and_strips_a_written_eos(tokenizer):
+    render = TurnRenderer(tokenizer, True)
+    reply = [{"role": "tool", "content": "1081"}]
+    assert render(reply, True) == "\n<|im_start|>tool\n1081<|im_end|>\n<|im_start|>assistant\n"
+    assert render(reply, False) == (
+        "<|im_end|>\n<|im_start|>tool\n1081<|im_end|>\n<|im_start|>assistant\n"
+    )
+    plain = TurnRenderer(tokenizer, False)
+    assert plain(reply, True) == "\n<tool_response>\n1081\n</tool_response>\n"
+
+
+def test_turn_renderer_wraps_tool_output_for_templates_without_a_tool_role(tokenizer):
+    strict = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    strict.chat_template = (
+        "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+        "{{ raise_exception('unknown role') }}{% endif %}"
+        "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    text = TurnRenderer(strict, True)([{"role": "tool", "content": "7"}], True)
+    assert (
+        text == "\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_default_tool_prompt_shows_instructions_and_the_worked_example(tokenizer):
+    assert not template_supports_tools(tokenizer)  # SmolLM2: groupwise's default format
+    prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "7*8?"}]
+    toolbox = ToolBox([calculator])
+    text = prompt_text_with_tools(prompt, tokenizer, toolbox.schemas)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\nYou can call tools.")
+    assert '"name": "calculator"' in text and "<tool_call>" in text
+    # The example precedes the question, which comes last with the generation prompt.
+    assert text.index("What is 12 * 34?") < text.index("7*8?")
+    assert text.endswith("<|im_start|>user\n7*8?<|im_end|>\n<|im_start|>assistant\n")
+    bare = prompt_text_with_tools(prompt, tokenizer, toolbox.schemas, examples=False)
+    assert "12 * 34" not in bare
+    assert prompt_text(prompt, tokenizer) not in (text, bare)
+
+
+def test_a_template_with_tool_support_renders_the_schemas_itself(tokenizer):
+    native = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    native.chat_template = (
+        "{% if tools %}<tools>{% for t in tools %}{{ t['function']['name'] }};{% endfor %}"
+        "</tools>\n{% endif %}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+        "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    assert template_supports_tools(native)
+    schemas = ToolBox([calculator]).schemas
+    text = prompt_text_with_tools([{"role": "user", "content": "7*8?"}], native, schemas)
+    assert text.startswith("<tools>calculator;</tools>\nuser: What is 12 * 34?")
+    assert "You can call tools" not in text and text.endswith("user: 7*8?\nassistant:")
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+def test_tools_and_environment_options_are_checked():
+    with pytest.raises(ConfigError, match="max_turns must be >= 1"):
+        GRPOConfig(max_turns=0)
+    with pytest.raises(ConfigError, match="tool_timeout must be > 0"):
+        GRPOConfig(tool_timeout=0)
+    with pytest.raises(ConfigError, match="give tools or an environment"):
+        build_interaction(GRPOConfig(tools=["calculator"], environment="guess_number"))
+    with pytest.raises(ConfigError, match="unknown environment 'maze'"):
+        build_interaction(GRPOConfig(environment="maze"))
+    with pytest.raises(ConfigError, match="calculater"):
+        build_interaction(GRPOConfig(tools=["calculater"]))
+    assert build_interaction(GRPOConfig()) is None
+    interaction = build_interaction(GRPOConfig(tools=["calculator"]))
+    assert [s["function"]["name"] for s in interaction.schemas] == ["calculator"]
+    assert interaction.stop_strings == ("</tool_call>",)
+    assert isinstance(interaction.make_env(), ToolEnvironment)
+
+
+# -- through the trainer ------------------------------------------------------------------------
+
+
+class AssistantTarget:
+    """Reward = fraction of the assistant's tokens (all its turns) equal to a target token: the
+    most frequent one of the first batch. Tool replies are not the policy's and do not count."""
+
+    __name__ = "assistant_target"
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.target = tokenizer, None
+
+    def __call__(self, prompts, completions, **kwargs):
+        ids = [
+            self.tokenizer(
+                "".join(m["content"] for m in c if m["role"] == "assistant"),
+                add_special_tokens=False,
+            )["input_ids"]
+            for c in completions
+        ]
+        if self.target is None:
+            counts = collections.Counter(t for row in ids for t in row)
+            self.target = counts.most_common(1)[0][0]
+        return [sum(t == self.target for t in row) / max(len(row), 1) for row in ids]
+
+
+def test_multi_turn_training_learns_and_logs_tool_metrics(tmp_path, tokenizer):
+    rows = arithmetic_dataset(8, digits=1, ops="+")
+    reward = AssistantTarget(tokenizer)
+    args = tiny_config(tmp_path, max_steps=8, max_completion_length=30, max_turns=2,
+                       tools=["calculator"], logging_steps=1)  # fmt: skip
+    trainer = GRPOTrainer("tiny-random", reward, rows, args)
+    assert isinstance(trainer.engine, MultiTurnEngine)
+    # Every turn ends at a frequent character and the environment replies: several turns.
+    trainer.engine.make_env = lambda: Scripted(2)
+    trainer.engine.limits = TurnLimits(max_turns=2, stop_strings=STOP)
+    trainer.engine.stop.__init__(trainer.tokenizer, STOP)
+    trainer.train()
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 8
+    for row in lines:
+        for key in ("tools/calls_per_conversation", "tools/call_rate", "tools/error_rate",
+                    "turns/mean", "tokens/masked_fraction", "time/environment"):  # fmt: skip
+            assert key in row, key
+    assert max(row["turns/mean"] for row in lines) > 1.0
+    assert max(row["tokens/masked_fraction"] for row in lines) > 0.0
+    rewards = [row["reward"] for row in lines]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.05, rewards
+
+
+def test_resume_is_exact_with_tools(tmp_path):
+    rows = arithmetic_dataset(8, digits=1, ops="+")
+
+    def make(out, steps, **extra):
+        args = tiny_config(out, max_steps=steps, max_completion_length=10, max_turns=2,
+                           tools=["calculator"], save_steps=1, **extra)  # fmt: skip
+        return GRPOTrainer("tiny-random", TargetToken(), rows, args)
+
+    full = make(tmp_path / "a", 4)
+    full.train()
+    make(tmp_path / "b", 2).train()
+    rest = make(tmp_path / "b", 4, resume_from_checkpoint="auto")
+    rest.train()
+    for (name, p), q in zip(full.model.named_parameters(), rest.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+def test_evaluation_runs_the_environment_and_gives_pass_at_k(tiny_model, tokenizer):
+    @dataclass
+    class Always:
+        """Answers 'correct' to any turn: solved after one turn."""
+
+        solved: bool = False
+
+        def reset(self, row):
+            self.solved = False
+
+        def step(self, message):
+            self.solved = True
+            return EnvStep([], True)
+
+        def state(self):
+            return {"solved": self.solved}
+
+    def solved(prompts, completions, env_state, **kw):
+        return [float(s["solved"]) for s in env_state]
+
+    solved.is_correctness = True
+    engine = MultiTurnEngine(
+        HFEngine(tiny_model, tokenizer, SamplingParams(max_completion_length=6)), Always,
+        TurnLimits(max_turns=2),
+    )  # fmt: skip
+    rows = arithmetic_dataset(3, digits=1, ops="+")
+    result = evaluate_model(engine, tokenizer, rows, [solved], n=2, max_completion_length=6)
+    # A conversation is solved when the model finished its turn inside the budget.
+    assert 0.0 <= result.summary["pass@1"] <= result.summary["pass@2"] <= 1.0
+    assert len(result.per_prompt) == 3
