@@ -115,8 +115,10 @@ def test_every_task_has_one_correctness_reward(task):
 # The correctness flag on every built-in name
 # ---------------------------------------------------------------------------------------------
 
-CORRECTNESS_NAMES = {"accuracy", "code", "code_binary", "countdown", "reasoning_gym", "task"}
-SHAPING_NAMES = {"format", "soft_format", "length_penalty", "repetition_penalty"}
+CORRECTNESS_NAMES = {
+    "accuracy", "code", "code_binary", "countdown", "reasoning_gym", "task", "guess",
+}  # fmt: skip
+SHAPING_NAMES = {"format", "soft_format", "length_penalty", "repetition_penalty", "tool_call"}
 
 
 def test_every_built_in_name_is_classified():

@@ -235,16 +235,20 @@ def _run_until(cmd: list[str], output_dir: Path, step: int, sig: int) -> int:
 
 
 @pytest.mark.slow
-def test_run_killed_then_resumed_is_bitwise_identical(tmp_path):
+@pytest.mark.parametrize(
+    "extra", [(), ("--tools", "calculator", "--max_turns", "2")], ids=["single_turn", "tools"]
+)
+def test_run_killed_then_resumed_is_bitwise_identical(tmp_path, extra):
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
-    subprocess.run(_train_cmd(ref_dir), env=_env(), check=True, capture_output=True)
+    subprocess.run(_train_cmd(ref_dir, *extra), env=_env(), check=True, capture_output=True)
 
     # SIGTERM: the step finishes, a checkpoint is written, the process exits 128 + 15.
-    assert _run_until(_train_cmd(run_dir), run_dir, 2, signal.SIGTERM) == 128 + signal.SIGTERM
+    code = _run_until(_train_cmd(run_dir, *extra), run_dir, 2, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM
     # SIGKILL: no chance to save; the newest complete checkpoint is used.
-    _run_until(_train_cmd(run_dir, "--resume"), run_dir, 4, signal.SIGKILL)
+    _run_until(_train_cmd(run_dir, *extra, "--resume"), run_dir, 4, signal.SIGKILL)
     done = subprocess.run(
-        _train_cmd(run_dir, "--resume"), env=_env(), capture_output=True, text=True
+        _train_cmd(run_dir, *extra, "--resume"), env=_env(), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "resumed from" in done.stdout + done.stderr

@@ -51,6 +51,22 @@ SCRIPT = textwrap.dedent(
 
     engine.generate = fake_generate  # every trainer generates through the engine
 
+    import groupwise.rollout.multiturn as multiturn
+
+    def fake_converse(model, tokenizer, prompt_token_ids, counts, envs, render, params, limits,
+                      generator=None, **kwargs):
+        # Conversations: the same completions, every third token inserted context (masked
+        # from the loss), tool counts a function of the tokens.
+        r = fake_generate(model, tokenizer, prompt_token_ids, list(counts), params)
+        columns = torch.arange(r.completion_ids.shape[1])
+        r.loss_mask = r.completion_mask * (columns % 3 != 1).long()
+        r.conversations = [[{"role": "assistant", "content": t}] for t in r.texts]
+        r.env_states = [{"tool_calls": int(ids.sum()) % 2, "tool_errors": 0, "turns": 1}
+                        for ids in r.completion_ids]
+        return r, {"env_s": 0.0, "insert_s": 0.0}
+
+    multiturn.converse = fake_converse  # used by the multi-turn engine (tools=...)
+
     def low_tokens(completions, completion_ids, **kw):
         return [sum(t < 100 for t in ids) / max(len(ids), 1) for ids in completion_ids]
 
@@ -176,6 +192,19 @@ def test_two_ranks_match_one_process_on_the_global_batch(
     common = {"loss_type": loss_type, "scale_rewards": scale_rewards,
               "data_parallel": data_parallel}  # fmt: skip
     _assert_same_update(*_one_process_and_two_ranks(tmp_path, common))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_multi_turn_two_ranks_match_one_process(tmp_path, loss_type):
+    """Conversations with masked context tokens (tools): the loss mask's token counts are
+    global, so two ranks update exactly as one process."""
+    common = {"tools": ["calculator"], "max_turns": 2, "loss_type": loss_type}
+    single, ranks = _one_process_and_two_ranks(tmp_path, common)
+    _assert_same_update(single, ranks)
+    logs = [json.loads((run / "logs.json").read_text()) for run in (single, ranks)]
+    assert 0 < logs[0]["tokens/masked_fraction"] < 1
+    assert logs[1]["tools/call_rate"] == pytest.approx(logs[0]["tools/call_rate"], abs=1e-6)
 
 
 def _assert_nested_close(a, b, atol: float, where: str = "") -> None:

@@ -499,3 +499,8 @@ def test_real_dataset_through_load_dataset_rows(tmp_path):
     splits.save_to_disk(str(tmp_path / "saved"))
     rows, _ = load_dataset_rows(str(tmp_path / "saved"), prompt_column="text", split="test")
     assert rows == [{"prompt": "A?", "answer": "1"}]
+
+
+def test_max_tool_calling_iterations_is_max_turns_plus_one():
+    assert GRPOConfig(max_tool_calling_iterations=2).max_turns == 3
+    assert GRPOConfig(max_tool_calling_iterations=None).max_turns == GRPOConfig().max_turns

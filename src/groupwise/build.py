@@ -120,6 +120,10 @@ REWARD_NAMES = (
 # The dataset column each built-in reward reads (checked when the data loads).
 REWARD_COLUMNS = {"accuracy": "answer", "code": "tests", "code_binary": "tests"}
 
+# The multi-turn feedback game (groupwise.tools.environment): its rows, its environment and its
+# reward come with the name.
+GUESS_TASK = "guess_number"
+
 # Rewards of a file task (a path, not a built-in task name) when reward_funcs is not given.
 FILE_TASK_REWARDS = ("format", "accuracy")
 
@@ -131,6 +135,8 @@ def default_reward_names(args: GRPOConfig) -> list[str]:
         return list(args.reward_funcs)
     from .tasks import TASKS, task_reward_funcs
 
+    if args.task == GUESS_TASK:
+        return ["guess"]
     return task_reward_funcs(args.task) if args.task in TASKS else list(FILE_TASK_REWARDS)
 
 
@@ -342,8 +348,11 @@ def build_interaction(
             "environment and GRPOTrainer(environment_factory=...) are both set; give one"
         )
     factory = environment_factory
-    if factory is None and args.environment is not None:
-        factory = resolve_environment(args.environment)
+    environment = args.environment
+    if environment is None and args.task == GUESS_TASK and factory is None and not specs:
+        environment = GUESS_TASK  # the task's own environment
+    if factory is None and environment is not None:
+        factory = resolve_environment(environment)
     if factory is not None and specs:
         raise ConfigError(
             f"tools {[getattr(t, '__name__', t) for t in specs]} and an environment are both "
@@ -417,6 +426,13 @@ def build_engine(
         weights=policy.full_weights,
         records_logprobs=differs,
     )
+    return with_interaction(engine, args, interaction)
+
+
+def with_interaction(
+    engine: HFEngine, args: GRPOConfig, interaction: Interaction | None
+) -> RolloutEngine:
+    """``engine`` itself (single-turn), or the multi-turn engine around it."""
     if interaction is None:
         return engine
     limits = TurnLimits(args.max_turns, args.max_tool_output_tokens, interaction.stop_strings)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .build import REWARD_COLUMNS, build_reward_func, default_reward_names
+from .build import GUESS_TASK, REWARD_COLUMNS, build_reward_func, default_reward_names
 from .checkpoint import CheckpointError, TrainingInterrupted, TrainingStopped, check_output_dir
 from .config import ConfigError, GRPOConfig, option_help, parse_cli_overrides
 from .data import (
@@ -139,6 +139,14 @@ def _task_rows(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
             if not os.path.exists(args.eval_task):
                 raise ConfigError(f"eval_task={args.eval_task!r}: file does not exist")
             evals = _file_rows(args.eval_task, args, "eval_task")[: args.num_eval_prompts or None]
+        return train, evals
+    if args.task == GUESS_TASK:  # the multi-turn feedback game (an environment)
+        from .tools import guess_number_dataset
+
+        train = guess_number_dataset(args.num_train_prompts, "train", seed=args.seed)
+        evals = (
+            guess_number_dataset(args.num_eval_prompts, "eval") if args.num_eval_prompts else None
+        )
         return train, evals
     try:
         from .tasks import TASKS as BUILTIN_TASKS
@@ -281,7 +289,7 @@ def run_demo(args: GRPOConfig) -> tuple[float, float]:
 
 def run_eval(args: GRPOConfig) -> dict:
     """Evaluate ``args.model`` (and ``args.compare_model``) on the task's held-out prompts."""
-    from .build import resolve_device
+    from .build import build_interaction, resolve_device, with_interaction
     from .evaluation import (
         EvalConfig,
         compare,
@@ -291,6 +299,7 @@ def run_eval(args: GRPOConfig) -> dict:
         save_json,
     )
     from .models import load_model_and_tokenizer
+    from .rollout import HFEngine, SamplingParams
 
     output = Path(args.eval_output or Path(args.output_dir) / "eval.json")
     if output.is_dir():
@@ -314,10 +323,13 @@ def run_eval(args: GRPOConfig) -> dict:
     device = resolve_device(args.device)
     funcs = [build_reward_func(name, args) for name in default_reward_names(args)]
 
+    interaction = build_interaction(args)  # tools / environment: multi-turn, as in training
+
     def run(model_name: str):
         model, tokenizer = load_model_and_tokenizer(model_name, seed=args.seed)
         model.to(device)
-        result = evaluate_model(model, tokenizer, rows, funcs, config)
+        engine = with_interaction(HFEngine(model, tokenizer, SamplingParams()), args, interaction)
+        result = evaluate_model(engine, tokenizer, rows, funcs, config)
         print(f"[groupwise] {model_name} on {len(rows)} prompts")
         print(format_table(result.summary))
         return result

@@ -452,6 +452,37 @@ def plot_groups(run: RunData) -> list[PlotGroup]:
             "Informative: groups whose rollouts are not all correct or all wrong. " + smooth_note,
         ),
         PlotGroup(
+            "tools",
+            "Tool use and turns (multi-turn rollouts)",
+            [
+                Panel(
+                    "share",
+                    [
+                        Line("tools/call_rate", "conversations with a tool call"),
+                        Line("tools/error_rate", "failed calls / calls"),
+                        Line("tokens/masked_fraction", "tokens masked from the loss"),
+                    ],
+                ),
+                Panel(
+                    "accuracy",
+                    [
+                        Line("tools/accuracy_with_call", "with a tool call"),
+                        Line("tools/accuracy_without_call", "without"),
+                    ],
+                ),
+                Panel(
+                    "per conversation",
+                    [
+                        Line("tools/calls_per_conversation", "tool calls"),
+                        Line("turns/mean", "assistant turns"),
+                    ],
+                ),
+            ],
+            "Masked tokens: tool and environment replies, context for the policy but not trained "
+            "on. Accuracy: mean correctness score of the conversations with / without a call. "
+            + smooth_note,
+        ),
+        PlotGroup(
             "eval_tokens",
             "Held-out accuracy against generated tokens (what the compute bought)",
             [

@@ -10,6 +10,7 @@ A TRL script builds ``GRPOConfig(...)`` with the usual ``TrainingArguments`` key
   ``max_steps`` sets ``max_steps=-1`` (TRL's "train for num_train_epochs"); ``save_strategy=
   "steps"`` without ``save_steps`` saves every 500 steps and ``eval_strategy="steps"`` without
   ``eval_steps`` evaluates every ``logging_steps`` (TrainingArguments' defaults);
+  ``max_tool_calling_iterations=N`` (tool rounds) is ``max_turns=N + 1``;
   ``lr_scheduler_type="constant_with_warmup"`` is groupwise's ``constant`` (which warms up over
   ``warmup_steps``); transformers' enums (``SchedulerType.COSINE``, ...) are read as their values.
   ``num_train_epochs``, ``warmup_ratio``, ``adam_epsilon``, ``save_strategy``, ``eval_strategy``
@@ -37,6 +38,7 @@ TRL_TRANSLATED: dict[str, Any] = {
     "bf16": bool | None,
     "fp16": bool,
     "optim": str,
+    "max_tool_calling_iterations": int | None,  # tool rounds: max_turns = N + 1
 }
 
 # TRL 1.16 GRPOConfig fields that have no meaning in groupwise (HF generation is the only
@@ -120,7 +122,6 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "logging_nan_inf_filter",
         "logging_strategy",
         "lr_scheduler_kwargs",
-        "max_tool_calling_iterations",
         "metric_for_best_model",
         "min_p",
         "model_init_kwargs",
@@ -251,6 +252,10 @@ def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
             "(optim='adamw_torch' or 'adamw_torch_fused'); weight_decay, adam_beta1, adam_beta2 "
             "and adam_epsilon configure it"
         )
+    if "max_tool_calling_iterations" in kwargs:
+        rounds = kwargs.pop("max_tool_calling_iterations")
+        if rounds is not None:  # None (TRL: no limit) keeps max_turns
+            _set(kwargs, "max_turns", int(rounds) + 1, f"max_tool_calling_iterations={rounds}")
     warmup = kwargs.get("warmup_steps")
     if isinstance(warmup, str):
         try:
