@@ -445,3 +445,33 @@ def test_evaluation_runs_the_environment_and_gives_pass_at_k(tiny_model, tokeniz
     assert overall["pass@1"] == pytest.approx(sum(sum(c) / 4 for c in correct) / 3)
     expected = sum(1 - math.comb(4 - sum(c), 2) / math.comb(4, 2) for c in correct) / 3
     assert overall["pass@2"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"curriculum": "rollout_gdro"},  # uneven rollout counts per prompt
+        {"curriculum": "select"},
+        {"use_peft": True, "lora_r": 4, "learning_rate": 1e-3},
+        {"dynamic_sampling": True, "max_num_gen_batches": 2},  # groups cut and joined
+        {"steps_per_generation": 2, "loss_type": "dapo", "beta": 0.04},
+    ],
+    ids=["rollout_gdro", "select", "lora", "dynamic_sampling", "spg2_dapo_kl"],
+)
+def test_tools_work_with_curriculum_lora_dynamic_sampling_and_mini_batches(tmp_path, options):
+    rows = arithmetic_dataset(8, digits=1, ops="+")
+    args = tiny_config(tmp_path, max_steps=2, max_completion_length=30, max_turns=2,
+                       tools=["calculator"], **options)  # fmt: skip
+    trainer = GRPOTrainer("tiny-random", low_tokens, rows, args)
+    trainer.engine.make_env = lambda: Scripted(2)
+    trainer.engine.limits = TurnLimits(max_turns=2, stop_strings=STOP)
+    trainer.engine.stop.__init__(trainer.tokenizer, STOP)
+    logs = trainer.train()
+    assert trainer.global_step == 2
+    assert all(math.isfinite(row["loss"]) for row in logs if "loss" in row)
+    assert any(row.get("tokens/masked_fraction", 0) > 0 for row in logs)
+
+
+def test_ppo_refuses_tools(tmp_path):
+    with pytest.raises(ConfigError, match="algorithm=grpo only"):
+        GRPOConfig(algorithm="ppo", tools=["calculator"])

@@ -31,6 +31,11 @@ from .trl_compat import (
     translate_trl_options,
 )
 
+PPO_MULTI_TURN = (
+    "tools and environments work with algorithm=grpo only: PPO's critic would value every token "
+    "of a conversation, tool replies included (GAE has no notion of inserted context)"
+)
+
 # Float options where infinity means "no limit"; NaN is refused everywhere.
 UNBOUNDED_FIELDS = frozenset(
     {
@@ -608,6 +613,8 @@ class GRPOConfig:
                 )
         if self.algorithm == "ppo" and self.curriculum != "none":
             raise ConfigError("the curriculum works with algorithm=grpo only")
+        if self.algorithm == "ppo" and (self.tools or self.environment):
+            raise ConfigError(PPO_MULTI_TURN)
         if self.dynamic_sampling and self.algorithm == "ppo":
             raise ConfigError(
                 "dynamic_sampling works with algorithm=grpo only: PPO's critic gives advantages "

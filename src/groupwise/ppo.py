@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel
 
 from .batching import scatter_rows, trimmed_completions
-from .config import ConfigError, GRPOConfig
+from .config import PPO_MULTI_TURN, ConfigError, GRPOConfig
 from .core import get_loss, masked_mean, policy_loss
 from .distributed import DistributedContext
 from .files import staged_files
@@ -394,6 +394,8 @@ class PPOTrainer(Trainer):
 
     def setup(self) -> None:
         args = self.args
+        if self.interaction is not None:  # PPOTrainer(tools=...) / environment_factory
+            raise ConfigError(PPO_MULTI_TURN)
         critic = build_value_model(self.model, args.critic_model, args.seed)
         critic.backbone.to(device=self.device, dtype=self.dtype)
         critic.head.to(device=self.device, dtype=torch.float32)
