@@ -272,7 +272,7 @@ LAYERS = [
     {"config", "trl_compat"},
     {"policy", "checkpoint"},
     {"build"},
-    {"run", "dynamic"},
+    {"run", "dynamic", "topup"},
     {"trainer", "ppo"},
     {"memory", "cli", "__init__", "__main__"},
 ]  # fmt: skip

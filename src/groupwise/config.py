@@ -197,6 +197,11 @@ class GRPOConfig:
     select_uniform_mix: float = 0.2  # uniform floor mixed into the choice of prompts
     select_allocator: str = "knapsack"  # knapsack | sqrt | uniform: group sizes
     select_equal_prompt_weight: bool = True  # weight num_generations / n_i per prompt
+    # Sequential top-up within a step (Reinforce-Ada): roll out select_top_up_first per prompt,
+    # then spend the rest of the step's planned rollouts on groups still all-correct or
+    # all-wrong, select_top_up_first more each per round, up to rollout_max (README).
+    select_top_up: bool = False
+    select_top_up_first: int = 2  # top-up: rollouts per prompt in the first round (>= 2)
 
     # --- generation -----------------------------------------------------------------------
     max_prompt_length: int | None = 512  # prompt tokens kept (None: no limit)
@@ -360,6 +365,22 @@ class GRPOConfig:
                 "prompt_weighting=equal with curriculum=select and select_equal_prompt_weight="
                 "true would weight each prompt by mean(n)/n_x twice (GDRO eq. 17); set one of "
                 "them: prompt_weighting: rollouts, or select_equal_prompt_weight: false"
+            )
+        if self.select_top_up and self.curriculum != "select":
+            raise ConfigError(
+                f"select_top_up works with curriculum=select only, got curriculum={self.curriculum}"
+            )
+        if self.select_top_up and self.dynamic_sampling:
+            raise ConfigError(
+                "select_top_up cannot be combined with dynamic_sampling: both spend the step's "
+                "rollouts on groups that are not all-correct or all-wrong; set one of them"
+            )
+        if self.select_top_up and self.algorithm == "ppo":
+            raise ConfigError("select_top_up works with algorithm=grpo only")
+        if self.select_top_up_first < 2:
+            raise ConfigError(
+                f"select_top_up_first must be >= 2 (a group of one has no variance), got "
+                f"{self.select_top_up_first}"
             )
         if self.select_oversample < 1:
             raise ConfigError(f"select_oversample must be >= 1, got {self.select_oversample}")

@@ -26,6 +26,7 @@ from .policy import GRPOLoss
 from .rollout import Rollout
 from .run import PhaseTimer, Trainer
 from .sampler import PromptSampler
+from .topup import TopUp
 
 __all__ = ["GRPOTrainer", "PromptSampler"]
 
@@ -43,21 +44,29 @@ class GRPOTrainer(Trainer):
         self.loss = GRPOLoss(self.args)
         pad = self.tokenizer.pad_token_id or 0
         self.dynamic = DynamicSampling.from_args(self.args, self.dist, pad)  # DAPO
+        self.top_up = TopUp.from_args(self.args, self.dist.world_size, pad)  # Reinforce-Ada
 
     def components(self) -> dict[str, Any]:
         return {**super().components(), "dynamic_sampling": self.dynamic}
 
     def draw(self, timer: PhaseTimer) -> Draw:
         """One prompt batch, planned, generated and scored (DAPO's dynamic sampling draws
-        several per step: :mod:`groupwise.dynamic`)."""
+        several per step: :mod:`groupwise.dynamic`; ``select_top_up`` generates in rounds:
+        :mod:`groupwise.topup`)."""
         batch = self.prompts.next(self.curriculum)  # q ~ D (the curriculum may choose among more)
         plan = self.curriculum.plan(batch)  # n_q rollouts, weight w_q (GDRO eqs. 16, 19-21)
-        # o_i ~ pi_old(.|q); the rows reset a multi-turn engine's environments
-        rollout = self.engine.generate(batch.prompt_ids, plan.local_counts, rows=batch.rows)
-        timer.mark("generation")
-        scores = self.scorer(batch.rows, rollout)  # r_i
-        timer.mark("scoring")
-        return Draw(batch, plan, rollout, scores)
+
+        def roll(prompt_ids: list, counts: list[int], rows: list) -> tuple[Rollout, Scores]:
+            # o_i ~ pi_old(.|q); the rows reset a multi-turn engine's environments
+            rollout = self.engine.generate(prompt_ids, counts, rows=rows)
+            timer.mark("generation")
+            scores = self.scorer(rows, rollout)  # r_i
+            timer.mark("scoring")
+            return rollout, scores
+
+        if self.top_up.enabled:
+            return self.top_up.collect(batch, plan, roll, self.curriculum.weights_for)
+        return Draw(batch, plan, *roll(batch.prompt_ids, plan.local_counts, batch.rows))
 
     def compute_spent(self, rollout: Rollout, scores: Scores) -> dict[str, int]:
         """What the step generated, dynamic sampling's dropped groups included: they cost their
@@ -92,4 +101,5 @@ class GRPOTrainer(Trainer):
         )
         curriculum_logs = self.curriculum.observe(plan, outcome)
         self.keep_batch(batch.rows, rollout, scores, advantages, plan)
-        return self.step_logs(rollout, scores, stats, timer, curriculum_logs, self.dynamic.logs)
+        logs = {**self.dynamic.logs, **self.top_up.logs}
+        return self.step_logs(rollout, scores, stats, timer, curriculum_logs, logs)

@@ -37,7 +37,8 @@ Why over-sampling rather than ``counts = 0`` for skipped prompts: the batch keep
 section 3.3), no engine, advantage, loss or data-parallel rank ever sees an empty group or an
 empty share, and the rollout budget per step is exactly that of uniform GRPO. The price is a
 sampler hook (:meth:`groupwise.curriculum.base.Curriculum.choose`) and an epoch that passes
-``oversample`` times faster. Sequential top-up within a step (Reinforce-Ada) is not implemented.
+``oversample`` times faster. Sequential top-up within a step (Reinforce-Ada, ``select_top_up``)
+is :mod:`groupwise.topup`: it spends the same budget in rounds, on groups still uniform.
 """
 
 from __future__ import annotations
@@ -315,10 +316,14 @@ class SelectCurriculum(GlobalBatchCurriculum):
             informative_probability(*self.beta_of(i), n)
             for i, n in zip(batch.indices, counts, strict=True)
         ]
-        weights = (
-            [self.mean / n for n in counts] if self.equal_prompt_weight else [1.0] * len(counts)
-        )
-        return Plan(batch, counts, weights)
+        return Plan(batch, counts, self.weights_for(counts))
+
+    def weights_for(self, counts: Sequence[int]) -> list[float]:
+        """Each prompt's weight for groups of ``counts``: num_generations / n_i with
+        ``equal_prompt_weight``, else 1 (also for the realised sizes after a top-up)."""
+        if self.equal_prompt_weight:
+            return [self.mean / n for n in counts]
+        return [1.0] * len(counts)
 
     # -- after the update: learn -------------------------------------------------------------
     def observe_global(self, plan: Plan, rows: GlobalRows) -> dict[str, float]:
