@@ -72,8 +72,9 @@ def _fake_roll(script, calls):
             completion_mask=torch.ones(n, width, dtype=torch.long),
             truncated=torch.zeros(n, dtype=torch.bool),
             group_ids=torch.arange(len(counts)).repeat_interleave(torch.tensor(counts)),
-            texts=[f"p{p} call{k}" for p, c in zip(positions, counts, strict=True)
-                   for _ in range(c)],  # fmt: skip
+            texts=[
+                f"p{p} call{k}" for p, c in zip(positions, counts, strict=True) for _ in range(c)
+            ],  # fmt: skip
         )
         c = torch.tensor(values, dtype=torch.float32)
         return rollout, Scores(c.clone(), c[:, None].clone(), c)
@@ -227,8 +228,8 @@ def test_resume_with_top_up_is_exact(tmp_path):
     full = GRPOTrainer("tiny-random", _parity, ROWS, args=_args(tmp_path / "a", max_steps=4))
     full.train()
     start = str(tmp_path / "a" / "run" / "checkpoint-2")
-    rest = GRPOTrainer("tiny-random", _parity, ROWS,
-                       args=_args(tmp_path / "b", max_steps=4, resume_from_checkpoint=start))  # fmt: skip
+    args = _args(tmp_path / "b", max_steps=4, resume_from_checkpoint=start)
+    rest = GRPOTrainer("tiny-random", _parity, ROWS, args=args)
     rest.train()
     assert rest.curriculum.state_dict() == full.curriculum.state_dict()
     for (name, p), q in zip(full.model.named_parameters(), rest.model.parameters(), strict=True):
@@ -262,7 +263,10 @@ def test_config_refusals_name_the_option(overrides):
 
 
 def test_refused_under_data_parallel():
-    args = GRPOConfig(curriculum="select", select_top_up=True)
+    from groupwise.distributed import DistributedContext
+
+    args, two = GRPOConfig(curriculum="select", select_top_up=True), DistributedContext(0, 2)
     with pytest.raises(ConfigError, match="select_top_up.*world_size=2"):
-        TopUp.from_args(args, 2, 0)
-    assert not TopUp.from_args(GRPOConfig(curriculum="select"), 2, 0).enabled
+        TopUp.from_args(args, two, 0)
+    assert not TopUp.from_args(GRPOConfig(curriculum="select"), two, 0).enabled
+    assert TopUp.from_args(args, DistributedContext(), 0).enabled

@@ -32,6 +32,7 @@ import torch
 
 from .build import Scores
 from .curriculum import Plan, PromptBatch
+from .distributed import DistributedContext
 from .dynamic import Draw, Group, _joined, _pad_right, informative_groups, join_groups, split_groups
 from .errors import ConfigError
 from .rollout import Rollout
@@ -107,7 +108,9 @@ class TopUp:
         self.stop: str | None = None  # why the last step's rounds ended (STOPS)
 
     @classmethod
-    def from_args(cls, args: Any, world_size: int, pad_token_id: int) -> TopUp:
+    def from_args(cls, args: Any, dist: DistributedContext, pad_token_id: int) -> TopUp:
+        """From a run's options; refused when the run has more than one process."""
+        world_size = dist.world_size
         if args.select_top_up and world_size > 1:
             raise ConfigError(
                 "select_top_up runs in one process only (data parallel would need every rank to "

@@ -44,7 +44,7 @@ class GRPOTrainer(Trainer):
         self.loss = GRPOLoss(self.args)
         pad = self.tokenizer.pad_token_id or 0
         self.dynamic = DynamicSampling.from_args(self.args, self.dist, pad)  # DAPO
-        self.top_up = TopUp.from_args(self.args, self.dist.world_size, pad)  # Reinforce-Ada
+        self.top_up = TopUp.from_args(self.args, self.dist, pad)  # Reinforce-Ada
 
     def components(self) -> dict[str, Any]:
         return {**super().components(), "dynamic_sampling": self.dynamic}
