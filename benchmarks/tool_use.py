@@ -53,6 +53,9 @@ class StopAfter:
     def __init__(self, seconds: float) -> None:
         self.seconds, self.start = seconds, time.perf_counter()
 
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        self.start = time.perf_counter()  # the budget is training time, not evaluation
+
     def on_step_end(self, args, state, control, **kwargs) -> None:
         if time.perf_counter() - self.start > self.seconds:
             control.should_training_stop = True
