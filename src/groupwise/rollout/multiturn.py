@@ -15,7 +15,7 @@ evaluation and checkpoints see an ordinary rollout.
 Decoding is batched over all conversations and continues from the KV cache after each turn: the
 inserted tokens are one forward over the cache (left-padded across rows; pad positions are
 masked), so no turn re-encodes the conversation (``reencode=True`` does, as the baseline that
-benchmarks/multiturn.py measures). Turns are synchronous: a row whose turn ended waits, fed
+benchmarks/multiturn_cache.py measures). Turns are synchronous: a row whose turn ended waits, fed
 masked pads, until every row's turn has ended; a row whose conversation is over leaves the batch
 at once.
 """
