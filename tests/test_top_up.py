@@ -12,6 +12,8 @@ from groupwise.config import ConfigError, GRPOConfig
 from groupwise.curriculum import Plan, PromptBatch
 from groupwise.rollout import Rollout
 from groupwise.topup import TopUp, first_round, next_round
+from test_select import ROWS, _parity
+from test_select import _args as select_args
 
 # --- the allocation, by hand ---------------------------------------------------------------------
 
@@ -136,25 +138,9 @@ def test_collect_stops_at_the_budget_and_at_the_max():
 
 # --- end to end ---------------------------------------------------------------------------------
 
-ROWS = [
-    {"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1), "difficulty": i % 3}
-    for i in range(12)
-]
-
-
-def _parity(prompts, completions, completion_ids, **kwargs):
-    return [1.0 if ids[0] % 2 == 0 else 0.0 for ids in completion_ids]
-
-
 def _args(tmp_path, **overrides):
-    values = dict(
-        model="tiny-random", max_steps=3, learning_rate=1e-2, beta=0.0, num_generations=4,
-        per_device_train_batch_size=12, max_completion_length=3, output_dir=str(tmp_path / "run"),
-        disable_tqdm=True, seed=0, save_steps=2, curriculum="select", rollout_min=2,
-        rollout_max=8, select_oversample=2, select_top_up=True,
-    )  # fmt: skip
-    values.update(overrides)
-    return GRPOConfig(**values)
+    """test_select's end-to-end options, with the top-up on."""
+    return select_args(tmp_path, **{"select_top_up": True, **overrides})
 
 
 class _Recording(TopUp):

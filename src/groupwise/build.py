@@ -331,7 +331,6 @@ class Interaction:
     make_env: Callable[[], Environment]
     schemas: list[dict[str, Any]] | None
     stop_strings: tuple[str, ...]
-    toolbox: ToolBox | None = None
 
 
 def build_interaction(
@@ -373,7 +372,7 @@ def build_interaction(
     def make_env() -> Environment:
         return ToolEnvironment(toolbox, max_tool_calls=args.max_tool_calls)
 
-    return Interaction(make_env, toolbox.schemas, (TOOL_CALL_CLOSE,), toolbox)
+    return Interaction(make_env, toolbox.schemas, (TOOL_CALL_CLOSE,))
 
 
 def resolve_environment(spec: str) -> Callable[[], Environment]:

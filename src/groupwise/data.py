@@ -53,9 +53,12 @@ def prompt_text(prompt: Any, tokenizer: PreTrainedTokenizerBase) -> str:
     raise TypeError(f"prompt must be a string or a list of messages, got {type(prompt).__name__}")
 
 
-def _prompt_token_ids(prompt: Any, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def _prompt_token_ids(
+    prompt: Any, tokenizer: PreTrainedTokenizerBase, render: Callable[[Any], str] | None = None
+) -> list[int]:
+    text = render(prompt) if render is not None else prompt_text(prompt, tokenizer)
     # The chat template already holds the special tokens; don't add a second BOS.
-    return list(tokenizer(prompt_text(prompt, tokenizer), add_special_tokens=False)["input_ids"])
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def tokenize_prompts(
@@ -69,9 +72,7 @@ def tokenize_prompts(
     its text (default :func:`prompt_text`; with tools, one that shows them)."""
     ids = []
     for prompt in prompts:
-        text = render(prompt) if render is not None else prompt_text(prompt, tokenizer)
-        # The chat template already holds the special tokens; don't add a second BOS.
-        tokens = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        tokens = _prompt_token_ids(prompt, tokenizer, render)
         if max_prompt_length is not None and len(tokens) > max_prompt_length:
             tokens = tokens[-max_prompt_length:]
         ids.append(tokens)

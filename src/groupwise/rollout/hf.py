@@ -81,6 +81,23 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
     return ids, mask
 
 
+def prefill(
+    model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+    """Encode left-padded sequences in one forward: the last position's logits [B, V], the KV
+    cache, and the position of each row's next token [B]."""
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=DynamicCache(),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1, :], out.past_key_values, positions[:, -1] + 1
+
+
 @torch.no_grad()
 def generate(
     model: PreTrainedModel,
@@ -124,25 +141,13 @@ def generate(
     model.eval()
     try:
         # 1. Encode each prompt once; only the last position's logits are needed.
-        cache = DynamicCache()
-        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        out = model(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache = out.past_key_values
+        logits, cache, next_pos = prefill(model, prompt_ids, prompt_mask)
         # 2. Share the prompt cache across the group: row r belongs to prompt row_prompt[r].
         if isinstance(num_generations, int):
             cache.batch_repeat_interleave(num_generations)
         else:
             cache.batch_select_indices(row_prompt)
-        logits = out.logits[:, -1, :][row_prompt]
-        attn = prompt_mask[row_prompt]
-        next_pos = positions[:, -1][row_prompt] + 1
+        logits, attn, next_pos = logits[row_prompt], prompt_mask[row_prompt], next_pos[row_prompt]
 
         tokens = torch.full((n_rows, max_new), pad_id, dtype=torch.long, device=device)
         token_logps = torch.zeros((n_rows, max_new), device=device) if return_logprobs else None

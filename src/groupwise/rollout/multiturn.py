@@ -33,7 +33,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from ..data import is_conversational, prompt_text
 from ..tools.prompting import prompt_text_with_tools
 from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
-from .hf import HFEngine, eos_token_ids, left_pad, sample_next_token
+from .hf import HFEngine, eos_token_ids, left_pad, prefill, sample_next_token
 
 if TYPE_CHECKING:  # the protocol lives with the tools (groupwise.tools.environment)
     from ..tools import Environment
@@ -300,18 +300,9 @@ def _prefill(
     mask: torch.Tensor,
     rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor, torch.Tensor]:
-    """Encode left-padded sequences; with ``rows``, batch row i continues sequence rows[i]."""
-    cache = DynamicCache()
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache, logits, next_pos = out.past_key_values, out.logits[:, -1, :], positions[:, -1] + 1
+    """:func:`~groupwise.rollout.hf.prefill`, plus the attention mask; with ``rows``, batch row
+    i continues sequence rows[i]."""
+    logits, cache, next_pos = prefill(model, ids, mask)
     if rows is not None:
         cache.batch_select_indices(rows)
         logits, mask, next_pos = logits[rows], mask[rows], next_pos[rows]
