@@ -399,11 +399,12 @@ def report(results: list[dict], eval_rows: list[dict], warm_meta: dict) -> None:
             diffs = paired(arm, metric)
             pooled = np.concatenate(diffs)
             se = float(pooled.std(ddof=1) / math.sqrt(len(pooled)))
-            power = NormalDist().cdf(target / se - z975) if se > 0 else math.nan
-            line = (
-                f"  {label:20s} {arm:18s} pooled MDE {(z975 + z80) * se:.3f}; power for +10% "
-                f"relative (+{target:.3f}): {power:.0%}"
-            )
+            line = f"  {label:20s} {arm:18s} pooled MDE {(z975 + z80) * se:.3f}; "
+            if target > 0 and se > 0:
+                power = NormalDist().cdf(target / se - z975)
+                line += f"power for +10% relative (+{target:.3f}): {power:.0%}"
+            else:  # uniform at 0 (or no spread): a relative target is undefined
+                line += f"uniform's mean is {uniform_mean[metric]:.3f}: no relative target"
             if len(seeds) > 1:
                 sd = statistics.stdev(float(d.mean()) for d in diffs)
                 df = len(seeds) - 2
