@@ -101,13 +101,13 @@ def level_rows(count: int, split: str, seed: int) -> list[dict]:
 class TokenBudget:
     """Stops training once the run's generated completion tokens reach ``budget``; greedy
     held-out accuracy at each fraction of the budget in ``marks`` (per problem, for paired
-    statistics). Evaluation time is kept out of the run's wall time."""
+    statistics), and the seconds spent in training steps (evaluations excluded)."""
 
     def __init__(self, budget: int, marks: tuple[float, ...], eval_rows: list[dict]) -> None:
         self.budget, self.marks, self.eval_rows = budget, list(marks), eval_rows
         self.trainer: GRPOTrainer | None = None
         self.checkpoints: list[dict] = []
-        self.eval_seconds, self.step_seconds = 0.0, 0.0
+        self.step_seconds = 0.0  # training steps only, evaluations excluded
         self.last: dict[str, float] = {}
 
     def on_log(self, args, state, control, logs=None, **kwargs) -> None:
@@ -117,44 +117,29 @@ class TokenBudget:
         self.step_seconds += logs.get("time/step", 0.0)
         tokens = logs["compute/generated_tokens_total"]
         while self.marks and tokens >= self.marks[0] * self.budget:
-            start = time.perf_counter()
-            greedy = greedy_correct(self.trainer, self.eval_rows)
-            self.eval_seconds += time.perf_counter() - start
+            greedy = greedy_correct(self.trainer.engine, self.trainer.tokenizer, self.eval_rows)
+            self.trainer.model.train()
             self.checkpoints.append({"mark": self.marks.pop(0), "tokens": tokens, "greedy": greedy})
         if not self.marks:
             control.should_training_stop = True
 
 
-def greedy_correct(trainer: GRPOTrainer, rows: list[dict]) -> list[bool]:
+def greedy_correct(model, tokenizer, rows: list[dict]) -> list[bool]:
+    """Per problem: is the greedy completion correct (``model``: a model or a run's engine)."""
     result = evaluate_model(
-        trainer.engine,
-        trainer.tokenizer,
-        rows,
-        trainer.reward_funcs,
-        n=0,
-        greedy=True,
-        max_completion_length=trainer.args.max_completion_length,
-        batch_size=64,
-    )
-    trainer.model.train()
+        model, tokenizer, rows, [accuracy_reward], n=0, greedy=True,
+        max_completion_length=BASE_OPTIONS["max_completion_length"], batch_size=64,
+    )  # fmt: skip
     return [bool(r.greedy_correct) for r in result.per_prompt]
 
 
-def sampled_counts(trainer, rows: list[dict], n: int, seed: int) -> list[int]:
+def sampled_counts(model, tokenizer, rows: list[dict], n: int, seed: int) -> list[int]:
+    """Per problem: how many of ``n`` samples at temperature 1 are correct."""
     result = evaluate_model(
-        trainer.engine,
-        trainer.tokenizer,
-        rows,
-        trainer.reward_funcs,
-        n=n,
-        ks=[1, n],
-        greedy=False,
-        temperature=1.0,
-        max_completion_length=trainer.args.max_completion_length,
-        seed=seed,
-        batch_size=8,
-    )
-    trainer.model.train()
+        model, tokenizer, rows, [accuracy_reward], n=n, ks=[1, n], greedy=False,
+        temperature=1.0, max_completion_length=BASE_OPTIONS["max_completion_length"],
+        seed=seed, batch_size=8,
+    )  # fmt: skip
     return [r.c for r in result.per_prompt]
 
 
@@ -195,33 +180,20 @@ def warm_eval(out: Path, eval_rows: list[dict], pass_rows: list[dict], n_pass: i
     if path.exists():
         return json.loads(path.read_text())
     model, tokenizer = load_model_and_tokenizer(str(out / "warm"))
-    length = BASE_OPTIONS["max_completion_length"]
-    greedy = evaluate_model(
-        model, tokenizer, eval_rows, [accuracy_reward], n=0, greedy=True,
-        max_completion_length=length, batch_size=64,
-    )  # fmt: skip
-    sampled = evaluate_model(
-        model, tokenizer, pass_rows, [accuracy_reward], n=n_pass, ks=[1, n_pass],
-        max_completion_length=length, seed=0, batch_size=8,
-    )  # fmt: skip
+    greedy = greedy_correct(model, tokenizer, eval_rows)
+    counts = sampled_counts(model, tokenizer, pass_rows, n_pass, seed=0)
+
+    def level_mean(values: list, rows: list[dict], level: str) -> float:
+        return statistics.mean(v for v, row in zip(values, rows, strict=True)
+                               if str(row["difficulty"]) == level)  # fmt: skip
+
     result = {
-        "greedy": {
-            str(d * 10 + 2): statistics.mean(
-                bool(r.greedy_correct)
-                for r, row in zip(greedy.per_prompt, eval_rows, strict=True)
-                if row["difficulty"] == d * 10 + 2
-            )
-            for d in LEVELS
-        },
+        "greedy": {f"{d}2": level_mean(greedy, eval_rows, f"{d}2") for d in LEVELS},
         f"pass@{n_pass}": {
-            level: statistics.mean(
-                pass_at_k(n_pass, r.c, n_pass)
-                for r, row in zip(sampled.per_prompt, pass_rows, strict=True)
-                if str(row["difficulty"]) == level
-            )
+            level: level_mean([pass_at_k(n_pass, c, n_pass) for c in counts], pass_rows, level)
             for level in PASS_LEVELS
         },
-    }  # fmt: skip
+    }
     path.write_text(json.dumps(result))
     return result
 
@@ -235,10 +207,8 @@ def run_arm(
         args = GRPOConfig(**{**BASE_OPTIONS, **ARMS[arm], "seed": seed, "output_dir": tmp})
         trainer = GRPOTrainer(str(warm), ["accuracy"], pool, args=args, callbacks=[budget_cb])
         budget_cb.trainer = trainer
-        start = time.perf_counter()
         trainer.train()
-        wall = time.perf_counter() - start - budget_cb.eval_seconds
-        counts = sampled_counts(trainer, pass_rows, n_pass, seed)
+        counts = sampled_counts(trainer.engine, trainer.tokenizer, pass_rows, n_pass, seed)
     last = budget_cb.last
     return {
         "arm": arm,
@@ -248,7 +218,6 @@ def run_arm(
         "rollouts": last["compute/rollouts_total"],
         "optimizer_steps": last["compute/optimizer_steps_total"],
         "informative_per_rollout": last["compute/informative_groups_per_rollout_total"],
-        "train_seconds": wall,
         "step_seconds": budget_cb.step_seconds,
         "checkpoints": budget_cb.checkpoints,
         "pass_counts": counts,
