@@ -267,7 +267,7 @@ def _imports(path: Path) -> set[str]:
 LAYERS = [
     {"core", "logprobs", "data", "models", "monitor", "loggers", "report", "files",
      "memory.plan", "errors"},
-    {"distributed", "rollout", "rewards", "batching", "tools"},
+    {"distributed", "rollout", "rewards", "batching", "tools", "precision", "reference"},
     {"curriculum", "tasks", "evaluation", "sampler"},
     {"config", "trl_compat"},
     {"policy", "checkpoint"},

@@ -1,7 +1,6 @@
 import copy
 import json
 import math
-import types
 
 import pytest
 import torch
@@ -93,7 +92,7 @@ def test_beta_zero_never_builds_reference_model(tmp_path, monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a reference model copy was made with beta == 0")
 
-    monkeypatch.setattr("groupwise.policy.copy", types.SimpleNamespace(deepcopy=forbidden))
+    monkeypatch.setattr("groupwise.reference.frozen_copy", forbidden)
     trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=_config(tmp_path, beta=0.0))
     assert trainer.ref_model is None
     logs = trainer.train()

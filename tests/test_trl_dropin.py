@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import tiny_config
 from groupwise import ConfigError, GRPOConfig, GRPOTrainer
@@ -121,7 +122,9 @@ def test_trl_quickstart_runs_with_only_the_import_changed(tmp_path, monkeypatch)
     # warmup_steps=0.5 < 1 is a ratio: ceil(0.5 * 3) = 2 warmup steps of 3, then cosine.
     assert args.warmup_ratio == 0.5 and args.warmup_steps == 0
     assert [row["learning_rate"] for row in history] == pytest.approx([1e-5, 1e-5, 0.0])
-    assert trainer.args.device == "cpu" and trainer.args.dtype == "float32"
+    # bf16=False: no autocast; fp32 weights either way (TRL's bf16 never means bf16 weights).
+    assert trainer.args.device == "cpu" and trainer.args.bf16_autocast is False
+    assert trainer.precision.name == "fp32" and trainer.model.dtype == torch.float32
     assert trainer.args.report_to is None and trainer.args.gradient_checkpointing
     reports = [w for w in caught if issubclass(w.category, IgnoredOptionsWarning)]
     assert len(reports) == 1
@@ -148,9 +151,12 @@ def _config(**kwargs) -> GRPOConfig:
     [
         ({"use_cpu": True}, {"device": "cpu"}),
         ({"use_cpu": False}, {"device": "auto"}),
-        ({"bf16": True}, {"dtype": "bfloat16"}),
-        ({"bf16": False}, {"dtype": "float32"}),
-        ({"bf16": None}, {"dtype": "auto"}),
+        # TRL's bf16 is mixed precision: fp32 weights (dtype stays auto), bf16 autocast.
+        ({"bf16": True}, {"dtype": "auto", "bf16_autocast": True}),
+        ({"bf16": False}, {"dtype": "auto", "bf16_autocast": False}),
+        ({"bf16": None}, {"dtype": "auto", "bf16_autocast": None}),
+        ({"tf32": None}, {"tf32": True}),
+        ({"tf32": False}, {"tf32": False}),
         ({"fp16": False}, {"dtype": "auto"}),
         ({"optim": "adamw_torch_fused", "adam_epsilon": 1e-6}, {"adam_epsilon": 1e-6}),
         ({"report_to": "none"}, {"report_to": None}),
@@ -197,7 +203,7 @@ def test_report_to_all_is_the_installed_loggers(monkeypatch):
     [
         ({"fp16": True, "use_cpu": True}, "fp16=True is not supported on CPU"),
         ({"fp16": True}, "fp16=True is not supported: groupwise trains in float32 or bfloat16"),
-        ({"bf16": True, "dtype": "float32"}, "bf16=True means dtype='bfloat16', but dtype="),
+        ({"bf16": True, "bf16_autocast": False}, "bf16=True means bf16_autocast=True, but"),
         ({"use_cpu": True, "device": "cuda"}, "use_cpu=True means device='cpu', but device="),
         ({"optim": "adafactor"}, "optim='adafactor' is not supported"),
         ({"save_strategy": "best"}, "save_strategy='best' is not one of"),
@@ -278,7 +284,7 @@ def test_yaml_and_command_line_take_trl_names():
     }
     with pytest.warns(IgnoredOptionsWarning, match="logging_dir='logs'"):
         config = GRPOConfig.from_dict(values, source="cli")
-    assert (config.device, config.dtype, config.warmup_ratio) == ("cpu", "float32", 0.1)
+    assert (config.device, config.bf16_autocast, config.warmup_ratio) == ("cpu", False, 0.1)
     assert (config.max_steps, config.num_train_epochs, config.save_strategy) == (-1, 2.0, "epoch")
     assert config.trl_ignored == {"logging_dir": "logs"}
     assert GRPOConfig.from_dict({"warmup_steps": "3"}).warmup_steps == 3

@@ -62,8 +62,8 @@ def trimmed_completions(
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The completion ids and mask of ``rows``, cut to their longest completion (at least one
     column), and that width: a micro-batch's forward pays only for its own padding."""
+    width = max(int(rollout.host_lengths[rows].max()), 1) if len(rows) else 1
     mask = rollout.completion_mask[rows]
-    width = max(int(mask.sum(dim=1).max()), 1)
     return rollout.completion_ids[rows, :width], mask[:, :width], width
 
 

@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from .curriculum import CURRICULA, Curriculum
 from .distributed import DistributedContext
 from .models import load_model_and_tokenizer
 from .policy import Policy, apply_lora
+from .precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
 from .rewards import RewardFunc, correctness_index, reward_func_name
 from .rewards.combine import RewardScorer, score_rollout
 from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams
@@ -64,15 +66,31 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "float32":
-        return torch.float32
-    if name == "bfloat16":
-        return torch.bfloat16
-    # auto: bf16 on GPUs that support it, fp32 elsewhere (CPU training in bf16 loses updates).
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
+def resolve_run_precision(args: GRPOConfig, device: torch.device) -> Precision:
+    """The run's numerics (:mod:`groupwise.precision`) on ``device``, with the pure-bf16 warning
+    and TF32 set up."""
+    precision = resolve_precision(
+        args.dtype, args.bf16_autocast, args.generation_dtype, device, use_peft=args.use_peft
+    )
+    warn_lost_updates(precision, args.learning_rate, args.use_peft)
+    configure_tf32(args.tf32, device)
+    return precision
+
+
+def check_attn_implementation(name: str, device: torch.device) -> None:
+    """Refuse flash_attention_2 where it cannot run, before a model is loaded."""
+    if name != "flash_attention_2":
+        return
+    if device.type != "cuda":
+        raise ConfigError(
+            f"attn_implementation=flash_attention_2 needs a CUDA GPU (device is {device.type}); "
+            "use sdpa"
+        )
+    if importlib.util.find_spec("flash_attn") is None:
+        raise ConfigError(
+            "attn_implementation=flash_attention_2 needs the flash-attn package "
+            "(pip install flash-attn --no-build-isolation); or use sdpa, torch's fused kernel"
+        )
 
 
 def build_model(
@@ -84,8 +102,17 @@ def build_model(
     peft_config: Any | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The policy model on its device and dtype (gradient checkpointing, LoRA: ``peft_config``
-    when given, else the ``lora_*`` options) and tokenizer."""
-    model, tokenizer = load_model_and_tokenizer(model, processing_class, seed=args.seed)
+    when given, else the ``lora_*`` options) and tokenizer. A saved model is read straight into
+    ``dtype`` and ``device``; a loaded one is moved there."""
+    check_attn_implementation(args.attn_implementation, device)
+    model, tokenizer = load_model_and_tokenizer(
+        model,
+        processing_class,
+        seed=args.seed,
+        dtype=dtype,
+        device=device,
+        attn_implementation=args.attn_implementation,
+    )
     model = model.to(device=device, dtype=dtype)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -400,21 +427,17 @@ def build_engine(
     tokenizer: PreTrainedTokenizerBase,
     args: GRPOConfig,
     generator: torch.Generator,
-    dtype: torch.dtype,
+    precision: Precision,
     interaction: Interaction | None = None,
 ) -> RolloutEngine:
-    """The rollout engine: the Hugging Face / torch engine on the policy's own weights. With
-    ``generation_dtype: bfloat16`` (and an update in another dtype) it generates under bf16
-    autocast and records its log-probs, which turns rollout correction on. With tools or an
-    environment (``interaction``) the multi-turn engine wraps it."""
-    differs = (
-        args.generation_dtype == "bfloat16" and not args.bf16_autocast and dtype != torch.bfloat16
-    )
+    """The rollout engine: the Hugging Face / torch engine on the policy's own weights, in the
+    training forward's numerics. With bf16 generation alone (``generation_dtype: bfloat16``, an
+    fp32 update) it generates under bf16 autocast and records its log-probs, which turns rollout
+    correction on. With tools or an environment (``interaction``) the multi-turn engine wraps
+    it."""
 
     def numerics() -> contextlib.AbstractContextManager:
-        if differs:
-            return torch.autocast(device_type=policy.device.type, dtype=torch.bfloat16)
-        return policy.autocast()
+        return precision.generation_context(policy.device)
 
     engine = HFEngine(
         policy.model,
@@ -423,7 +446,7 @@ def build_engine(
         generator,
         numerics=numerics,
         weights=policy.full_weights,
-        records_logprobs=differs,
+        records_logprobs=precision.generation_only,
     )
     return with_interaction(engine, args, interaction)
 

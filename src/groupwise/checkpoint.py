@@ -272,28 +272,59 @@ def resolve_resume_path(value: str, output_dir: str | Path) -> Path | None:
 
 # ----------------------------------------------------------------------------------------------
 def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
-    """Every random state a step consumes, in types ``torch.load(weights_only=True)`` accepts."""
+    """Every random state a step consumes, in types ``torch.load(weights_only=True)`` accepts.
+    CUDA's is the current device's only, and only once this process has started CUDA: asking
+    for every device's (``get_rng_state_all``) would open a context on every visible GPU from
+    every rank."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": [kind, torch.from_numpy(keys.copy()), int(pos), int(has_gauss), float(cached)],
         "torch": torch.get_rng_state(),
         "generators": {name: g.get_state() for name, g in generators.items()},
+        "generator_devices": {name: g.device.type for name, g in generators.items()},
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
-def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
+def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator]) -> list[str]:
+    """Restore :func:`rng_state`'s states; returns a note for each generator that could not
+    carry over (a checkpoint written on another kind of device: a CPU generator's state is
+    5,056 bytes, a CUDA one's 16, and neither reads the other). Such a generator is re-seeded
+    from the saved state, so the resumed run is reproducible, though it does not sample what
+    an uninterrupted run on the first device would have."""
     random.setstate(state["python"])
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
+    notes = []
+    saved_devices = state.get("generator_devices", {})
     for name, generator in generators.items():
-        generator.set_state(state["generators"][name])
+        saved = state["generators"][name]
+        written_on = saved_devices.get(name, generator.device.type)
+        try:
+            if written_on != generator.device.type:
+                raise ValueError("written on another device")
+            generator.set_state(saved)
+        except (RuntimeError, ValueError):
+            digest = hashlib.sha256(saved.numpy().tobytes()).digest()
+            generator.manual_seed(int.from_bytes(digest[:8], "little"))
+            notes.append(
+                f"the {name} generator was saved on {written_on} and this run samples on "
+                f"{generator.device.type}: generator states do not carry over between devices, "
+                "so it was re-seeded from the saved state (reproducible, but not the samples an "
+                f"uninterrupted {written_on} run would draw)"
+            )
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda = state["cuda"]
+        if isinstance(cuda, (list, tuple)):  # older checkpoints: every device's state
+            index = torch.cuda.current_device()
+            cuda = cuda[index] if index < len(cuda) else None
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)
+    return notes
 
 
 def plain(value: Any) -> Any:

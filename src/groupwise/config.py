@@ -227,14 +227,24 @@ class GRPOConfig:
 
     # --- runtime --------------------------------------------------------------------------
     device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # auto (bf16 on GPUs that have it, else fp32) | float32 | bfloat16
+    # The weights' dtype (README "Precision"). auto: fp32 trained weights everywhere (with LoRA
+    # on a bf16 GPU the frozen base in bf16) | float32 | bfloat16: pure bf16 weights and AdamW
+    # state, no fp32 master copy (loses small updates; warns).
+    dtype: str = "auto"
     logprob_chunk_size: int = 512  # tokens per chunk of the LM head + log-softmax
     logprob_impl: str = "chunked"  # chunked (no [tokens x vocab] logits kept) | naive (full)
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory)
     # Micro-batches of similar completion lengths (whole groups, longest first), so each one is
     # padded only to its own longest completion. Only matters with several micro-batches.
     group_by_length: bool = True
-    bf16_autocast: bool = False  # bf16 autocast for forward passes (weights stay in dtype)
+    # bf16 autocast of every forward/backward and of generation, weights and optimizer state
+    # staying in dtype (mixed precision; TRL's bf16=True). None = auto: on with a bf16 GPU,
+    # off on CPU (where bf16 matmuls gain little).
+    bf16_autocast: bool | None = None
+    tf32: bool = True  # CUDA: TF32 tensor cores for the fp32 matmuls (no effect on CPU)
+    # Attention kernel: sdpa (torch's scaled_dot_product_attention) | eager |
+    # flash_attention_2 (needs the flash-attn package and a CUDA GPU)
+    attn_implementation: str = "sdpa"
     # auto: generate with the training forward's numerics | bfloat16: bf16 autocast for
     # generation only (faster decoding where the hardware has bf16), the update stays in dtype.
     generation_dtype: str = "auto"
@@ -488,6 +498,7 @@ class GRPOConfig:
             "logprob_impl": ("chunked", "naive"),
             "data_parallel": ("ddp", "fsdp"),
             "generation_dtype": ("auto", "bfloat16"),
+            "attn_implementation": ("sdpa", "eager", "flash_attention_2"),
             "rollout_correction_mode": ROLLOUT_CORRECTION_MODES,
             "prompt_weighting": ("rollouts", "equal"),
             "save_strategy": ("steps", "epoch", "no"),
@@ -805,6 +816,8 @@ def coerce(value: Any, tp: Any, what: str) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             if type(None) in args:
                 return None
+        if bool in args and type(None) in args and value == "auto":  # bf16_autocast: auto
+            return None
         errors = []
         for arg in args:
             if arg is type(None):

@@ -279,8 +279,9 @@ class LossVariant:
         """One micro-batch's loss from its masked per-token losses [B, T]."""
         raise NotImplementedError
 
-    def share(self, rows: int, tokens: Tensor, counts: BatchCounts) -> float:
-        """The weight of a micro-batch of ``rows`` completions and ``tokens`` unmasked tokens."""
+    def share(self, rows: int, tokens: Tensor, counts: BatchCounts) -> float | Tensor:
+        """The weight of a micro-batch of ``rows`` completions and ``tokens`` unmasked tokens
+        (a float, or a 0-d tensor when it depends on ``tokens``)."""
         raise NotImplementedError
 
 
@@ -337,8 +338,9 @@ class GlobalTokenMeanLoss(TokenMeanLoss):
     """DAPO: the token mean over the whole batch (TRL's dapo: the token count of the whole
     accumulated batch, every rank's): each micro-batch weighs its share of the tokens."""
 
-    def share(self, rows: int, tokens: Tensor, counts: BatchCounts) -> float:
-        return float(tokens / counts.tokens) * counts.world_size
+    def share(self, rows: int, tokens: Tensor, counts: BatchCounts) -> float | Tensor:
+        # A 0-d tensor on the loss's device: reading it as a float would wait for the GPU.
+        return tokens / counts.tokens * counts.world_size
 
 
 @register_loss("dr_grpo")
@@ -419,8 +421,8 @@ def policy_loss(
     max_completion_length: int | None = None,
     rollout_weights: Tensor | None = None,
     row_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """Clipped GRPO surrogate loss (to minimise) plus no-grad metrics.
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped GRPO surrogate loss (to minimise) plus no-grad metrics (0-d tensors).
 
     Per token, DeepSeekMath eq. (3) with DAPO's separate clip bounds (algorithms.md §2, §3.2):
     ``loss_it = -min(rho_it A_i, clip(rho_it, 1 - eps_low, 1 + eps_high) A_i) + beta k3_it``,
@@ -532,7 +534,8 @@ def policy_loss(
         else:
             means = stats.mean(dim=(1, 2))
         kl_mean = masked_mean(kl.detach(), keep) if kl is not None else means.new_zeros(())
-        values = torch.cat([kl_mean.reshape(1), means]).tolist()  # one device sync
+        # 0-d tensors on the loss's device: the caller reads them once per pass (no sync here).
+        values = torch.cat([kl_mean.reshape(1), means]).unbind()
     keys = (
         "kl",
         "clip_ratio/low_mean",

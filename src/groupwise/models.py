@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -127,7 +128,9 @@ def smollm2_path() -> Path:
     return target
 
 
-def tiny_random_model(seed: int = 0, vocab_size: int = 49152) -> LlamaForCausalLM:
+def tiny_random_model(
+    seed: int = 0, vocab_size: int = 49152, attn_implementation: str | None = None
+) -> LlamaForCausalLM:
     """A seeded random Llama (about 3.5M parameters, most in the tied embedding)."""
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -142,6 +145,8 @@ def tiny_random_model(seed: int = 0, vocab_size: int = 49152) -> LlamaForCausalL
         eos_token_id=2,
         pad_token_id=2,
     )
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
@@ -177,8 +182,21 @@ def load_model_and_tokenizer(
     name_or_path: str | PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase | None = None,
     seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    attn_implementation: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Resolve a built-in model name, a local path, or an already-loaded model."""
+    """Resolve a built-in model name, a local path, or an already-loaded model (returned as
+    is). Saved weights are read straight into ``dtype`` on ``device`` (no fp32 copy in CPU
+    memory first); ``tiny-random`` is initialised on the CPU in fp32, so its seeded weights are
+    the same on every machine, then cast."""
+    device = torch.device(device)
+    # device_map puts each tensor on the GPU as it is read (accelerate, a peft dependency).
+    placement: dict[str, Any] = {"dtype": dtype}
+    if device.type == "cuda":
+        placement["device_map"] = {"": device}
+    if attn_implementation is not None:
+        placement["attn_implementation"] = attn_implementation
     if isinstance(name_or_path, PreTrainedModel):
         model = name_or_path
         if tokenizer is None:
@@ -187,16 +205,17 @@ def load_model_and_tokenizer(
                 raise ValueError("a loaded model was passed without processing_class (tokenizer)")
             tokenizer = AutoTokenizer.from_pretrained(path)
     elif name_or_path == "tiny-random":
-        model = tiny_random_model(seed=seed)
+        model = tiny_random_model(seed=seed, attn_implementation=attn_implementation)
+        model = model.to(device=device, dtype=dtype)
         tokenizer = tokenizer or smollm2_tokenizer()
     elif name_or_path == "smollm2-135m-instruct":
         path = smollm2_path()
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, **placement)
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
     else:
         check_model_name(name_or_path)
         try:
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, **placement)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(name_or_path)
         except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
             raise ModelLoadError(

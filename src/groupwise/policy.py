@@ -17,7 +17,6 @@ tokens and micro-batches), so data parallel gives the single-process gradient.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -54,6 +53,8 @@ from .distributed import (
     shard_fsdp,
 )
 from .logprobs import completion_logprobs
+from .precision import Precision
+from .reference import Reference
 from .rollout import Rollout
 
 if TYPE_CHECKING:
@@ -227,12 +228,13 @@ class MicroBatch:
 @dataclass
 class LossTerms:
     """A loss's answer for one micro-batch: the loss (with grad), its ``weight`` in the global
-    batch's loss, metrics (python floats, weighted like the loss when logged) and the
-    per-completion policy term a curriculum reads ([n], no grad; None if the loss has none)."""
+    batch's loss (a float or a 0-d tensor), metrics (0-d detached tensors or floats, weighted
+    like the loss when logged; read once per pass) and the per-completion policy term a
+    curriculum reads ([n], no grad; None if the loss has none)."""
 
     loss: Tensor
-    weight: float
-    metrics: dict[str, float]
+    weight: float | Tensor
+    metrics: dict[str, float | Tensor]
     sequence_loss: Tensor | None = None
 
 
@@ -337,19 +339,27 @@ class Policy(Trainable):
         args: GRPOConfig,
         dist: DistributedContext,
         device: torch.device,
+        precision: Precision | None = None,
     ) -> None:
         self.model, self.device = model, device
+        self.precision = precision or Precision(weights=torch.float32, autocast=False)
+        fsdp = dist.enabled and args.data_parallel == "fsdp"
         # The frozen reference exists only when the KL term is on (beta > 0). With LoRA it is
-        # the same weights with the adapter disabled: no second copy.
-        self.ref_model: PreTrainedModel | None = None
+        # the same weights with the adapter disabled: no second copy. Copied before the policy
+        # is sharded (its parameters then become shards).
+        self.reference: Reference | None = None
         if args.beta > 0 and not args.use_peft:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-            if args.ref_model_offload:
-                self.ref_model.to("cpu")
+            self.reference = Reference(
+                model,
+                device,
+                offload=args.ref_model_offload,
+                shard=functools.partial(shard_fsdp, ctx=dist, device=device) if fsdp else None,
+                gather=fsdp_full_weights if fsdp else None,
+            )
         # FSDP shards the model in place (its parameters become DTensor shards), so the
         # optimizer is built afterwards, on the shards.
         wrapper: Any = None
-        if dist.enabled and args.data_parallel == "fsdp":
+        if fsdp:
             wrapper = shard_fsdp(model, dist, device)
         elif dist.enabled:
             wrapper = DistributedDataParallel(
@@ -359,11 +369,15 @@ class Policy(Trainable):
         super().__init__(model, wrapper, args, dist, args.learning_rate)
         self._full_weights_depth = 0
 
+    @property
+    def ref_model(self) -> PreTrainedModel | None:
+        """The frozen reference copy (None with LoRA or beta = 0)."""
+        return self.reference.module if self.reference is not None else None
+
     # -- numerics and weights -------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
-        if not self.args.bf16_autocast:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        """The training forward's numerics: bf16 autocast in mixed precision, else none."""
+        return self.precision.context(self.device)
 
     @contextlib.contextmanager
     def full_weights(self) -> Iterator[None]:
@@ -382,10 +396,10 @@ class Policy(Trainable):
         """Row-index micro-batches of ``per_device_train_batch_size`` rows (whole groups when
         the groups are uniform and fit, sorted by length with ``group_by_length``)."""
         group = self.args.num_generations
-        sizes = torch.bincount(rollout.group_ids.cpu())
+        sizes = torch.bincount(rollout.host_group_ids)
         uniform = bool((sizes == group).all())
         return micro_batch_rows(
-            rollout.completion_mask.sum(dim=1).cpu(),
+            rollout.host_lengths,
             self.args.per_device_train_batch_size,
             group if uniform else None,
             by_length=self.args.group_by_length,
@@ -402,7 +416,7 @@ class Policy(Trainable):
         completion_ids, completion_mask, width = trimmed_completions(rollout, rows)
         # Share the prompt forward across the rows of a prompt: whole groups, or a micro-batch
         # that holds part of one group (micro_batch_rows lays them out so).
-        blocks = prompt_blocks(rollout.group_ids[rows].cpu(), self.args.num_generations)
+        blocks = prompt_blocks(rollout.host_group_ids[rows], self.args.num_generations)
         share = blocks is not None and not self.args.gradient_checkpointing
         policy_grad = model is self.model and torch.is_grad_enabled()
         if policy_grad and self.sharded:
@@ -445,19 +459,22 @@ class Policy(Trainable):
 
     def reference_logprobs(self, rollout: Rollout, rows: Tensor) -> Tensor:
         """Log-probs under the frozen reference: the adapter-disabled model with LoRA, else the
-        reference copy (moved to the device for the call when it is offloaded to CPU)."""
+        reference copy. Call it inside :meth:`reference_weights` (once around a whole batch:
+        an offloaded reference visits the device once, a sharded one is gathered once)."""
         if self.args.use_peft:
             with self.model.disable_adapter():
                 return self.logprobs(rollout, rows)[0]
-        assert self.ref_model is not None
-        offloaded = self.args.ref_model_offload and self.device.type != "cpu"
-        if offloaded:
-            self.ref_model.to(self.device)
-        try:
-            return self.logprobs(rollout, rows, self.ref_model)[0]
-        finally:
-            if offloaded:
-                self.ref_model.to("cpu")
+        assert self.reference is not None
+        return self.logprobs(rollout, rows, self.reference.module)[0]
+
+    def reference_weights(self) -> contextlib.AbstractContextManager:
+        """The block inside which :meth:`reference_logprobs` runs (with LoRA the policy's own
+        weights: under FSDP gathered once for the block)."""
+        if self.args.use_peft:
+            return self.full_weights()
+        if self.reference is None:
+            return contextlib.nullcontext()
+        return self.reference.weights()
 
     # -- the two calls of a step ----------------------------------------------------------------
     def prepare(
@@ -490,18 +507,24 @@ class Policy(Trainable):
         need_old = args.num_iterations > 1 if need_old is None else need_old
         old: list[Tensor | None] = [None] * len(micro_batches)
         ref: list[Tensor | None] = [None] * len(micro_batches)
-        # FSDP: the full weights are gathered once for the loop, so the no-grad forwards hold
-        # no collective (ranks may run different numbers of them).
-        with torch.no_grad(), self.autocast(), self.full_weights():
-            for k, rows in enumerate(micro_batches):
-                if need_old:  # the ratio is against the sampling policy
-                    old[k] = self.logprobs(rollout, rows)[0]
-                if args.beta > 0:
-                    ref[k] = self.reference_logprobs(rollout, rows)
+        # FSDP: the full weights are gathered once for each loop, so the no-grad forwards hold
+        # no collective (ranks may run different numbers of them). The policy's and the
+        # reference's full weights are never held at once.
+        with torch.no_grad(), self.autocast():
+            if need_old:  # the ratio is against the sampling policy
+                with self.full_weights():
+                    old = [self.logprobs(rollout, rows)[0] for rows in micro_batches]
+            if args.beta > 0:
+                with self.reference_weights():
+                    ref = [self.reference_logprobs(rollout, rows) for rows in micro_batches]
+        # Row and micro-batch counts are host numbers (gloo under a mixed backend); the token
+        # count stays on the device, read by the losses without a sync.
+        local = torch.tensor([mask.shape[0], len(micro_batches)])
+        rows_and_batches = all_reduce_sum(local, self.dist)
         counts = BatchCounts(
-            rows=int(all_reduce_sum(torch.tensor(mask.shape[0]), self.dist)),
+            rows=int(rows_and_batches[0]),
             tokens=all_reduce_sum(mask.sum(), self.dist).clamp(min=1),
-            micro_batches=int(all_reduce_sum(torch.tensor(len(micro_batches)), self.dist)),
+            micro_batches=int(rows_and_batches[1]),
             world_size=self.dist.world_size,
         )
         return PolicyInputs(
@@ -570,7 +593,12 @@ class Policy(Trainable):
             net.zero_grad()
         rollout, first = inputs.rollout, stats.passes == 0
         batches = inputs.micro_batches + inputs.padding
-        nonfinite = False
+        # Metrics, the entropy sum, the non-finite flag and each row's policy term stay on the
+        # device until the pass ends: one host sync per pass, not one per micro-batch.
+        sums: dict[str, Tensor | float] = {}
+        entropy_sum: Tensor | float = 0.0
+        nonfinite: Tensor | bool = False
+        sequence_parts: list[tuple[Tensor, Tensor]] = []
         for k, rows in enumerate(batches):
             sync = k == len(batches) - 1
             with contextlib.ExitStack() as stack:
@@ -589,19 +617,31 @@ class Policy(Trainable):
                 terms = loss(logps, mb)
                 # A non-finite loss still goes through backward: its NaN gradients make every
                 # rank skip the update together (no rank may leave the all-reduce).
-                nonfinite |= not bool(torch.isfinite(terms.loss))
+                nonfinite = nonfinite | ~torch.isfinite(terms.loss.detach())
                 (terms.loss * terms.weight).backward()
-            values = {"loss": terms.loss.item(), **terms.metrics}
-            for key, value in values.items():
-                stats.sums[key] = stats.sums.get(key, 0.0) + value * terms.weight / inputs.passes
-            stats.entropy_sum += float((entropy * mb.mask).sum())
+            share = terms.weight / inputs.passes
+            for key, value in {"loss": terms.loss.detach(), **terms.metrics}.items():
+                sums[key] = sums.get(key, 0.0) + value * share
+            entropy_sum = entropy_sum + (entropy.detach() * mb.mask).sum()
             if terms.sequence_loss is not None:
-                if k == 0:
-                    stats.sequence_loss = torch.zeros(rollout.completion_ids.shape[0])
-                stats.sequence_loss[rows] = terms.sequence_loss.float().cpu()
+                sequence_parts.append((rows, terms.sequence_loss.detach().float()))
         stats.grad_norms = [net.clip_grad_norm() for net in networks]
-        finite = all(bool(torch.isfinite(norm)) for norm in stats.grad_norms)
-        stats.skipped = any_rank(nonfinite or not finite, self.dist)
+        for norm in stats.grad_norms:
+            nonfinite = nonfinite | ~torch.isfinite(norm)
+        # The pass's one sync: every metric, the entropy and the flag in one transfer.
+        keys = list(sums)
+        values = [torch.as_tensor(sums[key], dtype=torch.float64) for key in keys]
+        values += [torch.as_tensor(entropy_sum, dtype=torch.float64)]
+        values += [torch.as_tensor(nonfinite, dtype=torch.float64)]
+        host = torch.stack([v.to(self.device) for v in values]).tolist()
+        for key, value in zip(keys, host, strict=False):
+            stats.sums[key] = stats.sums.get(key, 0.0) + value
+        stats.entropy_sum += host[-2]
+        if sequence_parts:
+            stats.sequence_loss = torch.zeros(rollout.completion_ids.shape[0])
+            index = torch.cat([rows for rows, _ in sequence_parts])
+            stats.sequence_loss[index] = torch.cat([v for _, v in sequence_parts]).cpu()
+        stats.skipped = any_rank(host[-1] > 0, self.dist)
         stats.passes += 1
         for net in networks:
             # A NaN/inf loss or gradient: skip the update so the weights stay good; the run

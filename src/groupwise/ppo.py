@@ -368,8 +368,9 @@ class PPOLoss:
             values, self.old_values[mb.rows], self.returns[mb.rows], mb.mask, args.cliprange_value
         )
         weight = self.token_mean.share(len(mb.rows), mb.mask.sum(), mb.counts)
-        metrics = {**metrics, "loss": pg_loss.item(), "value_loss": vf_loss.item(),
-                   "value_clip_frac": float(vf_clip)}  # fmt: skip
+        # Detached tensors: the update reads every metric once per pass (no sync here).
+        metrics = {**metrics, "loss": pg_loss.detach(), "value_loss": vf_loss.detach(),
+                   "value_clip_frac": torch.as_tensor(vf_clip).detach()}  # fmt: skip
         # Policy and critic share no parameters: one backward serves both.
         return LossTerms(pg_loss + args.vf_coef * vf_loss, weight, metrics)
 
@@ -397,7 +398,7 @@ class PPOTrainer(Trainer):
         if self.interaction is not None:  # PPOTrainer(tools=...) / environment_factory
             raise ConfigError(PPO_MULTI_TURN)
         critic = build_value_model(self.model, args.critic_model, args.seed)
-        critic.backbone.to(device=self.device, dtype=self.dtype)
+        critic.backbone.to(device=self.device, dtype=self.precision.trained)
         critic.head.to(device=self.device, dtype=torch.float32)
         if args.gradient_checkpointing:
             critic.backbone.gradient_checkpointing_enable()
@@ -427,7 +428,7 @@ class PPOTrainer(Trainer):
         """Generate, score, estimate advantages with the critic and update policy and critic
         ``num_iterations`` times; returns this step's metrics."""
         args, policy, critic = self.args, self.policy, self.critic_trainable
-        timer = PhaseTimer()
+        timer = PhaseTimer(self.device)
         batch = self.prompts.next()
         rollout = self.engine.generate(batch.prompt_ids, args.num_generations, rows=batch.rows)
         timer.mark("generation")

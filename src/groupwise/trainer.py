@@ -85,7 +85,7 @@ class GRPOTrainer(Trainer):
 
     def train_step(self) -> dict[str, float]:
         """Generate, score and update once; returns this step's metrics."""
-        timer = PhaseTimer()
+        timer = PhaseTimer(self.device)
         # q ~ D, plan, o_i ~ pi_old(.|q), r_i (dynamic_sampling: until enough informative groups)
         batch, plan, rollout, scores = self.dynamic.collect(lambda: self.draw(timer))
         advantages = self.advantages(scores.rewards, rollout.group_ids)  # A_i

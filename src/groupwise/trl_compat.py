@@ -3,7 +3,8 @@
 A TRL script builds ``GRPOConfig(...)`` with the usual ``TrainingArguments`` keywords. Here:
 
 - Names that mean something in groupwise are translated (:func:`translate_trl_options`):
-  ``use_cpu`` -> ``device="cpu"``; ``bf16`` -> ``dtype`` (True: bfloat16, False: float32);
+  ``use_cpu`` -> ``device="cpu"``; ``bf16`` -> ``bf16_autocast`` (fp32 weights with bf16
+  autocast, as in TRL and the HF Trainer; None: auto, on with a bf16 GPU);
   ``fp16=True`` is refused (groupwise has no fp16 loss scaling); ``optim`` must be an
   ``adamw_torch*`` (groupwise trains with ``torch.optim.AdamW``); ``warmup_steps`` below 1 is a
   ratio (transformers 5's meaning) and becomes ``warmup_ratio``; ``num_train_epochs`` without
@@ -150,7 +151,6 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "shuffle_dataset",
         "skip_memory_metrics",
         "sync_ref_model",
-        "tf32",
         "top_entropy_quantile",
         "torch_compile",
         "torch_compile_backend",
@@ -204,6 +204,7 @@ _NONE_IS_DEFAULT = (
     "max_completion_length",
     "num_completions_to_print",
     "disable_tqdm",
+    "tf32",
 )
 
 
@@ -242,9 +243,11 @@ def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
             f"fp16=True is not supported{where}: groupwise trains in float32 or bfloat16 "
             "(no fp16 loss scaling); use bf16=True on a GPU with bfloat16, or bf16=False"
         )
+    # TrainingArguments' bf16 is mixed precision: fp32 weights, bf16 autocast. Pure bf16 weights
+    # (groupwise's dtype: bfloat16) are never what a TRL script asked for.
     bf16 = kwargs.pop("bf16", None)
     if bf16 is not None:
-        _set(kwargs, "dtype", "bfloat16" if bf16 else "float32", f"bf16={bf16}")
+        _set(kwargs, "bf16_autocast", bool(bf16), f"bf16={bf16}")
     optim = kwargs.pop("optim", None)
     if optim is not None and not str(getattr(optim, "value", optim)).startswith(_OPTIM_PREFIX):
         raise ConfigError(

@@ -3,7 +3,8 @@
 ``--measure`` runs real training steps of each algorithm in a fresh subprocess (one per
 algorithm, so neither sees the other's peak) and prints the measured peak next to the plan for
 the same settings: on the CPU the peak RSS (VmHWM) minus the RSS after imports and the tokenizer,
-before the model is loaded; on a GPU ``torch.cuda.max_memory_allocated``.
+before the model is loaded; on a GPU ``torch.cuda.max_memory_reserved`` (the
+caching allocator's pool, fragmentation included).
 
 Each child is ``python -m groupwise.memory --_child SPEC`` (see :mod:`groupwise.memory.cli`);
 it runs :func:`_child_main` and prints one ``GROUPWISE_MEMORY_RESULT`` line of JSON. This is
@@ -131,8 +132,11 @@ def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
         )
         gc.collect()
         if cuda:
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-            baseline = torch.cuda.memory_allocated()
+            # Reserved, not allocated: the caching allocator's pool is what the GPU must hold
+            # (and what an out-of-memory error is about), fragmentation included.
+            baseline = torch.cuda.memory_reserved()
         else:
             baseline = _current_rss()
         trainer = Trainer(config.model, ["format", "accuracy"], dataset, args=config,
@@ -141,7 +145,7 @@ def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
         for _ in range(steps):
             logs = trainer.train_step()
             completion_len = max(completion_len, int(logs["completions/max_length"]))
-        peak = torch.cuda.max_memory_allocated() if cuda else _peak_rss()
+        peak = torch.cuda.max_memory_reserved() if cuda else _peak_rss()
         model_config = trainer.model.config.to_dict()
         dtype = str(next(trainer.model.parameters()).dtype)
     return {
@@ -249,7 +253,7 @@ def format_measurement(results: Sequence[dict[str, Any]]) -> str:
             lines.append(f"  {name}: not measured: {r['error']}")
             continue
         what = (
-            "peak torch.cuda.max_memory_allocated"
+            "peak torch.cuda.max_memory_reserved"
             if r["device"] == "cuda"
             else "peak RSS (VmHWM) minus RSS before the model was loaded"
         )

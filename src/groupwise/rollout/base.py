@@ -8,6 +8,7 @@ tokens it inserted in ``loss_mask``) needs no change outside its own module.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -60,6 +61,18 @@ class Rollout:
     @property
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(dim=1)
+
+    # Host copies, read from the device once per rollout: micro-batch shapes (widths, shared
+    # prompt blocks) are decided on the CPU, so no micro-batch waits for the GPU to decide them.
+    @functools.cached_property
+    def host_lengths(self) -> torch.Tensor:
+        """Completion lengths [N] in CPU memory."""
+        return self.lengths.cpu()
+
+    @functools.cached_property
+    def host_group_ids(self) -> torch.Tensor:
+        """``group_ids`` [N] in CPU memory."""
+        return self.group_ids.cpu()
 
 
 PromptIds = Sequence[Sequence[int]]  # tokenised prompts
