@@ -306,6 +306,7 @@ def run_eval(args: GRPOConfig) -> dict:
         save_json,
     )
     from .models import load_model_and_tokenizer
+    from .precision import resolve_precision
     from .rollout import HFEngine, SamplingParams
 
     output = Path(args.eval_output or Path(args.output_dir) / "eval.json")
@@ -328,14 +329,25 @@ def run_eval(args: GRPOConfig) -> dict:
         seed=args.seed,
     )
     device = resolve_device(args.device)
+    # Evaluation samples in the training numerics: bf16 autocast on a bf16 GPU, fp32 on CPU.
+    precision = resolve_precision(
+        args.dtype, args.bf16_autocast, args.generation_dtype, device, use_peft=args.use_peft
+    )
     funcs = [build_reward_func(name, args) for name in default_reward_names(args)]
 
     interaction = build_interaction(args)  # tools / environment: multi-turn, as in training
 
     def run(model_name: str):
-        model, tokenizer = load_model_and_tokenizer(model_name, seed=args.seed)
-        model.to(device)
-        engine = with_interaction(HFEngine(model, tokenizer, SamplingParams()), args, interaction)
+        model, tokenizer = load_model_and_tokenizer(
+            model_name, seed=args.seed, dtype=precision.weights, device=device
+        )
+        model.to(device=device, dtype=precision.weights)
+
+        def numerics():
+            return precision.generation_context(device)
+
+        engine = HFEngine(model, tokenizer, SamplingParams(), numerics=numerics)
+        engine = with_interaction(engine, args, interaction)
         result = evaluate_model(engine, tokenizer, rows, funcs, config)
         print(f"[groupwise] {model_name} on {len(rows)} prompts")
         print(format_table(result.summary))
