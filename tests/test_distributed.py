@@ -2,7 +2,9 @@
 parameters of one process running the same global batch; the CLI trains, logs once, resumes."""
 
 import json
+import math
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -511,3 +513,184 @@ def test_two_ranks_take_several_optimizer_steps_per_generation(tmp_path, data_pa
     assert [json.loads((tmp_path / f"rows-{r}.json").read_text()) for r in (0, 1)] == [[16]] * 2
     params = torch.load(tmp_path / "params.pt")
     assert all(torch.isfinite(p).all() for p in params.values())
+
+
+# SCRIPT with the collectives checked (tests/collective_check.py): init_distributed believes it
+# runs on CUDA while it creates the process group, which then joins over gloo; every collective
+# groupwise issues afterwards must be one the backend asked for serves.
+CHECKED_SCRIPT = (
+    textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+        import groupwise.run  # imports init_distributed by name: patched there too
+        import collective_check
+        collective_check.install()
+        """
+    )
+    + SCRIPT
+    + "\ncollective_check.write(out)\n"
+)
+
+
+@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
+def test_collectives_fit_the_process_group_of_a_cuda_run(tmp_path, data_parallel):
+    """A step with the reference (beta > 0), batch-scaled rewards and Rollout-GDRO (ranks hold
+    different row counts, and under FSDP run different numbers of micro-batches) on two ranks
+    that created their process group as a CUDA run does: every count, flag, metric and object
+    groupwise exchanges is a host tensor, which that group must serve (NCCL alone does not),
+    and objects are pickled into host memory, not moved to the GPU and back."""
+    from torch.distributed.distributed_c10d import Backend, BackendConfig
+
+    from groupwise.trainer import PromptSampler
+
+    script = tmp_path / "step.py"
+    script.write_text(CHECKED_SCRIPT)
+    options = {"data_parallel": data_parallel, "scale_rewards": "batch",
+               "curriculum": "rollout_gdro", "easy_prompts": PromptSampler(8, seed=0).take(2),
+               "rollout_allocator": "bandit", "rollout_arm_choice": "greedy",
+               "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}  # fmt: skip
+    _run(_torchrun(str(script), str(tmp_path), json.dumps(options)), tmp_path)
+    rows = [json.loads((tmp_path / f"rows-{r}.json").read_text()) for r in (0, 1)]
+    assert rows[0] != rows[1]  # 2 prompts x 2 rollouts vs 2 x 6
+    expected = {"all_reduce_sum", "any_rank", "reduce_metrics", "all_gather_objects"}
+    if data_parallel == "fsdp":
+        expected |= {"max_over_ranks", "shard_fsdp"}
+    for rank in (0, 1):
+        report = json.loads((tmp_path / f"collectives-{rank}.json").read_text())
+        assert report["backend"] is not None, "init_distributed did not create the group"
+        violations = "\n".join(
+            f"{v['op']} x{v['count']} ({v['why']}): {v['site']}" for v in report["violations"]
+        )
+        assert not report["violations"], f"backend {report['backend']!r}:\n{violations}"
+        # The GPU's collectives (DDP's and FSDP2's gradients and weights) stay on NCCL.
+        assert BackendConfig(Backend(report["backend"])).get_device_backend_map()["cuda"] == "nccl"
+        assert report["set_device"] == [rank]  # each rank on its own GPU
+        assert report["device_id"] == f"cuda:{rank}"
+        helpers = {
+            site.split(" <- ")[0].removeprefix("distributed.py:") for site in report["calls"]
+        }
+        assert expected <= helpers, report["calls"]
+        assert any("curriculum" in site for site in report["calls"]), report["calls"]
+        if data_parallel == "fsdp":  # FSDP2's own collectives went through the wrapper too
+            assert report["torch_calls"], report
+
+
+@pytest.mark.parametrize(
+    "device,cuda,backend,gpu",
+    [
+        ("auto", True, "cpu:gloo,cuda:nccl", 1),
+        ("cuda", True, "cpu:gloo,cuda:nccl", 1),
+        # Under torchrun every rank takes cuda:LOCAL_RANK: one index in the shared config would
+        # put all ranks on one GPU.
+        ("cuda:0", True, "cpu:gloo,cuda:nccl", 1),
+        ("auto", False, "gloo", None),
+        ("cpu", True, "gloo", None),
+        # No CUDA: build.resolve_device reports device=cuda just after, with its own message.
+        ("cuda", False, "gloo", None),
+    ],
+    ids=["auto-gpu", "cuda", "cuda:0", "auto-no-gpu", "cpu-on-gpu-machine", "cuda-no-gpu"],
+)
+def test_init_distributed_asks_for_the_backend_of_the_device(
+    monkeypatch, device, cuda, backend, gpu
+):
+    """In process: the backend, set_device and device_id that init_distributed asks for on
+    rank 1 of 2 (no process group is created)."""
+    import torch.distributed as dist
+
+    from groupwise.distributed import DistributedContext, init_distributed
+
+    calls: dict = {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.setdefault("set_device", i))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.update(kw))
+    ctx = init_distributed(device)
+    assert ctx == DistributedContext(rank=1, world_size=2, local_rank=1)
+    assert calls["backend"] == backend
+    assert calls.get("set_device") == gpu
+    assert calls.get("device_id") == (None if gpu is None else torch.device("cuda", gpu))
+
+
+def test_backend_for_serves_host_and_gpu_tensors():
+    """As torch reads the backend strings: on CUDA, host tensors go to gloo and GPU tensors to
+    NCCL; on the CPU everything goes to gloo."""
+    from collective_check import object_device, served_devices
+    from groupwise.distributed import backend_for
+
+    assert served_devices(backend_for("cuda")) == {"cpu": "gloo", "cuda": "nccl"}
+    assert object_device(backend_for("cuda")) == "cpu"
+    assert served_devices(backend_for("cpu"))["cpu"] == "gloo"
+    assert served_devices("nccl") == {"cuda": "nccl"}  # what the check holds NCCL alone to
+
+
+def test_fsdp_mixed_precision_gathers_bf16_and_keeps_fp32_master_weights(tmp_path):
+    """bf16 autocast under FSDP2: the shards (and the saved model) stay fp32 while layers are
+    all-gathered in bf16 and gradients reduce-scattered in fp32 (MixedPrecisionPolicy). One
+    AdamW step at learning_rate 1e-6 moves every element by at most the learning rate (Adam's
+    first step is lr * m / sqrt(v), |m / sqrt(v)| <= 1): the update landed in fp32, not rounded
+    to a bf16 grid (whose steps near these weights are ~1e-4), exactly as under DDP."""
+    from safetensors.torch import load_file
+
+    from groupwise.models import tiny_random_model
+
+    script = tmp_path / "train.py"
+    script.write_text(RESUME_SCRIPT)
+    start = tiny_random_model(seed=0).state_dict()
+    lr = 1e-6
+    for mode in ("ddp", "fsdp"):
+        out = tmp_path / mode
+        options = {"data_parallel": mode, "max_steps": 1, "save_steps": 0, "beta": 0.0,
+                   "learning_rate": lr, "bf16_autocast": True}  # fmt: skip
+        _run(_torchrun(str(script), str(out), json.dumps(options)), tmp_path)
+        weights = load_file(out / "model.safetensors")
+        assert weights.keys() <= start.keys() and len(weights) > 10
+        for key, value in weights.items():
+            assert value.dtype == torch.float32, (mode, key)
+            step = (value - start[key]).abs()
+            assert (step > 0).float().mean().item() >= 0.99, (mode, key)
+            # fp32 rounding of the result adds at most half an ulp of the weight itself.
+            ulp = torch.finfo(torch.float32).eps * start[key].abs()
+            assert bool((step <= lr * 1.001 + ulp).all()), (mode, key, float(step.max()))
+        row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+        assert math.isfinite(row["loss"]) and row["grad_norm"] > 0, mode
+
+
+MIXED_PRECISION_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch
+    import torch.distributed as dist
+    from groupwise.distributed import DistributedContext, fsdp_full_weights, shard_fsdp
+    from groupwise.models import tiny_random_model
+
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    out = {}
+    for bf16 in (False, True):
+        model = tiny_random_model(seed=0)
+        root = shard_fsdp(model, DistributedContext(), torch.device("cpu"), bf16_compute=bf16)
+        q = model.model.layers[0].self_attn.q_proj.weight
+        with fsdp_full_weights(root):
+            gathered = str(model.model.layers[0].self_attn.q_proj.weight.dtype)
+        out[str(bf16)] = {"shard": str(q.dtype), "gathered": gathered}
+    dist.destroy_process_group()
+    print(json.dumps(out))
+    """
+)
+
+
+def test_fsdp_mixed_precision_policy_gathers_in_bf16_over_fp32_shards(tmp_path):
+    script = tmp_path / "shard.py"
+    script.write_text(MIXED_PRECISION_SCRIPT)
+    with socket.socket() as probe:  # a free port for the one-process group
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["False"] == {"shard": "torch.float32", "gathered": "torch.float32"}
+    assert out["True"] == {"shard": "torch.float32", "gathered": "torch.bfloat16"}

@@ -16,6 +16,10 @@ With a curriculum every rank observes the global batch (:func:`concat_over_ranks
 stays identical on every rank; Rollout-GDRO gives ranks different numbers of rows, so losses are
 normalised by the global row count and FSDP ranks equalise their micro-batch count
 (:func:`max_over_ranks`). PPO wraps the critic in DDP too.
+
+On CUDA the process group has two backends (:func:`backend_for`): NCCL for the tensors on the
+GPU (gradients, sharded weights, the token count) and gloo for the host ones (counts, flags,
+metrics, pickled objects), which NCCL refuses.
 """
 
 from __future__ import annotations
@@ -46,20 +50,50 @@ class DistributedContext:
         return self.rank == 0
 
 
+def backend_for(device_type: str) -> str:
+    """The process group's backend for a run on ``device_type``.
+
+    On CUDA, ``"cpu:gloo,cuda:nccl"``: torch sends each collective to the backend of its
+    tensors' device (``BackendConfig`` and ``ProcessGroup`` in
+    torch.distributed.distributed_c10d), so DDP's and FSDP2's collectives run on NCCL while host
+    tensors, which NCCL alone refuses, go to gloo; object collectives pickle into host memory
+    (``_get_object_coll_device`` picks the CPU when the group has a CPU backend) instead of
+    copying every gather to the GPU and back."""
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+
+
 def init_distributed(device: str) -> DistributedContext:
     """Join the process group that torchrun describes in the environment (WORLD_SIZE > 1);
-    a plain ``python`` run is a world of one and touches nothing."""
+    a plain ``python`` run is a world of one and touches nothing.
+
+    ``device`` is the run's (``auto``, ``cpu``, ``cuda`` or ``cuda:N``). On CUDA each rank works
+    on ``cuda:LOCAL_RANK`` whatever N says: every rank reads the same config, and one index
+    would put them all on one GPU."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return DistributedContext()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if not dist.is_initialized():
-        cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+        device_type = "cuda" if device == "auto" else device.split(":")[0]
+        # device=cuda without CUDA: build.resolve_device reports it right after, in its words.
+        cuda = device_type == "cuda" and torch.cuda.is_available()
+        options: dict[str, Any] = {}
         if cuda:
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend="nccl" if cuda else "gloo")
+            # The rank's one GPU (init_process_group's device_id): NCCL connects now, so a
+            # broken setup fails here rather than at the first collective, and dist.barrier()
+            # knows its device.
+            options["device_id"] = torch.device("cuda", local_rank)
+        dist.init_process_group(backend=backend_for("cuda" if cuda else "cpu"), **options)
     return DistributedContext(rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+# Host numbers (max_over_ranks, any_rank, reduce_metrics, the counts callers build with
+# torch.tensor) travel as CPU tensors, served by gloo under the CUDA backend (backend_for): a few
+# bytes over TCP, where NCCL would add a copy to the GPU and a read back (a stream sync) for a
+# value the host holds already. all_reduce_sum keeps its argument's device, so a count still on
+# the GPU (a mask's sum) is reduced there by NCCL, with no sync.
 
 
 def all_reduce_sum(value: torch.Tensor, ctx: DistributedContext) -> torch.Tensor:
@@ -191,20 +225,33 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard_fsdp(model: torch.nn.Module, ctx: DistributedContext, device: torch.device) -> Any:
+def shard_fsdp(
+    model: torch.nn.Module,
+    ctx: DistributedContext,
+    device: torch.device,
+    bf16_compute: bool = False,
+) -> Any:
     """FSDP2: ``fully_shard`` every decoder layer, then a :class:`LogprobModule` around ``model``
     as the root (embeddings, final norm, LM head). ``model``'s parameters become DTensor shards
-    in place (build the optimizer afterwards). Returns the root wrapper."""
+    in place (build the optimizer afterwards). Returns the root wrapper.
+
+    ``bf16_compute`` (mixed precision): the shards stay in their own dtype (fp32 master weights,
+    updated by AdamW) while every all-gather casts them to bf16, so a gathered layer costs half
+    the memory and traffic, and gradients are reduce-scattered in fp32 so the sum over ranks
+    loses nothing (FSDP2's ``MixedPrecisionPolicy``)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     # Every rank starts from rank 0's weights, as DistributedDataParallel's broadcast does.
     for tensor in itertools.chain(model.parameters(), model.buffers()):
         dist.broadcast(tensor.data, src=0)
     mesh = init_device_mesh(device.type, (ctx.world_size,))
+    policy = MixedPrecisionPolicy()  # the parameters' own dtype throughout
+    if bf16_compute:
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in _decoder_layers(model):
-        fully_shard(layer, mesh=mesh)
-    root = fully_shard(LogprobModule(model), mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    root = fully_shard(LogprobModule(model), mesh=mesh, mp_policy=policy)
     # The root is otherwise chosen lazily by the first FSDP module to run forward; generation
     # (which bypasses the wrapper) would make a decoder layer its own root.
     root._get_fsdp_state()._lazy_init()

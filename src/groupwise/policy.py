@@ -353,14 +353,15 @@ class Policy(Trainable):
                 model,
                 device,
                 offload=args.ref_model_offload,
-                shard=functools.partial(shard_fsdp, ctx=dist, device=device) if fsdp else None,
+                shard=functools.partial(shard_fsdp, ctx=dist, device=device,
+                                        bf16_compute=self.precision.autocast) if fsdp else None,
                 gather=fsdp_full_weights if fsdp else None,
             )
         # FSDP shards the model in place (its parameters become DTensor shards), so the
         # optimizer is built afterwards, on the shards.
         wrapper: Any = None
         if fsdp:
-            wrapper = shard_fsdp(model, dist, device)
+            wrapper = shard_fsdp(model, dist, device, bf16_compute=self.precision.autocast)
         elif dist.enabled:
             wrapper = DistributedDataParallel(
                 LogprobModule(model),
