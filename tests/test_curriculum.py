@@ -305,7 +305,7 @@ def test_prompt_signal_pg_loss_is_flat_on_policy_and_failure_rate_is_not():
     # per-sample q = [0.5761, 0.5761, 0.2119, 0.2119] -> mean-1 weights 2 q / (q_0 + q_2):
     # 2 e / (e + 1) = 1.462117 and 2 / (e + 1) = 0.537883
     np.testing.assert_allclose(w, [1.462117, 1.462117, 0.537883, 0.537883], atol=1e-5)
-    # With share normalisation the same signal is refused (audit section 2.4: rarity, not
+    # With share normalisation the same signal is refused (rarity, not
     # difficulty); the message names both options.
     with pytest.raises(ValueError, match="share_normalize.*pg_loss"):
         PromptGDROCurriculum(num_bins=3, prompt_signal="failure_rate", prompt_kwargs=kwargs)

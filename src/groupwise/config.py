@@ -151,11 +151,11 @@ class GRPOConfig:
     gdro_hysteresis: float = 0.0  # delta: margin past a bin edge before a prompt moves
     gdro_correct_threshold: float = 0.5  # a rollout is correct if its correctness reward > this
     # What the classifier records per appearance: rollout_fraction (correct rollouts / rollouts;
-    # default since issue 14, independent of the prompt's rollout count) | any_correct (the
+    # the default, independent of the prompt's rollout count) | any_correct (the
     # paper's c(x) of eq. 10, pass@n_b: prompts given more rollouts look easier; earlier default)
     gdro_classifier_signal: str = "rollout_fraction"
-    # Prompts never observed: unseen (their own group, logged as *_bin_unseen; default since
-    # issue 14) | hardest (bin 0 with accuracy 0, the paper's code; earlier default) |
+    # Prompts never observed: unseen (their own group, logged as *_bin_unseen; the
+    # default) | hardest (bin 0 with accuracy 0, the paper's code; earlier default) |
     # difficulty (binned by the observed success rate of prompts with the same `difficulty`
     # column value; rows without it, or levels not observed yet, use the unseen group)
     gdro_unseen: str = "unseen"
@@ -172,7 +172,7 @@ class GRPOConfig:
     gdro_signal: str = "pg_loss"
     rollout_min: int = 2  # Rollout-GDRO arms n_min..n_max; the mean budget is num_generations
     rollout_max: int = 12  # Rollout-GDRO: most rollouts one prompt gets
-    # sqrt (closed-form square-root law, Theorem 4.2 / eq. 30; default since issue 14) |
+    # sqrt (closed-form square-root law, Theorem 4.2 / eq. 30; the default) |
     # bandit (the paper's eqs. 19-21; the earlier default)
     rollout_allocator: str = "sqrt"
     # sqrt law's variance: prompt (per-prompt p(1-p) shrunk towards its bin's rate; default) |
@@ -613,8 +613,8 @@ class GRPOConfig:
             if self.gdro_share_normalize:
                 raise ConfigError(
                     "gdro_signal=failure_rate with gdro_share_normalize=true ranks bins by "
-                    "rarity, not difficulty (a mean failure rate divided by the bin's share; "
-                    "docs/curriculum-audit.md section 2.4); set gdro_share_normalize: false, or "
+                    "rarity, not difficulty (a mean failure rate divided by the bin's share, "
+                    "which is largest for the rarest bin); set gdro_share_normalize: false, or "
                     "use gdro_signal: pg_loss"
                 )
         if self.gdro_window < 0:

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from .errors import ConfigError
+
 
 def frozen_copy(module: torch.nn.Module, device: torch.device, *, pin: bool = False) -> Any:
     """A deep copy of ``module`` with every parameter and buffer copied to ``device`` (pinned
@@ -86,8 +88,6 @@ class Reference:
         gather: Callable[[Any], contextlib.AbstractContextManager] | None = None,
     ) -> None:
         if offload and shard is not None:
-            from .errors import ConfigError
-
             raise ConfigError(
                 "ref_model_offload with data_parallel=fsdp: the reference is already sharded "
                 "over the ranks (1/N of it per GPU); drop ref_model_offload"

@@ -12,7 +12,7 @@ defects). Two curricula are built on the same observer (:class:`GDROCurriculum`)
 
 Bins are indexed 0..B-1 with **0 = hardest** (lowest recent success rate), as in the paper; with
 ``unseen="unseen"`` prompts never observed have their own group, index B. The defaults differ from
-the paper where docs/curriculum-audit.md shows the paper's choice uninformative (issue 14: the
+the paper where simulations show the paper's choice uninformative (the
 per-rollout classifier, the unseen group, the per-prompt square-root law, sampled arms, mu on
 the best response); each paper choice stays one option away. Everything here is plain Python /
 numpy (the arm draws use a ``torch.Generator``) and holds its state in a ``state_dict``.

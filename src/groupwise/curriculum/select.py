@@ -1,6 +1,6 @@
 """Predictive prompt selection with adaptive group size (``curriculum: select``).
 
-Why: the curriculum audit (docs curriculum-audit.md) finds that *which* prompts are rolled out
+Why: simulations of the curriculum find that *which* prompts are rolled out
 has 4-30x more leverage than how rollouts are spread over them (section 3.4: oracle selection
 +78-125% informative groups, reallocation +4-30%), and recommends learnability selection with a
 recency-weighted pass-rate estimate and >= 20% uniform mixing (section 5.1). Peers: GRESO
