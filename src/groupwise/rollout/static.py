@@ -1,0 +1,511 @@
+"""The static engine: a lean decoder over its own copy of the weights, with a static KV cache.
+
+The reference engine (:mod:`.hf`) decodes through the Hugging Face forward on the policy's own
+weights. On a small model that forward is dominated by per-op overhead (about fifteen modules per
+layer, bf16 autocast casting every weight again on every token) rather than by arithmetic. This
+engine does what a serving engine does instead:
+
+- **its own weights** in the generation dtype (bf16 by default), refreshed in :meth:`sync` after
+  every optimizer step with ``copy_`` into the same storage (LoRA merged out of place in fp32), so
+  no forward ever casts a weight;
+- **fused projections**: one [q; k; v] matmul and one [gate; up] matmul per layer (as vLLM's
+  ``QKVParallelLinear`` and ``MergedColumnParallelLinear``);
+- **a static KV cache** [layers, rows, kv_heads, slots, head_dim] allocated once per call: the
+  prompt occupies slots ``[0, Lp)`` (left-padded), token t of every row goes to slot ``Lp + t``,
+  so a decode step's shapes never depend on the step and it can be compiled (``torch.compile``);
+- **attention written out** as three small batched matmuls (one query per row makes torch's CPU
+  attention kernels several times slower than that);
+- **few host syncs**: whether every row has finished is read every ``eos_check_every`` tokens,
+  not after each token; in between, finished rows decode tokens that are discarded. At a check,
+  finished rows leave the batch (``compact``, the default on a CPU, where compute follows the
+  rows) or stay in it, masked (fixed shapes, the better trade on a GPU).
+
+The architecture is the Llama family's decoder (Llama, Mistral without sliding windows, Qwen2
+with q/k/v biases, Qwen3 with per-head q/k norms); :func:`supports` says whether a model fits,
+and the engine is refused for one that does not. The numbers are the reference forward's up to
+the order of floating-point additions: greedy completions are the same tokens, and with
+``dtype=float32`` the sampler's log-probs equal the trainer's within 1e-5.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
+from .hf import eos_token_ids, left_pad, sample_next_token
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def _base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model under DDP / peft wrappers."""
+    model = getattr(model, "module", model)  # DDP
+    if hasattr(model, "get_base_model"):  # peft
+        model = model.get_base_model()
+    return model
+
+
+def supports(model: torch.nn.Module) -> str | None:
+    """None when the static engine can decode ``model``; otherwise why not (one line)."""
+    config = getattr(_base_model(model), "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return (
+            f"model_type {model_type!r} is not one the static engine implements "
+            f"({', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} (the static engine implements silu)"
+    if getattr(config, "mlp_bias", False):
+        return "mlp_bias=True"
+    if getattr(config, "use_sliding_window", False) or (
+        model_type == "mistral" and getattr(config, "sliding_window", None)
+    ):
+        return "sliding-window attention"
+    return None
+
+
+def merged_state_dict(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """The plain Hugging Face names and tensors of ``model``'s weights, LoRA merged.
+
+    peft names (``base_model.model.x.base_layer.weight``) map back to ``x.weight``; a LoRA layer's
+    weight is ``W + scale * B @ A``, computed out of place in fp32 (peft's in-place merge and
+    unmerge on a bf16 base would round the frozen base a little differently every step).
+    """
+    inner = getattr(model, "module", model)
+    peft = hasattr(inner, "get_base_model")
+    root = inner.get_base_model() if peft else inner
+    for name, module in root.named_modules():
+        lora_a = getattr(module, "lora_A", None)
+        if peft and lora_a is not None and hasattr(module, "base_layer"):
+            base = module.base_layer
+            weight = base.weight.detach().float()
+            for adapter in module.active_adapters:
+                if adapter not in module.lora_A or getattr(module, "merged", False):
+                    continue
+                a = module.lora_A[adapter].weight.detach().float()
+                b = module.lora_B[adapter].weight.detach().float()
+                weight = weight + module.scaling[adapter] * (b @ a)
+            yield f"{name}.weight", weight
+            if getattr(base, "bias", None) is not None:
+                yield f"{name}.bias", base.bias.detach()
+            continue
+        if peft and (".lora_" in f".{name}" or name.endswith("base_layer")):
+            continue
+        for pname, param in module.named_parameters(recurse=False):
+            if "lora_" in pname:
+                continue
+            yield (f"{name}.{pname}" if name else pname), param.detach()
+
+
+@dataclass
+class _Layer:
+    ln1: Tensor
+    qkv: Tensor  # [(H + 2 Hkv) * D, d]
+    qkv_bias: Tensor | None
+    q_norm: Tensor | None  # Qwen3: RMSNorm over each head's dims
+    k_norm: Tensor | None
+    o: Tensor
+    ln2: Tensor
+    gate_up: Tensor  # [2 I, d]
+    down: Tensor
+
+
+class DecoderWeights:
+    """The weights of a Llama-family decoder in one dtype, with q/k/v and gate/up fused, plus
+    the RoPE tables. :meth:`load` copies new values into the same storage."""
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+        config = _base_model(model).config
+        self.config = config
+        self.dtype, self.device = dtype, device
+        self.layers_n = config.num_hidden_layers
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        state = dict(merged_state_dict(model))
+        self.embed = self._new(state["model.embed_tokens.weight"])
+        head = state.get("lm_head.weight")
+        self.lm_head = self.embed if head is None or self.tied else self._new(head)
+        self.norm = self._new(state["model.norm.weight"])
+        self.layers = [self._layer(state, i) for i in range(self.layers_n)]
+        self._rope(model)
+
+    def _new(self, tensor: Tensor) -> Tensor:
+        return tensor.detach().to(device=self.device, dtype=self.dtype, copy=True).contiguous()
+
+    def _layer(self, state: dict[str, Tensor], i: int) -> _Layer:
+        p = f"model.layers.{i}."
+        attn = p + "self_attn."
+        bias = None
+        if attn + "q_proj.bias" in state:
+            bias = self._new(torch.cat([state[attn + f"{n}_proj.bias"] for n in "qkv"]))
+        q_norm = state.get(attn + "q_norm.weight")
+        k_norm = state.get(attn + "k_norm.weight")
+        return _Layer(
+            ln1=self._new(state[p + "input_layernorm.weight"]),
+            qkv=self._new(torch.cat([state[attn + f"{n}_proj.weight"] for n in "qkv"])),
+            qkv_bias=bias,
+            q_norm=None if q_norm is None else self._new(q_norm),
+            k_norm=None if k_norm is None else self._new(k_norm),
+            o=self._new(state[attn + "o_proj.weight"]),
+            ln2=self._new(state[p + "post_attention_layernorm.weight"]),
+            gate_up=self._new(
+                torch.cat([state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]])
+            ),
+            down=self._new(state[p + "mlp.down_proj.weight"]),
+        )
+
+    def _rope(self, model: torch.nn.Module) -> None:
+        """cos/sin [positions, D] from the model's own rotary embedding (every RoPE scaling
+        variant transformers implements), in fp32."""
+        rotary = _base_model(model).model.rotary_emb
+        positions = getattr(self.config, "max_position_embeddings", 4096)
+        ids = torch.arange(positions, device=next(rotary.buffers()).device)[None]
+        probe = torch.zeros(1, dtype=torch.float32, device=ids.device)
+        with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
+            cos, sin = rotary(probe, ids)
+        self.cos = cos[0].float().to(self.device)
+        self.sin = sin[0].float().to(self.device)
+
+    @torch.no_grad()
+    def load(self, model: torch.nn.Module) -> None:
+        """Copy ``model``'s current weights into this copy's storage (LoRA merged)."""
+        state = dict(merged_state_dict(model))
+        self.embed.copy_(state["model.embed_tokens.weight"])
+        if self.lm_head is not self.embed:
+            self.lm_head.copy_(state["lm_head.weight"])
+        self.norm.copy_(state["model.norm.weight"])
+        for i, layer in enumerate(self.layers):
+            p, attn = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+            layer.ln1.copy_(state[p + "input_layernorm.weight"])
+            layer.ln2.copy_(state[p + "post_attention_layernorm.weight"])
+            _copy_rows(layer.qkv, [state[attn + f"{n}_proj.weight"] for n in "qkv"])
+            if layer.qkv_bias is not None:
+                _copy_rows(layer.qkv_bias, [state[attn + f"{n}_proj.bias"] for n in "qkv"])
+            if layer.q_norm is not None:
+                layer.q_norm.copy_(state[attn + "q_norm.weight"])
+                layer.k_norm.copy_(state[attn + "k_norm.weight"])
+            layer.o.copy_(state[attn + "o_proj.weight"])
+            _copy_rows(layer.gate_up, [state[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")])
+            layer.down.copy_(state[p + "mlp.down_proj.weight"])
+
+    def named_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """Every weight this copy holds, under a stable name (tests compare them)."""
+        yield "embed", self.embed
+        if self.lm_head is not self.embed:
+            yield "lm_head", self.lm_head
+        yield "norm", self.norm
+        for i, layer in enumerate(self.layers):
+            for field, value in vars(layer).items():
+                if value is not None:
+                    yield f"layers.{i}.{field}", value
+
+
+def _copy_rows(target: Tensor, parts: list[Tensor]) -> None:
+    start = 0
+    for part in parts:
+        target[start : start + part.shape[0]].copy_(part)
+        start += part.shape[0]
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Llama's RMSNorm: normalised in fp32, cast back, then scaled (as transformers does)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE, the half-split form Llama uses: x * cos + rotate_half(x) * sin."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(D), masked) v with grouped-query heads: q [B, H, L, D], k and v
+    [B, Hkv, S, D], mask [B, 1, L, S] (True: attend). Head h reads kv head h // (H / Hkv), as
+    transformers' ``repeat_kv`` does. Written out because at one query per row torch's CPU
+    attention kernels cost several times these three small batched matmuls; the softmax runs in
+    fp32 as the eager Hugging Face attention does."""
+    b, h_n, length, d = q.shape
+    kv_n, slots = k.shape[1], k.shape[2]
+    g = h_n // kv_n
+    q = q.reshape(b, kv_n, g * length, d)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * (1.0 / math.sqrt(d))
+    mask = mask[:, :, None].expand(b, 1, g, length, slots).reshape(b, 1, g * length, slots)
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(v.dtype)
+    return torch.matmul(probs, v).view(b, h_n, length, d)
+
+
+def forward(
+    w: DecoderWeights,
+    tokens: Tensor,
+    positions: Tensor,
+    cache_k: Tensor,
+    cache_v: Tensor,
+    slot: int | Tensor,
+    key_mask: Tensor,
+) -> Tensor:
+    """Run ``tokens`` [B, L] through the decoder, writing their keys and values to cache slots
+    ``slot .. slot + L`` and attending over every slot ``key_mask`` [B, L, S] allows. Returns
+    the last position's hidden state [B, d] after the final norm."""
+    b, length = tokens.shape
+    h_n, kv_n, d = w.heads, w.kv_heads, w.head_dim
+    cos = w.cos[positions].to(w.dtype)[:, None]  # [B, 1, L, D]
+    sin = w.sin[positions].to(w.dtype)[:, None]
+    x = F.embedding(tokens, w.embed)  # [B, L, hidden]
+    mask = key_mask[:, None]  # [B, 1, L, S]
+    for i, layer in enumerate(w.layers):
+        h = rms_norm(x, layer.ln1, w.eps)
+        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+        q, k, v = qkv.split([h_n * d, kv_n * d, kv_n * d], dim=-1)
+        q = q.view(b, length, h_n, d).transpose(1, 2)
+        k = k.view(b, length, kv_n, d).transpose(1, 2)
+        v = v.view(b, length, kv_n, d).transpose(1, 2)
+        if layer.q_norm is not None:
+            q, k = rms_norm(q, layer.q_norm, w.eps), rms_norm(k, layer.k_norm, w.eps)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if isinstance(slot, int):
+            cache_k[i, :, :, slot : slot + length] = k
+            cache_v[i, :, :, slot : slot + length] = v
+        else:  # one decode token at a tensor slot (keeps a compiled step free of recompiles)
+            cache_k[i].index_copy_(2, slot, k)
+            cache_v[i].index_copy_(2, slot, v)
+        attn = attend(q, cache_k[i], cache_v[i], mask)
+        x = x + F.linear(attn.transpose(1, 2).reshape(b, length, h_n * d), layer.o)
+        h = rms_norm(x, layer.ln2, w.eps)
+        gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+        x = x + F.linear(F.silu(gate) * up, layer.down)
+    return rms_norm(x[:, -1], w.norm, w.eps)
+
+
+def decode_step(
+    w: DecoderWeights,
+    token: Tensor,
+    position: Tensor,
+    cache_k: Tensor,
+    cache_v: Tensor,
+    slot: Tensor,
+    valid: Tensor,
+) -> Tensor:
+    """One token per row at cache slot ``slot`` (a 1-element tensor): marks the slot valid,
+    runs the decoder and returns fp32 logits [B, V]."""
+    valid.index_fill_(1, slot, True)
+    hidden = forward(w, token[:, None], position[:, None], cache_k, cache_v, slot, valid[:, None])
+    return F.linear(hidden, w.lm_head).float()
+
+
+class StaticEngine:
+    """:class:`~groupwise.rollout.base.RolloutEngine` on a lean decoder with its own copy of the
+    weights (see the module docstring).
+
+    ``dtype``: the copy's dtype (bf16: the engine's numerics differ from an fp32 trainer's, so
+    the rollout carries ``sampling_logprobs`` and the trainer applies rollout correction).
+    ``compile``: compile the decode step with ``torch.compile``; the first call of each new shape
+    pays the compile time. ``compact``: drop finished rows at each EOS check (None: on a CPU).
+    ``eos_check_every``: tokens between the host reads of "has every row finished".
+    ``weights``: a context in which the policy's full weights are readable (FSDP gathers them).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        compile: bool = False,
+        eos_check_every: int = 8,
+        compact: bool | None = None,
+        records_logprobs: bool = True,
+        weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        device: torch.device | None = None,
+    ) -> None:
+        reason = supports(model)
+        if reason is not None:
+            raise ValueError(f"the static engine cannot decode this model: {reason}")
+        self.tokenizer, self.params, self.generator = tokenizer, params, generator
+        self.dtype, self.eos_check_every = dtype, max(1, int(eos_check_every))
+        self.records_logprobs, self.weights = records_logprobs, weights
+        self._device = device or next(model.parameters()).device
+        with weights():
+            self.decoder = DecoderWeights(model, dtype, self._device)
+        self.eos = eos_token_ids(_base_model(model), tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        # Dropping finished rows saves compute in proportion on a CPU; on a GPU fixed shapes
+        # (one compiled graph) are worth more than the rows saved.
+        self.compact = (self._device.type == "cpu") if compact is None else compact
+        self.compiled = compile
+        self._step = decode_step
+        if compile:
+            # The batch dimension shrinks when rows are compacted: compile it as a symbol.
+            self._step = torch.compile(decode_step, dynamic=self.compact or None)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def sync(self, policy: torch.nn.Module) -> None:
+        """Copy the policy's weights (LoRA merged) into the engine's copy, in place."""
+        with self.weights():
+            self.decoder.load(policy)
+
+    def generate(
+        self,
+        prompt_ids: PromptIds,
+        counts: Counts,
+        params: Params = None,
+        generator: Gen = None,
+        rows: Rows = None,
+    ) -> Rollout:
+        """Completions for every prompt (see :class:`~groupwise.rollout.base.RolloutEngine`)."""
+        return self._generate(
+            [list(p) for p in prompt_ids],
+            counts,
+            params if params is not None else self.params,
+            generator if generator is not None else self.generator,
+        )
+
+    @torch.no_grad()
+    def _generate(
+        self,
+        prompts: list[list[int]],
+        num_generations: Counts,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Rollout:
+        n_prompts = len(prompts)
+        counts = (
+            [num_generations] * n_prompts
+            if isinstance(num_generations, int)
+            else list(num_generations)
+        )
+        if len(counts) != n_prompts or any(c < 1 for c in counts):
+            raise ValueError(f"need one count >= 1 per prompt, got {num_generations}")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt: every prompt must have at least one token")
+        w, device = self.decoder, self._device
+        prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
+        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+        row_prompt = torch.arange(n_prompts, device=device).repeat_interleave(
+            torch.tensor(counts, device=device)
+        )
+        n_rows, width, max_new = int(sum(counts)), prompt_ids.shape[1], params.max_completion_length
+        slots = width + max_new
+        shape = (w.layers_n, n_prompts, w.kv_heads, slots, w.head_dim)
+
+        # 1. Prefill each prompt once: causal attention over its non-pad tokens (a pad query
+        # attends to itself, so no row is all-masked).
+        cache_k = torch.zeros(shape, dtype=self.dtype, device=device)
+        cache_v = torch.zeros(shape, dtype=self.dtype, device=device)
+        valid = torch.zeros((n_prompts, slots), dtype=torch.bool, device=device)
+        valid[:, :width] = prompt_mask.bool()
+        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        causal = torch.ones((width, slots), dtype=torch.bool, device=device).tril()
+        key_mask = causal[None] & valid[:, None]
+        key_mask |= torch.eye(width, slots, dtype=torch.bool, device=device)[None]
+        hidden = forward(w, prompt_ids, positions, cache_k, cache_v, 0, key_mask)
+        logits = F.linear(hidden, w.lm_head).float()
+
+        # 2. Every rollout of a prompt starts from its prompt's cache rows.
+        if n_rows != n_prompts or counts != [1] * n_prompts:
+            cache_k, cache_v = cache_k[:, row_prompt], cache_v[:, row_prompt]
+            valid, logits = valid[row_prompt], logits[row_prompt]
+        position = positions[row_prompt, -1] + 1
+
+        # 3. Decode. Rows that emitted EOS keep decoding (their tokens are discarded) until the
+        # next check, every ``eos_check_every`` tokens: one host sync there, none per token.
+        # At a check, ``compact`` drops the finished rows from the batch and the cache (compute
+        # follows the live set, the right trade on a CPU); without it the shapes never change.
+        eos = torch.tensor(self.eos, device=device)
+        tokens = torch.full((n_rows, max_new), self.pad_id, dtype=torch.long, device=device)
+        logps = torch.zeros((n_rows, max_new), device=device) if self.records_logprobs else None
+        lengths = torch.full((n_rows,), max_new, dtype=torch.long, device=device)
+        finished = torch.zeros(n_rows, dtype=torch.bool, device=device)  # per output row
+        live = torch.arange(n_rows, device=device)  # the output row of each batch row
+        done_live = torch.zeros(n_rows, dtype=torch.bool, device=device)  # per batch row
+        temperature = params.temperature if not params.greedy else 1.0
+        pad = torch.tensor(self.pad_id, device=device)
+        for t in range(max_new):
+            token = sample_next_token(logits, params, generator)
+            if logps is not None:
+                scaled = logits / temperature
+                logp = scaled.gather(1, token[:, None]).squeeze(1) - scaled.logsumexp(dim=-1)
+                logps[live, t] = logp.masked_fill(done_live, 0.0)
+            tokens[live, t] = torch.where(done_live, pad, token)
+            ends = torch.isin(token, eos) & ~done_live
+            lengths[live] = torch.where(ends, t + 1, lengths[live])
+            done_live = done_live | ends
+            if t == max_new - 1:
+                break
+            if (t + 1) % self.eos_check_every == 0:
+                n_done = int(done_live.sum())
+                if n_done == done_live.numel():
+                    break
+                if self.compact and n_done > 0:
+                    finished[live] = done_live
+                    keep = (~done_live).nonzero().squeeze(-1)
+                    live, token, position = live[keep], token[keep], position[keep]
+                    valid, done_live = valid[keep], done_live[keep]
+                    cache_k, cache_v = cache_k[:, keep], cache_v[:, keep]
+            slot = torch.tensor([width + t], device=device)
+            logits = self._step(w, token, position, cache_k, cache_v, slot, valid)
+            position = position + 1
+        finished[live] = done_live
+        steps = t + 1
+
+        keep = max(int(lengths.clamp(max=steps).max().item()), 1)
+        lengths = lengths.clamp(max=steps)
+        completion_ids = tokens[:, :keep]
+        completion_mask = (torch.arange(keep, device=device)[None] < lengths[:, None]).long()
+        completion_ids = completion_ids.masked_fill(completion_mask == 0, self.pad_id)
+        sampling_logprobs = None
+        if logps is not None:
+            sampling_logprobs = logps[:, :keep].masked_fill(completion_mask == 0, 0.0)
+        host_ids, host_lengths = completion_ids.cpu(), lengths.cpu()
+        texts = self.tokenizer.batch_decode(
+            [row[: int(n)].tolist() for row, n in zip(host_ids, host_lengths, strict=True)],
+            skip_special_tokens=True,
+        )
+        return Rollout(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            truncated=~finished,
+            group_ids=row_prompt,
+            texts=texts,
+            sampling_logprobs=sampling_logprobs,
+        )
+
+
+def kv_cache_bytes(decoder: DecoderWeights, rows: int, slots: int) -> int:
+    """Bytes of the static cache for ``rows`` sequences of ``slots`` positions (keys + values)."""
+    per = decoder.layers_n * decoder.kv_heads * decoder.head_dim * slots * rows
+    return 2 * per * torch.empty((), dtype=decoder.dtype).element_size()
+
+
+def weight_bytes(decoder: DecoderWeights) -> int:
+    """Bytes of the engine's weight copy (a tied head counted once)."""
+    seen, total = set(), 0
+    for _, tensor in decoder.named_tensors():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+__all__ = ["StaticEngine", "supports", "merged_state_dict", "kv_cache_bytes", "weight_bytes"]
