@@ -702,6 +702,157 @@ def check_generation(ns, model: Path, scratch: Path) -> dict:
     return out
 
 
+def chi_square(a: list[int], b: list[int]) -> dict[str, float]:
+    """Two-sample chi-square test of two samples of tokens: bins are the tokens with an expected
+    count of at least 5 in both samples, the rest pooled into one bin. scipy's p-value when
+    scipy is installed, else the Wilson-Hilferty normal approximation of the chi-square tail."""
+    import collections
+    import math
+
+    ca, cb = collections.Counter(a), collections.Counter(b)
+    na, nb = len(a), len(b)
+    share_a = na / (na + nb)
+    bins, other = [], [0, 0]
+    for token in set(ca) | set(cb):
+        total = ca[token] + cb[token]
+        if min(total * share_a, total * (1 - share_a)) >= 5:
+            bins.append((ca[token], cb[token]))
+        else:
+            other[0], other[1] = other[0] + ca[token], other[1] + cb[token]
+    if sum(other):
+        bins.append(tuple(other))
+    stat = 0.0
+    for x, y in bins:
+        total = x + y
+        for observed, expected in ((x, total * share_a), (y, total * (1 - share_a))):
+            stat += (observed - expected) ** 2 / expected if expected else 0.0
+    dof = max(len(bins) - 1, 1)
+    try:
+        from scipy.stats import chi2
+
+        p = float(chi2.sf(stat, dof))
+    except ImportError:
+        z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+        p = 0.5 * math.erfc(z / math.sqrt(2))
+    return {"chi2": round(stat, 3), "dof": dof, "p_value": p}
+
+
+def ks_two_sample(a: list[float], b: list[float]) -> dict[str, float]:
+    """Two-sample Kolmogorov-Smirnov test (scipy's when installed, else the statistic with the
+    asymptotic p-value)."""
+    import math
+
+    try:
+        from scipy.stats import ks_2samp
+
+        result = ks_2samp(a, b)
+        return {"ks": float(result.statistic), "p_value": float(result.pvalue)}
+    except ImportError:
+        pass
+    xs = sorted(set(a) | set(b))
+    sa, sb = sorted(a), sorted(b)
+
+    def cdf(sample: list[float], x: float) -> float:
+        import bisect
+
+        return bisect.bisect_right(sample, x) / len(sample)
+
+    d = max(abs(cdf(sa, x) - cdf(sb, x)) for x in xs)
+    n = len(a) * len(b) / (len(a) + len(b))
+    lam = (math.sqrt(n) + 0.12 + 0.11 / math.sqrt(n)) * d
+    p = 2 * sum((-1) ** (k - 1) * math.exp(-2 * k * k * lam * lam) for k in range(1, 101))
+    return {"ks": d, "p_value": min(max(p, 0.0), 1.0) if d > 0 else 1.0}
+
+
+def check_vllm(ns, model: Path, scratch: Path) -> dict:
+    """The vLLM engine against the HF engine on the same weights: the first-token distribution of
+    one prompt (a few hundred samples each, two-sample chi-square) before and after a sync of a
+    perturbed policy, the completion-length distributions (two-sample KS) and tokens/s of both.
+    Runs only where vllm imports; elsewhere it passes with the reason recorded."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - any import failure: recorded, not run
+        reason = f"not run: vllm does not import ({type(err).__name__}: {err})"[:300]
+        return {"passed": True, "skipped": reason, "summary": reason}
+    if ns.torch_device.type != "cuda":
+        return {"passed": True, "skipped": "not run: needs CUDA", "summary": "not run: CPU"}
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from groupwise.rollout import HFEngine, SamplingParams, eos_token_ids
+    from groupwise.rollout.vllm import build_vllm_engine
+
+    device = ns.torch_device
+    policy = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 1000, (32,), generator=generator).tolist()
+    samples = 400
+    # A temperature at which the first token's distribution has mass on few enough tokens for
+    # a chi-square test with a few hundred samples (a random model's is nearly uniform at 1).
+    with torch.no_grad():
+        logits = policy(torch.tensor([prompt], device=device)).logits[0, -1].float()
+    temperature = 1.0
+    def top20_mass(t: float) -> float:
+        return float(torch.softmax(logits / t, -1).topk(20).values.sum())
+
+    while temperature > 0.01 and top20_mass(temperature) < 0.5:
+        temperature /= 2
+    first = SamplingParams(1, temperature=temperature)
+    hf = HFEngine(policy, tokenizer, first, torch.Generator(device=device).manual_seed(1),
+                  records_logprobs=True)  # fmt: skip
+    engine = build_vllm_engine(
+        policy, tokenizer, first, eos_token_ids(policy, tokenizer), device=device,
+        weights_dtype=torch.float32, seed=0, gpu_memory_utilization=0.3, max_model_len=512,
+    )  # fmt: skip
+    out: dict[str, Any] = {"temperature": temperature, "samples": samples}
+
+    def first_tokens(e) -> list[int]:
+        return e.generate([prompt], samples).completion_ids[:, 0].tolist()
+
+    vllm_before = first_tokens(engine)
+    out["first_token_before_sync"] = chi_square(first_tokens(hf), vllm_before)
+    with torch.no_grad():  # a perturbed policy, pushed with sync
+        for param in policy.parameters():
+            param.add_(torch.randn_like(param) * 0.02)
+    engine.sync(policy)
+    vllm_after = first_tokens(engine)
+    out["first_token_after_sync"] = chi_square(first_tokens(hf), vllm_after)
+    out["vllm_before_vs_after"] = chi_square(vllm_before, vllm_after)
+    # Completion lengths and speed: 8 prompts x 16 completions at the run's temperature.
+    long = SamplingParams(ns.sizes.generation_tokens, temperature=1.0)
+    prompts = [torch.randint(3, 1000, (24 + 4 * i,), generator=generator).tolist()
+               for i in range(8)]  # fmt: skip
+    lengths, speed = {}, {}
+    for name, e in (("hf", hf), ("vllm", engine)):
+        e.generate(prompts[:2], 2, params=SamplingParams(8, temperature=1.0))  # warm-up
+        synchronize(device)
+        start = time.perf_counter()
+        rollout = e.generate(prompts, 16, params=long)
+        synchronize(device)
+        seconds = time.perf_counter() - start
+        lengths[name] = rollout.lengths.float().tolist()
+        speed[name] = round(sum(lengths[name]) / seconds, 1)
+    out["lengths"] = {**ks_two_sample(lengths["hf"], lengths["vllm"]),
+                      "mean_hf": sum(lengths["hf"]) / len(lengths["hf"]),
+                      "mean_vllm": sum(lengths["vllm"]) / len(lengths["vllm"])}  # fmt: skip
+    out["tokens_per_second"] = speed
+    same = [out["first_token_before_sync"], out["first_token_after_sync"], out["lengths"]]
+    out["passed"] = all(t["p_value"] > 1e-3 for t in same) and (
+        out["vllm_before_vs_after"]["p_value"] < 1e-3
+    )
+    out["summary"] = (
+        f"first token p={out['first_token_before_sync']['p_value']:.3g} before, "
+        f"{out['first_token_after_sync']['p_value']:.3g} after sync (changed: p="
+        f"{out['vllm_before_vs_after']['p_value']:.3g}); lengths KS p="
+        f"{out['lengths']['p_value']:.3g}; tokens/s hf {speed['hf']}, vllm {speed['vllm']}"
+    )
+    del engine, hf, policy
+    release(device)
+    return out
+
+
 CHECKS: dict[str, Callable[..., dict]] = {
     "precision": check_precision,
     "learning": check_learning,
@@ -709,6 +860,7 @@ CHECKS: dict[str, Callable[..., dict]] = {
     "memory": check_memory,
     "collectives": check_collectives,
     "generation": check_generation,
+    "vllm": check_vllm,
 }
 
 

@@ -40,7 +40,7 @@ def test_gpu_check_cpu_path_writes_its_summary(tmp_path):
     assert {"torch", "transformers", "device", "grpo_options"} <= set(summary["environment"])
     checks = summary["checks"]
     assert list(checks) == ["precision", "learning", "sdpa_left_padding", "memory",
-                            "collectives", "generation"]  # fmt: skip
+                            "collectives", "generation", "vllm"]  # fmt: skip
     for name, check in checks.items():
         assert check["passed"] is True and check["summary"] and check["seconds"] >= 0, name
 
@@ -73,6 +73,9 @@ def test_gpu_check_cpu_path_writes_its_summary(tmp_path):
         assert generation[engine]["tokens_per_second"] > 0
     # vLLM, where both it and a groupwise engine for it are installed, is measured too.
     assert "vllm_bf16_autocast" in generation or generation["vllm"].startswith("not available")
+
+    # The vLLM comparison runs only where vllm imports; here it records why it did not run.
+    assert checks["vllm"]["skipped"].startswith("not run")
 
     memory = checks["memory"]
     low, high = memory["expected_band"]

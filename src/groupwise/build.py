@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .config import ConfigError, GRPOConfig
+from .config import VLLM_MULTI_TURN, ConfigError, GRPOConfig
 from .curriculum import CURRICULA, Curriculum
 from .distributed import DistributedContext
 from .models import load_model_and_tokenizer
@@ -46,7 +46,7 @@ from .policy import Policy, apply_lora
 from .precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
 from .rewards import RewardFunc, correctness_index, reward_func_name
 from .rewards.combine import RewardScorer, score_rollout
-from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams
+from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams, eos_token_ids
 from .rollout.multiturn import MultiTurnEngine, TurnLimits
 from .tools import ENVIRONMENTS, Environment, ToolBox, ToolEnvironment, resolve_tools
 from .tools.calls import TOOL_CALL_CLOSE
@@ -430,11 +430,19 @@ def build_engine(
     precision: Precision,
     interaction: Interaction | None = None,
 ) -> RolloutEngine:
-    """The rollout engine: the Hugging Face / torch engine on the policy's own weights, in the
-    training forward's numerics. With bf16 generation alone (``generation_dtype: bfloat16``, an
-    fp32 update) it generates under bf16 autocast and records its log-probs, which turns rollout
-    correction on. With tools or an environment (``interaction``) the multi-turn engine wraps
-    it."""
+    """The rollout engine ``generation_engine`` names.
+
+    ``hf``: the Hugging Face / torch engine on the policy's own weights, in the training
+    forward's numerics. With bf16 generation alone (``generation_dtype: bfloat16``, an fp32
+    update) it generates under bf16 autocast and records its log-probs, which turns rollout
+    correction on. With tools or an environment (``interaction``) the multi-turn engine wraps it.
+
+    ``vllm``: the colocated vLLM engine (:mod:`groupwise.rollout.vllm`), which always records its
+    log-probs (its own bf16 kernels: rollout correction is on)."""
+    if args.generation_engine == "vllm":
+        if interaction is not None:
+            raise ConfigError(VLLM_MULTI_TURN)
+        return build_vllm(policy, tokenizer, args)
 
     def numerics() -> contextlib.AbstractContextManager:
         return precision.generation_context(policy.device)
@@ -449,6 +457,32 @@ def build_engine(
         records_logprobs=precision.generation_only,
     )
     return with_interaction(engine, args, interaction)
+
+
+def build_vllm(
+    policy: Policy, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig
+) -> RolloutEngine:
+    """The colocated vLLM engine for the policy (its weights pushed once), from the ``vllm_*``
+    options. vLLM's context length defaults to the longest prompt plus the longest completion."""
+    from .rollout.vllm import build_vllm_engine
+
+    max_len = args.vllm_max_model_length
+    if max_len is None and args.max_prompt_length is not None:
+        max_len = args.max_prompt_length + args.max_completion_length
+    return build_vllm_engine(
+        policy.model,
+        tokenizer,
+        sampling_params(args),
+        eos_token_ids(policy.model, tokenizer),
+        device=policy.device,
+        weights_dtype=policy.precision.weights,
+        seed=args.seed,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        max_model_len=max_len,
+        enable_prefix_caching=args.vllm_enable_prefix_caching,
+        enable_sleep_mode=args.vllm_enable_sleep_mode,
+        weights=policy.full_weights,
+    )
 
 
 def with_interaction(

@@ -36,6 +36,17 @@ PPO_MULTI_TURN = (
     "of a conversation, tool replies included (GAE has no notion of inserted context)"
 )
 
+# Rollout engines (generation_engine): hf = the Hugging Face / torch engine on the policy's own
+# weights (rollout/hf.py); vllm = a colocated vLLM engine with its own copy of the weights
+# (rollout/vllm.py). build.build_engine dispatches on the name; a new engine adds its name here
+# and its branch there.
+GENERATION_ENGINES: tuple[str, ...] = ("hf", "vllm")
+
+VLLM_MULTI_TURN = (
+    "generation_engine=vllm does not run tools or environments (multi-turn rollouts continue "
+    "from the HF engine's KV cache); use generation_engine: hf with tools / environment"
+)
+
 # Float options where infinity means "no limit"; NaN is refused everywhere.
 UNBOUNDED_FIELDS = frozenset(
     {
@@ -209,6 +220,17 @@ class GRPOConfig:
     temperature: float = 1.0  # sampling temperature of the rollouts
     top_p: float = 1.0  # nucleus sampling mass (1.0: disabled)
     top_k: int = 0  # sample from the k most likely tokens (0: disabled)
+    # Rollout engine (README "The vLLM engine"): hf (the policy's own weights) | vllm (a
+    # colocated vLLM with its own weights, synced after every optimizer step; pip install
+    # "groupwise[vllm]", a CUDA GPU). TRL's use_vllm=True is generation_engine: vllm.
+    generation_engine: str = "hf"
+    # vLLM engine options (TRL's names and meanings; used with generation_engine: vllm only).
+    vllm_mode: str = "colocate"  # colocate (vLLM in the training process) only; no server mode
+    vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory vLLM reserves (KV cache)
+    vllm_max_model_length: int | None = None  # None: max_prompt_length + max_completion_length
+    vllm_enable_sleep_mode: bool = False  # offload vLLM's weights, free its KV cache in updates
+    vllm_tensor_parallel_size: int = 1  # 1 only: each rank runs its own vLLM
+    vllm_enable_prefix_caching: bool = True  # vLLM reuses KV of shared prompt prefixes
 
     # --- optimisation ---------------------------------------------------------------------
     learning_rate: float = 1e-6  # AdamW peak learning rate
@@ -498,6 +520,8 @@ class GRPOConfig:
             "logprob_impl": ("chunked", "naive"),
             "data_parallel": ("ddp", "fsdp"),
             "generation_dtype": ("auto", "bfloat16"),
+            "generation_engine": GENERATION_ENGINES,
+            "vllm_mode": ("colocate", "server"),
             "attn_implementation": ("sdpa", "eager", "flash_attention_2"),
             "rollout_correction_mode": ROLLOUT_CORRECTION_MODES,
             "prompt_weighting": ("rollouts", "equal"),
@@ -601,6 +625,7 @@ class GRPOConfig:
                 f"({self.num_generations}) so that every prompt gets a full group"
             )
         self._validate_generation_batch()
+        self._validate_vllm()
         if self.curriculum == "rollout_gdro" and not (
             1 <= self.rollout_min <= self.num_generations <= self.rollout_max
         ):
@@ -677,6 +702,40 @@ class GRPOConfig:
                 f"reward_weights has {len(self.reward_weights)} entries but reward_funcs has "
                 f"{len(self.reward_funcs)} ({self.reward_funcs})"
             )
+
+    def _validate_vllm(self) -> None:
+        """The vLLM options' ranges, and what the colocated vLLM engine does not do."""
+        if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                "vllm_gpu_memory_utilization must be in (0, 1], "
+                f"got {self.vllm_gpu_memory_utilization}"
+            )
+        if self.vllm_max_model_length is not None and self.vllm_max_model_length < 1:
+            raise ConfigError(
+                f"vllm_max_model_length must be >= 1 or null, got {self.vllm_max_model_length}"
+            )
+        if self.vllm_tensor_parallel_size < 1:
+            raise ConfigError(
+                f"vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}"
+            )
+        if self.generation_engine != "vllm":
+            return
+        if self.vllm_mode == "server":
+            raise ConfigError(
+                "vllm_mode=server is not supported: groupwise runs vLLM colocated in the "
+                "training process (vllm_mode: colocate), where weights are pushed in memory "
+                "after every step; a separate vLLM server and its weight-transfer channel are "
+                "not implemented"
+            )
+        if self.vllm_tensor_parallel_size != 1:
+            raise ConfigError(
+                f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size} is not supported: "
+                "each rank runs its own colocated vLLM holding the whole model (tensor parallel "
+                "size 1); use a model that fits one GPU, or generation_engine: hf with "
+                "data_parallel: fsdp"
+            )
+        if self.tools or self.environment:
+            raise ConfigError(VLLM_MULTI_TURN)
 
     def _validate_generation_batch(self) -> None:
         """steps_per_generation / generation_batch_size, as TRL checks them, plus what groupwise

@@ -12,6 +12,8 @@ A TRL script builds ``GRPOConfig(...)`` with the usual ``TrainingArguments`` key
   "steps"`` without ``save_steps`` saves every 500 steps and ``eval_strategy="steps"`` without
   ``eval_steps`` evaluates every ``logging_steps`` (TrainingArguments' defaults);
   ``max_tool_calling_iterations=N`` (tool rounds) is ``max_turns=N + 1``;
+  ``use_vllm=True`` -> ``generation_engine="vllm"`` (the colocated vLLM engine; the ``vllm_*``
+  options of colocate mode are real fields, server mode is refused);
   ``lr_scheduler_type="constant_with_warmup"`` is groupwise's ``constant`` (which warms up over
   ``warmup_steps``); transformers' enums (``SchedulerType.COSINE``, ...) are read as their values.
   ``num_train_epochs``, ``warmup_ratio``, ``adam_epsilon``, ``save_strategy``, ``eval_strategy``
@@ -40,10 +42,11 @@ TRL_TRANSLATED: dict[str, Any] = {
     "fp16": bool,
     "optim": str,
     "max_tool_calling_iterations": int | None,  # tool rounds: max_turns = N + 1
+    "use_vllm": bool,  # True: generation_engine = "vllm"
 }
 
-# TRL 1.16 GRPOConfig fields that have no meaning in groupwise (HF generation is the only
-# engine, one optimizer, no hub, no vLLM, no DeepSpeed/accelerate, no Liger kernels, ...), plus
+# TRL 1.16 GRPOConfig fields that have no meaning in groupwise (one optimizer, no hub, no vLLM
+# server, no DeepSpeed/accelerate, no Liger kernels, ...), plus
 # older TrainingArguments names still common in scripts (logging_dir). overwrite_output_dir is
 # a real option here (an earlier run in output_dir is refused without it).
 TRL_IGNORED: frozenset[str] = frozenset(
@@ -168,28 +171,22 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "use_liger_kernel",
         "use_transformers_continuous_batching",
         "use_transformers_paged",
-        "use_vllm",
         "vespo_k_neg",
         "vespo_k_pos",
         "vespo_lambda_neg",
         "vespo_lambda_pos",
-        "vllm_enable_sleep_mode",
-        "vllm_gpu_memory_utilization",
         "vllm_group_port",
         "vllm_importance_sampling_cap",
         "vllm_importance_sampling_clip_max",
         "vllm_importance_sampling_clip_min",
         "vllm_importance_sampling_correction",
         "vllm_importance_sampling_mode",
-        "vllm_max_model_length",
-        "vllm_mode",
         "vllm_model_impl",
         "vllm_server_base_url",
         "vllm_server_host",
         "vllm_server_port",
         "vllm_server_timeout",
         "vllm_structured_outputs_regex",
-        "vllm_tensor_parallel_size",
     )
 )
 
@@ -255,6 +252,8 @@ def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
             "(optim='adamw_torch' or 'adamw_torch_fused'); weight_decay, adam_beta1, adam_beta2 "
             "and adam_epsilon configure it"
         )
+    if kwargs.pop("use_vllm", False):
+        _set(kwargs, "generation_engine", "vllm", "use_vllm=True")
     if "max_tool_calling_iterations" in kwargs:
         rounds = kwargs.pop("max_tool_calling_iterations")
         if rounds is not None:  # None (TRL: no limit) keeps max_turns

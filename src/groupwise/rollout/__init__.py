@@ -1,7 +1,8 @@
-"""Rollouts: the engine protocol (:mod:`.base`) and the Hugging Face / torch engine (:mod:`.hf`)."""
+"""Rollouts: the engine protocol (:mod:`.base`) and the Hugging Face / torch engine (:mod:`.hf`);
+the colocated vLLM engine is :mod:`.vllm`, imported only when asked for (it needs vllm)."""
 
 from .base import Rollout, RolloutEngine, SamplingParams
-from .hf import HFEngine, eos_token_ids, generate, left_pad, sample_next_token
+from .hf import HFEngine, eos_token_ids, generate, left_pad, sample_next_token, token_logprobs
 
 __all__ = [
     "HFEngine",
@@ -12,4 +13,5 @@ __all__ = [
     "generate",
     "left_pad",
     "sample_next_token",
+    "token_logprobs",
 ]

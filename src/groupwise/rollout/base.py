@@ -40,9 +40,16 @@ class Rollout:
     truncated: torch.Tensor  # [N] bool: hit max_completion_length without EOS
     group_ids: torch.Tensor  # [N] long: index of the prompt this completion answers
     texts: list[str]  # decoded completions (special tokens skipped)
-    # [N, T] fp32 log-prob of each sampled token under the sampler's softmax(logits / T) (T = 1
-    # when greedy), before top-k / top-p; 0 at padding. Set when the engine's numerics differ
-    # from the trainer's; the trainer then applies rollout correction.
+    # [N, T] fp32 log mu(token) of each sampled token, mu being the distribution the engine
+    # actually drew it from: softmax(logits / T) restricted to the top-k / top-p set and
+    # renormalised (softmax(logits) when greedy); 0 at padding. vLLM's
+    # logprobs_mode="processed_logprobs"; the HF engine's hf.token_logprobs. Set when the
+    # engine's numerics differ from the trainer's; the trainer then applies rollout correction.
+    # Why after top-k / top-p: rollout correction weights each token by pi_old / pi_rollout,
+    # an importance ratio, whose denominator must be the behaviour distribution the token was
+    # sampled from. The trainer's pi_old is the full softmax(logits / T); with top-k / top-p
+    # the ratio is then the kept mass (<= 1), the true off-policy factor of truncated sampling.
+    # With top_k = 0 and top_p = 1 (the defaults) both readings coincide.
     sampling_logprobs: torch.Tensor | None = None
     # [N, T] 1 for the tokens the policy wrote and is trained on; 0 for context an engine
     # inserted (tool output) and for padding. Defaults to ``completion_mask``.

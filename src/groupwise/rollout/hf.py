@@ -56,6 +56,30 @@ def sample_next_token(
     return choice
 
 
+def token_logprobs(
+    logits: torch.Tensor, token: torch.Tensor, params: SamplingParams
+) -> torch.Tensor:
+    """log mu(token) per row, mu being the distribution :func:`sample_next_token` draws from:
+    softmax(logits / T) over the top-k / top-p set, renormalised (softmax(logits) when greedy).
+    The same value as vLLM's ``processed_logprobs`` (rollout/base.py, ``sampling_logprobs``)."""
+    if params.greedy:
+        scaled = logits.float()
+    else:
+        scaled = logits.float() / params.temperature
+        vocab = scaled.shape[-1]
+        if 0 < params.top_k < vocab:
+            kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if params.top_p < 1.0:
+            ordered, index = torch.sort(scaled, dim=-1, descending=True)
+            probs = torch.softmax(ordered, dim=-1)
+            drop = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p  # sample_next_token's rule
+            scaled = scaled.masked_fill(
+                torch.zeros_like(drop).scatter(-1, index, drop), float("-inf")
+            )
+    return scaled.gather(1, token[:, None]).squeeze(1) - scaled.logsumexp(dim=-1)
+
+
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     ids = set()
     if tokenizer.eos_token_id is not None:
@@ -117,8 +141,9 @@ def generate(
     away), as ``transformers.generate`` does; it exists to measure what dropping them saves
     (benchmarks/optimisations.py). Greedy completions are the same either way; sampled ones
     differ, as the kept rows also draw random numbers. ``return_logprobs`` also records the
-    sampler's log-prob of every token (``Rollout.sampling_logprobs``), which the trainer compares
-    with its own when the sampler runs different numerics (bf16 generation)."""
+    sampler's log-prob of every token (``Rollout.sampling_logprobs``: under the distribution it
+    was drawn from, after top-k / top-p, :func:`token_logprobs`), which the trainer compares with
+    its own when the sampler runs different numerics (bf16 generation)."""
     n_prompts = len(prompt_token_ids)
     counts = (
         [num_generations] * n_prompts if isinstance(num_generations, int) else list(num_generations)
@@ -151,7 +176,6 @@ def generate(
 
         tokens = torch.full((n_rows, max_new), pad_id, dtype=torch.long, device=device)
         token_logps = torch.zeros((n_rows, max_new), device=device) if return_logprobs else None
-        temperature = params.temperature if not params.greedy else 1.0
         lengths = torch.zeros(n_rows, dtype=torch.long, device=device)
         finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
         live = torch.arange(n_rows, device=device)  # rows still decoding, in cache order
@@ -164,9 +188,7 @@ def generate(
             tokens[rows, t] = token[writes]
             lengths[rows] = t + 1
             if token_logps is not None:
-                scaled = logits.float() / temperature
-                logp = scaled.gather(1, token[:, None]).squeeze(1) - scaled.logsumexp(dim=-1)
-                token_logps[rows, t] = logp[writes]
+                token_logps[rows, t] = token_logprobs(logits, token, params)[writes]
             done = torch.isin(token, eos)
             if not drop_finished:
                 finished |= done

@@ -33,7 +33,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from ..data import is_conversational, prompt_text
 from ..tools.prompting import prompt_text_with_tools
 from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
-from .hf import HFEngine, eos_token_ids, left_pad, prefill, sample_next_token
+from .hf import HFEngine, eos_token_ids, left_pad, prefill, sample_next_token, token_logprobs
 
 if TYPE_CHECKING:  # the protocol lives with the tools (groupwise.tools.environment)
     from ..tools import Environment
@@ -178,7 +178,6 @@ def converse(
     eos = set(eos_token_ids(model, tokenizer))
     budget = params.max_completion_length
     stop = stop_matcher or _StopMatcher(tokenizer, limits.stop_strings)
-    temperature = params.temperature if not params.greedy else 1.0
     timing = {"env_s": 0.0, "insert_s": 0.0}
 
     row_prompt = [p for p, c in enumerate(counts) for _ in range(c)]
@@ -232,9 +231,7 @@ def converse(
                 token = torch.where(writing, token, torch.full_like(token, pad_id))
                 logp = None
                 if return_logprobs:
-                    scaled = logits.float() / temperature
-                    logp = scaled.gather(1, token[:, None]).squeeze(1) - scaled.logsumexp(-1)
-                    logp = logp.tolist()
+                    logp = token_logprobs(logits, token, params).tolist()
                 for b, (r, t, w) in enumerate(
                     zip(live.tolist(), token.tolist(), writing.tolist(), strict=True)
                 ):

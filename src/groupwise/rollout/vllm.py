@@ -1,0 +1,458 @@
+"""The colocated vLLM rollout engine: vLLM runs in the training process, on the training GPU, and
+holds its own copy of the weights, refreshed from the policy after every optimizer step (TRL's
+``vllm_mode="colocate"``).
+
+Generation. One vLLM request per prompt, given as token ids (``{"prompt_token_ids": ids}``, never
+re-tokenised), with ``SamplingParams(n=count)``: a prompt's ``count`` rollouts are one request, so
+vLLM encodes the prompt once and its prefix cache shares it. vLLM returns the requests in order,
+which is groupwise's group order; the :class:`~groupwise.rollout.base.Rollout` is filled exactly as
+:func:`groupwise.rollout.hf.generate` fills it (left-padded prompts, right-padded completions whose
+mask includes the EOS token, ``truncated`` where vLLM stopped for ``length``).
+
+Log-probs. The LLM is created with ``logprobs_mode="processed_logprobs"`` and every request asks
+for ``logprobs=0`` (the sampled token's log-prob only). In vLLM >= 0.11 "processed" log-probs are
+taken inside the top-k/top-p sampler: ``log_softmax`` of logits / T after the tokens outside the
+top-k / top-p set are masked to -inf, so each recorded value is log mu(token), mu being the
+distribution the token was actually drawn from (softmax(logits / T) restricted to the kept set and
+renormalised; softmax(logits) when greedy). That is the contract of ``Rollout.sampling_logprobs``
+(see base.py), which the HF engine follows too. vLLM's ``raw_logprobs`` (the default) would be
+the model's softmax(logits) before temperature, the wrong denominator for rollout correction.
+
+Rollout correction is therefore always on with this engine: vLLM samples in bf16 with its own
+kernels, so its log-probs differ from the trainer's, and the trainer weights the surrogate by
+pi_old / pi_rollout whenever a rollout carries ``sampling_logprobs``.
+
+Weights. :meth:`VLLMEngine.sync` pushes the policy's full weights into the vLLM model with the
+model's own ``load_weights(iterable of (name, tensor))``, one decoder layer at a time (so the
+model is never duplicated at once on the GPU), under the plain Hugging Face checkpoint names vLLM
+expects (PEFT prefixes stripped, adapters merged, the tied LM head sent once as the embedding),
+then resets vLLM's prefix cache: cached KV blocks were computed with the old weights and would
+otherwise be served for every prompt seen before. Under FSDP2 each tensor is gathered with
+``DTensor.full_tensor()`` (a collective every rank makes in the same order: each rank has its own
+colocated vLLM). LoRA adapters are merged out of place in fp32 (W + scale * B @ A, cast to the
+engine's dtype); peft's in-place ``merge_adapter`` / ``unmerge_adapter`` on a bf16 base would
+round the frozen base a little further on every step.
+
+vLLM is imported here only, when the engine is built; without it, or without a CUDA GPU, building
+the engine raises a :class:`~groupwise.errors.ConfigError` that says what to install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from ..errors import ConfigError
+from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
+from .hf import left_pad
+
+INSTALL_HINT = (
+    'generation_engine=vllm needs the vllm package: pip install "groupwise[vllm]" (vLLM needs a '
+    "CUDA GPU; on CPU use generation_engine: hf)"
+)
+
+# Name pieces that are not part of the plain Hugging Face checkpoint name (PEFT's wrapper prefix,
+# activation-checkpoint and torch.compile wrappers, PEFT's modules_to_save copy).
+_WRAPPER_PREFIXES = ("base_model.model.",)
+_WRAPPER_PIECES = (
+    ".base_layer",
+    "_checkpoint_wrapped_module.",
+    "_orig_mod.",
+    ".modules_to_save.default",
+)
+_LAYER = re.compile(r"^(.*?\.\d+)\.")  # "model.layers.3.mlp..." -> "model.layers.3"
+
+
+def import_vllm() -> Any:
+    """The vllm module, or a ConfigError with the install hint."""
+    try:
+        return importlib.import_module("vllm")
+    except ImportError as err:
+        raise ConfigError(f"{INSTALL_HINT} ({err})") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Weights: the policy's tensors under the names vLLM's load_weights expects
+
+
+def checkpoint_name(name: str) -> str | None:
+    """The plain Hugging Face checkpoint name of a parameter of the policy, or None for tensors
+    vLLM has no place for (LoRA adapters, merged into their base; PEFT's untouched original of a
+    ``modules_to_save`` module)."""
+    if "lora_" in name or ".original_module." in name:
+        return None
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.removeprefix(prefix)
+    for piece in _WRAPPER_PIECES:
+        name = name.replace(piece, "")
+    return name
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: an FSDP2 shard (DTensor) is all-gathered, anything else as is."""
+    full_tensor = getattr(tensor, "full_tensor", None)
+    return full_tensor() if callable(full_tensor) else tensor
+
+
+def _lora_delta(module: torch.nn.Module) -> torch.Tensor | None:
+    """The active adapters' update of a peft LoRA layer's base weight, in fp32, computed out of
+    place (None when no adapter applies: disabled, or already merged into the base)."""
+    if getattr(module, "disable_adapters", False) or getattr(module, "merged", False):
+        return None
+    delta = None
+    for adapter in getattr(module, "active_adapters", ()):
+        if adapter not in module.lora_A:
+            continue
+        if getattr(module, "use_dora", {}).get(adapter, False):
+            raise ConfigError(
+                "generation_engine=vllm cannot merge a DoRA adapter (use_dora) for vLLM; use plain "
+                "LoRA or generation_engine: hf"
+            )
+        a, b = module.lora_A[adapter], module.lora_B[adapter]
+        if isinstance(a, torch.nn.Linear) and isinstance(b, torch.nn.Linear):
+            part = _full(b.weight).float() @ _full(a.weight).float()  # [out, r] @ [r, in]
+            if getattr(module, "fan_in_fan_out", False):  # GPT-2 style Conv1D base: [in, out]
+                part = part.T
+            part = part * float(module.scaling[adapter])
+        else:  # embedding / convolution adapters: peft's own out-of-place delta
+            part = module.get_delta_weight(adapter).float()
+        delta = part if delta is None else delta + part
+    return delta
+
+
+def checkpoint_weights(
+    model: torch.nn.Module, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(checkpoint name, tensor)`` for every weight vLLM loads, in the model's order, each cast
+    to ``dtype`` (None: as stored). LoRA layers' base weights come merged (W + scale * B @ A in
+    fp32); tied parameters (the LM head tied to the embedding) come once, under the first name,
+    which vLLM's ``load_weights`` expects (it skips ``lm_head.weight`` for tied models)."""
+    lora_layers = {
+        name: module
+        for name, module in model.named_modules()
+        if hasattr(module, "lora_A") and hasattr(module, "base_layer")
+    }
+    for name, param in model.named_parameters():  # remove_duplicate: a tied weight once
+        target = checkpoint_name(name)
+        if target is None:
+            continue
+        tensor = _full(param.detach())
+        owner = name.rsplit(".", 2)[0] if name.endswith(".base_layer.weight") else None
+        delta = _lora_delta(lora_layers[owner]) if owner in lora_layers else None
+        if delta is not None:
+            tensor = tensor.float() + delta.to(tensor.device)
+        yield target, tensor.to(dtype) if dtype is not None else tensor
+
+
+def layer_chunks(
+    weights: Iterator[tuple[str, torch.Tensor]],
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """``weights`` grouped by decoder layer (``model.layers.3.*``; every other tensor is its own
+    group), in order: one layer's tensors are pushed together and released before the next."""
+    chunk: list[tuple[str, torch.Tensor]] = []
+    key = None
+    for name, tensor in weights:
+        match = _LAYER.match(name)
+        this = match.group(1) if match else name
+        if chunk and this != key:
+            yield chunk
+            chunk = []
+        key = this
+        chunk.append((name, tensor))
+    if chunk:
+        yield chunk
+
+
+# ----------------------------------------------------------------------------------------------
+# The engine
+
+
+class VLLMEngine:
+    """:class:`~groupwise.rollout.base.RolloutEngine` over a colocated ``vllm.LLM``.
+
+    ``llm``: the vLLM engine (built by :func:`build_vllm_engine`); ``device``: where the rollout's
+    tensors go (the policy's device); ``dtype``: the vLLM model's dtype, which pushed weights are
+    cast to; ``sleep_mode``: the LLM was made with ``enable_sleep_mode``, so it sleeps (level 1:
+    weights offloaded to CPU memory, KV cache freed) between generations, leaving the GPU to the
+    update. ``weights`` wraps :meth:`sync` (the policy's full-weights context under FSDP)."""
+
+    records_logprobs = True  # every rollout carries sampling_logprobs: rollout correction is on
+
+    def __init__(
+        self,
+        llm: Any,
+        tokenizer: PreTrainedTokenizerBase,
+        params: SamplingParams,
+        eos_token_ids: Sequence[int],
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        sleep_mode: bool = False,
+        weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    ) -> None:
+        self.llm, self.tokenizer, self.params = llm, tokenizer, params
+        self.eos_token_ids = sorted(int(i) for i in eos_token_ids)
+        self.device, self.dtype = device, dtype
+        self.sleep_mode, self.weights = sleep_mode, weights
+        self.asleep: set[str] = set()  # sleep-mode tags currently released ("weights", "kv_cache")
+        self.syncs = 0
+        self._vllm = import_vllm()
+
+    # -- sleep mode -------------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Release the GPU memory vLLM holds (level 1: weights to CPU memory, KV cache dropped)."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
+
+    def wake(self, *tags: str) -> None:
+        """Bring back the given sleep-mode tags (all when none is given)."""
+        wanted = set(tags) if tags else {"weights", "kv_cache"}
+        missing = sorted(wanted & self.asleep)
+        if missing:
+            self.llm.wake_up(tags=missing)
+            self.asleep -= set(missing)
+
+    # -- generation -------------------------------------------------------------------------------
+    def sampling_params(self, params: SamplingParams, count: int, seed: int | None) -> Any:
+        """vLLM's ``SamplingParams`` for one prompt's ``count`` rollouts."""
+        return self._vllm.SamplingParams(
+            n=count,
+            temperature=0.0 if params.greedy else params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,  # vLLM: -1 disables top-k
+            max_tokens=params.max_completion_length,
+            logprobs=0,  # the sampled token's log-prob only
+            # The HF engine's EOS set (tokenizer and generation_config), so both stop alike.
+            stop_token_ids=list(self.eos_token_ids),
+            seed=seed,
+            detokenize=False,  # texts are decoded below, as the HF engine decodes them
+        )
+
+    def generate(
+        self,
+        prompt_ids: PromptIds,
+        counts: Counts,
+        params: Params = None,
+        generator: Gen = None,
+        rows: Rows = None,
+    ) -> Rollout:
+        """Completions for every prompt (see :class:`~groupwise.rollout.base.RolloutEngine`).
+
+        Sampling uses vLLM's own random state (seeded per rank at construction), which keeps its
+        fast sampling kernels; an explicit ``generator`` (evaluation) seeds each request from it
+        instead, so such calls are reproducible. ``rows`` are not needed."""
+        prompts = [list(map(int, p)) for p in prompt_ids]
+        counts = [counts] * len(prompts) if isinstance(counts, int) else list(counts)
+        if len(counts) != len(prompts) or any(c < 1 for c in counts):
+            raise ValueError(f"need one count >= 1 per prompt, got {counts}")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt: every prompt must have at least one token")
+        params = params if params is not None else self.params
+        seeds: list[int | None] = [None] * len(prompts)
+        if generator is not None:
+            drawn = torch.randint(
+                0, 2**31 - 1, (len(prompts),), generator=generator, device=generator.device
+            )
+            seeds = [int(s) for s in drawn.tolist()]
+        requests = [{"prompt_token_ids": p} for p in prompts]
+        sampling = [self.sampling_params(params, c, s) for c, s in zip(counts, seeds, strict=True)]
+        self.wake()
+        try:
+            outputs = self.llm.generate(requests, sampling_params=sampling, use_tqdm=False)
+        finally:
+            self.sleep()
+        return self._rollout(prompts, counts, outputs)
+
+    def _rollout(self, prompts: list[list[int]], counts: list[int], outputs: Any) -> Rollout:
+        """The Rollout of vLLM's request outputs (one per prompt, in request order)."""
+        if len(outputs) != len(prompts):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        completions: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        truncated: list[bool] = []
+        group_ids: list[int] = []
+        for p, (request, count) in enumerate(zip(outputs, counts, strict=True)):
+            if len(request.outputs) != count:
+                raise RuntimeError(
+                    f"vLLM returned {len(request.outputs)} completions for prompt {p}, not {count}"
+                )
+            for completion in request.outputs:
+                ids = [int(t) for t in completion.token_ids]
+                if completion.logprobs is None or len(completion.logprobs) != len(ids):
+                    raise RuntimeError("vLLM returned no log-prob for some sampled token")
+                completions.append(ids)
+                logprobs.append(
+                    [
+                        float(step[t].logprob)
+                        for step, t in zip(completion.logprobs, ids, strict=True)
+                    ]
+                )
+                truncated.append(completion.finish_reason == "length")
+                group_ids.append(p)
+        width = max(max((len(c) for c in completions), default=0), 1)
+        n = len(completions)
+        completion_ids = torch.full((n, width), pad_id, dtype=torch.long)
+        completion_mask = torch.zeros((n, width), dtype=torch.long)
+        sampling_logprobs = torch.zeros((n, width), dtype=torch.float32)
+        for i, (ids, logps) in enumerate(zip(completions, logprobs, strict=True)):
+            completion_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            completion_mask[i, : len(ids)] = 1
+            sampling_logprobs[i, : len(ids)] = torch.tensor(logps, dtype=torch.float32)
+        prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+        device = self.device
+        return Rollout(
+            prompt_ids=prompt_ids.to(device),
+            prompt_mask=prompt_mask.to(device),
+            completion_ids=completion_ids.to(device),
+            completion_mask=completion_mask.to(device),
+            truncated=torch.tensor(truncated, dtype=torch.bool, device=device),
+            group_ids=torch.tensor(group_ids, dtype=torch.long, device=device),
+            texts=self.tokenizer.batch_decode(completions, skip_special_tokens=True),
+            sampling_logprobs=sampling_logprobs.to(device),
+        )
+
+    # -- weights ----------------------------------------------------------------------------------
+    def vllm_model(self) -> Any | None:
+        """The vLLM model object when it lives in this process (vLLM's in-process executor, as
+        TRL reaches it), else None (then :meth:`load` goes through ``LLM.apply_model``)."""
+        try:
+            return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        except AttributeError:
+            return None
+
+    def load(self, chunk: list[tuple[str, torch.Tensor]]) -> None:
+        """Load one chunk of weights into the vLLM model."""
+        model = self.vllm_model()
+        if model is not None:
+            model.load_weights(chunk)
+            return
+        apply_model = getattr(self.llm, "apply_model", None)
+        if apply_model is None:
+            raise RuntimeError(
+                "cannot reach the vLLM model to load weights: neither llm.llm_engine.model_executor"
+                ".driver_worker.model_runner.model nor LLM.apply_model exists in this vLLM version"
+            )
+        apply_model(lambda model: model.load_weights(chunk))
+
+    @torch.no_grad()
+    def sync(self, policy: torch.nn.Module) -> None:
+        """Push ``policy``'s current weights into vLLM (layer by layer, LoRA merged, cast to the
+        engine's dtype), then reset vLLM's prefix cache, whose KV blocks were computed with the
+        old weights."""
+        self.wake("weights")
+        with self.weights():
+            for chunk in layer_chunks(checkpoint_weights(policy, self.dtype)):
+                self.load(chunk)
+                del chunk
+        if self.llm.reset_prefix_cache() is False:
+            raise RuntimeError(
+                "vLLM refused to reset its prefix cache (requests still running): generation "
+                "would reuse KV computed with the previous weights"
+            )
+        self.syncs += 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Construction
+
+
+def model_folder(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
+    """Write what vLLM reads to build the model (config, generation config, tokenizer) into
+    ``folder``. No weights: the LLM starts from ``load_format="dummy"`` and :meth:`VLLMEngine.sync`
+    pushes the policy's current weights (a built-in model, a resumed run, a LoRA policy), so
+    nothing is downloaded and no second copy of the weights goes to disk."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.config.save_pretrained(folder)
+    generation_config = getattr(base, "generation_config", None)
+    if generation_config is not None:
+        generation_config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def require_cuda(device: torch.device) -> None:
+    """Refuse a device vLLM's colocated engine does not run on."""
+    if device.type != "cuda":
+        raise ConfigError(
+            f"generation_engine=vllm needs a CUDA GPU (device is {device.type}); use "
+            "generation_engine: hf"
+        )
+
+
+def engine_dtype(device: torch.device, weights: torch.dtype) -> torch.dtype:
+    """vLLM's dtype: bf16 on a bf16 GPU (what vLLM and TRL generate in), else the weights'."""
+    from ..precision import bf16_capable
+
+    return torch.bfloat16 if bf16_capable(device) else weights
+
+
+def build_vllm_engine(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    params: SamplingParams,
+    eos_token_ids: Sequence[int],
+    *,
+    device: torch.device,
+    weights_dtype: torch.dtype,
+    seed: int,
+    gpu_memory_utilization: float = 0.3,
+    max_model_len: int | None = None,
+    enable_prefix_caching: bool = True,
+    enable_sleep_mode: bool = False,
+    weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> VLLMEngine:
+    """A colocated ``vllm.LLM`` for ``model`` (the policy) and the engine around it, with the
+    policy's weights pushed once.
+
+    Under torchrun (WORLD_SIZE > 1) every rank builds its own LLM with
+    ``distributed_executor_backend="external_launcher"`` (TRL's colocate mode; tensor parallel
+    size 1) and its own seed (``seed + rank``), so ranks draw different completions. The engine
+    core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), where ``load_weights`` can
+    reach the model."""
+    vllm = import_vllm()
+    require_cuda(device)
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    rank = int(os.environ.get("RANK", "0") or 0)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    dtype = engine_dtype(device, weights_dtype)
+    folder = Path(tempfile.mkdtemp(prefix="groupwise-vllm-"))
+    model_folder(model, tokenizer, folder)
+    options: dict[str, Any] = dict(
+        model=str(folder),
+        load_format="dummy",
+        dtype=str(dtype).removeprefix("torch."),
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+        enable_prefix_caching=enable_prefix_caching,
+        enable_sleep_mode=enable_sleep_mode,
+        seed=seed + rank,
+        tensor_parallel_size=1,
+        # The sampled token's log-prob after temperature and top-k/top-p (see the docstring).
+        logprobs_mode="processed_logprobs",
+    )
+    if world > 1:
+        options["distributed_executor_backend"] = "external_launcher"
+    llm = vllm.LLM(**options)
+    engine = VLLMEngine(
+        llm,
+        tokenizer,
+        params,
+        eos_token_ids,
+        device=device,
+        dtype=dtype,
+        sleep_mode=enable_sleep_mode,
+        weights=weights,
+    )
+    engine.sync(model)
+    engine.sleep()
+    return engine
