@@ -15,10 +15,13 @@ from groupwise import checkpoint as ckpt
 from groupwise.config import ConfigError, GRPOConfig
 from groupwise.curriculum import CURRICULA, GlobalRows, PromptBatch, SelectCurriculum
 from groupwise.curriculum.select import (
+    best_k,
     beta_moment,
     budget,
     expected_variance,
+    first_occurrences,
     informative_probability,
+    keep_probability,
     knapsack_allocation,
     pooled_mean,
     posterior,
@@ -55,6 +58,92 @@ def test_prior_posterior_and_retry_by_hand():
     assert retry_probability(2, 2) == pytest.approx(0.5)
     assert retry_probability(4, 2) == pytest.approx(0.75)
     assert retry_probability(1, 2) == pytest.approx(1 - 2**-0.5)
+
+
+def test_keep_probability_by_hand():
+    # GRESO's rule max(keep^z, floor) with keep 0.5, floor 0.01: 1, 1/2, 1/4, 1/8 for z = 0..3;
+    # 0.5^7 = 0.0078 < 0.01, so the floor from z = 7 on.
+    assert [keep_probability(z, 0.5, 0.01) for z in range(4)] == [1.0, 0.5, 0.25, 0.125]
+    assert keep_probability(6, 0.5, 0.01) == 0.015625
+    assert keep_probability(7, 0.5, 0.01) == 0.01
+    assert keep_probability(50, 0.5, 0.01) == 0.01
+    assert keep_probability(3, 0.5, 0.2) == 0.2  # floor above 0.125
+    assert keep_probability(2, 0.9, 0.0) == pytest.approx(0.81)
+    assert keep_probability(0, 0.0, 0.0) == 1.0  # never all alike: always kept
+
+
+def test_best_k_takes_exactly_the_top_k_by_predicted_probability():
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        m = int(rng.integers(2, 12))
+        k = int(rng.integers(1, m + 1))
+        p = rng.random(m).tolist()
+        picked = best_k(p, [True] * m, k, rng.permutation(m).tolist())
+        assert picked == sorted(np.argsort(-np.asarray(p), kind="stable")[:k].tolist())
+    # Kept candidates first even when worse; the best of the others fill up.
+    assert best_k([0.9, 0.1, 0.8, 0.2], [False, True, False, True], 2, [0, 1, 2, 3]) == [1, 3]
+    assert best_k([0.9, 0.1, 0.8, 0.2], [False, True, False, False], 2, [0, 1, 2, 3]) == [0, 1]
+    # Ties in the order given (a random permutation in the curriculum).
+    assert best_k([0.5, 0.5, 0.5], [True] * 3, 1, [2, 0, 1]) == [1]
+    assert best_k([0.5, 0.5, 0.5], [True] * 3, 2, [2, 0, 1]) == [1, 2]
+    # A repeated candidate comes last, even kept and best.
+    assert best_k([0.9, 0.9, 0.1], [True] * 3, 2, [0, 1, 2], [True, False, True]) == [0, 2]
+    assert first_occurrences([3, 5, 3, 7, 5]) == [True, True, False, True, False]
+
+
+def test_choose_best_k_keeps_by_streak_and_takes_the_best():
+    cur = SelectCurriculum(num_generations=4, oversample=2, keep=0.5, keep_floor=0.01, seed=1)
+    cur.evidence = {0: [0.0, 40.0], 1: [40.0, 0.0], 2: [2.0, 2.0], 3: [1.0, 3.0]}
+    # No streaks: every candidate is kept, and the best two by P_inf are Beta(3, 3) (0.762) and
+    # Beta(2, 4) (P_inf(4) = 1 - 2*3*4*5/(6*7*8*9) - 4*5*6*7/(6*7*8*9) = 0.683).
+    for _ in range(20):
+        assert cur.choose([0, 1, 2, 3], [{}] * 4, 2) == [2, 3]
+    logs = cur._chosen
+    assert logs["kept"] == 4
+    # Prompt 2 all alike once: kept half the time; when dropped, prompt 3 and the best of the
+    # dropped or not-kept fill up (0 and 1 are at 0.089 each, below 2's 0.762).
+    cur.streaks = {2: 1}
+    picks = [tuple(cur.choose([0, 1, 2, 3], [{}] * 4, 2)) for _ in range(2000)]
+    assert set(picks) <= {(2, 3), (0, 3), (1, 3)}
+    assert sum(p == (2, 3) for p in picks) == pytest.approx(1000, abs=100)
+    # All alike three times in a row: kept 1/8 of the time.
+    cur.streaks = {2: 3}
+    picks = [tuple(cur.choose([0, 1, 2, 3], [{}] * 4, 2)) for _ in range(4000)]
+    assert sum(p == (2, 3) for p in picks) == pytest.approx(500, abs=90)
+    # Keep 0, floor 0: a prompt with a streak is only rolled out when too few others are kept.
+    cur = SelectCurriculum(num_generations=4, oversample=2, keep=0.0, keep_floor=0.0)
+    cur.evidence = {2: [2.0, 2.0]}
+    cur.streaks = {2: 1}
+    assert 2 not in [[0, 1, 2, 3][k] for k in cur.choose([0, 1, 2, 3], [{}] * 4, 2)]
+    cur.streaks = {i: 1 for i in range(4)}
+    assert cur.choose([0, 1, 2, 3], [{}] * 4, 2)[0] == 2  # all dropped: best P_inf first
+
+
+def test_choose_best_k_never_picks_one_prompt_twice():
+    cur = SelectCurriculum(num_generations=4, oversample=2)
+    cur.evidence = {7: [2.0, 2.0]}  # the best candidate, drawn twice
+    for _ in range(20):
+        picked = cur.choose([7, 1, 7, 2], [{}] * 4, 2)
+        assert len(picked) == 2 and len({[7, 1, 7, 2][k] for k in picked}) == 2
+
+
+def test_observe_counts_all_alike_groups_in_a_row():
+    cur = SelectCurriculum(num_generations=2, n_min=2, n_max=2, allocator="uniform")
+
+    def step(indices, correct):
+        plan = cur.plan(_batch(indices))
+        prompt = np.repeat(np.arange(len(indices)), 2).tolist()
+        cur.observe_global(plan, GlobalRows(prompt, correct, [0.0] * len(prompt), correct))
+
+    step([0, 1], [1.0, 1.0, 0.0, 1.0])  # 0 all correct, 1 mixed
+    assert cur.streaks == {0: 1, 1: 0}
+    step([0, 1], [0.0, 0.0, 0.0, 0.0])  # all wrong counts as all alike too
+    assert cur.streaks == {0: 2, 1: 1}
+    step([0], [1.0, 0.0])
+    assert cur.streaks == {0: 0, 1: 1}  # an informative group resets; unseen ones keep theirs
+    # Correctness that differs by float noise only is all alike (the one tolerance, 1e-6).
+    step([1], [0.3, 0.1 + 0.2])
+    assert cur.streaks[1] == 2
 
 
 def test_selection_weights_by_hand():
@@ -119,8 +208,12 @@ def test_observe_updates_evidence_pools_and_logs_by_hand():
     assert cur.evidence == {10: [2.0, 0.0], 11: [1.0, 2.0]}
     assert cur.pools == {"": [3.0, 2.0]} and cur.step == 1
     assert logs["curriculum/select/skipped"] == 3
-    assert logs["curriculum/select/informative"] == 1  # only prompt 1 is mixed
-    assert logs["curriculum/select/informative_per_rollout"] == pytest.approx(1 / 5)
+    # Both groups are informative: prompt 1 is mixed, and prompt 0's correctness scores (1.0,
+    # 0.9) vary (population std 0.05 > 1e-6), though both rollouts count as correct for the
+    # posterior.
+    assert logs["curriculum/select/informative"] == 2
+    assert logs["curriculum/select/informative_per_rollout"] == pytest.approx(2 / 5)
+    assert cur.streaks == {10: 0, 11: 0}
     # Predicted at plan time: Beta(1, 1) (pool 0.5, strength 2) with 2 rollouts each: 2 * 1/3.
     assert logs["curriculum/select/informative_predicted"] == pytest.approx(2 / 3)
     assert (logs["curriculum/select/group_size_min"], logs["curriculum/select/group_size_max"]) == (
@@ -157,8 +250,9 @@ def _choose_often(cur, times):
     return picks
 
 
-def test_choose_skips_prompts_predicted_uninformative_and_retries_them_later():
-    cur = SelectCurriculum(num_generations=4, oversample=2, uniform_mix=0.0, retry_half_life=2)
+def test_legacy_choose_skips_prompts_predicted_uninformative_and_retries_them_later():
+    cur = SelectCurriculum(num_generations=4, oversample=2, uniform_mix=0.0, retry_half_life=2,
+                           rule="legacy")  # fmt: skip
     cur.evidence = {0: [0.0, 40.0], 1: [40.0, 0.0], 2: [2.0, 2.0], 3: [2.0, 2.0]}
     # weights: P_inf(Beta(1, 41), 4) = 0.0889 for 0 and 1 (p ~ 0, p ~ 1); P_inf(Beta(3, 3), 4)
     # = 1 - 2 * 360/3024 = 0.762 for 2 and 3. Drawn without replacement, P({2, 3}) =
@@ -178,6 +272,40 @@ def test_choose_skips_prompts_predicted_uninformative_and_retries_them_later():
     plan = cur.plan(_batch([0]))
     cur.observe_global(plan, GlobalRows([0] * 4, [0.0] * 4, [0.0] * 4, [0.0] * 4))
     assert 0 not in cur.skips
+
+
+# The earlier rule's choices and group sizes for this drive (seed 3, 12 steps of 4 of 8 drawn),
+# recorded from the implementation before select_rule existed: ``legacy`` reproduces them.
+LEGACY_DRIVE = [
+    ([13, 1, 7, 32], [4, 4, 4, 4]), ([34, 15, 20, 12], [4, 5, 3, 4]),
+    ([26, 30, 18, 10], [3, 5, 4, 4]), ([5, 25, 3, 13], [5, 4, 4, 3]),
+    ([20, 7, 16, 36], [4, 4, 4, 4]), ([21, 19, 22, 15], [4, 5, 5, 2]),
+    ([32, 25, 36, 16], [5, 4, 2, 5]), ([19, 14, 28, 35], [3, 4, 5, 4]),
+    ([14, 18, 25, 9], [6, 2, 4, 4]), ([31, 24, 36, 39], [4, 5, 3, 4]),
+    ([15, 28, 6, 17], [3, 5, 5, 3]), ([2, 31, 16, 4], [3, 3, 5, 5]),
+]  # fmt: skip
+
+
+def _drive(cur, steps=12):
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0, 1, 40) ** 2
+    out = []
+    for _ in range(steps):
+        drawn = rng.permutation(40)[:8].tolist()
+        picked = cur.choose(drawn, [{"difficulty": d % 3} for d in drawn], 4)
+        indices = [drawn[k] for k in picked]
+        plan = cur.plan(_batch(indices))
+        prompt = np.repeat(np.arange(4), plan.counts).tolist()
+        correct = (rng.random(len(prompt)) < p[np.repeat(indices, plan.counts)]).astype(float)
+        cur.observe_global(plan, GlobalRows(prompt, correct.tolist(), [0.0] * len(prompt),
+                                            [0.0] * len(prompt)))  # fmt: skip
+        out.append((indices, list(plan.counts)))
+    return out
+
+
+def test_legacy_rule_reproduces_the_earlier_choices():
+    assert _drive(SelectCurriculum(num_generations=4, seed=3, rule="legacy")) == LEGACY_DRIVE
+    assert _drive(SelectCurriculum(num_generations=4, seed=3)) != LEGACY_DRIVE
 
 
 def test_plan_conserves_the_budget_and_weights_prompts_equally():
@@ -233,10 +361,41 @@ def test_sampler_draws_candidates_and_the_curriculum_chooses(tokenizer):
     assert plain.skipped == [] and len(plain.indices) == 2
 
 
+def test_sampler_never_draws_a_prompt_twice_across_an_epoch_boundary():
+    from groupwise.sampler import PromptSampler, defer
+
+    assert defer([4, 0, 3, 1, 2], [3, 2]) == [4, 0, 1, 3, 2]
+    for size, count in ((5, 3), (7, 4), (18, 16), (6, 6)):
+        sampler = PromptSampler(size, seed=0)
+        draws = [sampler.take(count) for _ in range(60)]
+        for draw in draws:
+            assert len(set(draw)) == count, (size, count, draw)
+        # Every epoch still visits every prompt exactly once.
+        flat = [i for draw in draws for i in draw]
+        for e in range(len(flat) // size):
+            assert sorted(flat[e * size:(e + 1) * size]) == list(range(size))
+
+
+def test_batches_cap_the_candidates_at_the_dataset_size(tokenizer):
+    from groupwise.distributed import DistributedContext
+    from groupwise.sampler import PromptBatches
+
+    rows = [{"prompt": f"question {i}"} for i in range(6)]
+    cur = SelectCurriculum(num_generations=4)  # best_k: 4 candidates per slot, 8 > 6 rows
+    batches = PromptBatches(rows, tokenizer, 2, 32, 0, DistributedContext())
+    for _ in range(10):
+        batch = batches.next(cur)
+        drawn = batch.indices + batch.skipped
+        assert len(batch.indices) == 2 and len(drawn) == 6 and len(set(drawn)) == 6
+
+
 @pytest.mark.parametrize(
     "option, value",
     [
         ("select_oversample", 0),
+        ("select_rule", "sample"),
+        ("select_keep", 1.5),
+        ("select_keep_floor", -0.1),
         ("select_discount", 0.0),
         ("select_prior_strength", 0.0),
         ("select_retry_half_life", -1.0),
@@ -257,6 +416,11 @@ def test_registered_and_bounds_checked():
         GRPOConfig(curriculum="select", num_generations=4, rollout_min=5)
     cur = SelectCurriculum.from_options(GRPOConfig(curriculum="select", seed=7).to_dict())
     assert (cur.mean, cur.n_min, cur.n_max, cur.allocator) == (8, 2, 12, "knapsack")
+    assert (cur.rule, cur.oversample, cur.keep, cur.keep_floor) == ("best_k", 4, 0.5, 0.01)
+    legacy = GRPOConfig(curriculum="select", select_rule="legacy").to_dict()
+    assert SelectCurriculum.from_options(legacy).oversample == 2
+    options = GRPOConfig(curriculum="select", select_rule="legacy", select_oversample=3)
+    assert SelectCurriculum.from_options(options.to_dict()).oversample == 3
 
 
 # --- the ground-truth-difficulty simulation -------------------------------------------------
@@ -319,7 +483,9 @@ def test_training_run_with_select_trains_and_resumes_exactly(tmp_path):
     for log in logs:  # 3 prompts x 4 rollouts every step, 3 candidates skipped
         assert log["curriculum/select/rollouts"] == 12 and log["curriculum/select/skipped"] == 3
         assert log["curriculum/select/group_size_mean"] == 4
-    assert any(log["curriculum/select/group_size_max"] > 4 for log in logs[1:])
+        # best_k: the chosen are the best candidates by predicted informativeness
+        assert (log["curriculum/select/predicted_informative_chosen"]
+                >= log["curriculum/select/predicted_informative_skipped"])  # fmt: skip
     assert len(full.curriculum.evidence) >= 6 and full.curriculum.step == 3
     # Resume from the full run's checkpoint-2 (written mid-run) into a new folder.
     start = str(tmp_path / "a" / "run" / "checkpoint-2")
@@ -335,6 +501,31 @@ def test_training_run_with_select_trains_and_resumes_exactly(tmp_path):
     assert strip == [
         {k: v for k, v in r.items() if not k.startswith(timing)} for r in rest.log_history
     ]
+
+
+# curriculum/select/* of the run above with select_rule legacy, recorded from the implementation
+# before select_rule existed (group_size_min, _max, informative_predicted, predicted chosen and
+# skipped, per step).
+LEGACY_RUN = [
+    (4.0, 4.0, 1.8000000000000003, 0.6000000000000001, 0.6000000000000001),
+    (2.0, 5.0, 1.313415637860082, 0.4299329492455419, 0.4732800000000001),
+    (2.0, 5.0, 1.7446120631519324, 0.5566159307640354, 0.436121680464676),
+]
+
+
+def test_training_run_with_the_legacy_rule_reproduces_the_earlier_run(tmp_path):
+    from groupwise import GRPOTrainer
+
+    args = _args(tmp_path, select_rule="legacy", save_steps=100)
+    trainer = GRPOTrainer("tiny-random", _parity, ROWS, args=args)
+    keys = ("group_size_min", "group_size_max", "informative_predicted",
+            "predicted_informative_chosen", "predicted_informative_skipped")  # fmt: skip
+    got = [tuple(log[f"curriculum/select/{k}"] for k in keys) for log in trainer.train()]
+    assert got == LEGACY_RUN
+    assert sorted(trainer.curriculum.evidence.items()) == [
+        (1, [2.4, 1.0]), (2, [3.4, 5.1]), (4, [4.0, 0.0]), (7, [4.0, 0.0]), (8, [1.0, 3.0]),
+        (11, [5.1, 3.4]),
+    ]  # fmt: skip
 
 
 def test_report_plots_what_select_skipped_and_how_it_sized_groups(tmp_path):

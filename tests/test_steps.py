@@ -152,17 +152,62 @@ def test_equal_prompt_weighting_is_eq_17_by_hand():
 
 
 def test_informative_groups_use_a_tolerance():
-    rewards = torch.tensor(
+    correctness = torch.tensor(
         [1.0, 1.0, 1.0,                       # constant
          0.1 + 0.2, 0.3, 0.3,                 # differ by rounding only (5.6e-17)
          0.0, 1.0, float("nan"),              # informative
-         1.0, float("nan")],                  # one valid reward: no baseline
+         1.0, float("nan")],                  # one valid score: no baseline
         dtype=torch.float64,
     )  # fmt: skip
     groups = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3])
     assert (0.1 + 0.2) != 0.3
-    assert informative_groups(rewards, groups) == 1
-    assert informative_groups(rewards, groups, tol=0.0) == 2  # what "std != 0" would count
+    assert informative_groups(correctness, groups).tolist() == [False, False, True, False]
+    # what "std != 0" would count
+    assert informative_groups(correctness, groups, tol=0.0).tolist() == [False, True, True, False]
+
+
+def test_informative_groups_use_the_population_std():
+    # [0, 1]: population std 0.5, sample (Bessel) std 0.707; [0, 0, 1]: 0.471 and 0.577.
+    scores = torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0])
+    ids = torch.tensor([0, 0, 1, 1, 1])
+    assert informative_groups(scores, ids, tol=0.49).tolist() == [True, False]
+    assert informative_groups(scores, ids, tol=0.5).tolist() == [False, False]
+    assert informative_groups(scores, ids, tol=0.47).tolist() == [True, True]
+
+
+def test_one_definition_of_informative_serves_metric_dynamic_sampling_and_curricula():
+    """The compute metric, DAPO dynamic sampling, select's top-up and select's curriculum all
+    count a group as informative by groupwise.core.informative_groups on the correctness
+    score, not the shaped total."""
+    from types import SimpleNamespace
+
+    from groupwise import core, dynamic, run, topup
+    from groupwise.build import Scores
+    from groupwise.config import GRPOConfig
+    from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum
+    from groupwise.distributed import DistributedContext
+
+    assert dynamic.informative_groups is core.informative_groups
+    assert topup.informative_groups is core.informative_groups
+    assert run.informative_groups is core.informative_groups
+    # Group 0: all correct, totals differ by a length penalty; group 1: mixed; group 2: the
+    # same correctness up to float noise.
+    correctness = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.3, 0.1 + 0.2], dtype=torch.float64)
+    total = correctness + torch.tensor([0.0, -0.2, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 1, 1, 2, 2])
+    expected = [False, True, False]
+    assert core.informative_groups(correctness, ids).tolist() == expected
+    rollout = SimpleNamespace(completion_mask=torch.ones(6, 2), completion_ids=torch.zeros(6, 2),
+                              group_ids=ids)  # fmt: skip
+    owner = SimpleNamespace(args=GRPOConfig(), dist=DistributedContext())
+    spent = run.Trainer.compute_spent(owner, rollout, Scores(total, total[:, None], correctness))
+    assert spent["informative_groups"] == 1
+    cur = SelectCurriculum(num_generations=2, n_min=2, n_max=2)
+    plan = cur.plan(PromptBatch([5, 6, 7], slice(0, 3), [{}] * 3, [[1]] * 3, []))
+    logs = cur.observe_global(plan, GlobalRows(ids.tolist(), correctness.tolist(), [0.0] * 6,
+                                               total.tolist()))  # fmt: skip
+    assert logs["curriculum/select/informative"] == 1
+    assert cur.streaks == {5: 1, 6: 0, 7: 1}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -201,11 +201,18 @@ class GRPOConfig:
     rollout_mu_update: str = "best_response"
     # Predictive selection with adaptive group size (curriculum: select; README). Group sizes
     # are rollout_min..rollout_max around num_generations; correct: gdro_correct_threshold.
-    select_oversample: int = 2  # candidates drawn per prompt slot; the rest are skipped
+    # best_k: GRESO's keep rule (a prompt whose last z groups were all alike stays a candidate
+    # with probability max(select_keep^z, select_keep_floor)), then the candidates with the
+    # largest predicted chance of an informative group. legacy: the earlier proportional draw
+    # (retry bonus + uniform floor), kept for comparison.
+    select_rule: str = "best_k"  # best_k | legacy
+    select_oversample: int | None = None  # candidates per prompt slot (None: 4 best_k, 2 legacy)
+    select_keep: float = 0.5  # best_k: keep chance per all-alike group in a row (GRESO's start)
+    select_keep_floor: float = 0.01  # best_k: lowest keep chance (GRESO's floor)
     select_discount: float = 0.7  # old evidence kept per new observation (recency weighting)
     select_prior_strength: float = 2.0  # pseudo-rollouts of the difficulty-level prior
-    select_retry_half_life: float = 2.0  # skips in a row at which a prompt's retry chance = 1/2
-    select_uniform_mix: float = 0.2  # uniform floor mixed into the choice of prompts
+    select_retry_half_life: float = 2.0  # legacy: skips in a row at which retry chance = 1/2
+    select_uniform_mix: float = 0.2  # legacy: uniform floor mixed into the choice of prompts
     select_allocator: str = "knapsack"  # knapsack | sqrt | uniform: group sizes
     select_equal_prompt_weight: bool = True  # weight num_generations / n_i per prompt
     # Sequential top-up within a step (Reinforce-Ada): roll out select_top_up_first per prompt,
@@ -414,8 +421,11 @@ class GRPOConfig:
                 f"select_top_up_first must be >= 2 (a group of one has no variance), got "
                 f"{self.select_top_up_first}"
             )
-        if self.select_oversample < 1:
+        if self.select_oversample is not None and self.select_oversample < 1:
             raise ConfigError(f"select_oversample must be >= 1, got {self.select_oversample}")
+        for name in ("select_keep", "select_keep_floor"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if not 0.0 < self.select_discount <= 1.0:
             raise ConfigError(f"select_discount must be in (0, 1], got {self.select_discount}")
         if self.select_prior_strength <= 0:
@@ -515,6 +525,7 @@ class GRPOConfig:
             "gdro_classifier_signal": CLASSIFIER_SIGNALS,
             "gdro_unseen": UNSEEN_MODES,
             "select_allocator": ("knapsack", "sqrt", "uniform"),
+            "select_rule": ("best_k", "legacy"),
             "long_prompts": ("truncate", "skip", "error"),
             "algorithm": ("grpo", "ppo"),
             "logprob_impl": ("chunked", "naive"),

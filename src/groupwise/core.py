@@ -168,11 +168,36 @@ def equal_prompt_factors(counts: Sequence[int]) -> list[float]:
     return [mean / n for n in counts]
 
 
-def informative_groups(rewards: Tensor, group_ids: Tensor, tol: float = 1e-6) -> int:
-    """Number of groups that carry a learning signal: at least two valid (non-NaN) rewards whose
-    Bessel std exceeds ``tol``. A tolerance rather than ``std != 0``: rewards that differ only by
-    float rounding (e.g. 0.1 + 0.2 vs 0.3) give advantages that are noise, not signal."""
-    return int((_group_stats(rewards, group_ids)["std"] > tol).sum())
+INFORMATIVE_STD_TOL = 1e-6
+
+
+def informative_groups(
+    correctness: Tensor,
+    group_ids: Tensor,
+    tol: float = INFORMATIVE_STD_TOL,
+    num_groups: int | None = None,
+) -> Tensor:
+    """Bool [num_groups]: whether group g is informative, the one definition every part of
+    groupwise uses (the ``compute/informative_groups`` metric, DAPO dynamic sampling, the
+    curricula): at least two non-NaN **correctness** scores (``Scores.correctness``: the reward
+    that declares correctness, the total only when none does) whose population std (verl's
+    ``np.std``, as DAPO's filter) exceeds ``tol``. A tolerance, not ``!= 0``: scores that differ
+    only by float rounding (``0.1 + 0.2`` vs ``0.3``, ``[1, 1 + 1e-9]``) are zero variance.
+
+    ``group_ids`` are 0-based positions; ``num_groups`` defaults to ``max(group_ids) + 1``, and a
+    group without rows is not informative."""
+    ids = group_ids.detach().cpu().long()
+    values = correctness.detach().cpu().double()
+    if num_groups is None:
+        num_groups = int(ids.max()) + 1 if ids.numel() else 0
+    valid = ~torch.isnan(values)
+    zeros = torch.zeros(num_groups, dtype=torch.float64)
+    count = zeros.index_add(0, ids, valid.double())
+    total = zeros.index_add(0, ids, torch.where(valid, values, 0.0))
+    mean = total / count.clamp(min=1)
+    dev = torch.where(valid, values - mean[ids], 0.0)
+    var = zeros.index_add(0, ids, dev * dev) / count.clamp(min=1)
+    return (count >= 2) & (var.sqrt() > tol)
 
 
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from .batching import pick
 from .build import Scores
+from .core import informative_groups
 from .curriculum import Plan, PromptBatch
 from .distributed import DistributedContext, all_gather_objects
 from .rollout import Rollout
@@ -53,27 +54,6 @@ class Draw(NamedTuple):
 
 # ----------------------------------------------------------------------------------------------
 # Pure helpers
-
-
-def informative_groups(
-    correctness: Tensor, group_ids: Tensor, tol: float = 1e-6, num_groups: int | None = None
-) -> Tensor:
-    """Bool [num_groups]: group g has at least two non-NaN correctness scores whose population
-    std (verl's ``np.std``) exceeds ``tol``. A tolerance, not ``!= 0``: float noise such as
-    ``[1, 1 + 1e-9]`` is zero variance. ``num_groups`` defaults to ``max(group_ids) + 1``; a
-    group without rows is not informative."""
-    ids = group_ids.detach().cpu().long()
-    values = correctness.detach().cpu().double()
-    if num_groups is None:
-        num_groups = int(ids.max()) + 1 if ids.numel() else 0
-    valid = ~torch.isnan(values)
-    zeros = torch.zeros(num_groups, dtype=torch.float64)
-    count = zeros.index_add(0, ids, valid.double())
-    total = zeros.index_add(0, ids, torch.where(valid, values, 0.0))
-    mean = total / count.clamp(min=1)
-    dev = torch.where(valid, values - mean[ids], 0.0)
-    var = zeros.index_add(0, ids, dev * dev) / count.clamp(min=1)
-    return (count >= 2) & (var.sqrt() > tol)
 
 
 @dataclass

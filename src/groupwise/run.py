@@ -114,8 +114,8 @@ class PhaseTimer:
 
 class ComputeLedger:
     """What the run has spent so far (checkpointed, so a resumed run continues the totals):
-    generated completion tokens, rollouts, prompt groups and informative groups (non-zero
-    reward spread, :func:`groupwise.core.informative_groups`) and optimizer steps, over every
+    generated completion tokens, rollouts, prompt groups and informative groups (correctness
+    that varies, :func:`groupwise.core.informative_groups`) and optimizer steps, over every
     rank. :meth:`record` adds one step and returns its ``compute/*`` metrics."""
 
     KEYS = ("generated_tokens", "rollouts", "groups", "informative_groups", "optimizer_steps")
@@ -479,7 +479,7 @@ class Trainer:
                 int(rollout.completion_mask.sum()),
                 int(rollout.completion_ids.shape[0]),
                 int(torch.unique(rollout.group_ids.cpu()).numel()),
-                informative_groups(scores.rewards, rollout.group_ids.cpu()),
+                int(informative_groups(scores.correctness, rollout.group_ids.cpu()).sum()),
             ],
             dtype=torch.float64,
         )

@@ -18,7 +18,12 @@ from .distributed import DistributedContext
 
 
 class PromptSampler:
-    """Draws prompt indices without replacement within an epoch, reshuffling every epoch."""
+    """Draws prompt indices without replacement within an epoch, reshuffling every epoch.
+
+    A draw that crosses an epoch boundary holds no index twice (while it asks for at most
+    ``size``): the new epoch's order is reshuffled, then the indices this draw already holds are
+    moved, in their shuffled order, behind the others (:func:`defer`), so every epoch still
+    visits every index exactly once."""
 
     def __init__(self, size: int, seed: int) -> None:
         if size < 1:
@@ -29,10 +34,11 @@ class PromptSampler:
         self.epoch = 0
 
     def take(self, count: int) -> list[int]:
-        batch = []
+        batch: list[int] = []
         while len(batch) < count:
             if not self.order:
-                self.order = torch.randperm(self.size, generator=self.generator).tolist()
+                order = torch.randperm(self.size, generator=self.generator).tolist()
+                self.order = defer(order, batch)
                 self.epoch += 1
             batch.append(self.order.pop(0))
         return batch
@@ -48,6 +54,14 @@ class PromptSampler:
         self.generator.set_state(state["generator"])
         self.order = list(state["order"])
         self.epoch = int(state["epoch"])
+
+
+def defer(order: Sequence[int], held: Sequence[int]) -> list[int]:
+    """``order`` with the indices in ``held`` moved behind the others, each part keeping its
+    order: a draw that continues into this order takes no index it already holds until it has
+    taken every other one."""
+    hold = set(held)
+    return [i for i in order if i not in hold] + [i for i in order if i in hold]
 
 
 class PromptBatches:
@@ -76,6 +90,8 @@ class PromptBatches:
         share = self.prompts_per_rank
         count = share * self.dist.world_size
         drawn = curriculum.candidates(count) if curriculum is not None else count
+        # Candidates beyond the dataset's size would repeat prompts within the draw.
+        drawn = max(count, min(drawn, len(self.dataset)))
         indices, skipped = self.sampler.take(drawn), []
         if drawn > count:
             assert curriculum is not None

@@ -31,9 +31,10 @@ from typing import Any
 import torch
 
 from .build import Scores
+from .core import informative_groups
 from .curriculum import Plan, PromptBatch
 from .distributed import DistributedContext
-from .dynamic import Draw, Group, _joined, _pad_right, informative_groups, join_groups, split_groups
+from .dynamic import Draw, Group, _joined, _pad_right, join_groups, split_groups
 from .errors import ConfigError
 from .rollout import Rollout
 

@@ -34,7 +34,9 @@ from .gdro import (
 )
 from .select import (
     SelectCurriculum,
+    best_k,
     informative_probability,
+    keep_probability,
     knapsack_allocation,
     retry_probability,
     selection_weights,
@@ -64,11 +66,13 @@ __all__ = [
     "RolloutGDRO",
     "RolloutGDROCurriculum",
     "SelectCurriculum",
+    "best_k",
     "best_response_arm",
     "bin_of",
     "default_edges",
     "exact_budget_arms",
     "informative_probability",
+    "keep_probability",
     "knapsack_allocation",
     "lead_lag",
     "retry_probability",

@@ -1,44 +1,53 @@
 """Predictive prompt selection with adaptive group size (``curriculum: select``).
 
-Why: simulations of the curriculum find that *which* prompts are rolled out
-has 4-30x more leverage than how rollouts are spread over them (section 3.4: oracle selection
-+78-125% informative groups, reallocation +4-30%), and recommends learnability selection with a
-recency-weighted pass-rate estimate and >= 20% uniform mixing (section 5.1). Peers: GRESO
-(arXiv 2506.02177) skips prompts predicted to give zero-variance groups *before* rollout, with a
-retry chance for skipped prompts; Knapsack RL (arXiv 2509.25849) sizes groups by their value.
+Why: simulations of the curriculum find that *which* prompts are rolled out has far more
+leverage than how rollouts are spread over them. Peers: GRESO (Zheng et al. 2025, "Act Only When
+It Pays", arXiv 2506.02177) skips prompts whose recent groups had zero variance *before*
+rollout, keeping each with a probability that falls geometrically with the number of such groups
+in a row; Knapsack RL (arXiv 2509.25849) sizes groups by their value.
 
 The method, per step (every rank runs it on the same global draw with the same state and RNG):
 
 1. :meth:`SelectCurriculum.choose`: the prompt sampler draws ``oversample`` candidates per slot of
-   the global batch. Each candidate has a Beta posterior of its pass rate p
-   (:func:`posterior`: a prior from its ``difficulty`` level's pooled pass rate, else the global
-   pool, plus its own recency-weighted rollout outcomes). Its selection score is the predicted
-   probability of an informative group at the mean group size G,
-   ``P_inf = E[1 - p^G - (1 - p)^G]`` (:func:`informative_probability`), raised towards 1 by a
-   retry chance that grows with the number of times in a row it was skipped since it was last
-   rolled out (:func:`retry_probability`; GRESO's exploration of skipped prompts, counted like
-   GRESO in draws of the prompt rather than in steps, so it does not depend on the dataset's
-   size), and mixed with a uniform floor (:func:`selection_weights`). ``count``
-   candidates are drawn without replacement with probability ∝ weight (:func:`weighted_choice`,
-   Efraimidis-Spirakis). The rest are skipped: no rollout, and the sampler moves past them for
-   this epoch (GRESO skips them for the epoch too).
+   the global batch (4 by default; never the same prompt twice in one draw). Each candidate has
+   a Beta posterior of its pass rate p (:func:`posterior`: a prior from its ``difficulty``
+   level's pooled pass rate, else the global pool, plus its own recency-weighted rollout
+   outcomes), which predicts the probability that a group of G = ``num_generations`` rollouts
+   is informative (not all alike), ``P_inf = E[1 - p^G - (1 - p)^G]``
+   (:func:`informative_probability`). ``rule``:
+
+   - ``best_k`` (default): GRESO's keep rule first. A candidate whose last z groups were all
+     alike (:func:`groupwise.core.informative_groups` false) stays a candidate with probability
+     ``max(keep^z, keep_floor)`` (:func:`keep_probability`; 1 at z = 0). That random keep is the
+     exploration: a prompt is never skipped for good, and a prompt whose groups turned
+     informative again is back at z = 0. Of the candidates kept, the ``count`` with the largest
+     ``P_inf`` are rolled out (:func:`best_k`); when too few were kept, the best of the others
+     fill up. Ties are broken by a seeded random order.
+   - ``legacy``: the earlier rule, kept for comparison. The score ``P_inf`` is raised towards 1 by
+     a retry chance that grows with the times a prompt was skipped in a row
+     (:func:`retry_probability`) and mixed with a ``uniform_mix`` floor
+     (:func:`selection_weights`); ``count`` candidates are drawn without replacement with
+     probability ∝ weight (:func:`weighted_choice`, Efraimidis-Spirakis).
+
+   The rest are skipped: no rollout, and the sampler moves past them for this epoch.
 2. :meth:`SelectCurriculum.plan`: group sizes n_i in [n_min, n_max] with sum n_i = count * G
    exactly: ``knapsack`` (:func:`knapsack_allocation`, greedy on the concave expected
    informative-group value, optimal for unit costs), ``sqrt`` (the square-root law on the posterior
    E[p(1 - p)], :func:`groupwise.curriculum.gdro.sqrt_allocation`) or ``uniform``. With
    ``equal_prompt_weight`` each prompt's policy term is weighted G / n_i, so a prompt's weight in
-   the loss does not grow with its group size (audit item #15: a row mean weights prompts ∝ n).
+   the loss does not grow with its group size (a row mean weights prompts ∝ n).
 3. :meth:`SelectCurriculum.observe_global`: every rank's rows; each prompt's evidence is
    discounted by ``discount`` and its new correct/incorrect counts added (correct = correctness
-   score > ``correct_threshold``, as GDRO); its level's pool likewise.
+   score > ``correct_threshold``, as GDRO); its level's pool likewise; its count z of all-alike
+   groups in a row is reset by an informative group and raised by one otherwise.
 
 Why over-sampling rather than ``counts = 0`` for skipped prompts: the batch keeps
-``prompts_per_step`` distinct prompts (the audit's toy: fewer distinct prompts per step hurts,
-section 3.3), no engine, advantage, loss or data-parallel rank ever sees an empty group or an
-empty share, and the rollout budget per step is exactly that of uniform GRPO. The price is a
-sampler hook (:meth:`groupwise.curriculum.base.Curriculum.choose`) and an epoch that passes
-``oversample`` times faster. Sequential top-up within a step (Reinforce-Ada, ``select_top_up``)
-is :mod:`groupwise.topup`: it spends the same budget in rounds, on groups still uniform.
+``prompts_per_step`` distinct prompts, no engine, advantage, loss or data-parallel rank ever sees
+an empty group or an empty share, and the rollout budget per step is exactly that of uniform
+GRPO. The price is a sampler hook (:meth:`groupwise.curriculum.base.Curriculum.choose`) and an
+epoch that passes ``oversample`` times faster. Sequential top-up within a step (Reinforce-Ada,
+``select_top_up``) is :mod:`groupwise.topup`: it spends the same budget in rounds, on groups
+still uniform.
 """
 
 from __future__ import annotations
@@ -48,12 +57,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
+from ..core import informative_groups
 from ..distributed import DistributedContext
 from .base import GlobalBatchCurriculum, GlobalRows, Plan, PromptBatch
 from .gdro import sqrt_allocation
 
 ALLOCATORS = ("knapsack", "sqrt", "uniform")
+RULES = ("best_k", "legacy")
+# Candidates per prompt slot when ``oversample`` is not given: best_k gains up to about 4 (its
+# keep rule keeps it exploring); legacy's proportional draw was run at 2.
+DEFAULT_OVERSAMPLE = {"best_k": 4, "legacy": 2}
 
 # ----------------------------------------------------------------------------------------------
 # The posterior and its predictions (pure functions)
@@ -99,18 +114,60 @@ def discounted(old: float, new: float, discount: float) -> float:
     return discount * old + new
 
 
+def keep_probability(zero_variance_streak: int, keep: float, floor: float) -> float:
+    """GRESO's keep rule (Zheng et al. 2025, arXiv 2506.02177, its probabilistic pre-rollout
+    filter): a prompt whose last z groups all had zero variance stays a candidate with
+    probability max(keep^z, floor), so 1 at z = 0, ``keep`` after one all-alike group, and never
+    below ``floor`` (the chance to find that a prompt has become informative again)."""
+    return max(keep ** max(zero_variance_streak, 0), floor)
+
+
+def best_k(
+    informative: Sequence[float],
+    kept: Sequence[bool],
+    count: int,
+    tie_order: Sequence[int],
+    eligible: Sequence[bool] | None = None,
+) -> list[int]:
+    """The positions of the ``count`` candidates to roll out, in increasing order: the kept ones
+    with the largest predicted informative-group probability, then (when fewer than ``count``
+    were kept) the best of the others; ``eligible`` false (a repeat of an earlier candidate)
+    comes last. Equal probabilities are ordered by ``tie_order`` (a random permutation: lower
+    first), so ties are broken at random but reproducibly."""
+    m = len(informative)
+    ok = [True] * m if eligible is None else list(eligible)
+    order = sorted(
+        range(m),
+        key=lambda i: (not ok[i], not (ok[i] and kept[i]), -informative[i], tie_order[i]),
+    )
+    return sorted(order[:count])
+
+
+def first_occurrences(indices: Sequence[int]) -> list[bool]:
+    """Per position, whether it is the first of its index in ``indices`` (a later repeat would
+    roll the same prompt out twice in one step)."""
+    seen: set[int] = set()
+    first = []
+    for index in indices:
+        first.append(index not in seen)
+        seen.add(index)
+    return first
+
+
 def retry_probability(skips: float, half_life: float) -> float:
-    """Chance that a prompt predicted uninformative is retried anyway, growing with the times it
-    was skipped in a row since its last rollout (GRESO's exploration of skipped prompts):
-    1 - 2^(-skips/half_life), so 0 after a rollout, 1/2 after ``half_life`` skips, -> 1."""
+    """``legacy`` rule: chance that a prompt predicted uninformative is retried anyway, growing
+    with the times it was skipped in a row since its last rollout: 1 - 2^(-skips/half_life), so
+    0 after a rollout, 1/2 after ``half_life`` skips, -> 1. (Added to the score, it pulls every
+    candidate towards a uniform draw as skips pile up; GRESO's rule is :func:`keep_probability`.)"""
     return 1.0 - 2.0 ** (-max(skips, 0.0) / half_life)
 
 
 def selection_weights(
     informative: Sequence[float], retry: Sequence[float], uniform_mix: float
 ) -> np.ndarray:
-    """Per candidate, its share of the draw: score s = P_inf + (1 - P_inf) * retry (the retry
-    lifts a predicted-uninformative prompt), normalised, mixed with a uniform floor:
+    """``legacy`` rule: per candidate, its share of the draw: score s = P_inf + (1 - P_inf) *
+    retry (the retry lifts a predicted-uninformative prompt), normalised, mixed with a uniform
+    floor:
     (1 - mix) s / sum(s) + mix / M. Sums to 1."""
     p = np.asarray(informative, dtype=np.float64)
     score = p + (1.0 - p) * np.asarray(retry, dtype=np.float64)
@@ -123,7 +180,7 @@ def selection_weights(
 
 
 def weighted_choice(weights: Sequence[float], count: int, uniforms: Sequence[float]) -> list[int]:
-    """``count`` positions drawn without replacement with probability ∝ weight
+    """``legacy`` rule: ``count`` positions drawn without replacement with probability ∝ weight
     (Efraimidis-Spirakis: the ``count`` largest keys u_i^(1/w_i), compared as log(u_i) / w_i),
     returned in increasing order. Weight 0 is never drawn before a positive weight."""
     w = np.asarray(weights, dtype=np.float64)
@@ -177,9 +234,9 @@ class SelectCurriculum(GlobalBatchCurriculum):
     """Predictive prompt selection with adaptive group size (see the module docstring).
 
     State (checkpointed, identical on every rank): per prompt (dataset index) its discounted
-    correct and incorrect rollout counts and the times it was skipped since its last rollout;
-    per difficulty level the pooled discounted counts; each candidate's level; the step count
-    and the RNG."""
+    correct and incorrect rollout counts, its all-alike groups in a row (``best_k``) and the
+    times it was skipped since its last rollout (``legacy``); per difficulty level the pooled
+    discounted counts; each candidate's level; the step count and the RNG."""
 
     def __init__(
         self,
@@ -187,7 +244,10 @@ class SelectCurriculum(GlobalBatchCurriculum):
         num_generations: int = 4,
         n_min: int = 2,
         n_max: int = 12,
-        oversample: int = 2,
+        rule: str = "best_k",
+        oversample: int | None = None,
+        keep: float = 0.5,
+        keep_floor: float = 0.01,
         discount: float = 0.7,
         prior_strength: float = 2.0,
         retry_half_life: float = 2.0,
@@ -200,8 +260,13 @@ class SelectCurriculum(GlobalBatchCurriculum):
         dist: DistributedContext | None = None,
     ) -> None:
         super().__init__(dist)
+        if rule not in RULES:
+            raise ValueError(f"select_rule must be in {RULES}, got {rule!r}")
+        oversample = DEFAULT_OVERSAMPLE[rule] if oversample is None else oversample
         checks = (
             ("select_oversample", oversample, oversample >= 1, "must be >= 1"),
+            ("select_keep", keep, 0.0 <= keep <= 1.0, "must be in [0, 1]"),
+            ("select_keep_floor", keep_floor, 0.0 <= keep_floor <= 1.0, "must be in [0, 1]"),
             ("select_discount", discount, 0.0 < discount <= 1.0, "must be in (0, 1]"),
             ("select_prior_strength", prior_strength, prior_strength > 0, "must be > 0"),
             ("select_retry_half_life", retry_half_life, retry_half_life > 0, "must be > 0 skips"),
@@ -217,7 +282,8 @@ class SelectCurriculum(GlobalBatchCurriculum):
                 f"size) <= rollout_max, got {n_min}, {num_generations}, {n_max}"
             )
         self.mean, self.n_min, self.n_max = num_generations, n_min, n_max
-        self.oversample, self.discount = oversample, discount
+        self.rule, self.oversample, self.discount = rule, oversample, discount
+        self.keep, self.keep_floor = keep, keep_floor
         self.prior_strength, self.retry_half_life = prior_strength, retry_half_life
         self.uniform_mix, self.allocator = uniform_mix, allocator
         self.equal_prompt_weight, self.correct_threshold = equal_prompt_weight, correct_threshold
@@ -225,7 +291,8 @@ class SelectCurriculum(GlobalBatchCurriculum):
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.step = 0
         self.evidence: dict[int, list[float]] = {}  # index -> [successes, failures]
-        self.skips: dict[int, int] = {}  # index -> times skipped since its last rollout
+        self.streaks: dict[int, int] = {}  # index -> all-alike groups in a row (best_k)
+        self.skips: dict[int, int] = {}  # index -> times skipped since its last rollout (legacy)
         self.pools: dict[str, list[float]] = {}  # level -> [successes, failures]
         self.level_of: dict[int, str] = {}  # index -> level ("" without a difficulty column)
         # This step's decisions, for its log (not state: a checkpoint falls between steps).
@@ -244,7 +311,10 @@ class SelectCurriculum(GlobalBatchCurriculum):
             num_generations=o["num_generations"],
             n_min=o["rollout_min"],
             n_max=o["rollout_max"],
+            rule=o["select_rule"],
             oversample=o["select_oversample"],
+            keep=o["select_keep"],
+            keep_floor=o["select_keep_floor"],
             discount=o["select_discount"],
             prior_strength=o["select_prior_strength"],
             retry_half_life=o["select_retry_half_life"],
@@ -279,17 +349,35 @@ class SelectCurriculum(GlobalBatchCurriculum):
             self._chosen = {}
             return list(range(len(indices)))
         informative = [informative_probability(*self.beta_of(i), self.mean) for i in indices]
+        if self.rule == "legacy":
+            picked = self._choose_legacy(indices, informative, count)
+            kept = len(indices)
+        else:
+            keep = [
+                keep_probability(self.streaks.get(i, 0), self.keep, self.keep_floor)
+                for i in indices
+            ]
+            survived = (self.rng.random(len(indices)) < np.asarray(keep)).tolist()
+            tie_order = self.rng.permutation(len(indices)).tolist()
+            picked = best_k(informative, survived, count, tie_order, first_occurrences(indices))
+            kept = sum(survived)
+        chosen = set(picked)
+        skipped = [k for k in range(len(indices)) if k not in chosen]
+        self._chosen = {
+            "predicted_informative_chosen": float(np.mean([informative[k] for k in picked])),
+            "predicted_informative_skipped": float(np.mean([informative[k] for k in skipped])),
+            "kept": float(kept),
+        }
+        return picked
+
+    def _choose_legacy(self, indices: list[int], informative: list[float], count: int) -> list[int]:
         retry = [retry_probability(self.skips.get(i, 0), self.retry_half_life) for i in indices]
         weights = selection_weights(informative, retry, self.uniform_mix)
         picked = weighted_choice(weights, count, self.rng.random(len(indices)))
         chosen = set(picked)
-        skipped = [k for k in range(len(indices)) if k not in chosen]
-        for k in skipped:
-            self.skips[indices[k]] = self.skips.get(indices[k], 0) + 1
-        self._chosen = {
-            "predicted_informative_chosen": float(np.mean([informative[k] for k in picked])),
-            "predicted_informative_skipped": float(np.mean([informative[k] for k in skipped])),
-        }
+        for k in range(len(indices)):
+            if k not in chosen:
+                self.skips[indices[k]] = self.skips.get(indices[k], 0) + 1
         return picked
 
     # -- the plan: how many rollouts each ----------------------------------------------------
@@ -333,7 +421,11 @@ class SelectCurriculum(GlobalBatchCurriculum):
         correct = scores > self.correct_threshold
         n = np.bincount(prompt, minlength=len(indices))
         c = np.bincount(prompt, weights=correct.astype(np.float64), minlength=len(indices))
-        informative = (c > 0) & (c < n)
+        informative = informative_groups(
+            torch.as_tensor(rows.correctness, dtype=torch.float64),
+            torch.as_tensor(prompt, dtype=torch.long),
+            num_groups=len(indices),
+        ).numpy()
         self.step += 1
         level_counts: dict[str, list[float]] = {}
         for i, index in enumerate(indices):
@@ -344,6 +436,7 @@ class SelectCurriculum(GlobalBatchCurriculum):
                 discounted(f, failures, self.discount),
             ]
             self.skips.pop(index, None)
+            self.streaks[index] = 0 if informative[i] else self.streaks.get(index, 0) + 1
             pool = level_counts.setdefault(self.level_of.get(index, ""), [0.0, 0.0])
             pool[0] += successes
             pool[1] += failures
@@ -365,7 +458,7 @@ class SelectCurriculum(GlobalBatchCurriculum):
             "curriculum/select/informative_per_rollout": float(informative.sum())
             / max(rollouts, 1),
         }
-        for key in ("predicted_informative_chosen", "predicted_informative_skipped"):
+        for key in ("predicted_informative_chosen", "predicted_informative_skipped", "kept"):
             if key in self._chosen:
                 metrics[f"curriculum/select/{key}"] = self._chosen[key]
         self._chosen = {}
@@ -377,6 +470,7 @@ class SelectCurriculum(GlobalBatchCurriculum):
             "step": self.step,
             "evidence": {int(k): list(v) for k, v in self.evidence.items()},
             "skips": {int(k): int(v) for k, v in self.skips.items()},
+            "streaks": {int(k): int(v) for k, v in self.streaks.items()},
             "pools": {k: list(v) for k, v in self.pools.items()},
             "level_of": {int(k): v for k, v in self.level_of.items()},
             "rng": _rng_state(self.rng),
@@ -386,6 +480,7 @@ class SelectCurriculum(GlobalBatchCurriculum):
         self.step = int(state["step"])
         self.evidence = {int(k): [float(x) for x in v] for k, v in state["evidence"].items()}
         self.skips = {int(k): int(v) for k, v in state["skips"].items()}
+        self.streaks = {int(k): int(v) for k, v in state.get("streaks", {}).items()}
         self.pools = {str(k): [float(x) for x in v] for k, v in state["pools"].items()}
         self.level_of = {int(k): str(v) for k, v in state["level_of"].items()}
         self.rng.bit_generator.state = _rng_from_plain(state["rng"])
