@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint browser bench bench-speed bench-memory bench-curriculum bench-curriculum-tiny clean
+.PHONY: setup demo test lint browser bench bench-speed bench-roofline bench-memory bench-curriculum bench-curriculum-tiny clean
 
 # Exact versions of everything setup installs (pyproject.toml declares ranges).
 CONSTRAINTS := constraints/cpu.txt
@@ -53,6 +53,11 @@ bench: setup
 # Before/after of each generation and update optimisation, SmolLM2-135M (about 10 minutes).
 bench-speed: setup
 	$(PY) benchmarks/optimisations.py
+
+# Decoding against this machine's roofline: measured matmul and memory peaks, the ceiling they
+# imply for SmolLM2-135M at batch 16 and 64, and each rollout engine's share of it.
+bench-roofline: setup
+	$(PY) benchmarks/roofline.py
 
 # Peak memory of real runs: PPO vs GRPO, LoRA, naive log-probs, checkpointing (about 15 minutes).
 bench-memory: setup

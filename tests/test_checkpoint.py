@@ -19,7 +19,7 @@ from groupwise import checkpoint as ckpt
 from groupwise.config import ConfigError
 
 # Keys whose values depend on the wall clock; everything else must match bitwise.
-TIMING_KEYS = ("time/", "tokens_per_second", "generation_tokens_per_second")
+TIMING_KEYS = ("time/", "tokens_per_second", "generation_tokens_per_second", "perf/throughput")
 
 
 def _without_timing(row: dict) -> dict:

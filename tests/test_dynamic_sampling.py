@@ -319,7 +319,7 @@ def test_no_cap_draws_until_the_target_is_reached(tmp_path):
     assert drawn == 2 * log["dynamic/gen_batches"]
 
 
-TIMING = ("time/", "tokens_per_second", "generation_tokens_per_second")
+TIMING = ("time/", "tokens_per_second", "generation_tokens_per_second", "perf/throughput")
 
 
 def _untimed(logs):

@@ -20,9 +20,10 @@ from groupwise.core import equal_prompt_factors, informative_groups, policy_loss
 from groupwise.curriculum import CURRICULA, Curriculum, Plan, PromptBatch
 from groupwise.curriculum.gdro import PromptGDROCurriculum
 from groupwise.rollout import Rollout
+from groupwise.run import sequence_tokens, verl_throughput
 
 ROWS = [{"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1)} for i in range(12)]
-TIMING_KEYS = ("time/", "tokens_per_second", "generation_tokens_per_second")
+TIMING_KEYS = ("time/", "tokens_per_second", "generation_tokens_per_second", "perf/throughput")
 
 
 def _reward(completions, answer, **kwargs):
@@ -208,6 +209,28 @@ def test_one_definition_of_informative_serves_metric_dynamic_sampling_and_curric
                                                total.tolist()))  # fmt: skip
     assert logs["curriculum/select/informative"] == 1
     assert cur.streaks == {5: 1, 6: 0, 7: 1}
+
+
+def test_verl_throughput_by_hand():
+    """verl's perf/throughput: prompt + completion tokens / (step seconds x devices), a prompt
+    counted once per completion (verl's batch repeats it with each one), padding never."""
+    prompt_mask = torch.tensor([[1] * 10, [0] * 4 + [1] * 6])  # 10 and 6 tokens, left-padded
+    lengths = torch.tensor([4, 5, 6, 1, 2, 3])  # 3 completions per prompt
+    width = int(lengths.max())
+    rollout = Rollout(
+        prompt_ids=torch.zeros(2, 10, dtype=torch.long),
+        prompt_mask=prompt_mask,
+        completion_ids=torch.zeros(6, width, dtype=torch.long),
+        completion_mask=(torch.arange(width)[None, :] < lengths[:, None]).long(),
+        truncated=torch.zeros(6, dtype=torch.bool),
+        group_ids=torch.tensor([0, 0, 0, 1, 1, 1]),
+        texts=[""] * 6,
+    )
+    assert sequence_tokens(rollout) == (3 * 10 + 3 * 6, 21)
+    # Two ranks with this rollout each, a 3-second step: (96 + 42) / (3 x 2) = 23 per device.
+    logs = verl_throughput(96, 42, step_seconds=3.0, world_size=2)
+    assert logs == {"perf/total_num_tokens": 138.0, "perf/throughput": 23.0}
+    assert verl_throughput(48, 21, 3.0, 1)["perf/throughput"] == 23.0  # one device: the same
 
 
 # ----------------------------------------------------------------------------------------------

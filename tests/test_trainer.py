@@ -259,6 +259,8 @@ def test_metrics_logged_and_model_saved(tmp_path):
         "time/scoring",
         "time/update",
         "tokens_per_second",
+        "perf/total_num_tokens",
+        "perf/throughput",
     ):
         assert key in lines[-1] and math.isfinite(lines[-1][key]), key
     assert (tmp_path / "run" / "checkpoint-1" / "config.json").exists()

@@ -145,6 +145,29 @@ class ComputeLedger:
         self.totals = {key: int(state.get(key, 0)) for key in self.KEYS}
 
 
+def sequence_tokens(rollout: Rollout) -> tuple[int, int]:
+    """A rollout's prompt and completion tokens (padding excluded), counted as verl counts a
+    batch: verl's batch holds every completion with its own copy of the prompt, so a prompt's
+    tokens count once per completion, not once per group."""
+    per_prompt = rollout.prompt_mask.sum(dim=1)
+    prompt = int(per_prompt[rollout.group_ids.to(per_prompt.device)].sum())
+    return prompt, int(rollout.completion_mask.sum())
+
+
+def verl_throughput(
+    prompt_tokens: int, completion_tokens: int, step_seconds: float, world_size: int
+) -> dict[str, float]:
+    """verl's ``perf/*`` throughput metrics, so its users can compare runs at a glance: the
+    step's prompt + completion tokens over every rank, and those tokens per second per device
+    (total / (step seconds x world size)). Unlike ``tokens_per_second`` (completion tokens
+    only), prompts count, which is the work the update's forward passes do."""
+    total = prompt_tokens + completion_tokens
+    return {
+        "perf/total_num_tokens": float(total),
+        "perf/throughput": total / (max(step_seconds, 1e-9) * world_size),
+    }
+
+
 def with_peft_config(args: GRPOConfig, peft_config: Any) -> GRPOConfig:
     """``args`` with use_peft on and the lora_* options read from a ``peft.LoraConfig`` (the
     adapter itself is built from ``peft_config`` as given; these record it in config.yaml)."""
@@ -456,6 +479,10 @@ class Trainer:
                 "generation_tokens_per_second": gen_tokens / max(generation, 1e-9),
             }
         )
+        # verl's perf/throughput: every rank's prompt + completion tokens, per device-second.
+        tokens = torch.tensor(sequence_tokens(rollout), dtype=torch.float64)
+        prompt_tokens, completion_tokens = (int(v) for v in all_reduce_sum(tokens, self.dist))
+        logs.update(verl_throughput(prompt_tokens, completion_tokens, timer.total, world))
         if rollout.conversations is not None:  # multi-turn: tool use, turns, masked tokens
             logs.update(conversation_logs(rollout, scores.correctness))
             timing = getattr(self.engine, "timing", {})
