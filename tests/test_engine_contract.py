@@ -1,5 +1,5 @@
-"""The rollout-engine contract, checked for every engine in :data:`ENGINES` (the HF engine and the
-vLLM engine over the fake vllm module, tests/fake_vllm.py): row order and group ids, masks and
+"""The rollout-engine contract, checked for every engine in :data:`ENGINES` (the HF engine, the
+static engine, and the vLLM engine over the fake vllm module, tests/fake_vllm.py): row order and group ids, masks and
 padding, EOS and truncation, sampling log-probs equal to the trainer's, greedy completions equal
 to the HF engine's, and, after an optimizer step and ``engine.sync``, generation from the new
 weights. A new engine is one more ``(name, factory)`` line in :data:`ENGINES`."""
@@ -61,8 +61,19 @@ def fake_vllm_engine(model, tokenizer, params, monkeypatch) -> Case:
     )
 
 
+def static_engine(model, tokenizer, params, monkeypatch) -> Case:
+    from groupwise.rollout.static import StaticEngine
+
+    generator = torch.Generator().manual_seed(0)
+    engine = StaticEngine(model, tokenizer, params, generator, dtype=torch.float32)
+    return Case(
+        engine, weights=lambda: {n: t.clone() for n, t in engine.decoder.hf_state().items()}
+    )
+
+
 ENGINES: list[tuple[str, Callable[..., Case]]] = [
     ("hf", hf_engine),
+    ("static", static_engine),
     ("vllm", fake_vllm_engine),
 ]
 

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .config import VLLM_MULTI_TURN, ConfigError, GRPOConfig
+from .config import STATIC_MULTI_TURN, VLLM_MULTI_TURN, ConfigError, GRPOConfig
 from .curriculum import CURRICULA, Curriculum
 from .distributed import DistributedContext
 from .models import load_model_and_tokenizer
@@ -437,12 +437,19 @@ def build_engine(
     update) it generates under bf16 autocast and records its log-probs, which turns rollout
     correction on. With tools or an environment (``interaction``) the multi-turn engine wraps it.
 
+    ``static``: the lean decoder on its own weight copy (:mod:`groupwise.rollout.static`), which
+    always records its log-probs (its numerics are not the trainer's, bit for bit).
+
     ``vllm``: the colocated vLLM engine (:mod:`groupwise.rollout.vllm`), which always records its
     log-probs (its own bf16 kernels: rollout correction is on)."""
     if args.generation_engine == "vllm":
         if interaction is not None:
             raise ConfigError(VLLM_MULTI_TURN)
         return build_vllm(policy, tokenizer, args)
+    if args.generation_engine == "static":
+        if interaction is not None:
+            raise ConfigError(STATIC_MULTI_TURN)
+        return build_static(policy, tokenizer, args, generator, precision)
 
     def numerics() -> contextlib.AbstractContextManager:
         return precision.generation_context(policy.device)
@@ -457,6 +464,43 @@ def build_engine(
         records_logprobs=precision.generation_only,
     )
     return with_interaction(engine, args, interaction)
+
+
+def static_dtype(precision: Precision) -> torch.dtype:
+    """The static engine's weight dtype: bf16 wherever the run generates in bf16 (autocast, bf16
+    generation, bf16 weights), fp32 otherwise."""
+    bf16 = precision.autocast or precision.generation_only
+    return torch.bfloat16 if bf16 or precision.weights == torch.bfloat16 else torch.float32
+
+
+def build_static(
+    policy: Policy,
+    tokenizer: PreTrainedTokenizerBase,
+    args: GRPOConfig,
+    generator: torch.Generator,
+    precision: Precision,
+) -> RolloutEngine:
+    """The static engine over the policy, compiled when asked or when the run is long enough
+    to repay the compile time (``static_compile_min_steps``)."""
+    from .rollout.static import StaticEngine, supports
+
+    reason = supports(policy.model)
+    if reason is not None:
+        raise ConfigError(f"generation_engine=static: {reason}; use generation_engine: hf")
+    compile_step = args.static_compile
+    if compile_step is None:
+        compile_step = args.max_steps >= args.static_compile_min_steps
+    return StaticEngine(
+        policy.model,
+        tokenizer,
+        sampling_params(args),
+        generator,
+        dtype=static_dtype(precision),
+        compile=compile_step,
+        eos_check_every=args.static_eos_check_every,
+        weights=policy.full_weights,
+        device=policy.device,
+    )
 
 
 def build_vllm(

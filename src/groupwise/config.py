@@ -37,10 +37,16 @@ PPO_MULTI_TURN = (
 )
 
 # Rollout engines (generation_engine): hf = the Hugging Face / torch engine on the policy's own
-# weights (rollout/hf.py); vllm = a colocated vLLM engine with its own copy of the weights
-# (rollout/vllm.py). build.build_engine dispatches on the name; a new engine adds its name here
-# and its branch there.
-GENERATION_ENGINES: tuple[str, ...] = ("hf", "vllm")
+# weights (rollout/hf.py); static = a lean Llama-family decoder with its own copy of the weights
+# and a static KV cache (rollout/static.py); vllm = a colocated vLLM engine with its own copy of
+# the weights (rollout/vllm.py). build.build_engine dispatches on the name; a new engine adds its
+# name here and its branch there.
+GENERATION_ENGINES: tuple[str, ...] = ("hf", "static", "vllm")
+
+STATIC_MULTI_TURN = (
+    "generation_engine=static does not run tools or environments (multi-turn rollouts continue "
+    "from the HF engine's KV cache); use generation_engine: hf with tools / environment"
+)
 
 VLLM_MULTI_TURN = (
     "generation_engine=vllm does not run tools or environments (multi-turn rollouts continue "
@@ -227,10 +233,17 @@ class GRPOConfig:
     temperature: float = 1.0  # sampling temperature of the rollouts
     top_p: float = 1.0  # nucleus sampling mass (1.0: disabled)
     top_k: int = 0  # sample from the k most likely tokens (0: disabled)
-    # Rollout engine (README "The vLLM engine"): hf (the policy's own weights) | vllm (a
-    # colocated vLLM with its own weights, synced after every optimizer step; pip install
-    # "groupwise[vllm]", a CUDA GPU). TRL's use_vllm=True is generation_engine: vllm.
+    # Rollout engine (README "Rollout engines"): hf (the Hugging Face forward on the policy's
+    # own weights) | static (a lean Llama-family decoder on its own copy of the weights, bf16
+    # with generation_dtype: bfloat16, refreshed after every optimizer step; the fast one on a
+    # CPU) | vllm (a colocated vLLM with its own weights, synced after every optimizer step; pip
+    # install "groupwise[vllm]", a CUDA GPU). TRL's use_vllm=True is generation_engine: vllm.
     generation_engine: str = "hf"
+    # static engine: compile its decode step with torch.compile. None = auto: when the run has
+    # at least static_compile_min_steps steps, so a short run never waits for the compiler.
+    static_compile: bool | None = None
+    static_compile_min_steps: int = 200
+    static_eos_check_every: int = 8  # static engine: tokens between "has every row ended?" reads
     # vLLM engine options (TRL's names and meanings; used with generation_engine: vllm only).
     vllm_mode: str = "colocate"  # colocate (vLLM in the training process) only; no server mode
     vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory vLLM reserves (KV cache)
@@ -729,6 +742,16 @@ class GRPOConfig:
             raise ConfigError(
                 f"vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}"
             )
+        if self.static_eos_check_every < 1:
+            raise ConfigError(
+                f"static_eos_check_every must be >= 1, got {self.static_eos_check_every}"
+            )
+        if self.static_compile_min_steps < 0:
+            raise ConfigError(
+                f"static_compile_min_steps must be >= 0, got {self.static_compile_min_steps}"
+            )
+        if self.generation_engine == "static" and (self.tools or self.environment):
+            raise ConfigError(STATIC_MULTI_TURN)
         if self.generation_engine != "vllm":
             return
         if self.vllm_mode == "server":

@@ -764,6 +764,7 @@ class Trainer:
                 f"checkpoint {path}: the model weights cannot be read ({type(err).__name__}: "
                 f"{_first_line(err)}); resume from an earlier checkpoint, or start over"
             ) from err
+        self.engine.sync(self.policy.model)  # an engine with its own weights (static, vLLM)
         self.policy.load_optimizer_state_dict(state["optimizer"])
         self.policy.scheduler.load_state_dict(state["scheduler"])
         for name, component in self.components().items():

@@ -40,7 +40,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
-from .hf import eos_token_ids, left_pad, sample_next_token
+from .hf import eos_token_ids, left_pad, sample_next_token, token_logprobs
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -199,6 +199,31 @@ class DecoderWeights:
             layer.o.copy_(state[attn + "o_proj.weight"])
             _copy_rows(layer.gate_up, [state[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")])
             layer.down.copy_(state[p + "mlp.down_proj.weight"])
+
+    def hf_state(self) -> dict[str, Tensor]:
+        """This copy's weights under the Hugging Face checkpoint names (fused tensors split back
+        into views), for comparing it with the policy."""
+        qkv_sizes = [self.heads * self.head_dim] + [self.kv_heads * self.head_dim] * 2
+        state = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm}
+        if self.lm_head is not self.embed:
+            state["lm_head.weight"] = self.lm_head
+        for i, layer in enumerate(self.layers):
+            p, attn = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+            state[p + "input_layernorm.weight"] = layer.ln1
+            state[p + "post_attention_layernorm.weight"] = layer.ln2
+            for n, part in zip("qkv", layer.qkv.split(qkv_sizes), strict=True):
+                state[attn + f"{n}_proj.weight"] = part
+            if layer.qkv_bias is not None:
+                for n, part in zip("qkv", layer.qkv_bias.split(qkv_sizes), strict=True):
+                    state[attn + f"{n}_proj.bias"] = part
+            if layer.q_norm is not None:
+                state[attn + "q_norm.weight"] = layer.q_norm
+                state[attn + "k_norm.weight"] = layer.k_norm
+            state[attn + "o_proj.weight"] = layer.o
+            gate, up = layer.gate_up.chunk(2)
+            state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"] = gate, up
+            state[p + "mlp.down_proj.weight"] = layer.down
+        return state
 
     def named_tensors(self) -> Iterator[tuple[str, Tensor]]:
         """Every weight this copy holds, under a stable name (tests compare them)."""
@@ -437,13 +462,11 @@ class StaticEngine:
         finished = torch.zeros(n_rows, dtype=torch.bool, device=device)  # per output row
         live = torch.arange(n_rows, device=device)  # the output row of each batch row
         done_live = torch.zeros(n_rows, dtype=torch.bool, device=device)  # per batch row
-        temperature = params.temperature if not params.greedy else 1.0
         pad = torch.tensor(self.pad_id, device=device)
         for t in range(max_new):
             token = sample_next_token(logits, params, generator)
-            if logps is not None:
-                scaled = logits / temperature
-                logp = scaled.gather(1, token[:, None]).squeeze(1) - scaled.logsumexp(dim=-1)
+            if logps is not None:  # log mu(token), the distribution it was drawn from
+                logp = token_logprobs(logits, token, params)
                 logps[live, t] = logp.masked_fill(done_live, 0.0)
             tokens[live, t] = torch.where(done_live, pad, token)
             ends = torch.isin(token, eos) & ~done_live
