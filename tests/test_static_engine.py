@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from groupwise.logprobs import completion_logprobs
 from groupwise.rollout import SamplingParams, generate
-from groupwise.rollout.static import StaticEngine, merged_state_dict, supports
+from groupwise.rollout.static import StaticEngine, merged_state_dict, packing_available, supports
 
 COUNTS = [3, 1, 4]
 
@@ -126,9 +126,13 @@ def test_bf16_copy_is_close_and_records_logprobs(tiny_model, tokenizer):
     assert gap.mean() < 0.02
 
 
-def test_sync_copies_the_policys_new_weights_in_place(tiny_model, tokenizer):
-    engine = _engine(tiny_model, tokenizer)
-    storage = {name: t.data_ptr() for name, t in engine.decoder.named_tensors()}
+@pytest.mark.parametrize("packed", [False, True])
+def test_sync_copies_the_policys_new_weights_in_place(tiny_model, tokenizer, packed):
+    if packed and not packing_available():
+        pytest.skip("this torch build cannot pre-pack weights for oneDNN")
+    engine = _engine(tiny_model, tokenizer, pack_weights=packed)
+    assert engine.decoder.layers[0].qkv.is_mkldnn == packed
+    storage = {id(t) for t in vars(engine.decoder.layers[0]).values()}
     prompts = _prompts(tokenizer)
     before = engine.generate(prompts, 1)
     with torch.no_grad():
@@ -141,10 +145,14 @@ def test_sync_copies_the_policys_new_weights_in_place(tiny_model, tokenizer):
     reference = generate(tiny_model, tokenizer, prompts, 1, SamplingParams(10, temperature=0.0))
     _same(after, reference)
     assert not torch.equal(after.completion_ids, before.completion_ids)
-    assert {name: t.data_ptr() for name, t in engine.decoder.named_tensors()} == storage
+    assert {id(t) for t in vars(engine.decoder.layers[0]).values()} == storage  # in place
     layer = tiny_model.model.layers[1]
     q, k, v = (getattr(layer.self_attn, f"{n}_proj").weight for n in "qkv")
-    assert torch.equal(engine.decoder.layers[1].qkv, torch.cat([q, k, v]))
+    state = engine.decoder.hf_state()
+    assert torch.equal(state["model.layers.1.self_attn.k_proj.weight"], k)
+    assert torch.equal(torch.cat([q, k, v]), dict(engine.decoder.named_tensors())["layers.1.qkv"])
+    for name, param in tiny_model.named_parameters():
+        assert torch.equal(state[name], param), name
 
 
 def test_lora_is_merged_out_of_place_in_fp32(tiny_model, tokenizer):
@@ -168,7 +176,8 @@ def test_lora_is_merged_out_of_place_in_fp32(tiny_model, tokenizer):
         q.lora_B["default"].weight @ q.lora_A["default"].weight
     )
     heads = engine.decoder.heads * engine.decoder.head_dim
-    torch.testing.assert_close(engine.decoder.layers[0].qkv[:heads], expected, atol=1e-6, rtol=0)
+    qkv = dict(engine.decoder.named_tensors())["layers.0.qkv"]
+    torch.testing.assert_close(qkv[:heads], expected, atol=1e-6, rtol=0)
     names = dict(merged_state_dict(model))
     assert "model.layers.0.self_attn.q_proj.weight" in names
     assert not any("lora_" in n or "base_layer" in n for n in names)

@@ -9,7 +9,8 @@ engine does what a serving engine does instead:
   every optimizer step with ``copy_`` into the same storage (LoRA merged out of place in fp32), so
   no forward ever casts a weight;
 - **fused projections**: one [q; k; v] matmul and one [gate; up] matmul per layer (as vLLM's
-  ``QKVParallelLinear`` and ``MergedColumnParallelLinear``);
+  ``QKVParallelLinear`` and ``MergedColumnParallelLinear``), on a CPU held pre-packed in oneDNN's
+  blocked layout (what inductor's CPU freezing does), so no matmul re-blocks its weight;
 - **a static KV cache** [layers, rows, kv_heads, slots, head_dim] allocated once per call: the
   prompt occupies slots ``[0, Lp)`` (left-padded), token t of every row goes to slot ``Lp + t``,
   so a decode step's shapes never depend on the step and it can be compiled (``torch.compile``);
@@ -139,6 +140,7 @@ class DecoderWeights:
         self.lm_head = self.embed if head is None or self.tied else self._new(head)
         self.norm = self._new(state["model.norm.weight"])
         self.layers = [self._layer(state, i) for i in range(self.layers_n)]
+        self.packed = False
         self._rope(model)
 
     def _new(self, tensor: Tensor) -> Tensor:
@@ -184,34 +186,44 @@ class DecoderWeights:
         state = dict(merged_state_dict(model))
         self.embed.copy_(state["model.embed_tokens.weight"])
         if self.lm_head is not self.embed:
-            self.lm_head.copy_(state["lm_head.weight"])
+            _assign(self.lm_head, state.get("lm_head.weight", state["model.embed_tokens.weight"]))
         self.norm.copy_(state["model.norm.weight"])
         for i, layer in enumerate(self.layers):
             p, attn = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
             layer.ln1.copy_(state[p + "input_layernorm.weight"])
             layer.ln2.copy_(state[p + "post_attention_layernorm.weight"])
-            _copy_rows(layer.qkv, [state[attn + f"{n}_proj.weight"] for n in "qkv"])
+            _assign(layer.qkv, torch.cat([state[attn + f"{n}_proj.weight"] for n in "qkv"]))
             if layer.qkv_bias is not None:
-                _copy_rows(layer.qkv_bias, [state[attn + f"{n}_proj.bias"] for n in "qkv"])
+                layer.qkv_bias.copy_(torch.cat([state[attn + f"{n}_proj.bias"] for n in "qkv"]))
             if layer.q_norm is not None:
                 layer.q_norm.copy_(state[attn + "q_norm.weight"])
                 layer.k_norm.copy_(state[attn + "k_norm.weight"])
-            layer.o.copy_(state[attn + "o_proj.weight"])
-            _copy_rows(layer.gate_up, [state[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")])
-            layer.down.copy_(state[p + "mlp.down_proj.weight"])
+            _assign(layer.o, state[attn + "o_proj.weight"])
+            gate_up = [state[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")]
+            _assign(layer.gate_up, torch.cat(gate_up))
+            _assign(layer.down, state[p + "mlp.down_proj.weight"])
+
+    def pack(self, rows_hint: int = 16) -> None:
+        """Pre-pack the projections and the LM head for oneDNN (:func:`pack`); a tied head
+        gets its own packed copy, the embedding stays dense for the lookup."""
+        for layer in self.layers:
+            for name in ("qkv", "o", "gate_up", "down"):
+                setattr(layer, name, pack(getattr(layer, name), rows_hint))
+        self.lm_head = pack(self.lm_head, rows_hint)
+        self.packed = True
 
     def hf_state(self) -> dict[str, Tensor]:
         """This copy's weights under the Hugging Face checkpoint names (fused tensors split back
         into views), for comparing it with the policy."""
         qkv_sizes = [self.heads * self.head_dim] + [self.kv_heads * self.head_dim] * 2
         state = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm}
-        if self.lm_head is not self.embed:
-            state["lm_head.weight"] = self.lm_head
+        if self.lm_head is not self.embed and not self.tied:
+            state["lm_head.weight"] = _dense(self.lm_head)
         for i, layer in enumerate(self.layers):
             p, attn = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
             state[p + "input_layernorm.weight"] = layer.ln1
             state[p + "post_attention_layernorm.weight"] = layer.ln2
-            for n, part in zip("qkv", layer.qkv.split(qkv_sizes), strict=True):
+            for n, part in zip("qkv", _dense(layer.qkv).split(qkv_sizes), strict=True):
                 state[attn + f"{n}_proj.weight"] = part
             if layer.qkv_bias is not None:
                 for n, part in zip("qkv", layer.qkv_bias.split(qkv_sizes), strict=True):
@@ -219,29 +231,60 @@ class DecoderWeights:
             if layer.q_norm is not None:
                 state[attn + "q_norm.weight"] = layer.q_norm
                 state[attn + "k_norm.weight"] = layer.k_norm
-            state[attn + "o_proj.weight"] = layer.o
-            gate, up = layer.gate_up.chunk(2)
+            state[attn + "o_proj.weight"] = _dense(layer.o)
+            gate, up = _dense(layer.gate_up).chunk(2)
             state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"] = gate, up
-            state[p + "mlp.down_proj.weight"] = layer.down
+            state[p + "mlp.down_proj.weight"] = _dense(layer.down)
         return state
 
     def named_tensors(self) -> Iterator[tuple[str, Tensor]]:
         """Every weight this copy holds, under a stable name (tests compare them)."""
         yield "embed", self.embed
         if self.lm_head is not self.embed:
-            yield "lm_head", self.lm_head
+            yield "lm_head", _dense(self.lm_head)
         yield "norm", self.norm
         for i, layer in enumerate(self.layers):
             for field, value in vars(layer).items():
                 if value is not None:
-                    yield f"layers.{i}.{field}", value
+                    yield f"layers.{i}.{field}", _dense(value)
 
 
-def _copy_rows(target: Tensor, parts: list[Tensor]) -> None:
-    start = 0
-    for part in parts:
-        target[start : start + part.shape[0]].copy_(part)
-        start += part.shape[0]
+def packing_available() -> bool:
+    """Whether this torch build can pre-pack linear weights for oneDNN (CPU builds with mkldnn):
+    the layout inductor's CPU freezing pass gives weights, here applied by hand."""
+    ops = getattr(torch.ops, "mkldnn", None)
+    try:
+        return ops is not None and torch.backends.mkldnn.is_available() and all(
+            hasattr(ops, name) for name in ("_reorder_linear_weight", "_linear_pointwise")
+        )
+    except RuntimeError:  # an op namespace without the kernels
+        return False
+
+
+def pack(weight: Tensor, rows_hint: int = 16) -> Tensor:
+    """``weight`` [out, in] in oneDNN's blocked layout for ``x @ weight.T``. A plain linear
+    re-blocks the weight on every call; at decode's few rows that costs as much as the product
+    (measured: 1.4-1.8x faster projections, 2-3x faster LM head on this project's CPUs)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows_hint)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` for a dense or a pre-packed (:func:`pack`) weight."""
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+def _dense(tensor: Tensor) -> Tensor:
+    return tensor.to_dense() if tensor.is_mkldnn else tensor
+
+
+def _assign(target: Tensor, value: Tensor) -> None:
+    """Write ``value`` into ``target``'s storage (re-packed first when ``target`` is packed)."""
+    if target.is_mkldnn:
+        target.copy_(pack(value.to(target.dtype)))
+    else:
+        target.copy_(value)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -294,7 +337,7 @@ def forward(
     mask = key_mask[:, None]  # [B, 1, L, S]
     for i, layer in enumerate(w.layers):
         h = rms_norm(x, layer.ln1, w.eps)
-        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+        qkv = linear(h, layer.qkv, layer.qkv_bias)
         q, k, v = qkv.split([h_n * d, kv_n * d, kv_n * d], dim=-1)
         q = q.view(b, length, h_n, d).transpose(1, 2)
         k = k.view(b, length, kv_n, d).transpose(1, 2)
@@ -309,10 +352,10 @@ def forward(
             cache_k[i].index_copy_(2, slot, k)
             cache_v[i].index_copy_(2, slot, v)
         attn = attend(q, cache_k[i], cache_v[i], mask)
-        x = x + F.linear(attn.transpose(1, 2).reshape(b, length, h_n * d), layer.o)
+        x = x + linear(attn.transpose(1, 2).reshape(b, length, h_n * d), layer.o)
         h = rms_norm(x, layer.ln2, w.eps)
-        gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-        x = x + F.linear(F.silu(gate) * up, layer.down)
+        gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
+        x = x + linear(F.silu(gate) * up, layer.down)
     return rms_norm(x[:, -1], w.norm, w.eps)
 
 
@@ -329,7 +372,7 @@ def decode_step(
     runs the decoder and returns fp32 logits [B, V]."""
     valid.index_fill_(1, slot, True)
     hidden = forward(w, token[:, None], position[:, None], cache_k, cache_v, slot, valid[:, None])
-    return F.linear(hidden, w.lm_head).float()
+    return linear(hidden, w.lm_head).float()
 
 
 class StaticEngine:
@@ -341,6 +384,8 @@ class StaticEngine:
     ``compile``: compile the decode step with ``torch.compile``; the first call of each new shape
     pays the compile time. ``compact``: drop finished rows at each EOS check (None: on a CPU).
     ``eos_check_every``: tokens between the host reads of "has every row finished".
+    ``pack_weights``: hold the projections pre-packed for oneDNN (None: on a CPU whose torch
+    build can, when not compiling).
     ``weights``: a context in which the policy's full weights are readable (FSDP gathers them).
     """
 
@@ -355,6 +400,7 @@ class StaticEngine:
         compile: bool = False,
         eos_check_every: int = 8,
         compact: bool | None = None,
+        pack_weights: bool | None = None,
         records_logprobs: bool = True,
         weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         device: torch.device | None = None,
@@ -374,6 +420,10 @@ class StaticEngine:
         # (one compiled graph) are worth more than the rows saved.
         self.compact = (self._device.type == "cpu") if compact is None else compact
         self.compiled = compile
+        if pack_weights is None:
+            pack_weights = self._device.type == "cpu" and not compile and packing_available()
+        if pack_weights:
+            self.decoder.pack()
         self._step = decode_step
         if compile:
             # The batch dimension shrinks when rows are compacted: compile it as a symbol.
@@ -443,7 +493,7 @@ class StaticEngine:
         key_mask = causal[None] & valid[:, None]
         key_mask |= torch.eye(width, slots, dtype=torch.bool, device=device)[None]
         hidden = forward(w, prompt_ids, positions, cache_k, cache_v, 0, key_mask)
-        logits = F.linear(hidden, w.lm_head).float()
+        logits = linear(hidden, w.lm_head).float()
 
         # 2. Every rollout of a prompt starts from its prompt's cache rows.
         if n_rows != n_prompts or counts != [1] * n_prompts:
@@ -515,20 +565,4 @@ class StaticEngine:
         )
 
 
-def kv_cache_bytes(decoder: DecoderWeights, rows: int, slots: int) -> int:
-    """Bytes of the static cache for ``rows`` sequences of ``slots`` positions (keys + values)."""
-    per = decoder.layers_n * decoder.kv_heads * decoder.head_dim * slots * rows
-    return 2 * per * torch.empty((), dtype=decoder.dtype).element_size()
-
-
-def weight_bytes(decoder: DecoderWeights) -> int:
-    """Bytes of the engine's weight copy (a tied head counted once)."""
-    seen, total = set(), 0
-    for _, tensor in decoder.named_tensors():
-        if tensor.data_ptr() not in seen:
-            seen.add(tensor.data_ptr())
-            total += tensor.numel() * tensor.element_size()
-    return total
-
-
-__all__ = ["StaticEngine", "supports", "merged_state_dict", "kv_cache_bytes", "weight_bytes"]
+__all__ = ["StaticEngine", "merged_state_dict", "packing_available", "supports"]
