@@ -661,6 +661,10 @@ def check_generation(ns, model: Path, scratch: Path) -> dict:
     out: dict[str, Any] = {"prompts": 8, "per_prompt": 8, "max_new_tokens": new_tokens}
     engines: dict[str, dict[str, Any]] = {
         "hf_fp32": MODES["fp32"], "hf_bf16_autocast": MODES["bf16_mixed"],
+        "static_bf16": {**MODES["bf16_mixed"], "generation_engine": "static",
+                        "static_compile": False},
+        "static_bf16_compiled": {**MODES["bf16_mixed"], "generation_engine": "static",
+                                 "static_compile": True},
     }  # fmt: skip
     vllm, vllm_note = vllm_option()
     if vllm is not None:
@@ -678,6 +682,11 @@ def check_generation(ns, model: Path, scratch: Path) -> dict:
             params = getattr(engine, "params", None)  # the HF engine's; others: their own
             warm = params and dataclasses.replace(params, max_completion_length=8)
             engine.generate(prompt_ids[:2], 2, params=warm)
+            if name.endswith("compiled"):  # compiled at the measured shapes, timed apart
+                start = time.perf_counter()
+                engine.generate(prompt_ids, 8)
+                synchronize(device)
+                out[f"{name}_compile_s"] = round(time.perf_counter() - start, 1)
             synchronize(device)
             start = time.perf_counter()
             rollout = engine.generate(prompt_ids, 8)
@@ -700,6 +709,54 @@ def check_generation(ns, model: Path, scratch: Path) -> dict:
     if "vllm" in out:
         out["summary"] += f"; vllm {out['vllm']}"
     return out
+
+
+def check_static_engine(ns, model: Path, scratch: Path) -> dict:
+    """The static engine against the HF engine on the same fp32 weights with TF32 off: greedy
+    completions (the share of rows with identical tokens; near-ties may flip a few) and the
+    largest gap between the static engine's sampling log-probs and the trainer's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from groupwise.logprobs import completion_logprobs
+    from groupwise.rollout import HFEngine, SamplingParams
+    from groupwise.rollout.static import StaticEngine
+
+    device = ns.torch_device
+    previous = torch.backends.cuda.matmul.allow_tf32 if device.type == "cuda" else None
+    if previous is not None:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        policy = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        generator = torch.Generator().manual_seed(1)
+        prompts = [torch.randint(3, 1000, (20 + 3 * i,), generator=generator).tolist()
+                   for i in range(4)]  # fmt: skip
+        greedy = SamplingParams(32, temperature=0.0)
+        reference = HFEngine(policy, tokenizer, greedy).generate(prompts, [3, 1, 2, 2])
+        static = StaticEngine(policy, tokenizer, greedy, dtype=torch.float32)
+        out = static.generate(prompts, [3, 1, 2, 2])
+        same = [torch.equal(a, b) for a, b in zip(out.completion_ids, reference.completion_ids,
+                                                   strict=True)]  # fmt: skip
+        sampled = static.generate(prompts, 2, SamplingParams(32, temperature=1.0),
+                                  torch.Generator(device=device).manual_seed(0))  # fmt: skip
+        with torch.no_grad():
+            trainer, _ = completion_logprobs(
+                policy, sampled.prompt_ids, sampled.prompt_mask, sampled.completion_ids,
+                sampled.completion_mask, group_size=2,
+            )  # fmt: skip
+        gap = float((sampled.sampling_logprobs - trainer)[sampled.completion_mask.bool()]
+                    .abs().max())  # fmt: skip
+    finally:
+        if previous is not None:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+    share = sum(same) / len(same)
+    passed = share >= 0.75 and gap < 1e-3
+    return {
+        "passed": passed, "greedy_rows_identical": share, "max_logprob_gap": gap,
+        "summary": f"greedy rows identical {share:.2f}, max log-prob gap {gap:.2e}",
+    }  # fmt: skip
 
 
 def chi_square(a: list[int], b: list[int]) -> dict[str, float]:
@@ -860,6 +917,7 @@ CHECKS: dict[str, Callable[..., dict]] = {
     "memory": check_memory,
     "collectives": check_collectives,
     "generation": check_generation,
+    "static_engine": check_static_engine,
     "vllm": check_vllm,
 }
 

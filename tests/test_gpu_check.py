@@ -40,7 +40,7 @@ def test_gpu_check_cpu_path_writes_its_summary(tmp_path):
     assert {"torch", "transformers", "device", "grpo_options"} <= set(summary["environment"])
     checks = summary["checks"]
     assert list(checks) == ["precision", "learning", "sdpa_left_padding", "memory",
-                            "collectives", "generation", "vllm"]  # fmt: skip
+                            "collectives", "generation", "static_engine", "vllm"]  # fmt: skip
     for name, check in checks.items():
         assert check["passed"] is True and check["summary"] and check["seconds"] >= 0, name
 
@@ -69,8 +69,12 @@ def test_gpu_check_cpu_path_writes_its_summary(tmp_path):
     assert collectives["calls"] and set(collectives["calls"].values()) == {"ok"}
 
     generation = checks["generation"]
-    for engine in ("hf_fp32", "hf_bf16_autocast"):
-        assert generation[engine]["tokens_per_second"] > 0
+    for engine in ("hf_fp32", "hf_bf16_autocast", "static_bf16", "static_bf16_compiled"):
+        assert generation[engine]["tokens_per_second"] > 0, generation[engine]
+    assert generation["static_bf16"]["engine"] == "StaticEngine"
+    assert generation["static_bf16_compiled_compile_s"] >= 0
+    static = checks["static_engine"]
+    assert static["greedy_rows_identical"] >= 0.75 and static["max_logprob_gap"] < 1e-3
     # vLLM, where both it and a groupwise engine for it are installed, is measured too.
     assert "vllm_bf16_autocast" in generation or generation["vllm"].startswith("not available")
 

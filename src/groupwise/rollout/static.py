@@ -288,10 +288,9 @@ def _assign(target: Tensor, value: Tensor) -> None:
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """Llama's RMSNorm: normalised in fp32, cast back, then scaled (as transformers does)."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    """Llama's RMSNorm, x / sqrt(mean(x^2) + eps) * weight, accumulated in fp32: torch's fused
+    kernel (one op where the Hugging Face module runs seven)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -301,19 +300,26 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """softmax(q k^T / sqrt(D), masked) v with grouped-query heads: q [B, H, L, D], k and v
-    [B, Hkv, S, D], mask [B, 1, L, S] (True: attend). Head h reads kv head h // (H / Hkv), as
-    transformers' ``repeat_kv`` does. Written out because at one query per row torch's CPU
-    attention kernels cost several times these three small batched matmuls; the softmax runs in
-    fp32 as the eager Hugging Face attention does."""
+def attention_bias(key_mask: Tensor, group: int) -> Tensor:
+    """The additive mask [B, 1, group * L, S] (0: attend, -inf: not) of :func:`attend`'s
+    grouped query rows, from ``key_mask`` [B, L, S]; built once per forward, not per layer."""
+    b, length, slots = key_mask.shape
+    bias = torch.zeros(key_mask.shape, dtype=torch.float32, device=key_mask.device)
+    bias.masked_fill_(~key_mask, float("-inf"))
+    return bias[:, None, None].expand(b, 1, group, length, slots).reshape(b, 1, -1, slots)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(D) + bias) v with grouped-query heads: q [B, H, L, D], k and v
+    [B, Hkv, S, D], bias from :func:`attention_bias`. Head h reads kv head h // (H / Hkv), as
+    transformers' ``repeat_kv`` does, so the H / Hkv query heads of a kv head are one batched
+    matmul's rows. Written out because at one query per row torch's CPU attention kernels cost
+    several times these small batched matmuls; the softmax runs in fp32 as eager attention's."""
     b, h_n, length, d = q.shape
-    kv_n, slots = k.shape[1], k.shape[2]
-    g = h_n // kv_n
-    q = q.reshape(b, kv_n, g * length, d)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * (1.0 / math.sqrt(d))
-    mask = mask[:, :, None].expand(b, 1, g, length, slots).reshape(b, 1, g * length, slots)
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(v.dtype)
+    kv_n = k.shape[1]
+    q = q.reshape(b, kv_n, (h_n // kv_n) * length, d)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(1.0 / math.sqrt(d)).add_(bias)
+    probs = scores.softmax(dim=-1).to(v.dtype)
     return torch.matmul(probs, v).view(b, h_n, length, d)
 
 
@@ -331,27 +337,27 @@ def forward(
     the last position's hidden state [B, d] after the final norm."""
     b, length = tokens.shape
     h_n, kv_n, d = w.heads, w.kv_heads, w.head_dim
-    cos = w.cos[positions].to(w.dtype)[:, None]  # [B, 1, L, D]
-    sin = w.sin[positions].to(w.dtype)[:, None]
+    cos = w.cos[positions].to(w.dtype)[:, :, None]  # [B, L, 1, D]
+    sin = w.sin[positions].to(w.dtype)[:, :, None]
+    bias = attention_bias(key_mask, h_n // kv_n)
     x = F.embedding(tokens, w.embed)  # [B, L, hidden]
-    mask = key_mask[:, None]  # [B, 1, L, S]
     for i, layer in enumerate(w.layers):
         h = rms_norm(x, layer.ln1, w.eps)
-        qkv = linear(h, layer.qkv, layer.qkv_bias)
-        q, k, v = qkv.split([h_n * d, kv_n * d, kv_n * d], dim=-1)
-        q = q.view(b, length, h_n, d).transpose(1, 2)
-        k = k.view(b, length, kv_n, d).transpose(1, 2)
-        v = v.view(b, length, kv_n, d).transpose(1, 2)
-        if layer.q_norm is not None:
-            q, k = rms_norm(q, layer.q_norm, w.eps), rms_norm(k, layer.k_norm, w.eps)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        qkv = linear(h, layer.qkv, layer.qkv_bias).view(b, length, h_n + 2 * kv_n, d)
+        qk, v = qkv[:, :, : h_n + kv_n], qkv[:, :, h_n + kv_n :]
+        if layer.q_norm is not None:  # Qwen3: RMSNorm over each head's dims before RoPE
+            q, k = qk.split([h_n, kv_n], dim=2)
+            qk = torch.cat([rms_norm(q, layer.q_norm, w.eps), rms_norm(k, layer.k_norm, w.eps)], 2)
+        qk = rotate(qk, cos, sin)  # q and k heads in one go
+        q, k = qk[:, :, :h_n].transpose(1, 2), qk[:, :, h_n:].transpose(1, 2)
+        v = v.transpose(1, 2)
         if isinstance(slot, int):
             cache_k[i, :, :, slot : slot + length] = k
             cache_v[i, :, :, slot : slot + length] = v
         else:  # one decode token at a tensor slot (keeps a compiled step free of recompiles)
             cache_k[i].index_copy_(2, slot, k)
             cache_v[i].index_copy_(2, slot, v)
-        attn = attend(q, cache_k[i], cache_v[i], mask)
+        attn = attend(q, cache_k[i], cache_v[i], bias)
         x = x + linear(attn.transpose(1, 2).reshape(b, length, h_n * d), layer.o)
         h = rms_norm(x, layer.ln2, w.eps)
         gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
@@ -513,6 +519,7 @@ class StaticEngine:
         live = torch.arange(n_rows, device=device)  # the output row of each batch row
         done_live = torch.zeros(n_rows, dtype=torch.bool, device=device)  # per batch row
         pad = torch.tensor(self.pad_id, device=device)
+        slot = torch.tensor([width], device=device)  # the cache slot of the token being fed
         for t in range(max_new):
             token = sample_next_token(logits, params, generator)
             if logps is not None:  # log mu(token), the distribution it was drawn from
@@ -534,9 +541,8 @@ class StaticEngine:
                     live, token, position = live[keep], token[keep], position[keep]
                     valid, done_live = valid[keep], done_live[keep]
                     cache_k, cache_v = cache_k[:, keep], cache_v[:, keep]
-            slot = torch.tensor([width + t], device=device)
             logits = self._step(w, token, position, cache_k, cache_v, slot, valid)
-            position = position + 1
+            position, slot = position + 1, slot + 1
         finished[live] = done_live
         steps = t + 1
 
