@@ -43,6 +43,7 @@ import torch
 from groupwise.data import arithmetic_dataset, tokenize_prompts
 from groupwise.models import load_model_and_tokenizer
 from groupwise.rollout import HFEngine, Rollout, SamplingParams
+from groupwise.rollout.static import StaticEngine
 
 GROUP = 8  # completions per prompt, as in the demo (configs/demo.yaml)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
@@ -298,9 +299,8 @@ BASELINE = "hf-bf16"  # today's bf16 generation: the loop under autocast
 
 
 def build_engine(name: str, model: torch.nn.Module, tokenizer: Any, params: SamplingParams
-                 ) -> Engine | str:  # fmt: skip
-    """The engine called ``name``, or why it is not available (a string). Only a missing static
-    engine module is "not available"; any other failure to build an engine is a real error."""
+                 ) -> Engine:  # fmt: skip
+    """The engine called ``name``."""
     if name == "hf-fp32":
         return HFEngine(model, tokenizer, params)
     if name == "hf-bf16":
@@ -309,10 +309,6 @@ def build_engine(name: str, model: torch.nn.Module, tokenizer: Any, params: Samp
             numerics=lambda: torch.autocast("cpu", dtype=torch.bfloat16),
         )  # fmt: skip
     if name in ("static", "static-compile"):
-        try:
-            from groupwise.rollout.static import StaticEngine
-        except ImportError as err:
-            return f"not available: import groupwise.rollout.static failed ({err})"
         # Its own copy of the policy: an engine that casts or compiles the model it is given
         # must not change what the HF engines measure.
         own = copy.deepcopy(model)
@@ -429,14 +425,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"measuring peaks ({torch.get_num_threads()} torch threads)...", flush=True)
     peaks = measure_peaks(shape, batches, opts.quick)
 
-    engines: dict[str, Engine] = {}
-    unavailable: dict[str, str] = {}
-    for name in names:
-        built = build_engine(name, model, tokenizer, params)
-        if isinstance(built, str):
-            unavailable[name] = built
-        else:
-            engines[name] = built
+    engines = {name: build_engine(name, model, tokenizer, params) for name in names}
     measured: dict[int, dict[str, Measurement]] = {}
     for batch in batches:
         measured[batch] = measure_engines(engines, prompts, batch, params, repeats, opts.seed)
@@ -493,11 +482,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         base = measured[batch].get(BASELINE)
         for name in names:
             spec = ENGINES[name]
-            if name in unavailable:
-                out(f"  {name:16s} {spec.label:28s} {batch:5d}  {unavailable[name]}")
-                table.append({"engine": name, "batch": batch, "available": False,
-                              "reason": unavailable[name]})  # fmt: skip
-                continue
             m = measured[batch][name]
             ratio = m.tokens_per_s / base.tokens_per_s if base else None
             cap = ceilings[spec.ceiling_dtype, batch].tokens_per_s
@@ -507,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 f"{m.median_s:9.3f} {m.tokens_per_s:8.1f} {ratio_text} "
                 f"{100 * fraction:7.1f}% {spec.ceiling_dtype}")  # fmt: skip
             table.append({
-                "engine": name, "batch": batch, "available": True,
+                "engine": name, "batch": batch,
                 "kept_tokens": m.kept_tokens, "seconds": m.seconds, "warmup_s": m.warmup_s,
                 "median_s": m.median_s, "tokens_per_s": m.tokens_per_s,
                 "ratio_to_baseline": ratio, "ceiling_dtype": spec.ceiling_dtype,
@@ -544,9 +528,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                unit: str) -> None:  # fmt: skip
         parts = []
         for name in static_names:
-            if name in unavailable:
-                parts.append(f"{name} n/a (not available)")
-            elif batch not in measured or (unit == "x" and BASELINE not in engines):
+            if batch not in measured or (unit == "x" and BASELINE not in engines):
                 parts.append(f"{name} n/a (batch {batch} or the baseline not measured)")
             else:
                 value = figure(measured[batch][name])

@@ -1,8 +1,9 @@
 """The rollout-engine contract, checked for every engine in :data:`ENGINES` (the HF engine, the
-static engine, and the vLLM engine over the fake vllm module, tests/fake_vllm.py): row order and group ids, masks and
-padding, EOS and truncation, sampling log-probs equal to the trainer's, greedy completions equal
-to the HF engine's, and, after an optimizer step and ``engine.sync``, generation from the new
-weights. A new engine is one more ``(name, factory)`` line in :data:`ENGINES`."""
+static engine, and the vLLM engine over the fake vllm module, tests/fake_vllm.py): row order and
+group ids, masks and padding, EOS and truncation, sampling log-probs equal to the trainer's,
+greedy completions equal to the HF engine's, and, after an optimizer step and ``engine.sync``,
+generation from the new weights. A new engine is one more ``(name, factory)`` line in
+:data:`ENGINES`."""
 
 from __future__ import annotations
 

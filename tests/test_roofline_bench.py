@@ -90,10 +90,7 @@ def test_parameter_counts_match_real_models(roofline):
     assert shape.non_embedding_params + shape.lm_head_params == 134_515_008  # tied: 134.5M
 
 
-def test_missing_static_module_is_not_available(roofline, monkeypatch):
-    monkeypatch.setitem(sys.modules, "groupwise.rollout.static", None)  # import fails
-    built = roofline.build_engine("static", None, None, None)
-    assert isinstance(built, str) and built.startswith("not available")
+def test_unknown_engine_is_refused(roofline):
     with pytest.raises(ValueError, match="unknown engine"):
         roofline.build_engine("nope", None, None, None)
 
@@ -114,5 +111,5 @@ def test_quick_run_prints_every_row(roofline, capsys, tmp_path):
     assert sum(line.startswith("target: ") for line in lines) == 2
     baseline = [r for r in report["engines"] if r["engine"] == "hf-bf16"]
     assert [r["ratio_to_baseline"] for r in baseline] == [1.0, 1.0]
-    assert all(r["tokens_per_s"] > 0 for r in report["engines"] if r["available"])
+    assert all(r["tokens_per_s"] > 0 for r in report["engines"])
     assert (tmp_path / "roofline.json").exists()

@@ -74,7 +74,9 @@ def test_sampled_rows_equal_the_reference_with_finished_rows_kept(tiny_model, to
     engine = _engine(tiny_model, tokenizer, compact=False, eos_check_every=4)
     out = engine.generate(prompts, COUNTS, params, torch.Generator().manual_seed(3))
     _same(out, reference)
-    torch.testing.assert_close(out.sampling_logprobs, reference.sampling_logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        out.sampling_logprobs, reference.sampling_logprobs, atol=1e-5, rtol=0
+    )
 
 
 def test_sampled_rows_equal_the_reference_with_finished_rows_dropped(tiny_model, tokenizer):
@@ -84,7 +86,9 @@ def test_sampled_rows_equal_the_reference_with_finished_rows_dropped(tiny_model,
     # A token sampled often enough at T = 3 to end some rows early.
     tiny_model.generation_config.eos_token_id = [int(t) for t in free.completion_ids[:, 1]]
     params = SamplingParams(10, temperature=3.0)
-    reference = generate(tiny_model, tokenizer, prompts, COUNTS, params, torch.Generator().manual_seed(5))
+    reference = generate(
+        tiny_model, tokenizer, prompts, COUNTS, params, torch.Generator().manual_seed(5)
+    )
     engine = _engine(tiny_model, tokenizer, compact=True, eos_check_every=1)
     out = engine.generate(prompts, COUNTS, params, torch.Generator().manual_seed(5))
     _same(out, reference)
@@ -118,7 +122,11 @@ def test_bf16_copy_is_close_and_records_logprobs(tiny_model, tokenizer):
     out = engine.generate(prompts, 4, params, torch.Generator().manual_seed(0))
     with torch.no_grad():
         trainer, _ = completion_logprobs(
-            tiny_model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask,
+            tiny_model,
+            out.prompt_ids,
+            out.prompt_mask,
+            out.completion_ids,
+            out.completion_mask,
             group_size=4,
         )
     gap = (out.sampling_logprobs - trainer)[out.completion_mask.bool()].abs()
@@ -189,9 +197,16 @@ def test_lora_is_merged_out_of_place_in_fp32(tiny_model, tokenizer):
 
 def _qwen2(bias_scale=0.5):
     config = Qwen2Config(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        tie_word_embeddings=False, eos_token_id=2, pad_token_id=2,
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        eos_token_id=2,
+        pad_token_id=2,
     )
     torch.manual_seed(1)
     model = Qwen2ForCausalLM(config)
@@ -206,9 +221,17 @@ def _qwen3():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
-        tie_word_embeddings=True, eos_token_id=2, pad_token_id=2,
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=2,
+        pad_token_id=2,
     )
     torch.manual_seed(2)
     model = Qwen3ForCausalLM(config)
@@ -221,10 +244,16 @@ def _qwen3():
 
 def _llama_scaled_rope():
     config = LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
         rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0},
-        eos_token_id=2, pad_token_id=2,
+        eos_token_id=2,
+        pad_token_id=2,
     )
     torch.manual_seed(3)
     return LlamaForCausalLM(config)
@@ -234,7 +263,9 @@ def _llama_scaled_rope():
 def test_other_llama_family_decoders_match_transformers(build, tokenizer):
     model = build().eval()
     prompts = [[5, 17, 301, 44], [9, 9, 100], [250]]
-    engine = StaticEngine(model, tokenizer, SamplingParams(12, temperature=0.0), dtype=torch.float32)
+    engine = StaticEngine(
+        model, tokenizer, SamplingParams(12, temperature=0.0), dtype=torch.float32
+    )
     reference = generate(model, tokenizer, prompts, [2, 1, 1], SamplingParams(12, temperature=0.0))
     out = engine.generate(prompts, [2, 1, 1])
     assert torch.equal(out.completion_ids, reference.completion_ids)
@@ -242,8 +273,11 @@ def test_other_llama_family_decoders_match_transformers(build, tokenizer):
     out = engine.generate(prompts, [2, 1, 1], params, torch.Generator().manual_seed(0))
     with torch.no_grad():
         trainer, _ = completion_logprobs(
-            model, out.prompt_ids[out.group_ids], out.prompt_mask[out.group_ids],
-            out.completion_ids, out.completion_mask,
+            model,
+            out.prompt_ids[out.group_ids],
+            out.prompt_mask[out.group_ids],
+            out.completion_ids,
+            out.completion_mask,
         )
     assert (out.sampling_logprobs - trainer)[out.completion_mask.bool()].abs().max() < 1e-4
 
@@ -256,8 +290,14 @@ def test_unsupported_models_are_refused_with_the_reason(tokenizer):
     with pytest.raises(ValueError, match="static engine cannot decode this model.*gpt2"):
         StaticEngine(model, tokenizer, SamplingParams(4))
     llama = LlamaForCausalLM(
-        LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                    num_attention_heads=2, hidden_act="gelu")
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            hidden_act="gelu",
+        )
     )
     assert "gelu" in supports(llama)
 
