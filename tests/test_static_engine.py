@@ -118,7 +118,9 @@ def test_bf16_copy_is_close_and_records_logprobs(tiny_model, tokenizer):
     prompts = _prompts(tokenizer)
     params = SamplingParams(8, temperature=1.0)
     engine = StaticEngine(tiny_model, tokenizer, params, dtype=torch.bfloat16)
-    assert all(t.dtype == torch.bfloat16 for _, t in engine.decoder.named_tensors())
+    dtypes = {name: t.dtype for name, t in engine.decoder.named_tensors()}
+    assert dtypes["layers.0.qkv"] == dtypes["layers.1.down"] == dtypes["embed"] == torch.bfloat16
+    assert dtypes["layers.0.ln1"] == dtypes["norm"] == torch.float32  # the fp32 residual stream
     out = engine.generate(prompts, 4, params, torch.Generator().manual_seed(0))
     with torch.no_grad():
         trainer, _ = completion_logprobs(

@@ -138,13 +138,17 @@ class DecoderWeights:
         self.embed = self._new(state["model.embed_tokens.weight"])
         head = state.get("lm_head.weight")
         self.lm_head = self.embed if head is None or self.tied else self._new(head)
-        self.norm = self._new(state["model.norm.weight"])
+        self.norm = self._norm(state["model.norm.weight"])
         self.layers = [self._layer(state, i) for i in range(self.layers_n)]
         self.packed = False
         self._rope(model)
 
-    def _new(self, tensor: Tensor) -> Tensor:
-        return tensor.detach().to(device=self.device, dtype=self.dtype, copy=True).contiguous()
+    def _new(self, tensor: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        dtype = dtype or self.dtype
+        return tensor.detach().to(device=self.device, dtype=dtype, copy=True).contiguous()
+
+    def _norm(self, tensor: Tensor) -> Tensor:
+        return self._new(tensor, torch.float32)  # norms act on the fp32 residual stream
 
     def _layer(self, state: dict[str, Tensor], i: int) -> _Layer:
         p = f"model.layers.{i}."
@@ -155,13 +159,13 @@ class DecoderWeights:
         q_norm = state.get(attn + "q_norm.weight")
         k_norm = state.get(attn + "k_norm.weight")
         return _Layer(
-            ln1=self._new(state[p + "input_layernorm.weight"]),
+            ln1=self._norm(state[p + "input_layernorm.weight"]),
             qkv=self._new(torch.cat([state[attn + f"{n}_proj.weight"] for n in "qkv"])),
             qkv_bias=bias,
-            q_norm=None if q_norm is None else self._new(q_norm),
-            k_norm=None if k_norm is None else self._new(k_norm),
+            q_norm=None if q_norm is None else self._norm(q_norm),
+            k_norm=None if k_norm is None else self._norm(k_norm),
             o=self._new(state[attn + "o_proj.weight"]),
-            ln2=self._new(state[p + "post_attention_layernorm.weight"]),
+            ln2=self._norm(state[p + "post_attention_layernorm.weight"]),
             gate_up=self._new(
                 torch.cat([state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]])
             ),
@@ -336,19 +340,22 @@ def forward(
     ``slot .. slot + L`` and attending over every slot ``key_mask`` [B, L, S] allows. Returns
     the last position's hidden state [B, d] after the final norm."""
     b, length = tokens.shape
-    h_n, kv_n, d = w.heads, w.kv_heads, w.head_dim
-    cos = w.cos[positions].to(w.dtype)[:, :, None]  # [B, L, 1, D]
-    sin = w.sin[positions].to(w.dtype)[:, :, None]
+    h_n, kv_n, d, dt = w.heads, w.kv_heads, w.head_dim, w.dtype
+    cos = w.cos[positions][:, :, None]  # [B, L, 1, D] fp32
+    sin = w.sin[positions][:, :, None]
     bias = attention_bias(key_mask, h_n // kv_n)
-    x = F.embedding(tokens, w.embed)  # [B, L, hidden]
+    # The residual stream, the norms and RoPE stay in fp32; only the matmuls and attention run
+    # in ``dt``: the numerics of bf16 autocast over fp32 weights, which keeps a bf16 sampler
+    # close to an fp32 trainer (bf16 residual adds would round every layer's update).
+    x = F.embedding(tokens, w.embed).float()  # [B, L, hidden]
     for i, layer in enumerate(w.layers):
-        h = rms_norm(x, layer.ln1, w.eps)
+        h = rms_norm(x, layer.ln1, w.eps).to(dt)
         qkv = linear(h, layer.qkv, layer.qkv_bias).view(b, length, h_n + 2 * kv_n, d)
-        qk, v = qkv[:, :, : h_n + kv_n], qkv[:, :, h_n + kv_n :]
+        qk, v = qkv[:, :, : h_n + kv_n].float(), qkv[:, :, h_n + kv_n :]
         if layer.q_norm is not None:  # Qwen3: RMSNorm over each head's dims before RoPE
             q, k = qk.split([h_n, kv_n], dim=2)
             qk = torch.cat([rms_norm(q, layer.q_norm, w.eps), rms_norm(k, layer.k_norm, w.eps)], 2)
-        qk = rotate(qk, cos, sin)  # q and k heads in one go
+        qk = rotate(qk, cos, sin).to(dt)  # q and k heads in one go
         q, k = qk[:, :, :h_n].transpose(1, 2), qk[:, :, h_n:].transpose(1, 2)
         v = v.transpose(1, 2)
         if isinstance(slot, int):
@@ -359,10 +366,10 @@ def forward(
             cache_v[i].index_copy_(2, slot, v)
         attn = attend(q, cache_k[i], cache_v[i], bias)
         x = x + linear(attn.transpose(1, 2).reshape(b, length, h_n * d), layer.o)
-        h = rms_norm(x, layer.ln2, w.eps)
+        h = rms_norm(x, layer.ln2, w.eps).to(dt)
         gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
         x = x + linear(F.silu(gate) * up, layer.down)
-    return rms_norm(x[:, -1], w.norm, w.eps)
+    return rms_norm(x[:, -1], w.norm, w.eps).to(dt)
 
 
 def decode_step(
