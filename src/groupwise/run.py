@@ -64,6 +64,7 @@ from .distributed import (
 from .errors import option
 from .files import atomic_write_text, staged_files
 from .loggers import RunLoggers
+from .models import adapter_base_name, record_adapter_base
 from .monitor import TrainingMonitor
 from .policy import CheckpointMismatch, Policy, UpdateStats, optimizer_steps
 from .rewards import RewardFunc
@@ -265,8 +266,13 @@ class Trainer:
         # fp32 weights with bf16 autocast on a bf16 GPU, fp32 on CPU (README "Precision").
         self.precision = resolve_run_precision(args, self.device)
         self.dtype = self.precision.weights
+        given = model
         model, self.tokenizer = build_model(
             model, processing_class, args, self.device, self.dtype, peft_config
+        )
+        # The base a saved LoRA adapter names (None: PEFT's own record, from a loaded model).
+        self._adapter_base = (
+            adapter_base_name(given) if args.use_peft and isinstance(given, str) else None
         )
         self.scorer = build_scorer(reward_funcs, args)
         self.eval_dataset = eval_dataset
@@ -743,7 +749,7 @@ class Trainer:
         weights = self.policy.full_state_dict()  # FSDP: a collective too
 
         def write(folder: Path) -> None:
-            self.policy.save_pretrained(folder, weights)
+            self._save_weights(folder, weights)
             self.tokenizer.save_pretrained(folder)
             torch.save(state, folder / ckpt.STATE_FILE)
 
@@ -997,9 +1003,16 @@ class Trainer:
         if not self.dist.is_main and self.policy.sharded:
             return target
         with staged_files(target) as tmp:
-            self.policy.save_pretrained(tmp, weights)
+            self._save_weights(tmp, weights)
             self.tokenizer.save_pretrained(tmp)
         return target
+
+    def _save_weights(self, folder: Path, weights: dict[str, torch.Tensor] | None) -> None:
+        """The model (or LoRA adapter) in Hugging Face format, an adapter naming a base that
+        groupwise can load (a built-in name, an absolute path or a hub id)."""
+        self.policy.save_pretrained(folder, weights)
+        if self._adapter_base is not None:
+            record_adapter_base(folder, self._adapter_base)
 
 
 def rollout_mismatch_logs(
