@@ -626,6 +626,35 @@ def test_a_model_typo_suggests_the_built_in_name_without_asking_the_hub(monkeypa
         models.load_model_and_tokenizer("./runs/not-there")
 
 
+def test_a_mistyped_local_path_without_dot_slash_fails_before_any_hub(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    import huggingface_hub
+
+    from groupwise import models
+    from groupwise.errors import ModelLoadError
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError(f"the hub was asked for {args}")
+
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", no_hub)
+    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", no_hub)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_hub)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()  # "runs/nothing" is a path under it, not a hub id
+    with pytest.raises(ModelLoadError, match="'runs/nothing'"):
+        models.load_model_and_tokenizer("runs/nothing")
+    code, err = _run(["train", *TINY, "--model", "runs/nothing"], capsys)
+    assert code == 2 and "runs/nothing" in err and "Traceback" not in err
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # offline: no hub id can load
+        monkeypatch.setenv(variable, "true")
+        with pytest.raises(ModelLoadError, match="'someorg/somemodel'"):
+            models.load_model_and_tokenizer("someorg/somemodel")
+        monkeypatch.delenv(variable)
+
+
 @pytest.mark.parametrize("suffix", ["jsonl", "csv"])
 def test_bom_and_crlf_files_are_read(suffix: str, tmp_path: Path) -> None:
     from groupwise.data import load_dataset_rows

@@ -156,8 +156,21 @@ def tiny_random_model(
 
 
 def _looks_like_path(name: str) -> bool:
-    """A local path rather than a hub id ("org/name"): absolute, relative, or several parts."""
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+    """A local path rather than a hub id ("org/name"): absolute, relative, several parts, or
+    one whose first part is a local folder (``runs/x`` where ``runs`` exists: a hub lookup
+    would only spend a minute on retries before failing)."""
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:
+        return True
+    first = name.split("/", 1)[0]
+    return "/" in name and os.path.isdir(first)
+
+
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE set (any of the values huggingface_hub accepts)."""
+    return any(
+        os.environ.get(var, "").upper() in ("1", "ON", "YES", "TRUE")
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def check_model_name(name: str) -> None:
@@ -172,7 +185,7 @@ def check_model_name(name: str) -> None:
             f"model {name!r} is not a built-in model or a folder; did you mean {close[0]!r}? "
             f"(built-in models: {', '.join(BUILTIN_MODELS)})"
         )
-    if _looks_like_path(name) or os.environ.get("HF_HUB_OFFLINE") == "1":
+    if _looks_like_path(name) or _hub_offline():
         raise ModelLoadError(
             f"model {name!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor an "
             "existing folder; give the path of a saved model (e.g. a run's output_dir) or a "
