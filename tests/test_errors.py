@@ -338,6 +338,30 @@ def test_the_python_api_refuses_an_earlier_run_too(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
+def test_a_second_ctrl_c_exits_130_quietly(tmp_path: Path, monkeypatch, capsys) -> None:
+    from groupwise import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt  # what the handler raises on the second SIGINT
+
+    monkeypatch.setattr(cli, "run_train", interrupted)
+    code, err = _run(_train(tmp_path), capsys)
+    assert code == 130
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_run_stopped_before_its_first_step_does_not_block_a_rerun(
+    tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "run"
+    _write(out / "config.yaml", "max_steps: 1\n")  # all that a run stopped at start-up leaves
+    assert main(_train(tmp_path)) == 0
+    assert (out / "metrics.jsonl").is_file()
+    _write(tmp_path / "other" / "config.yaml", "max_steps: 1\n")
+    argv = ["train", *TINY, "--output_dir", str(tmp_path / "other"), "--resume"]
+    assert main(argv) == 0
+
+
 def test_no_shipped_config_overwrites_an_earlier_run() -> None:
     import yaml
 

@@ -115,7 +115,10 @@ def earlier_run(output_dir: str | Path) -> list[str]:
     if not output_dir.is_dir():
         return []
     found = [name for name in RUN_FILES if (output_dir / name).exists()]
-    return found + [path.name for _, path in checkpoint_dirs(output_dir)]
+    found += [path.name for _, path in checkpoint_dirs(output_dir)]
+    # config.yaml alone: a run stopped before its first step, with nothing to keep or resume;
+    # refusing it would block both a rerun and --resume.
+    return [] if found == ["config.yaml"] else found
 
 
 def check_output_dir(output_dir: str | Path, resume: str | None, overwrite: bool) -> None:

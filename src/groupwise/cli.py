@@ -439,6 +439,11 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingStopped as err:
         print(f"groupwise: stopped: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a second Ctrl-C, or one during start-up: the shell's 130
+        if debug:
+            raise
+        print("groupwise: interrupted (nothing saved)", file=sys.stderr)
+        return 130
     return 0
 
 
