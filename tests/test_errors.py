@@ -338,10 +338,113 @@ def test_the_python_api_refuses_an_earlier_run_too(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
-def test_the_demo_replaces_its_own_folder_explicitly() -> None:
+def test_a_second_ctrl_c_exits_130_quietly(tmp_path: Path, monkeypatch, capsys) -> None:
+    from groupwise import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt  # what the handler raises on the second SIGINT
+
+    monkeypatch.setattr(cli, "run_train", interrupted)
+    code, err = _run(_train(tmp_path), capsys)
+    assert code == 130
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_run_stopped_before_its_first_step_does_not_block_a_rerun(
+    tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "run"
+    _write(out / "config.yaml", "max_steps: 1\n")  # all that a run stopped at start-up leaves
+    assert main(_train(tmp_path)) == 0
+    assert (out / "metrics.jsonl").is_file()
+    _write(tmp_path / "other" / "config.yaml", "max_steps: 1\n")
+    argv = ["train", *TINY, "--output_dir", str(tmp_path / "other"), "--resume"]
+    assert main(argv) == 0
+
+
+def test_no_shipped_config_overwrites_an_earlier_run() -> None:
+    import yaml
+
     from groupwise.cli import DEMO_CONFIG
 
-    assert DEMO_CONFIG["overwrite_output_dir"] is True
+    configs = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+    assert configs
+    for path in configs:
+        assert not yaml.safe_load(path.read_text()).get("overwrite_output_dir"), path
+    assert not DEMO_CONFIG.get("overwrite_output_dir")
+
+
+def test_the_demo_keeps_an_earlier_demo_and_says_where_it_writes(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from groupwise import cli
+
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "runs" / "demo" / "metrics.jsonl", '{"step": 30}\n')
+    seen: list[str] = []
+
+    def fake_trainer(*args, **kwargs):  # the folder is chosen before any model loads
+        seen.append(kwargs["args"].output_dir)
+        raise cli.ConfigError("stop here")
+
+    monkeypatch.setattr("groupwise.trainer.GRPOTrainer", fake_trainer)
+    assert _run(["demo"], capsys)[0] == 2
+    assert seen == [str(Path("runs") / "demo-2")]
+    assert (tmp_path / "runs" / "demo" / "metrics.jsonl").read_text() == '{"step": 30}\n'
+
+
+def test_overwrite_removes_every_artefact_of_the_earlier_run_and_says_so(
+    tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "run"
+    assert main(_train(tmp_path, "--save_steps", "1")) == 0
+    for name in ("report.html", "eval.json", "events.jsonl", "completions.jsonl"):
+        _write(out / name, "from the earlier run")
+    _write(out / "metrics-20240101-000000.jsonl", '{"step": 1}\n')
+    _write(out / "notes.txt", "the user's own")
+    capsys.readouterr()
+    assert main(_train(tmp_path, "--overwrite_output_dir", "true", "--save_steps", "0")) == 0
+    printed = capsys.readouterr().out
+    for name in ("checkpoint-1", "report.html", "eval.json", "metrics-20240101-000000.jsonl"):
+        assert not (out / name).exists(), name
+        assert name in printed, printed
+    assert "removed" in printed
+    assert (out / "notes.txt").read_text() == "the user's own"  # not groupwise's to delete
+    events = out / "events.jsonl"
+    assert not events.exists() or "from the earlier run" not in events.read_text()
+
+
+def test_runs_without_output_dir_get_a_new_folder_each(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from groupwise.config import GRPOConfig
+
+    assert GRPOConfig().output_dir is None
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", *TINY]
+    assert main(argv) == 0
+    assert main(argv) == 0  # a second README example in a row is not refused
+    folders = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert len(folders) == 2, folders
+    for name in folders:
+        assert name.startswith("tiny-random-arithmetic-20"), name
+        assert (tmp_path / "runs" / name / "config.yaml").is_file()
+
+
+def test_python_errors_name_python_options(tmp_path: Path, capsys) -> None:
+    from conftest import TargetToken, tiny_config
+    from groupwise import GRPOTrainer
+    from groupwise.errors import OutputDirError
+
+    _write(tmp_path / "run" / "metrics.jsonl", '{"step": 1}\n')
+    rows = [{"prompt": "a"}, {"prompt": "b"}]
+    trainer = GRPOTrainer("tiny-random", TargetToken(), rows, args=tiny_config(tmp_path))
+    with pytest.raises(OutputDirError) as raised:
+        trainer.train()
+    assert "overwrite_output_dir=True" in str(raised.value)
+    assert "--" not in str(raised.value)
+    code, err = _run(["train", *TINY, "--output_dir", str(tmp_path / "run")], capsys)
+    assert code == 2 and "--overwrite_output_dir true" in err and "--resume" in err
 
 
 # --- damaged checkpoints and model files ------------------------------------------------------
@@ -545,6 +648,35 @@ def test_a_model_typo_suggests_the_built_in_name_without_asking_the_hub(monkeypa
             models.load_model_and_tokenizer(typo)
     with pytest.raises(ModelLoadError, match="nor an existing folder"):
         models.load_model_and_tokenizer("./runs/not-there")
+
+
+def test_a_mistyped_local_path_without_dot_slash_fails_before_any_hub(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    import huggingface_hub
+
+    from groupwise import models
+    from groupwise.errors import ModelLoadError
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError(f"the hub was asked for {args}")
+
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", no_hub)
+    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", no_hub)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_hub)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()  # "runs/nothing" is a path under it, not a hub id
+    with pytest.raises(ModelLoadError, match="'runs/nothing'"):
+        models.load_model_and_tokenizer("runs/nothing")
+    code, err = _run(["train", *TINY, "--model", "runs/nothing"], capsys)
+    assert code == 2 and "runs/nothing" in err and "Traceback" not in err
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # offline: no hub id can load
+        monkeypatch.setenv(variable, "true")
+        with pytest.raises(ModelLoadError, match="'someorg/somemodel'"):
+            models.load_model_and_tokenizer("someorg/somemodel")
+        monkeypatch.delenv(variable)
 
 
 @pytest.mark.parametrize("suffix", ["jsonl", "csv"])

@@ -3,6 +3,7 @@ saving writes the adapter (and optionally the merged model), and resume is exact
 
 import copy
 
+import pytest
 import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
@@ -106,3 +107,41 @@ def test_lora_learns(tmp_path):
     # Measured: 0.03 -> 0.97 (lr 1e-2, seed 0); the same run without updates stays ~0.03.
     assert rewards[0] < 0.2, rewards
     assert sum(rewards[-4:]) / 4 > 0.8, rewards
+
+
+def test_lora_on_a_builtin_base_saves_an_adapter_groupwise_can_load(tmp_path, monkeypatch):
+    import json
+
+    import huggingface_hub
+
+    from groupwise.cli import main
+
+    trainer = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path, max_steps=1))
+    trainer.train()
+    run = tmp_path / "run"
+    for folder in (run, run / "checkpoint-1") if (run / "checkpoint-1").exists() else (run,):
+        config = json.loads((folder / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == "tiny-random", folder
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError(f"the hub was asked for {args} {kwargs}")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_hub)
+    monkeypatch.setattr("transformers.utils.hub.hf_hub_download", no_hub, raising=False)
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    with torch.no_grad():
+        expected = trainer.model(input_ids=ids).logits
+        loaded, _ = load_model_and_tokenizer(str(run), None, seed=0)
+        torch.testing.assert_close(loaded(input_ids=ids).logits, expected, rtol=1e-4, atol=1e-4)
+    argv = ["eval", "--model", str(run), "--num_eval_prompts", "2", "--max_completion_length",
+            "4", "--output_dir", str(tmp_path / "eval")]  # fmt: skip
+    assert main(argv) == 0
+    assert (tmp_path / "eval" / "eval.json").is_file()
+
+
+def test_an_adapter_without_a_base_is_a_clear_error(tmp_path):
+    from groupwise.errors import ModelLoadError
+
+    (tmp_path / "adapter_config.json").write_text('{"base_model_name_or_path": null}')
+    with pytest.raises(ModelLoadError, match="names no base model"):
+        load_model_and_tokenizer(str(tmp_path))

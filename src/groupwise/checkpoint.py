@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError
-from .errors import OutputDirError, UserError
+from .errors import OutputDirError, UserError, option
 from .files import fsync_dir
 
 PREFIX = "checkpoint-"
@@ -115,7 +115,10 @@ def earlier_run(output_dir: str | Path) -> list[str]:
     if not output_dir.is_dir():
         return []
     found = [name for name in RUN_FILES if (output_dir / name).exists()]
-    return found + [path.name for _, path in checkpoint_dirs(output_dir)]
+    found += [path.name for _, path in checkpoint_dirs(output_dir)]
+    # config.yaml alone: a run stopped before its first step, with nothing to keep or resume;
+    # refusing it would block both a rerun and --resume.
+    return [] if found == ["config.yaml"] else found
 
 
 def check_output_dir(output_dir: str | Path, resume: str | None, overwrite: bool) -> None:
@@ -136,11 +139,73 @@ def check_output_dir(output_dir: str | Path, resume: str | None, overwrite: bool
         )
     found = earlier_run(path)
     if found and not resume and not overwrite:
+        resume_option = option("--resume", 'resume_from_checkpoint="auto"')
+        overwrite_option = option("--overwrite_output_dir true", "overwrite_output_dir=True")
         raise OutputDirError(
             f"output_dir={str(output_dir)!r} holds an earlier run ({', '.join(found[:6])}); "
-            "continue it with --resume, start over in it with --overwrite_output_dir (its "
-            "model, metrics and checkpoints are replaced), or choose another output_dir"
+            f"continue it with {resume_option}, start over in it with {overwrite_option} (its "
+            "model, metrics, reports and checkpoints are removed), or choose another "
+            "output_dir (without one, each run gets a new folder)"
         )
+
+
+# Everything a run (and `groupwise eval` / `report` on it) writes into its output_dir, besides
+# checkpoint-<step> folders: what overwrite_output_dir removes. Files a run did not write stay.
+RUN_ARTEFACTS = (
+    *RUN_FILES,
+    "rewards.json",
+    "events.jsonl",
+    "report.html",
+    "eval.json",
+    "wandb_run_id.txt",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors.index.json",
+    "adapter_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tensorboard",
+    "wandb",
+    "merged",
+)
+# Name patterns of the same: rotated metrics, sharded weights, interrupted saves.
+RUN_ARTEFACT_PATTERNS = (
+    "metrics-*.jsonl",
+    "model-*-of-*.safetensors",
+    "pytorch_model-*-of-*.bin",
+    f".tmp-{PREFIX}*",
+    ".save-*",
+)
+
+
+def clear_earlier_run(output_dir: str | Path) -> list[str]:
+    """Remove every artefact of an earlier run from ``output_dir`` (its checkpoints, model,
+    metrics, logs, reports, evaluation results) so that nothing left there describes another
+    model; return the names removed, sorted. PEFT's model card (README.md) goes with the
+    adapter it describes; files groupwise does not write are kept."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    targets = {folder / name for name in RUN_ARTEFACTS if (folder / name).exists()}
+    for pattern in RUN_ARTEFACT_PATTERNS:
+        targets.update(folder.glob(pattern))
+    targets.update(path for _, path in checkpoint_dirs(folder))
+    if (folder / "adapter_config.json").exists() and (folder / "README.md").is_file():
+        targets.add(folder / "README.md")
+    for path in targets:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    fsync_dir(folder)
+    return sorted(path.name for path in targets)
 
 
 def checkpoint_dirs(output_dir: str | Path) -> list[tuple[int, Path]]:

@@ -11,7 +11,14 @@ from typing import Any
 
 from .build import GUESS_TASK, REWARD_COLUMNS, build_reward_func, default_reward_names
 from .checkpoint import CheckpointError, TrainingInterrupted, TrainingStopped, check_output_dir
-from .config import ConfigError, GRPOConfig, option_help, parse_cli_overrides
+from .config import (
+    ConfigError,
+    GRPOConfig,
+    default_output_dir,
+    option_help,
+    parse_cli_overrides,
+    unused_dir,
+)
 from .data import (
     TASKS,
     arithmetic_dataset,
@@ -19,7 +26,7 @@ from .data import (
     filter_long_prompts,
     load_dataset_rows,
 )
-from .errors import DataError, OutputDirError, UserError
+from .errors import DataError, OutputDirError, UserError, cli_style
 from .rewards.combine import RewardFunctionError
 
 # Errors in what the user gave: printed as one paragraph, without a traceback (a bug keeps its
@@ -71,10 +78,11 @@ DEMO_CONFIG: dict[str, Any] = {
     "learning_rate": 1e-5,
     "beta": 0.0,
     "max_steps": 30,
-    "output_dir": "runs/demo",
-    "overwrite_output_dir": True,  # the demo replaces its own earlier run (README)
     "seed": 0,
 }
+# Where the demo writes when --output_dir is not given: this folder, or the first of
+# runs/demo-2, runs/demo-3, ... that does not exist, so a rerun never deletes an earlier one.
+DEMO_OUTPUT_DIR = "runs/demo"
 
 
 def _file_rows(path: str, args: GRPOConfig, option: str = "task") -> list[dict]:
@@ -243,7 +251,9 @@ def run_train(args: GRPOConfig) -> dict[str, float]:
         from .trainer import GRPOTrainer
 
     # Everything checkable without the model is checked first (a model can take minutes).
-    check_output_dir(args.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir)
+    # Without an output_dir the trainer names a new folder (the same on every rank).
+    if args.output_dir is not None:
+        check_output_dir(args.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir)
     train, evals = build_datasets(args)
     trainer = GRPOTrainer(
         args.model, default_reward_names(args), train, args=args, eval_dataset=evals
@@ -261,6 +271,14 @@ def run_demo(args: GRPOConfig) -> tuple[float, float]:
     from .trainer import GRPOTrainer
 
     start = time.perf_counter()
+    if args.output_dir is None:
+        args.output_dir = unused_dir(DEMO_OUTPUT_DIR)
+        if args.output_dir != DEMO_OUTPUT_DIR:
+            print(
+                f"[groupwise] {DEMO_OUTPUT_DIR} holds an earlier demo (kept); this one writes to "
+                f"{args.output_dir}"
+            )
+    check_output_dir(args.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir)
     train, evals = build_datasets(args)
     if not evals:
         raise ConfigError("the demo needs num_eval_prompts >= 1")
@@ -269,6 +287,8 @@ def run_demo(args: GRPOConfig) -> tuple[float, float]:
     trainer = GRPOTrainer(
         args.model, default_reward_names(args), train, args=args, eval_dataset=evals
     )
+    if args.overwrite_output_dir and not args.resume_from_checkpoint:
+        trainer._clear_earlier_run()  # before the first evaluation is logged there
     acc, fmt = "eval/rewards/accuracy_reward/mean", "eval/rewards/format_reward/mean"
 
     def report(when: str, result: dict[str, float]) -> None:
@@ -309,6 +329,8 @@ def run_eval(args: GRPOConfig) -> dict:
     from .precision import resolve_precision
     from .rollout import HFEngine, SamplingParams
 
+    if args.output_dir is None and not args.eval_output:
+        args.output_dir = default_output_dir(args.model, args.task)
     output = Path(args.eval_output or Path(args.output_dir) / "eval.json")
     if output.is_dir():
         raise ConfigError(
@@ -400,16 +422,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     debug = "--debug" in rest or os.environ.get("GROUPWISE_DEBUG", "") not in ("", "0")
     rest = [a for a in rest if a != "--debug"]
+    if command not in ("train", "eval", "demo"):
+        print(f"groupwise: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
     try:
-        if command == "train":
-            run_train(_config_from_argv(rest))
-        elif command == "eval":
-            run_eval(_config_from_argv(rest))
-        elif command == "demo":
-            run_demo(_config_from_argv(rest, base=DEMO_CONFIG))
-        else:
-            print(f"groupwise: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
-            return 2
+        with cli_style():  # errors name options as flags: --name value
+            _run_command(command, rest)
     except USER_ERRORS as err:
         if debug:
             raise
@@ -421,4 +439,18 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingStopped as err:
         print(f"groupwise: stopped: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a second Ctrl-C, or one during start-up: the shell's 130
+        if debug:
+            raise
+        print("groupwise: interrupted (nothing saved)", file=sys.stderr)
+        return 130
     return 0
+
+
+def _run_command(command: str, rest: list[str]) -> None:
+    if command == "train":
+        run_train(_config_from_argv(rest))
+    elif command == "eval":
+        run_eval(_config_from_argv(rest))
+    else:
+        run_demo(_config_from_argv(rest, base=DEMO_CONFIG))

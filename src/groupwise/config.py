@@ -12,6 +12,7 @@ import inspect
 import math
 import os
 import re
+import time
 import types
 import typing
 import warnings
@@ -311,7 +312,8 @@ class GRPOConfig:
     save_merged_model: bool = False  # also write the merged model to OUTPUT_DIR/merged
 
     # --- logging and saving ---------------------------------------------------------------
-    output_dir: str = "runs/grpo"  # model, config, metrics and checkpoints go here
+    # model, config, metrics and checkpoints go here (None: a new runs/<model>-<task>-<time>)
+    output_dir: str | None = None
     logging_steps: int = 1  # print and log metrics every N steps
     save_steps: int = 0  # 0: save only at the end
     save_strategy: str = "steps"  # steps (every save_steps) | epoch | no (no checkpoints)
@@ -485,7 +487,7 @@ class GRPOConfig:
             raise ConfigError(
                 f"max_grad_norm must be > 0 (inf: no clipping), got {self.max_grad_norm}"
             )
-        if not str(self.output_dir).strip():
+        if self.output_dir is not None and not str(self.output_dir).strip():
             raise ConfigError(
                 "output_dir is empty; name the folder the run writes its model, config, "
                 "metrics and checkpoints to, e.g. --output_dir runs/my-run"
@@ -865,6 +867,32 @@ class GRPOConfig:
     def to_yaml(self, path: str | Path) -> None:
         with open(path, "w", encoding="utf-8") as handle:
             yaml.safe_dump(self.to_dict(), handle, sort_keys=False)
+
+
+def default_output_dir(model: str, task: str, now: float | None = None) -> str:
+    """A folder name no earlier run has, ``runs/<model>-<task>-<YYYYmmdd-HHMMSS>`` (``-2``,
+    ``-3``, ... within one second), so that two runs without an ``output_dir`` never collide
+    (HF names its runs the same way)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
+    parts = [_name_part(model), _name_part(task), stamp]
+    return unused_dir(Path("runs") / "-".join(part for part in parts if part))
+
+
+def _name_part(value: str) -> str:
+    """The last path component of a model or task, reduced to characters safe in a folder name."""
+    name = Path(str(value).rstrip("/\\")).name
+    name = re.sub(r"\.(jsonl|json|csv|parquet)$", "", name)
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
+
+
+def unused_dir(path: str | Path) -> str:
+    """``path``, or ``path-2``, ``path-3``, ... : the first that does not exist yet."""
+    path = Path(path)
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return str(candidate)
 
 
 def world_size_from_env() -> int:

@@ -9,6 +9,30 @@ type before still does.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+# True while the command line runs: errors then name options as flags (--name value), which is
+# what the user typed; from Python they name keyword arguments (name=value).
+_CLI_STYLE: contextvars.ContextVar[bool] = contextvars.ContextVar("cli_style", default=False)
+
+
+@contextlib.contextmanager
+def cli_style() -> Iterator[None]:
+    """Within the block, :func:`option` spells options as command-line flags."""
+    token = _CLI_STYLE.set(True)
+    try:
+        yield
+    finally:
+        _CLI_STYLE.reset(token)
+
+
+def option(cli: str, python: str) -> str:
+    """How an error tells the user to set an option: ``cli`` (e.g. ``--resume``) under the
+    command line, ``python`` (e.g. ``resume_from_checkpoint="auto"``) from Python."""
+    return cli if _CLI_STYLE.get() else python
+
 
 class UserError(Exception):
     """An error the user can fix; the message says what and where."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -32,6 +33,7 @@ from transformers import (
 )
 
 from .errors import ModelLoadError
+from .files import atomic_write_text
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-random")
@@ -154,8 +156,21 @@ def tiny_random_model(
 
 
 def _looks_like_path(name: str) -> bool:
-    """A local path rather than a hub id ("org/name"): absolute, relative, or several parts."""
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+    """A local path rather than a hub id ("org/name"): absolute, relative, several parts, or
+    one whose first part is a local folder (``runs/x`` where ``runs`` exists: a hub lookup
+    would only spend a minute on retries before failing)."""
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:
+        return True
+    first = name.split("/", 1)[0]
+    return "/" in name and os.path.isdir(first)
+
+
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE set (any of the values huggingface_hub accepts)."""
+    return any(
+        os.environ.get(var, "").upper() in ("1", "ON", "YES", "TRUE")
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def check_model_name(name: str) -> None:
@@ -170,12 +185,66 @@ def check_model_name(name: str) -> None:
             f"model {name!r} is not a built-in model or a folder; did you mean {close[0]!r}? "
             f"(built-in models: {', '.join(BUILTIN_MODELS)})"
         )
-    if _looks_like_path(name) or os.environ.get("HF_HUB_OFFLINE") == "1":
+    if _looks_like_path(name) or _hub_offline():
         raise ModelLoadError(
             f"model {name!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor an "
             "existing folder; give the path of a saved model (e.g. a run's output_dir) or a "
             "built-in name"
         )
+
+
+def adapter_base_name(model: str) -> str:
+    """What a LoRA adapter trained on ``model`` records as its base: a built-in name as is
+    (groupwise resolves it), an existing local path made absolute (so the record still resolves
+    from another folder), a hub id as is."""
+    if model not in BUILTIN_MODELS and os.path.exists(model):
+        return os.path.abspath(model)
+    return model
+
+
+def record_adapter_base(folder: Path, base: str) -> None:
+    """Rewrite the ``adapter_config.json`` just saved in ``folder`` (if any) to name ``base``:
+    PEFT records ``None`` for a built-in model built in memory and a cache path for a
+    converted one, and nothing could load the adapter. Done after saving, not on the PEFT
+    config, so that PEFT does not look a built-in name up on the hub at every save."""
+    path = folder / "adapter_config.json"
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = base
+    atomic_write_text(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def is_adapter_folder(path: str | Path) -> bool:
+    """A saved LoRA adapter (adapter_config.json) rather than a full model (config.json)."""
+    path = Path(path)
+    return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
+
+
+def _load_adapter(
+    folder: Path, tokenizer: PreTrainedTokenizerBase | None, **load: Any
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A saved adapter merged into the base model its adapter_config.json names (which may be a
+    built-in name: ``from_pretrained`` alone cannot resolve that)."""
+    try:
+        base_name = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))[
+            "base_model_name_or_path"
+        ]
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelLoadError(f"{folder / 'adapter_config.json'} cannot be read: {err}") from err
+    if not base_name:
+        raise ModelLoadError(
+            f"{folder / 'adapter_config.json'} names no base model (base_model_name_or_path is "
+            f"empty); set it to the model the adapter was trained on (e.g. "
+            f"{', '.join(BUILTIN_MODELS)}, a path or a hub id)"
+        )
+    from peft import PeftModel
+
+    base, base_tokenizer = load_model_and_tokenizer(base_name, tokenizer, **load)
+    if tokenizer is None and (folder / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = PeftModel.from_pretrained(base, folder).merge_and_unload()
+    return model, tokenizer or base_tokenizer
 
 
 def load_model_and_tokenizer(
@@ -212,6 +281,15 @@ def load_model_and_tokenizer(
         path = smollm2_path()
         model = AutoModelForCausalLM.from_pretrained(path, **placement)
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+    elif is_adapter_folder(name_or_path):
+        model, tokenizer = _load_adapter(
+            Path(name_or_path),
+            tokenizer,
+            seed=seed,
+            dtype=dtype,
+            device=device,
+            attn_implementation=attn_implementation,
+        )
     else:
         check_model_name(name_or_path)
         try:

@@ -18,7 +18,6 @@ import io
 import json
 import math
 import os
-import shutil
 import signal
 import threading
 import time
@@ -50,7 +49,7 @@ from .build import (
     sampling_params,
 )
 from .checkpoint import TrainingInterrupted, TrainingStopped
-from .config import ConfigError, GRPOConfig
+from .config import ConfigError, GRPOConfig, default_output_dir
 from .core import group_reward_std, informative_groups, zero_std_groups_fraction
 from .curriculum import Curriculum, NoCurriculum, Plan
 from .distributed import (
@@ -62,8 +61,10 @@ from .distributed import (
     init_distributed,
     reduce_metrics,
 )
+from .errors import option
 from .files import atomic_write_text, staged_files
 from .loggers import RunLoggers
+from .models import adapter_base_name, record_adapter_base
 from .monitor import TrainingMonitor
 from .policy import CheckpointMismatch, Policy, UpdateStats, optimizer_steps
 from .rewards import RewardFunc
@@ -71,6 +72,15 @@ from .rollout import Rollout
 from .rollout.multiturn import conversation_logs
 from .sampler import PromptBatches
 from .trl_compat import IgnoredOptionsWarning
+
+
+def _model_name(model: Any, args: GRPOConfig) -> str:
+    """The model's name for a default output folder: the name or path given, else the loaded
+    model's own ``name_or_path``."""
+    if isinstance(model, str):
+        return model
+    name = getattr(getattr(model, "config", None), "name_or_path", None)
+    return str(name) if name else str(args.model)
 
 
 def _first_line(err: BaseException) -> str:
@@ -242,6 +252,10 @@ class Trainer:
             args = with_peft_config(args, peft_config)
         seed_everything(args.seed)
         self.dist: DistributedContext = init_distributed(args.device)
+        if args.output_dir is None:  # a new folder per run; every rank writes to rank 0's
+            args.output_dir = all_gather_objects(
+                default_output_dir(_model_name(model, args), args.task), self.dist
+            )[0]
         self._check_dataset(train_dataset, "train_dataset")
         # max_steps=-1 (num_train_epochs) and "epoch" strategies need the dataset's size.
         self.args = args = args.for_dataset(len(train_dataset), self.dist.world_size)
@@ -252,8 +266,13 @@ class Trainer:
         # fp32 weights with bf16 autocast on a bf16 GPU, fp32 on CPU (README "Precision").
         self.precision = resolve_run_precision(args, self.device)
         self.dtype = self.precision.weights
+        given = model
         model, self.tokenizer = build_model(
             model, processing_class, args, self.device, self.dtype, peft_config
+        )
+        # The base a saved LoRA adapter names (None: PEFT's own record, from a loaded model).
+        self._adapter_base = (
+            adapter_base_name(given) if args.use_peft and isinstance(given, str) else None
         )
         self.scorer = build_scorer(reward_funcs, args)
         self.eval_dataset = eval_dataset
@@ -730,7 +749,7 @@ class Trainer:
         weights = self.policy.full_state_dict()  # FSDP: a collective too
 
         def write(folder: Path) -> None:
-            self.policy.save_pretrained(folder, weights)
+            self._save_weights(folder, weights)
             self.tokenizer.save_pretrained(folder)
             torch.save(state, folder / ckpt.STATE_FILE)
 
@@ -814,6 +833,17 @@ class Trainer:
             previous[signum] = signal.signal(signum, handler)
         return previous
 
+    def _clear_earlier_run(self) -> None:
+        """overwrite_output_dir: remove all of the earlier run (not only its checkpoints, so no
+        report or evaluation of another model stays behind) and say what went."""
+        removed = ckpt.clear_earlier_run(self.output_dir)
+        if removed:
+            more = f" and {len(removed) - 12} more" if len(removed) > 12 else ""
+            tqdm.write(
+                f"[groupwise] overwrite_output_dir: removed the earlier run from "
+                f"{self.output_dir}: {', '.join(removed[:12])}{more}"
+            )
+
     def _resume_if_asked(self) -> None:
         value = self.args.resume_from_checkpoint
         if not value:
@@ -822,10 +852,11 @@ class Trainer:
         if path is None:
             found = self._earlier_run
             if found and not self.args.overwrite_output_dir:
+                overwrite = option("--overwrite_output_dir true", "overwrite_output_dir=True")
                 raise ckpt.OutputDirError(
                     f"resume_from_checkpoint=auto, but output_dir={str(self.output_dir)!r} "
                     f"holds a run without checkpoints ({', '.join(found)}) that starting over "
-                    "would replace; pass --overwrite_output_dir to replace it, or choose another "
+                    f"would replace; pass {overwrite} to replace it, or choose another "
                     "output_dir (save_steps makes checkpoints)"
                 )
             tqdm.write(f"[groupwise] no checkpoint in {self.output_dir}: starting from step 0")
@@ -846,9 +877,9 @@ class Trainer:
         barrier(self.dist)  # every rank looked before rank 0 writes anything
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._resume_if_asked()
-        if self.global_step == 0 and args.overwrite_output_dir and self.dist.is_main:
-            for _, stale in ckpt.checkpoint_dirs(self.output_dir):  # not this run's
-                shutil.rmtree(stale, ignore_errors=True)
+        fresh = self.global_step == 0 and not self._metrics_started  # nothing logged yet
+        if fresh and args.overwrite_output_dir and self.dist.is_main:
+            self._clear_earlier_run()
         if self.dist.is_main:
             args.to_yaml(self.output_dir / "config.yaml")
             # Reward names, weights and which one is correctness, for `groupwise report`.
@@ -972,9 +1003,16 @@ class Trainer:
         if not self.dist.is_main and self.policy.sharded:
             return target
         with staged_files(target) as tmp:
-            self.policy.save_pretrained(tmp, weights)
+            self._save_weights(tmp, weights)
             self.tokenizer.save_pretrained(tmp)
         return target
+
+    def _save_weights(self, folder: Path, weights: dict[str, torch.Tensor] | None) -> None:
+        """The model (or LoRA adapter) in Hugging Face format, an adapter naming a base that
+        groupwise can load (a built-in name, an absolute path or a hub id)."""
+        self.policy.save_pretrained(folder, weights)
+        if self._adapter_base is not None:
+            record_adapter_base(folder, self._adapter_base)
 
 
 def rollout_mismatch_logs(
