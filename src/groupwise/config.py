@@ -243,7 +243,7 @@ class GRPOConfig:
     # static engine: compile its decode step with torch.compile. None = auto: when the run has
     # at least static_compile_min_steps steps, so a short run never waits for the compiler.
     static_compile: bool | None = None
-    static_compile_min_steps: int = 200
+    static_compile_min_steps: int = 200  # static_compile auto: compile from this many steps on
     static_eos_check_every: int = 8  # static engine: tokens between "has every row ended?" reads
     # vLLM engine options (TRL's names and meanings; used with generation_engine: vllm only).
     vllm_mode: str = "colocate"  # colocate (vLLM in the training process) only; no server mode
