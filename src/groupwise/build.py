@@ -480,16 +480,18 @@ def build_static(
     generator: torch.Generator,
     precision: Precision,
 ) -> RolloutEngine:
-    """The static engine over the policy, compiled when asked or when the run is long enough
-    to repay the compile time (``static_compile_min_steps``)."""
+    """The static engine over the policy, compiled when asked, or on a GPU when the run is long
+    enough to repay the compile time (``static_compile_min_steps``). On a CPU the eager step
+    with oneDNN-packed weights is faster than the compiled one (benchmarks/roofline.py)."""
     from .rollout.static import StaticEngine, supports
 
     reason = supports(policy.model)
     if reason is not None:
         raise ConfigError(f"generation_engine=static: {reason}; use generation_engine: hf")
     compile_step = args.static_compile
-    if compile_step is None:
-        compile_step = args.max_steps >= args.static_compile_min_steps
+    if compile_step is None:  # measured on CPU: the compiled step is slower than the eager one
+        long_run = args.max_steps >= args.static_compile_min_steps
+        compile_step = policy.device.type == "cuda" and long_run
     return StaticEngine(
         policy.model,
         tokenizer,

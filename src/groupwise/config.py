@@ -240,8 +240,9 @@ class GRPOConfig:
     # CPU) | vllm (a colocated vLLM with its own weights, synced after every optimizer step; pip
     # install "groupwise[vllm]", a CUDA GPU). TRL's use_vllm=True is generation_engine: vllm.
     generation_engine: str = "hf"
-    # static engine: compile its decode step with torch.compile. None = auto: when the run has
-    # at least static_compile_min_steps steps, so a short run never waits for the compiler.
+    # static engine: compile its decode step with torch.compile. None = auto: on a GPU, when
+    # the run has at least static_compile_min_steps steps (a short run never waits for the
+    # compiler); never on a CPU, where the eager step with packed weights is faster.
     static_compile: bool | None = None
     static_compile_min_steps: int = 200  # static_compile auto: compile from this many steps on
     static_eos_check_every: int = 8  # static engine: tokens between "has every row ended?" reads
