@@ -351,16 +351,18 @@ def test_evaluate_greedy_is_deterministic(tmp_path):
     assert first["eval/rewards/accuracy_reward/mean"] == 0.0  # a random model never answers 7
 
 
-def test_new_run_keeps_earlier_metrics(tmp_path):
+def test_an_overwrite_leaves_no_metrics_of_the_earlier_run(tmp_path):
+    # An overwrite removes the earlier run's artefacts (all of them, and says so), so no file
+    # left in the folder describes a different model.
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"step": 99}\n')
+    (run / "metrics-20260101-000000.jsonl").write_text('{"step": 98}\n')
     args = _config(tmp_path, max_steps=1, overwrite_output_dir=True)  # else refused
     GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args).train()
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1]
-    (previous,) = run.glob("metrics-*.jsonl")
-    assert previous.read_text() == '{"step": 99}\n'
+    assert list(run.glob("metrics-*.jsonl")) == []
 
 
 def test_periodic_eval_logs_pass_at_k_per_difficulty(tmp_path):
