@@ -431,6 +431,15 @@ def test_runs_without_output_dir_get_a_new_folder_each(
         assert (tmp_path / "runs" / name / "config.yaml").is_file()
 
 
+def test_resume_without_output_dir_is_refused_not_a_fresh_start(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, err = _run(["train", *TINY, "--resume"], capsys)
+    assert code == 2 and "no output_dir is set" in err and "--output_dir RUN" in err
+    assert not (tmp_path / "runs").exists()  # nothing started
+
+
 def test_python_errors_name_python_options(tmp_path: Path, capsys) -> None:
     from conftest import TargetToken, tiny_config
     from groupwise import GRPOTrainer

@@ -252,6 +252,13 @@ class Trainer:
             args = with_peft_config(args, peft_config)
         seed_everything(args.seed)
         self.dist: DistributedContext = init_distributed(args.device)
+        if args.output_dir is None and args.resume_from_checkpoint == "auto":
+            raise ConfigError(
+                "resume_from_checkpoint='auto' (--resume) continues the run in output_dir, but "
+                "no output_dir is set (a new run would start from step 0 in a new folder): give "
+                "the run's folder (--output_dir RUN on the command line, output_dir=RUN in "
+                "Python)"
+            )
         if args.output_dir is None:  # a new folder per run; every rank writes to rank 0's
             args.output_dir = all_gather_objects(
                 default_output_dir(_model_name(model, args), args.task), self.dist
