@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import importlib
 import importlib.util
 import math
 from collections.abc import Callable, Sequence
@@ -41,6 +40,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .config import STATIC_MULTI_TURN, VLLM_MULTI_TURN, ConfigError, GRPOConfig
 from .curriculum import CURRICULA, Curriculum
 from .distributed import DistributedContext
+from .imports import import_callable, is_import_spec
 from .models import load_model_and_tokenizer
 from .policy import Policy, apply_lora
 from .precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
@@ -226,12 +226,14 @@ def build_reward_func(spec: str | RewardFunc, args: GRPOConfig | None = None) ->
             return RemoteReward(spec.split(":", 1)[1], timeout=args.remote_timeout)
         except (ValueError, OSError) as err:
             raise ConfigError(f"reward_funcs: {spec!r}: {err}") from err
+    if is_import_spec(spec):  # the user's own function: module:function or file.py:function
+        return import_callable(spec, "reward_funcs")
     names = [n for n in REWARD_NAMES if ":" not in n]
     close = difflib.get_close_matches(spec, names, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise ConfigError(
         f"reward_funcs: unknown reward function {spec!r}; {hint}built-in ones are: "
-        f"{', '.join(REWARD_NAMES)}"
+        f"{', '.join(REWARD_NAMES)}; or your own as module:function or path/to/file.py:function"
     )
 
 
@@ -403,22 +405,15 @@ def build_interaction(
 
 
 def resolve_environment(spec: str) -> Callable[[], Environment]:
-    """A built-in environment name, or ``module:factory`` (a callable returning an
-    environment)."""
+    """A built-in environment name, or ``module:factory`` / ``file.py:factory`` (a callable
+    returning an environment)."""
     if spec in ENVIRONMENTS:
         return ENVIRONMENTS[spec]
-    if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as err:
-            raise ConfigError(f"environment {spec!r}: cannot import it ({err})") from err
-        if not callable(factory):
-            raise ConfigError(f"environment {spec!r} is not callable")
-        return factory
+    if is_import_spec(spec):
+        return import_callable(spec, "environment")
     raise ConfigError(
         f"unknown environment {spec!r}; built-in: {', '.join(sorted(ENVIRONMENTS))}, "
-        "or module:factory"
+        "or module:factory or path/to/file.py:factory"
     )
 
 

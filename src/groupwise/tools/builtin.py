@@ -8,13 +8,13 @@ the code-reward sandbox (see :mod:`groupwise.rewards.code`), which enforces its 
 from __future__ import annotations
 
 import ast
-import importlib
 import math
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from ..imports import import_callable, is_import_spec
 from .schema import tool_name
 
 MAX_EXPRESSION_CHARS = 200
@@ -144,34 +144,21 @@ def _last_line(text: str) -> str:
 BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"calculator": calculator, "python": python}
 
 
-def _import_tool(spec: str) -> Callable[..., Any]:
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(
-            f"tools: cannot import module {module_name!r} of {spec!r}: {err}"
-        ) from err
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"tools: {spec!r}: module {module_name!r} has no function {attr!r}")
-    return fn
-
-
 def resolve_tools(specs: Sequence[str | Callable[..., Any]]) -> list[Callable[..., Any]]:
-    """Tools from built-in names, ``"module:function"`` paths or callables (kept as given)."""
+    """Tools from built-in names, ``"module:function"`` / ``"file.py:function"`` specs or
+    callables (kept as given)."""
     tools: list[Callable[..., Any]] = []
     for spec in specs:
         if callable(spec):
             tools.append(spec)
         elif isinstance(spec, str) and spec in BUILTIN_TOOLS:
             tools.append(BUILTIN_TOOLS[spec])
-        elif isinstance(spec, str) and spec.count(":") == 1 and all(spec.split(":")):
-            tools.append(_import_tool(spec))
+        elif isinstance(spec, str) and is_import_spec(spec):
+            tools.append(import_callable(spec, "tools"))
         else:
             raise ConfigError(
                 f"tools: unknown tool {spec!r}; built-in tools are {', '.join(BUILTIN_TOOLS)}, "
-                "or give a function as 'module:function'"
+                "or give a function as 'module:function' or 'path/to/file.py:function'"
             )
     for fn in tools:
         tool_name(fn)  # fail here, naming the spec list, rather than at the first rollout
