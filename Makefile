@@ -63,7 +63,7 @@ bench-roofline: setup
 bench-memory: setup
 	$(PY) benchmarks/memory.py
 
-# Issue 14's experiment: uniform GRPO, dynamic sampling, Prompt-GDRO, Rollout-GDRO and select
+# The curriculum experiment: uniform GRPO, dynamic sampling, Prompt-GDRO, Rollout-GDRO and select
 # on SmolLM2-135M at an equal token budget, 3 paired seeds (about 115 minutes on 2 cores;
 # interrupted runs continue where they stopped).
 bench-curriculum: setup

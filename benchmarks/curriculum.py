@@ -1,4 +1,4 @@
-"""The curriculum experiment of issue 14 section 5 on a real model (an experiment, not a test).
+"""The curriculum experiment on a real model (an experiment, not a test).
 
 SmolLM2-135M-Instruct, arithmetic with two operands and ``+-`` at three levels (1-, 2- and
 3-digit operands: difficulty 12, 22, 32), five arms at an **equal generated-token budget**:

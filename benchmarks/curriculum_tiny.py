@@ -1,5 +1,5 @@
 """Uniform GRPO vs Prompt-GDRO vs Rollout-GDRO at an equal rollout budget (an experiment, not a
-test; issue 5).
+test).
 
 Task: addition with a heavy-tailed difficulty mix (60% one-digit, 30% two-digit, 10% three-digit
 operands), plain prompts ``"12+7="`` answered by the number alone. Model: a small random Llama

@@ -1,4 +1,4 @@
-"""GRPO with a calculator tool vs without, at the same wall-clock budget (issue 15's
+"""GRPO with a calculator tool vs without, at the same wall-clock budget (a
 demonstration; an experiment, not a test).
 
 Task: two-digit x two-digit multiplication, which SmolLM2-135M-Instruct cannot do in its head.

@@ -1,4 +1,4 @@
-"""groupwise's GRPOTrainer against TRL's, side by side, on the same GRPO config (issue 8).
+"""groupwise's GRPOTrainer against TRL's, side by side, on the same GRPO config.
 
 Needs TRL, which this script does not install: ``pip install trl==1.16.0`` works here next to
 torch 2.13 / transformers 5.23 (it only adds datasets, pandas, pyarrow, dill, multiprocess; pin

@@ -63,8 +63,8 @@ class TargetToken:
         return [sum(t == self.target for t in ids) / len(ids) for ids in completion_ids]
 
 
-class StepBeforeIssue14(GRPOTrainer):
-    """GRPOTrainer.train_step as it was before issue 14 (commit 9879567), verbatim: the
+class StepBeforeCurriculumRework(GRPOTrainer):
+    """GRPOTrainer.train_step as it was before the curriculum rework (commit 9879567), verbatim: the
     reference that steps_per_generation and dynamic sampling, when off, must reproduce bitwise."""
 
     def train_step(self):

@@ -312,7 +312,7 @@ def test_prompt_signal_pg_loss_is_flat_on_policy_and_failure_rate_is_not():
 
 
 # ----------------------------------------------------------------------------------------------
-# Issue 14: the classifier, the unseen state, the rollout allocators, mu and the diagnostics
+# The classifier, the unseen state, the rollout allocators, mu and the diagnostics
 
 
 def _rows(per_prompt):
@@ -683,7 +683,7 @@ def test_config_options_for_issue_14():
 def test_a_checkpoint_with_another_number_of_groups_is_refused():
     from groupwise.curriculum import PromptGDROCurriculum
 
-    old = PromptGDROCurriculum(num_bins=4, unseen="hardest").state_dict()  # pre-issue-14 shape
+    old = PromptGDROCurriculum(num_bins=4, unseen="hardest").state_dict()  # the earlier state shape
     with pytest.raises(ValueError, match="4 groups, this run 5.*gdro_unseen: hardest"):
         PromptGDROCurriculum(num_bins=4).load_state_dict(old)
     PromptGDROCurriculum(num_bins=4, unseen="hardest").load_state_dict(old)

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import StepBeforeIssue14
+from conftest import StepBeforeCurriculumRework
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.build import Scores
 from groupwise.config import ConfigError
@@ -332,7 +332,7 @@ def _same_weights(a, b):
 
 
 def test_default_off_is_todays_step_bitwise(tmp_path):
-    today = StepBeforeIssue14("tiny-random", [correct, shaped], ROWS,
+    today = StepBeforeCurriculumRework("tiny-random", [correct, shaped], ROWS,
                        args=_args(tmp_path / "a", dynamic_sampling=False))  # fmt: skip
     now = GRPOTrainer("tiny-random", [correct, shaped], ROWS,
                       args=_args(tmp_path / "b", dynamic_sampling=False))  # fmt: skip

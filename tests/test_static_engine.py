@@ -12,7 +12,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from groupwise.logprobs import completion_logprobs
 from groupwise.rollout import SamplingParams, generate
-from groupwise.rollout.static import StaticEngine, merged_state_dict, packing_available, supports
+from groupwise.rollout.static import StaticEngine, packing_available, supports
+from groupwise.rollout.weights import checkpoint_weights
 
 COUNTS = [3, 1, 4]
 
@@ -188,7 +189,7 @@ def test_lora_is_merged_out_of_place_in_fp32(tiny_model, tokenizer):
     heads = engine.decoder.heads * engine.decoder.head_dim
     qkv = dict(engine.decoder.named_tensors())["layers.0.qkv"]
     torch.testing.assert_close(qkv[:heads], expected, atol=1e-6, rtol=0)
-    names = dict(merged_state_dict(model))
+    names = dict(checkpoint_weights(model))
     assert "model.layers.0.self_attn.q_proj.weight" in names
     assert not any("lora_" in n or "base_layer" in n for n in names)
     # Greedy decoding follows the merged model (peft's own forward).

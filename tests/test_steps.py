@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from conftest import StepBeforeIssue14
+from conftest import StepBeforeCurriculumRework
 from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
 from groupwise.batching import minibatch_prompts, select_prompts
 from groupwise.config import ConfigError
@@ -247,7 +247,9 @@ def test_verl_throughput_by_hand():
 )
 def test_default_reproduces_the_previous_step_bitwise(tmp_path, extra):
     new = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "a", **extra))
-    old = StepBeforeIssue14("tiny-random", _reward, ROWS, args=_args(tmp_path / "b", **extra))
+    old = StepBeforeCurriculumRework(
+        "tiny-random", _reward, ROWS, args=_args(tmp_path / "b", **extra)
+    )
     new_logs, old_logs = new.train(), old.train()
     assert [_without_timing(r) for r in new_logs] == [_without_timing(r) for r in old_logs]
     for (name, p), q in zip(new.model.named_parameters(), old.model.parameters(), strict=True):

@@ -1,4 +1,4 @@
-"""Tools for multi-turn rollouts (issue 15): schemas, the call format, containment, built-ins and
+"""Tools for multi-turn rollouts: schemas, the call format, containment, built-ins and
 environments. Expected values are worked out by hand."""
 
 from __future__ import annotations

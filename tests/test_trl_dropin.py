@@ -1,4 +1,4 @@
-"""TRL drop-in: a TRL GRPO script runs on groupwise with only its import changed (issue 16).
+"""TRL drop-in: a TRL GRPO script runs on groupwise with only its import changed.
 
 TRL's GRPOConfig / TrainingArguments names are translated or accepted-and-reported
 (groupwise.trl_compat); GRPOTrainer takes processing_class, peft_config, callbacks,

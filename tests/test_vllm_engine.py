@@ -125,7 +125,8 @@ def test_weights_are_pushed_layer_by_layer_under_checkpoint_names(fake, tokenize
 
 
 def test_checkpoint_names_strip_peft_and_skip_adapters():
-    name = vllm_engine.checkpoint_name
+    from groupwise.rollout.weights import checkpoint_name as name
+
     assert name("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight") == (
         "model.layers.0.self_attn.q_proj.weight"
     )

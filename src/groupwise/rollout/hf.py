@@ -218,16 +218,35 @@ def generate(
     finally:
         model.train(was_training)
 
+    return finish_rollout(
+        tokenizer, prompt_ids, prompt_mask, row_prompt, tokens, lengths, finished, token_logps
+    )
+
+
+def finish_rollout(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    row_prompt: torch.Tensor,
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    finished: torch.Tensor,
+    token_logps: torch.Tensor | None,
+) -> Rollout:
+    """The :class:`Rollout` of a decode loop's buffers: ``tokens`` [N, T] and ``token_logps``
+    cut to the longest completion, masked after each row's ``lengths`` (EOS included), and the
+    texts decoded from one host copy of the ids."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     width = max(int(lengths.max().item()), 1)
-    completion_ids = tokens[:, :width]
-    steps = torch.arange(width, device=device)[None, :]
+    steps = torch.arange(width, device=tokens.device)[None, :]
     completion_mask = (steps < lengths[:, None]).long()
-    completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
+    completion_ids = tokens[:, :width].masked_fill(completion_mask == 0, pad_id)
     sampling_logprobs = None
     if token_logps is not None:
         sampling_logprobs = token_logps[:, :width].masked_fill(completion_mask == 0, 0.0)
+    host_ids, host_lengths = completion_ids.cpu(), lengths.cpu()
     texts = tokenizer.batch_decode(
-        [row[: int(n)].tolist() for row, n in zip(completion_ids, lengths, strict=True)],
+        [row[: int(n)].tolist() for row, n in zip(host_ids, host_lengths, strict=True)],
         skip_special_tokens=True,
     )
     return Rollout(

@@ -41,7 +41,8 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
-from .hf import eos_token_ids, left_pad, sample_next_token, token_logprobs
+from .hf import eos_token_ids, finish_rollout, left_pad, sample_next_token, token_logprobs
+from .weights import checkpoint_weights
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -74,39 +75,6 @@ def supports(model: torch.nn.Module) -> str | None:
     return None
 
 
-def merged_state_dict(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """The plain Hugging Face names and tensors of ``model``'s weights, LoRA merged.
-
-    peft names (``base_model.model.x.base_layer.weight``) map back to ``x.weight``; a LoRA layer's
-    weight is ``W + scale * B @ A``, computed out of place in fp32 (peft's in-place merge and
-    unmerge on a bf16 base would round the frozen base a little differently every step).
-    """
-    inner = getattr(model, "module", model)
-    peft = hasattr(inner, "get_base_model")
-    root = inner.get_base_model() if peft else inner
-    for name, module in root.named_modules():
-        lora_a = getattr(module, "lora_A", None)
-        if peft and lora_a is not None and hasattr(module, "base_layer"):
-            base = module.base_layer
-            weight = base.weight.detach().float()
-            for adapter in module.active_adapters:
-                if adapter not in module.lora_A or getattr(module, "merged", False):
-                    continue
-                a = module.lora_A[adapter].weight.detach().float()
-                b = module.lora_B[adapter].weight.detach().float()
-                weight = weight + module.scaling[adapter] * (b @ a)
-            yield f"{name}.weight", weight
-            if getattr(base, "bias", None) is not None:
-                yield f"{name}.bias", base.bias.detach()
-            continue
-        if peft and (".lora_" in f".{name}" or name.endswith("base_layer")):
-            continue
-        for pname, param in module.named_parameters(recurse=False):
-            if "lora_" in pname:
-                continue
-            yield (f"{name}.{pname}" if name else pname), param.detach()
-
-
 @dataclass
 class _Layer:
     ln1: Tensor
@@ -134,7 +102,7 @@ class DecoderWeights:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
-        state = dict(merged_state_dict(model))
+        state = dict(checkpoint_weights(getattr(model, "module", model), engine="static"))
         self.embed = self._new(state["model.embed_tokens.weight"])
         head = state.get("lm_head.weight")
         self.lm_head = self.embed if head is None or self.tied else self._new(head)
@@ -187,7 +155,7 @@ class DecoderWeights:
     @torch.no_grad()
     def load(self, model: torch.nn.Module) -> None:
         """Copy ``model``'s current weights into this copy's storage (LoRA merged)."""
-        state = dict(merged_state_dict(model))
+        state = dict(checkpoint_weights(getattr(model, "module", model), engine="static"))
         self.embed.copy_(state["model.embed_tokens.weight"])
         if self.lm_head is not self.embed:
             _assign(self.lm_head, state.get("lm_head.weight", state["model.embed_tokens.weight"]))
@@ -551,31 +519,10 @@ class StaticEngine:
             logits = self._step(w, token, position, cache_k, cache_v, slot, valid)
             position, slot = position + 1, slot + 1
         finished[live] = done_live
-        steps = t + 1
 
-        keep = max(int(lengths.clamp(max=steps).max().item()), 1)
-        lengths = lengths.clamp(max=steps)
-        completion_ids = tokens[:, :keep]
-        completion_mask = (torch.arange(keep, device=device)[None] < lengths[:, None]).long()
-        completion_ids = completion_ids.masked_fill(completion_mask == 0, self.pad_id)
-        sampling_logprobs = None
-        if logps is not None:
-            sampling_logprobs = logps[:, :keep].masked_fill(completion_mask == 0, 0.0)
-        host_ids, host_lengths = completion_ids.cpu(), lengths.cpu()
-        texts = self.tokenizer.batch_decode(
-            [row[: int(n)].tolist() for row, n in zip(host_ids, host_lengths, strict=True)],
-            skip_special_tokens=True,
-        )
-        return Rollout(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            completion_ids=completion_ids,
-            completion_mask=completion_mask,
-            truncated=~finished,
-            group_ids=row_prompt,
-            texts=texts,
-            sampling_logprobs=sampling_logprobs,
+        return finish_rollout(
+            self.tokenizer, prompt_ids, prompt_mask, row_prompt, tokens, lengths, finished, logps
         )
 
 
-__all__ = ["StaticEngine", "merged_state_dict", "packing_available", "supports"]
+__all__ = ["StaticEngine", "packing_available", "supports"]
