@@ -63,13 +63,16 @@ bench-roofline: setup
 bench-memory: setup
 	$(PY) benchmarks/memory.py
 
-# The curriculum experiment: uniform GRPO, dynamic sampling, Prompt-GDRO, Rollout-GDRO and select
-# on SmolLM2-135M at an equal token budget, 3 paired seeds (about 115 minutes on 2 cores;
-# interrupted runs continue where they stopped).
+# The curriculum experiment: select against uniform GRPO on SmolLM2-135M, tokens to a target
+# accuracy, paired seeds (a pilot, then about 1 hour per seed pair on 2 cores; finished runs are
+# kept in benchmarks/results_curriculum/, so it continues where it stopped).
 bench-curriculum: setup
-	$(PY) benchmarks/curriculum.py
+	$(PY) benchmarks/curriculum.py pilot
+	$(PY) benchmarks/curriculum.py run --seeds 1-8
+	$(PY) benchmarks/curriculum.py report
 
-# The same arms on a small warm-started random Llama, 3 seeds (about 12 minutes on 2 cores).
+# Uniform, dynamic sampling, Prompt-GDRO, Rollout-GDRO and select on a small warm-started
+# random Llama, 3 seeds (about 12 minutes on 2 cores).
 bench-curriculum-tiny: setup
 	$(PY) benchmarks/curriculum_tiny.py
 

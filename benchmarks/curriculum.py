@@ -1,43 +1,54 @@
-"""The curriculum experiment on a real model (an experiment, not a test).
+"""Does the ``select`` curriculum reach a target accuracy with fewer generated tokens than
+uniform GRPO? (An experiment, not a test: hours of CPU, resumable, results committed beside it.)
 
-SmolLM2-135M-Instruct, arithmetic with two operands and ``+-`` at three levels (1-, 2- and
-3-digit operands: difficulty 12, 22, 32), five arms at an **equal generated-token budget**:
+Design (fixed before any experiment seed ran):
 
-- ``uniform``: GRPO, 4 prompts x 4 rollouts per generation batch;
-- ``dynamic_sampling``: DAPO dynamic sampling (drops groups whose correctness is uniform and
-  generates more, at most 4 batches per step; the dropped tokens count against its budget);
-- ``prompt_gdro_spg4``: Prompt-GDRO with ``steps_per_generation 4`` (the paper's verl setting);
-- ``rollout_gdro``: Rollout-GDRO, square-root allocation per prompt (2..8 rollouts, mean 4);
-- ``select``: predictive selection with adaptive group size (knapsack, 2..8, mean 4).
+- **Model and task.** SmolLM2-135M-Instruct after a shared warm start (20 steps of uniform GRPO
+  with format + accuracy rewards on a separate pool, seed 1000), then accuracy reward only.
+  Two-operand ``+``/``-`` at 1, 2 and 3 digits: the 1-digit level is solved and feeds
+  all-correct groups, 2-digit is the learnable level and the primary endpoint, 3-digit feeds
+  all-wrong groups. A pool of 64 training prompts per level (192), drawn per seed and identical
+  for both arms of that seed.
+- **Arms.** ``uniform`` (GRPO, 4 prompts x 4 rollouts per step) and ``select`` (the predictive
+  selector with its defaults: GRESO's keep rule, best-k on the posterior, over-sampling 4,
+  group sizes 2..8 with mean 4). Nothing of either arm is tuned on the experiment's seeds.
+- **Budget.** Equal generated completion tokens per arm: ``budget_steps`` (200) x the warm
+  start's tokens per step of 16 completions. Skipped candidates cost nothing (they are never
+  generated); dropped rollouts would count.
+- **Evaluation.** Greedy on a fixed 128-problem 2-digit set at every tenth of the budget; at
+  B/2 and B on 400 two-digit (the 128 are its first rows) + all 43 held-out one-digit + 100
+  three-digit.
+- **Primary endpoint.** Generated tokens until the 128-problem accuracy first reaches the
+  target (linear interpolation between evaluations), the target being the accuracy the uniform
+  pilot reached at 60% of the budget. Paired t-test on log(tokens select / tokens uniform) over
+  seeds. A run that never reaches it is censored at the budget (counted as the budget, which
+  favours the arm that missed; the report says how many). Secondary: 2-digit greedy accuracy at
+  B/2 (paired bootstrap over seeds x problems) and informative groups per rollout.
+- **Pilot and go/no-go** (``pilot``, seed 0, not an experiment seed): each of seed 0's 192 pool
+  prompts sampled 16 times at temperature 1 by the warm start gives the real pass-rate
+  distribution and from it the ceiling of any pre-rollout selector (the informative-group rate
+  of an oracle keeping the best quarter, against uniform's); one uniform run over the budget
+  gives the learning curve and the target. Proceed only if uniform's 2-digit accuracy rises by
+  >= 0.25 within the budget and the best-quarter ceiling is >= 2x.
 
-Stages (results go to ``--out``, one JSON line per finished run; a rerun skips what is done, so
-an interrupted experiment continues):
+Stages write to ``benchmarks/results_curriculum/`` (committed): ``warm.json``, ``pilot.json``,
+``runs.jsonl`` (one line per finished run; a rerun skips what is done, so the experiment can
+run in parts). Model weights go to ``--work`` (default ``runs/curriculum-work``) and are rebuilt
+from the seeds when absent.
 
-1. **Warm start**, shared by every run: ``--warm_steps`` of uniform GRPO (format + accuracy
-   rewards) from SmolLM2-135M-Instruct on a separate pool, so the model writes the answer
-   format and the three levels have a real easy / medium / hard spread (the raw model's sampled
-   pass rate is ~0.5% on this mix: nothing for a curriculum to act on). The token budget is
-   ``--budget_batches`` x the warm start's generated tokens per batch over its last 4 steps.
-2. **Runs**: per seed a training pool of ``--pool`` prompts per level (the same for every arm
-   of that seed, different across seeds, reused over epochs), GRPO seed = the seed. Reward:
-   ``accuracy`` only (so "informative" means the correctness varies). Each arm trains until its
-   cumulative generated completion tokens reach the budget; held-out greedy accuracy is taken
-   at half the budget and at the budget; pass@8 on the medium and hard levels at the budget.
-3. **Report**: per arm the mean over seeds; paired differences against uniform (per-seed t
-   interval, and a problem-level paired bootstrap pooled over seeds); the smallest effect the
-   design detects with 80% power; informative groups per rollout; whether each arm reached
-   uniform's final accuracy at half the tokens.
-
-    python benchmarks/curriculum.py [--seeds 3] [--out runs/curriculum-experiment]
-    python benchmarks/curriculum.py --report_only     # the tables from what has finished
+    python benchmarks/curriculum.py pilot              # about 1-2 hours
+    python benchmarks/curriculum.py run --seeds 1-8    # about 1 hour per seed pair
+    python benchmarks/curriculum.py report             # the tables from what has finished
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,18 +58,24 @@ from typing import Any
 import numpy as np
 
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.core import pass_at_k
 from groupwise.data import arithmetic_dataset
 from groupwise.evaluation import evaluate_model
 from groupwise.models import load_model_and_tokenizer
 from groupwise.rewards import accuracy_reward
 
-LEVELS = (1, 2, 3)  # operand digits; difficulty column = digits * 10 + 2 operands
-PASS_LEVELS = ("22", "32")  # pass@n on the medium (2-digit) and hard (3-digit) levels
+RESULTS = Path(__file__).resolve().parent / "results_curriculum"
+LEVELS = (1, 2, 3)  # operand digits; the difficulty column is digits * 10 + 2 operands
+POOL_PER_LEVEL = 64
+PILOT_SEED = 0  # the pilot's pool and run; experiment seeds start at 1
+WARM_SEED = 1000
+MARKS = tuple(round(0.1 * k, 1) for k in range(1, 11))  # evaluations at tenths of the budget
+BIG_MARKS = (0.5, 1.0)  # the 543-problem evaluation
+TARGET_MARK = 0.6  # the target is the uniform pilot's 2-digit accuracy here
+SAMPLES_PER_PROMPT = 16  # the pilot's pass-rate measurement
 
 BASE_OPTIONS: dict[str, Any] = dict(
     num_generations=4,
-    per_device_train_batch_size=16,  # 4 prompts x 4 rollouts per batch
+    per_device_train_batch_size=16,  # 4 prompts x 4 rollouts per step
     max_completion_length=48,
     temperature=1.0,
     learning_rate=1e-5,
@@ -67,61 +84,44 @@ BASE_OPTIONS: dict[str, Any] = dict(
     rollout_max=8,
     disable_tqdm=True,
     save_strategy="no",
-    max_steps=400,
+    max_steps=10_000,  # the token budget stops a run, never this
 )
 
 ARMS: dict[str, dict[str, Any]] = {
     "uniform": {},
-    # At most 4 generation batches per optimizer step: one step can overshoot the token budget
-    # by no more than that.
-    "dynamic_sampling": {"dynamic_sampling": True, "max_num_gen_batches": 4},
-    # 4 optimizer steps of 4 completions per generation batch of 16: Prompt-GDRO's pg_loss
-    # signal is live (it is exactly 0 with one step per generation).
-    "prompt_gdro_spg4": {
-        "curriculum": "prompt_gdro",
-        "per_device_train_batch_size": 4,
-        "steps_per_generation": 4,
-    },
-    "rollout_gdro": {"curriculum": "rollout_gdro"},
     "select": {"curriculum": "select"},
 }
 
-# Two-sided 95% and one-sided 80% quantiles of Student's t, df = 1..10 (power of paired seeds).
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228]
-T80 = [1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879]
+# Two-sided 95% quantiles of Student's t, df = 1..15.
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+        2.201, 2.179, 2.160, 2.145, 2.131]  # fmt: skip
 
 
-def level_rows(count: int, split: str, seed: int) -> list[dict]:
+# --------------------------------------------------------------------------------------------
+# Data
+
+
+def pool_rows(seed: int) -> list[dict]:
     rows = []
     for digits in LEVELS:
-        rows += arithmetic_dataset(count, split=split, seed=seed, digits=digits, ops="+-")
+        rows += arithmetic_dataset(POOL_PER_LEVEL, "train", seed=seed, digits=digits, ops="+-")
     return rows
 
 
-class TokenBudget:
-    """Stops training once the run's generated completion tokens reach ``budget``; greedy
-    held-out accuracy at each fraction of the budget in ``marks`` (per problem, for paired
-    statistics), and the seconds spent in training steps (evaluations excluded)."""
+def eval_rows() -> list[dict]:
+    """400 two-digit problems (the first 128 are the frequent evaluation), then the 43 one-digit
+    ones (every held-out 1-digit +/- problem there is) and 100 three-digit; fixed for the whole
+    experiment."""
+    two = arithmetic_dataset(400, "eval", seed=7, digits=2, ops="+-")
+    one = arithmetic_dataset(43, "eval", seed=7, digits=1, ops="+-")
+    three = arithmetic_dataset(100, "eval", seed=7, digits=3, ops="+-")
+    return two + one + three
 
-    def __init__(self, budget: int, marks: tuple[float, ...], eval_rows: list[dict]) -> None:
-        self.budget, self.marks, self.eval_rows = budget, list(marks), eval_rows
-        self.trainer: GRPOTrainer | None = None
-        self.checkpoints: list[dict] = []
-        self.step_seconds = 0.0  # training steps only, evaluations excluded
-        self.last: dict[str, float] = {}
 
-    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
-        if not logs or "compute/generated_tokens_total" not in logs:
-            return
-        self.last = dict(logs)
-        self.step_seconds += logs.get("time/step", 0.0)
-        tokens = logs["compute/generated_tokens_total"]
-        while self.marks and tokens >= self.marks[0] * self.budget:
-            greedy = greedy_correct(self.trainer.engine, self.trainer.tokenizer, self.eval_rows)
-            self.trainer.model.train()
-            self.checkpoints.append({"mark": self.marks.pop(0), "tokens": tokens, "greedy": greedy})
-        if not self.marks:
-            control.should_training_stop = True
+FREQUENT = slice(0, 128)
+TWO_DIGIT = slice(0, 400)
+ONE_DIGIT = slice(400, 443)
+THREE_DIGIT = slice(443, 543)
 
 
 def greedy_correct(model, tokenizer, rows: list[dict]) -> list[bool]:
@@ -133,82 +133,158 @@ def greedy_correct(model, tokenizer, rows: list[dict]) -> list[bool]:
     return [bool(r.greedy_correct) for r in result.per_prompt]
 
 
-def sampled_counts(model, tokenizer, rows: list[dict], n: int, seed: int) -> list[int]:
-    """Per problem: how many of ``n`` samples at temperature 1 are correct."""
-    result = evaluate_model(
-        model, tokenizer, rows, [accuracy_reward], n=n, ks=[1, n], greedy=False,
-        temperature=1.0, max_completion_length=BASE_OPTIONS["max_completion_length"],
-        seed=seed, batch_size=8,
-    )  # fmt: skip
-    return [r.c for r in result.per_prompt]
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
 
 
-def warm_start(out: Path, steps: int) -> dict:
-    """Uniform GRPO (format + accuracy) from SmolLM2-135M-Instruct; saved to ``out/warm``."""
-    meta_path = out / "warm" / "warm.json"
-    if meta_path.exists():
-        return json.loads(meta_path.read_text())
-    pool = level_rows(24, "train", seed=1000)
-    args = GRPOConfig(
-        **{
-            **BASE_OPTIONS,
-            "max_steps": steps,
-            "seed": 1000,
-            "output_dir": str(out / "warm"),
-            "overwrite_output_dir": True,
+# --------------------------------------------------------------------------------------------
+# Stages
+
+
+def weights_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for f in sorted(folder.glob("*.safetensors")):
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def warm_start(work: Path, steps: int = 20) -> tuple[Path, dict]:
+    """Uniform GRPO (format + accuracy) from SmolLM2-135M-Instruct on its own pool. The
+    weights live in ``work``; the figures (and a digest of the weights, so a rebuilt warm start
+    that differs is noticed) in ``results_curriculum/warm.json``."""
+    folder = work / "warm"
+    meta_path = RESULTS / "warm.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
+    if not (folder / "config.json").exists():
+        print(f"building the warm start in {folder} ({steps} steps)", flush=True)
+        pool = []
+        for digits in LEVELS:
+            pool += arithmetic_dataset(24, "train", seed=WARM_SEED, digits=digits, ops="+-")
+        args = GRPOConfig(
+            **{**BASE_OPTIONS, "max_steps": steps, "seed": WARM_SEED,
+               "output_dir": str(folder), "overwrite_output_dir": True}
+        )  # fmt: skip
+        start = time.perf_counter()
+        trainer = GRPOTrainer("smollm2-135m-instruct", ["format", "accuracy"], pool, args=args)
+        trainer.train()
+        logs = [x for x in trainer.state.log_history if "compute/generated_tokens" in x]
+        built = {
+            "steps": steps,
+            "tokens_per_step": statistics.mean(x["compute/generated_tokens"] for x in logs[-4:]),
+            "seconds": round(time.perf_counter() - start, 1),
+            "digest": weights_digest(folder),
         }
-    )
-    start = time.perf_counter()
-    trainer = GRPOTrainer("smollm2-135m-instruct", ["format", "accuracy"], pool, args=args)
-    logs = [x for x in trainer.train() if "compute/generated_tokens" in x]
-    per_batch = statistics.mean(x["compute/generated_tokens"] for x in logs[-4:])
-    meta = {
-        "steps": steps,
-        "tokens_per_batch": per_batch,
-        "seconds": time.perf_counter() - start,
-        "accuracy_last4": statistics.mean(
-            x.get("rewards/accuracy_reward/mean", math.nan) for x in logs[-4:]
-        ),
-    }
-    meta_path.write_text(json.dumps(meta))
-    return meta
+        if meta is None:
+            meta = built
+            write_json(meta_path, meta)
+        elif meta["digest"] != built["digest"]:
+            print(
+                f"warning: the rebuilt warm start differs from the recorded one (digest "
+                f"{built['digest']} vs {meta['digest']}); the recorded budget is kept",
+                flush=True,
+            )
+    elif meta is None:
+        raise SystemExit(f"{folder} exists but {meta_path} does not: remove {folder} to rebuild")
+    return folder, meta
 
 
-def warm_eval(out: Path, eval_rows: list[dict], pass_rows: list[dict], n_pass: int) -> dict:
-    """The warm start's held-out greedy accuracy per level and pass@n (cached)."""
-    path = out / "warm" / "warm_eval.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    model, tokenizer = load_model_and_tokenizer(str(out / "warm"))
-    greedy = greedy_correct(model, tokenizer, eval_rows)
-    counts = sampled_counts(model, tokenizer, pass_rows, n_pass, seed=0)
+def pass_rates(warm: Path) -> list[int]:
+    """Correct samples out of SAMPLES_PER_PROMPT per pilot-pool prompt, at temperature 1."""
+    model, tokenizer = load_model_and_tokenizer(str(warm))
+    result = evaluate_model(
+        model, tokenizer, pool_rows(PILOT_SEED), [accuracy_reward], n=SAMPLES_PER_PROMPT,
+        ks=[1], greedy=False, temperature=1.0,
+        max_completion_length=BASE_OPTIONS["max_completion_length"], seed=PILOT_SEED,
+        batch_size=8,
+    )  # fmt: skip
+    return [int(r.c) for r in result.per_prompt]
 
-    def level_mean(values: list, rows: list[dict], level: str) -> float:
-        return statistics.mean(v for v, row in zip(values, rows, strict=True)
-                               if str(row["difficulty"]) == level)  # fmt: skip
 
-    result = {
-        "greedy": {f"{d}2": level_mean(greedy, eval_rows, f"{d}2") for d in LEVELS},
-        f"pass@{n_pass}": {
-            level: level_mean([pass_at_k(n_pass, c, n_pass) for c in counts], pass_rows, level)
-            for level in PASS_LEVELS
+def informative_estimate(c: np.ndarray, n: int, g: int = 4) -> np.ndarray:
+    """Unbiased per-prompt estimate of P(a group of g is not all alike) = 1 - p^g - (1-p)^g
+    from c correct of n samples: C(c, g) / C(n, g) is the U-statistic for p^g."""
+    all_right = np.array([math.comb(int(k), g) for k in c]) / math.comb(n, g)
+    all_wrong = np.array([math.comb(int(n - k), g) for k in c]) / math.comb(n, g)
+    return 1.0 - all_right - all_wrong
+
+
+def selection_ceiling(counts: list[int], n: int = SAMPLES_PER_PROMPT, keep: float = 0.25) -> dict:
+    """Informative groups per rollout of an oracle that keeps the best ``keep`` share of the
+    pool, against uniform's (the analytic ceiling of pre-rollout selection). The oracle's
+    ranking and its rate come from disjoint halves of the samples (cross-fitted, both ways),
+    so ranking noise does not inflate the ceiling; the plug-in figure is printed beside it."""
+    c = np.asarray(counts)
+    uniform = float(informative_estimate(c, n).mean())
+    rng = np.random.default_rng(0)
+    half = n // 2
+    # Split each prompt's c successes of n into two halves of n/2 (hypergeometric).
+    first = rng.hypergeometric(c, n - c, half)
+    second = c - first
+    best = max(1, int(round(keep * len(c))))
+    crossed = []
+    for rank, rate in ((first, second), (second, first)):
+        order = np.argsort(-informative_estimate(rank, half), kind="stable")[:best]
+        crossed.append(float(informative_estimate(rate[order], half).mean()))
+    plug_in = np.sort(informative_estimate(c, n))[::-1][:best].mean()
+    p = c / n
+    return {
+        "uniform_informative": uniform,
+        "best_quarter_ratio": float(np.mean(crossed)) / uniform if uniform > 0 else math.nan,
+        "best_quarter_ratio_plug_in": float(plug_in) / uniform if uniform > 0 else math.nan,
+        "share_all_wrong": float((c == 0).mean()),
+        "share_all_right": float((c == n).mean()),
+        "mean_pass_rate_by_level": {
+            f"{d}-digit": float(p[i * POOL_PER_LEVEL : (i + 1) * POOL_PER_LEVEL].mean())
+            for i, d in enumerate(LEVELS)
         },
     }
-    path.write_text(json.dumps(result))
-    return result
 
 
-def run_arm(
-    arm: str, seed: int, warm: Path, budget: int, pool_size: int, eval_rows, pass_rows, n_pass: int
-) -> dict:
-    pool = level_rows(pool_size, "train", seed=seed)
-    budget_cb = TokenBudget(budget, (0.5, 1.0), eval_rows)
+class TokenBudget:
+    """Stops training once the run's generated completion tokens reach ``budget``; evaluates
+    greedily at each fraction of the budget in MARKS (the 543-problem set at BIG_MARKS, the
+    frequent 128 otherwise)."""
+
+    def __init__(self, budget: int, rows: list[dict]) -> None:
+        self.budget, self.rows = budget, rows
+        self.marks = list(MARKS)
+        self.trainer: GRPOTrainer | None = None
+        self.points: list[dict] = []
+        self.step_seconds = 0.0
+        self.last: dict[str, float] = {}
+
+    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+        if not logs or "compute/generated_tokens_total" not in logs:
+            return
+        self.last = dict(logs)
+        self.step_seconds += logs.get("time/step", 0.0)
+        tokens = logs["compute/generated_tokens_total"]
+        while self.marks and tokens >= self.marks[0] * self.budget:
+            mark = self.marks.pop(0)
+            rows = self.rows if mark in BIG_MARKS else self.rows[FREQUENT]
+            greedy = greedy_correct(self.trainer.engine, self.trainer.tokenizer, rows)
+            self.trainer.model.train()
+            self.points.append({"mark": mark, "tokens": tokens, "step": state.global_step,
+                                "greedy": [int(x) for x in greedy]})  # fmt: skip
+            print(f"  {mark:.1f} B: step {state.global_step}, 2-digit "
+                  f"{np.mean(greedy[FREQUENT]):.3f}", flush=True)  # fmt: skip
+        if not self.marks:
+            control.should_training_stop = True
+
+
+def run_arm(arm: str, seed: int, warm: Path, budget: int, rows: list[dict]) -> dict:
+    budget_cb = TokenBudget(budget, rows)
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(**{**BASE_OPTIONS, **ARMS[arm], "seed": seed, "output_dir": tmp})
-        trainer = GRPOTrainer(str(warm), ["accuracy"], pool, args=args, callbacks=[budget_cb])
+        trainer = GRPOTrainer(
+            str(warm), ["accuracy"], pool_rows(seed), args=args, callbacks=[budget_cb]
+        )
         budget_cb.trainer = trainer
         trainer.train()
-        counts = sampled_counts(trainer.engine, trainer.tokenizer, pass_rows, n_pass, seed)
     last = budget_cb.last
     return {
         "arm": arm,
@@ -218,239 +294,237 @@ def run_arm(
         "rollouts": last["compute/rollouts_total"],
         "optimizer_steps": last["compute/optimizer_steps_total"],
         "informative_per_rollout": last["compute/informative_groups_per_rollout_total"],
-        "step_seconds": budget_cb.step_seconds,
-        "checkpoints": budget_cb.checkpoints,
-        "pass_counts": counts,
-        "pass_levels": [str(r["difficulty"]) for r in pass_rows],
-        "n_pass": n_pass,
+        "step_seconds": round(budget_cb.step_seconds, 1),
+        "wall_seconds": round(time.perf_counter() - start, 1),
+        "points": budget_cb.points,
     }
+
+
+def read_runs() -> list[dict]:
+    path = RESULTS / "runs.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def append_run(result: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with (RESULTS / "runs.jsonl").open("a") as f:
+        f.write(json.dumps(result) + "\n")
 
 
 # --------------------------------------------------------------------------------------------
-# Report
+# Endpoints
 
 
-def t_interval(diffs: list[float]) -> tuple[float, float, float]:
-    """Mean of paired per-seed differences and its 95% t half-width (nan for one seed)."""
-    mean = statistics.mean(diffs)
-    if len(diffs) < 2:
-        return mean, math.nan, math.nan
-    sd = statistics.stdev(diffs)
-    return mean, T975[len(diffs) - 2] * sd / math.sqrt(len(diffs)), sd
+def curve(run: dict, start: float) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, frequent-set 2-digit accuracy), from the warm start's accuracy ``start``."""
+    tokens = [0.0] + [p["tokens"] for p in run["points"]]
+    acc = [start] + [float(np.mean(p["greedy"][FREQUENT])) for p in run["points"]]
+    return np.array(tokens, float), np.array(acc)
 
 
-def bootstrap_ci(diffs: np.ndarray, seed: int = 0, n_boot: int = 4000) -> tuple[float, float]:
+def tokens_to(run: dict, target: float, start: float) -> tuple[float, bool]:
+    """Generated tokens at which the accuracy first reaches ``target`` (linear interpolation
+    between evaluations; ``start``: the accuracy at 0 tokens); (budget, False) when it never
+    does."""
+    tokens, acc = curve(run, start)
+    for k in range(1, len(acc)):
+        if acc[k] >= target:
+            if acc[k - 1] >= target:
+                return float(tokens[k - 1]), True
+            frac = (target - acc[k - 1]) / (acc[k] - acc[k - 1])
+            return float(tokens[k - 1] + frac * (tokens[k] - tokens[k - 1])), True
+    return float(run["budget"]), False
+
+
+def accuracy_at(run: dict, mark: float, part: slice = TWO_DIGIT) -> np.ndarray:
+    point = next(p for p in run["points"] if p["mark"] == mark)
+    return np.array(point["greedy"][part], float)
+
+
+def t_test(values: list[float]) -> dict:
+    """Mean, 95% t interval and two-sided p of paired values (normal tail beyond the table)."""
+    n = len(values)
+    mean = statistics.mean(values)
+    if n < 2:
+        return {"n": n, "mean": mean}
+    sd = statistics.stdev(values)
+    se = sd / math.sqrt(n)
+    half = T975[min(n - 2, len(T975) - 1)] * se
+    return {"n": n, "mean": mean, "sd": sd, "low": mean - half, "high": mean + half}
+
+
+def power(effect: float, sd: float, n: int) -> float:
+    """Power of a two-sided 5% paired test of ``effect`` with spread ``sd`` over ``n`` pairs
+    (t critical value, normal approximation of the noncentral t)."""
+    if n < 2 or sd <= 0:
+        return math.nan
+    crit = T975[min(n - 2, len(T975) - 1)]
+    return NormalDist().cdf(abs(effect) / (sd / math.sqrt(n)) - crit)
+
+
+def bootstrap(diffs: list[np.ndarray], seed: int = 0, n_boot: int = 4000) -> tuple[float, float]:
+    """95% interval of the mean difference, resampling seeds and problems within a seed."""
     rng = np.random.default_rng(seed)
-    means = diffs[rng.integers(0, len(diffs), (n_boot, len(diffs)))].mean(axis=1)
+    means = []
+    for _ in range(n_boot):
+        picked = rng.integers(0, len(diffs), len(diffs))
+        means.append(np.mean([diffs[i][rng.integers(0, len(diffs[i]), len(diffs[i]))].mean()
+                              for i in picked]))  # fmt: skip
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-def level_mask(rows: list[dict], level: str | None) -> np.ndarray:
-    return np.array([level is None or str(r["difficulty"]) == level for r in rows])
+# --------------------------------------------------------------------------------------------
+# Commands
 
 
-def report(results: list[dict], eval_rows: list[dict], warm_meta: dict) -> None:
-    by = {(r["arm"], r["seed"]): r for r in results}
-    arms = [a for a in ARMS if any(arm == a for arm, _ in by)]
-    # Only seeds every arm has finished: the comparisons are paired.
-    seeds = sorted({s for _, s in by if all((a, s) in by for a in arms)})
-    if not seeds or "uniform" not in arms:
-        print("no finished uniform run yet")
-        return
-    n_pass = results[0]["n_pass"]
-
-    def greedy(r: dict, mark: float, level: str | None = None) -> float:
-        point = next(c for c in r["checkpoints"] if c["mark"] == mark)
-        return float(np.array(point["greedy"])[level_mask(eval_rows, level)].mean())
-
-    def pass_rate(r: dict, k: int, level: str) -> np.ndarray:
-        """Per problem of ``level``: the unbiased pass@k from n_pass samples."""
-        return np.array(
-            [
-                pass_at_k(n_pass, c, k)
-                for c, lv in zip(r["pass_counts"], r["pass_levels"], strict=True)
-                if lv == level
-            ]
-        )
-
-    budget = results[0]["budget"]
-    print(
-        f"\nbudget {budget} generated completion tokens per run ({warm_meta['steps']}-step warm "
-        f"start: {warm_meta['tokens_per_batch']:.0f} tokens per batch of 16); seeds {seeds}; "
-        f"held-out {len(eval_rows)} problems ({len(eval_rows) // 3} per level), pass@{n_pass} "
-        f"from {n_pass} samples on the 2- and 3-digit ones"
-    )
-    header = [
-        "greedy@B/2",
-        "greedy@B",
-        "1-digit",
-        "2-digit",
-        "3-digit",
-        f"2-dig p@{n_pass}",
-        f"3-dig p@{n_pass}",
-        "tokens",
-        "train s",
-        "opt steps",
-        "rollouts",
-        "inform/rollout",
-    ]
-    print(f"{'arm':18s}" + "".join(f" {h:>14s}" for h in header))
-    for arm in arms:
-        runs = [by[(arm, s)] for s in seeds]
-        cols = [
-            [greedy(r, 0.5) for r in runs],
-            [greedy(r, 1.0) for r in runs],
-            *[[greedy(r, 1.0, f"{d}2") for r in runs] for d in LEVELS],
-            *[[pass_rate(r, n_pass, level).mean() for r in runs] for level in PASS_LEVELS],
-            [r["tokens"] for r in runs],
-            [r["step_seconds"] for r in runs],
-            [r["optimizer_steps"] for r in runs],
-            [r["rollouts"] for r in runs],
-            [r["informative_per_rollout"] for r in runs],
-        ]
-        cells = []
-        for values in cols:
-            spread = statistics.stdev(values) if len(values) > 1 else 0.0
-            cells.append(
-                f"{statistics.mean(values):.3f}+-{spread:.3f}"
-                if max(values) < 10
-                else f"{statistics.mean(values):.0f}"
-            )
-        print(f"{arm:18s}" + "".join(f" {c:>14s}" for c in cells))
-
-    def paired(arm: str, metric: str) -> list[np.ndarray]:
-        """Per seed, the per-problem differences arm - uniform at the budget."""
-        diffs = []
-        for s in seeds:
-            a, u = by[(arm, s)], by[("uniform", s)]
-            if metric == "greedy":
-                final = [next(c for c in r["checkpoints"] if c["mark"] == 1.0) for r in (a, u)]
-                diffs.append(np.array(final[0]["greedy"], float) - np.array(final[1]["greedy"]))
-            else:
-                diffs.append(pass_rate(a, n_pass, metric) - pass_rate(u, n_pass, metric))
-        return diffs
-
-    metrics = {"greedy": "greedy (all levels)"}
-    metrics.update({level: f"{level[0]}-digit pass@{n_pass}" for level in PASS_LEVELS})
-    uniform_mean = {
-        "greedy": statistics.mean(greedy(by[("uniform", s)], 1.0) for s in seeds),
-        **{
-            level: statistics.mean(
-                pass_rate(by[("uniform", s)], n_pass, level).mean() for s in seeds
-            )
-            for level in PASS_LEVELS
-        },
-    }
-    print(
-        "\npaired differences against uniform at the budget (arm - uniform): mean, 95% t "
-        "interval over seeds, 95% paired bootstrap interval over seeds x problems"
-    )
-    for metric, label in metrics.items():
-        for arm in arms[1:]:
-            diffs = paired(arm, metric)
-            per_seed = [float(d.mean()) for d in diffs]
-            mean, half, _ = t_interval(per_seed)
-            low, high = bootstrap_ci(np.concatenate(diffs))
-            print(
-                f"  {label:20s} {arm:18s} {mean:+.3f} (t: +-{half:.3f}; bootstrap "
-                f"[{low:+.3f}, {high:+.3f}]) per seed {[round(x, 3) for x in per_seed]}"
-            )
-
-    # Power: the smallest paired difference detectable with 80% power at a two-sided 5% level,
-    # from the pooled per-problem differences (normal; it treats problems x seeds as
-    # independent, so it is optimistic) and from the spread of the per-seed means (t), and the
-    # power of the pooled test for the issue's target, +10% relative to uniform.
-    z975, z80 = NormalDist().inv_cdf(0.975), NormalDist().inv_cdf(0.8)
-    print("\npower (80%, two-sided 5%): minimum detectable difference (MDE) against uniform")
-    for metric, label in metrics.items():
-        target = 0.1 * uniform_mean[metric]
-        for arm in arms[1:]:
-            diffs = paired(arm, metric)
-            pooled = np.concatenate(diffs)
-            se = float(pooled.std(ddof=1) / math.sqrt(len(pooled)))
-            line = f"  {label:20s} {arm:18s} pooled MDE {(z975 + z80) * se:.3f}; "
-            if target > 0 and se > 0:
-                power = NormalDist().cdf(target / se - z975)
-                line += f"power for +10% relative (+{target:.3f}): {power:.0%}"
-            else:  # uniform at 0 (or no spread): a relative target is undefined
-                line += f"uniform's mean is {uniform_mean[metric]:.3f}: no relative target"
-            if len(seeds) > 1:
-                sd = statistics.stdev(float(d.mean()) for d in diffs)
-                df = len(seeds) - 2
-                line += f"; per-seed t MDE {(T975[df] + T80[df]) * sd / math.sqrt(len(seeds)):.3f}"
-            print(line)
-
-    print(
-        "\nreached uniform's final greedy accuracy (same seed) with half the tokens (B/2) / "
-        "with the budget (B), seeds out of " + str(len(seeds))
-    )
-    for arm in arms:
-        half = sum(greedy(by[(arm, s)], 0.5) >= greedy(by[("uniform", s)], 1.0) for s in seeds)
-        full = sum(greedy(by[(arm, s)], 1.0) >= greedy(by[("uniform", s)], 1.0) for s in seeds)
-        print(f"  {arm:18s} B/2: {half}  B: {full}")
+def command_pilot(work: Path) -> None:
+    warm, meta = warm_start(work)
+    rows = eval_rows()
+    if "eval" not in meta:
+        model, tokenizer = load_model_and_tokenizer(str(warm))
+        greedy = greedy_correct(model, tokenizer, rows)
+        meta["eval"] = {
+            "frequent": float(np.mean(greedy[FREQUENT])),
+            "1-digit": float(np.mean(greedy[ONE_DIGIT])),
+            "2-digit": float(np.mean(greedy[TWO_DIGIT])),
+            "3-digit": float(np.mean(greedy[THREE_DIGIT])),
+        }
+        write_json(RESULTS / "warm.json", meta)
+    print(json.dumps({"warm_start": meta}), flush=True)
+    budget = int(round(200 * meta["tokens_per_step"]))
+    pilot_path = RESULTS / "pilot.json"
+    pilot = json.loads(pilot_path.read_text()) if pilot_path.exists() else {}
+    if "pass_counts" not in pilot:
+        start = time.perf_counter()
+        pilot["pass_counts"] = pass_rates(warm)
+        pilot["pass_seconds"] = round(time.perf_counter() - start, 1)
+        pilot["ceiling"] = selection_ceiling(pilot["pass_counts"])
+        write_json(pilot_path, pilot)
+    print(json.dumps({"ceiling": pilot["ceiling"]}), flush=True)
+    if "uniform" not in pilot:
+        print(f"uniform pilot run: budget {budget} generated tokens", flush=True)
+        pilot["uniform"] = run_arm("uniform", PILOT_SEED, warm, budget, rows)
+        write_json(pilot_path, pilot)
+    run = pilot["uniform"]
+    tokens, acc = curve(run, meta["eval"]["frequent"])
+    at_target = next(p for p in run["points"] if p["mark"] == TARGET_MARK)
+    pilot["target"] = float(np.mean(at_target["greedy"][FREQUENT]))
+    rise = float(accuracy_at(run, 1.0).mean()) - meta["eval"]["2-digit"]
+    ceiling = pilot["ceiling"]["best_quarter_ratio"]
+    pilot["go"] = {"two_digit_rise": rise, "best_quarter_ratio": ceiling,
+                   "proceed": bool(rise >= 0.25 and ceiling >= 2.0)}  # fmt: skip
+    write_json(pilot_path, pilot)
+    print("uniform pilot, 128-problem 2-digit accuracy by tokens: "
+          + ", ".join(f"{t:.0f}: {a:.3f}" for t, a in zip(tokens, acc, strict=True)))  # fmt: skip
+    print(json.dumps({"target": pilot["target"], "go": pilot["go"]}), flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--out", default="runs/curriculum-experiment")
-    parser.add_argument("--warm_steps", type=int, default=20)
-    parser.add_argument(
-        "--budget_batches",
-        type=int,
-        default=16,
-        help="token budget = this many warm-start generation batches",
-    )
-    parser.add_argument("--pool", type=int, default=6, help="training prompts per level")
-    parser.add_argument("--eval", type=int, default=40, help="held-out problems per level")
-    parser.add_argument("--n_pass", type=int, default=8, help="samples per medium and hard problem")
-    parser.add_argument("--report_only", action="store_true")
-    opts = parser.parse_args()
-    out = Path(opts.out)
-    out.mkdir(parents=True, exist_ok=True)
-    eval_rows = level_rows(opts.eval, "eval", seed=0)
-    pass_rows = [r for r in eval_rows if str(r["difficulty"]) in PASS_LEVELS]
-    results_path = out / "results.jsonl"
-    results = (
-        [json.loads(x) for x in results_path.read_text().splitlines() if x.strip()]
-        if results_path.exists()
-        else []
-    )
-    warm_meta_path = out / "warm" / "warm.json"
-    if opts.report_only:
-        start = warm_eval(out, eval_rows, pass_rows, opts.n_pass)
-        print(f"warm start (every run's initialisation), held-out: {json.dumps(start)}")
-        report(results, eval_rows, json.loads(warm_meta_path.read_text()))
-        return
-    warm = warm_start(out, opts.warm_steps)
-    print(json.dumps({"warm_start": warm}), flush=True)
-    start = warm_eval(out, eval_rows, pass_rows, opts.n_pass)
-    print(json.dumps({"warm_start_eval": start}), flush=True)
-    budget = int(round(opts.budget_batches * warm["tokens_per_batch"]))
-    done = {(r["arm"], r["seed"]) for r in results}
-    for seed in range(opts.seeds):  # seeds outermost: every finished seed is a complete pair
-        for arm in opts.arms.split(","):
+def parse_seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        seeds += list(range(int(low), int(high or low) + 1))
+    if PILOT_SEED in seeds:
+        raise SystemExit(f"seed {PILOT_SEED} is the pilot's; experiment seeds start at 1")
+    return seeds
+
+
+def command_run(work: Path, seeds: list[int], arms: list[str], force: bool) -> None:
+    pilot_path = RESULTS / "pilot.json"
+    pilot = json.loads(pilot_path.read_text()) if pilot_path.exists() else {}
+    if "go" not in pilot:
+        raise SystemExit("run the pilot first: python benchmarks/curriculum.py pilot")
+    if not pilot["go"]["proceed"] and not force:
+        raise SystemExit(f"the pilot said no-go ({pilot['go']}); change the regime, or --force")
+    warm, meta = warm_start(work)
+    budget = int(round(200 * meta["tokens_per_step"]))
+    rows = eval_rows()
+    done = {(r["arm"], r["seed"]) for r in read_runs()}
+    for seed in seeds:  # seeds outermost: every finished seed is a complete pair
+        for arm in arms:
             if (arm, seed) in done:
                 continue
-            result = run_arm(
-                arm, seed, out / "warm", budget, opts.pool, eval_rows, pass_rows, opts.n_pass
-            )
-            with results_path.open("a") as f:
-                f.write(json.dumps(result) + "\n")
-            results.append(result)
-            print(
-                json.dumps(
-                    {
-                        k: v
-                        for k, v in result.items()
-                        if k not in ("checkpoints", "pass_counts", "pass_levels")
-                    }
-                ),
-                flush=True,
-            )
-    report(results, eval_rows, warm)
+            print(f"{arm} seed {seed}: budget {budget} generated tokens", flush=True)
+            result = run_arm(arm, seed, warm, budget, rows)
+            append_run(result)
+            print(json.dumps({k: v for k, v in result.items() if k != "points"}), flush=True)
+
+
+def command_report() -> None:
+    meta = json.loads((RESULTS / "warm.json").read_text())
+    pilot = json.loads((RESULTS / "pilot.json").read_text())
+    print(f"warm start: {json.dumps(meta.get('eval'))}")
+    print(f"pool pass rates (16 samples, seed {PILOT_SEED}): {json.dumps(pilot['ceiling'])}")
+    if "go" not in pilot:
+        print("the uniform pilot has not finished")
+        return
+    target = pilot["target"]
+    print(f"target: 2-digit accuracy {target:.3f} (uniform pilot at {TARGET_MARK:.0%} of the "
+          f"budget); go/no-go {json.dumps(pilot['go'])}")  # fmt: skip
+    by = {(r["arm"], r["seed"]): r for r in read_runs()}
+    seeds = sorted({s for _, s in by if all((a, s) in by for a in ARMS)})
+    if not seeds:
+        print("no finished seed pair yet")
+        return
+    print(f"\nseeds {seeds}")
+    print(f"{'seed':>4} {'arm':8} {'tokens to target':>17} {'2-digit B/2':>11} {'2-digit B':>9} "
+          f"{'1-dig B':>7} {'3-dig B':>7} {'inform/rollout':>14} {'steps':>5}")  # fmt: skip
+    log_ratios, gains, inform_ratios, censored = [], [], [], {a: 0 for a in ARMS}
+    for s in seeds:
+        reached = {}
+        for arm in ARMS:
+            r = by[(arm, s)]
+            reached[arm], hit = tokens_to(r, target, meta["eval"]["frequent"])
+            censored[arm] += not hit
+            print(f"{s:>4} {arm:8} {reached[arm]:>16.0f}{'' if hit else '+'} "
+                  f"{accuracy_at(r, 0.5).mean():>11.3f} {accuracy_at(r, 1.0).mean():>9.3f} "
+                  f"{accuracy_at(r, 1.0, ONE_DIGIT).mean():>7.3f} "
+                  f"{accuracy_at(r, 1.0, THREE_DIGIT).mean():>7.3f} "
+                  f"{r['informative_per_rollout']:>14.3f} {r['optimizer_steps']:>5}")  # fmt: skip
+        log_ratios.append(math.log(reached["select"] / reached["uniform"]))
+        gains.append(accuracy_at(by[("select", s)], 0.5) - accuracy_at(by[("uniform", s)], 0.5))
+        inform_ratios.append(
+            by[("select", s)]["informative_per_rollout"]
+            / by[("uniform", s)]["informative_per_rollout"]
+        )
+    test = t_test(log_ratios)
+    print(f"\nprimary: tokens to target, select / uniform: {math.exp(test['mean']):.3f}x"
+          + (f" (95% interval {math.exp(test['low']):.3f}-{math.exp(test['high']):.3f}, "
+             f"log-ratio spread {test['sd']:.3f})" if "sd" in test else "")
+          + f"; runs that never reached it (counted at the budget): {censored}")  # fmt: skip
+    if "sd" in test:
+        for speedup in (1.35, 1 / 0.6):
+            print(f"  power of {len(seeds)} seeds for a {speedup:.2f}x speed-up at the observed "
+                  f"spread: {power(math.log(speedup), test['sd'], len(seeds)):.0%}")  # fmt: skip
+    low, high = bootstrap(gains)
+    print(
+        f"secondary: 2-digit accuracy at B/2, select - uniform: "
+        f"{np.mean([g.mean() for g in gains]):+.3f} (paired bootstrap {low:+.3f}, {high:+.3f})"
+    )
+    ratio = t_test(inform_ratios)
+    print(
+        f"informative groups per rollout, select / uniform: {ratio['mean']:.3f}x"
+        + (f" (95% interval {ratio['low']:.3f}-{ratio['high']:.3f})" if "sd" in ratio else "")
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("stage", choices=["pilot", "run", "report"])
+    parser.add_argument("--seeds", default="1-8", help="experiment seeds, e.g. 1-8 or 1,3")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--work", default="runs/curriculum-work", help="model weights")
+    parser.add_argument("--force", action="store_true", help="run despite a no-go pilot")
+    opts = parser.parse_args(argv)
+    if opts.stage == "pilot":
+        command_pilot(Path(opts.work))
+    elif opts.stage == "run":
+        command_run(Path(opts.work), parse_seeds(opts.seeds), opts.arms.split(","), opts.force)
+    else:
+        command_report()
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

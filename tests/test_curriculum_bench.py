@@ -1,0 +1,83 @@
+"""benchmarks/curriculum.py: the experiment's estimators and endpoints against hand-computed
+values (the runs themselves take hours and are not tested here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "curriculum.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("curriculum_bench", PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["curriculum_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_informative_estimate_is_the_u_statistic(bench: ModuleType) -> None:
+    # 8 of 16 correct: P(4 drawn without replacement all alike) = 2 * C(8,4) / C(16,4) = 140/1820.
+    got = bench.informative_estimate(np.array([8, 0, 16, 3]), 16)
+    assert got[0] == pytest.approx(1 - 140 / 1820)
+    assert got[1] == 0.0 and got[2] == 0.0
+    assert got[3] == pytest.approx(1 - 0 - math.comb(13, 4) / math.comb(16, 4))
+    # Unbiased: averaged over binomial draws it equals 1 - p^4 - (1-p)^4.
+    rng = np.random.default_rng(0)
+    draws = rng.binomial(16, 0.3, size=200_000)
+    assert bench.informative_estimate(draws, 16).mean() == pytest.approx(
+        1 - 0.3**4 - 0.7**4, abs=2e-3
+    )
+
+
+def test_selection_ceiling_on_a_known_pool(bench: ModuleType) -> None:
+    # 48 prompts always wrong, 16 at 8/16: uniform rate = 16/64 * (1 - 280/1820); the best
+    # quarter (16 prompts) is exactly the informative ones, whatever the split of their samples
+    # (every half of an all-wrong prompt stays all wrong), so the ratio is near 4 (the split
+    # halves of an 8/16 prompt are informative at a lower rate than the full 16, hence below 4).
+    counts = [0] * 48 + [8] * 16
+    ceiling = bench.selection_ceiling(counts, 16)
+    assert ceiling["uniform_informative"] == pytest.approx(16 / 64 * (1 - 140 / 1820))
+    assert ceiling["best_quarter_ratio_plug_in"] == pytest.approx(4.0)
+    assert 2.5 < ceiling["best_quarter_ratio"] <= 4.0
+    assert ceiling["share_all_wrong"] == pytest.approx(0.75)
+    # A pool of identical prompts: no selector beats uniform.
+    flat = bench.selection_ceiling([8] * 64, 16)
+    assert flat["best_quarter_ratio_plug_in"] == pytest.approx(1.0)
+    assert flat["best_quarter_ratio"] == pytest.approx(1.0, abs=0.15)
+
+
+def test_tokens_to_target_interpolates_and_censors(bench: ModuleType) -> None:
+    def run(accs: list[float]) -> dict:
+        points = []
+        for k, a in enumerate(accs, start=1):
+            correct = round(a * 128)
+            points.append({"tokens": 1000 * k, "greedy": [1] * correct + [0] * (128 - correct)})
+        return {"budget": 1000 * len(accs), "points": points}
+
+    # From 0.25 at 0 tokens: 0.375 at 1000, 0.625 at 2000; 0.5 is crossed half way: 1500.
+    assert bench.tokens_to(run([0.375, 0.625]), 0.5, 0.25) == (1500.0, True)
+    # Reached at the start already: 0 tokens.
+    assert bench.tokens_to(run([0.75]), 0.5, 0.5) == (0.0, True)
+    # Never reached: counted at the budget, flagged.
+    assert bench.tokens_to(run([0.25, 0.375, 0.25]), 0.5, 0.25) == (3000.0, False)
+
+
+def test_paired_statistics(bench: ModuleType) -> None:
+    t = bench.t_test([0.1, 0.3])
+    # mean 0.2, sd 0.1414, se 0.1, t(1) 12.706 -> half width 1.2706
+    assert t["mean"] == pytest.approx(0.2)
+    assert t["high"] - t["mean"] == pytest.approx(1.2706, abs=1e-4)
+    # 8 pairs, log-ratio spread 0.2, a 1.35x speed-up: the design's power (about 95%).
+    assert 0.9 < bench.power(math.log(1.35), 0.2, 8) < 0.99
+    assert bench.parse_seeds("1-3,7") == [1, 2, 3, 7]
+    with pytest.raises(SystemExit, match="pilot"):
+        bench.parse_seeds("0-2")
