@@ -34,7 +34,7 @@ Design (fixed before any experiment seed ran):
 Stages write to ``benchmarks/results_curriculum/`` (committed): ``warm.json``, ``pilot.json``,
 ``runs.jsonl`` (one line per finished run; a rerun skips what is done, so the experiment can
 run in parts). Model weights go to ``--work`` (default ``runs/curriculum-work``) and are rebuilt
-from the seeds when absent.
+from their fixed random seeds when absent.
 
     python benchmarks/curriculum.py pilot              # about 1-2 hours
     python benchmarks/curriculum.py run --seeds 1-8    # about 1 hour per seed pair

@@ -6,7 +6,7 @@ The package, in three layers, each importing only the ones before it:
 
 - :mod:`groupwise.memory.plan`: the planner proper, pure arithmetic (no torch, no trainers).
   Its docstring says exactly what is counted (weights, gradients, master weights, optimizer
-  states, activations, logits, KV cache; the peak total) and how the seeds' 112 vs 56 GB are
+  states, activations, logits, KV cache; the peak total) and how the often-quoted 112 vs 56 GB are
   reproduced (``--accounting seeds``).
 - :mod:`groupwise.memory.measure`: ``--measure``, real training steps of each algorithm in a
   fresh subprocess, the measured peak next to the plan for the same settings; the only part

@@ -58,7 +58,7 @@ generation phase adds the KV cache, the update phase adds gradients, activations
 peak = resident + max(generation, update). Not counted: the CUDA context and allocator slack,
 small per-token vectors (log-probs, advantages, values), transient buffers of no-grad forwards.
 
-The seeds' figures (mission.md: "PPO ... 112 GB before activations; GRPO ... roughly 56 GB"
+The often-quoted figures ("PPO ... 112 GB before activations; GRPO ... roughly 56 GB"
 for 7B in fp16) are reproduced exactly by one accounting only among the natural ones tried:
 each *trained* network at 8 B per parameter (fp16 weights, fp16 gradients, fp16 Adam m and v:
 4 copies x 14 GB = 56 GB) and the frozen networks not counted: PPO's actor + critic = 112 GB,
@@ -85,7 +85,7 @@ PRECISIONS = ("mixed", "pure")
 ACCOUNTINGS = ("full", "seeds", "weights-only")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SEEDS_NOTE = (
-    "mission.md: PPO keeps four networks (actor, frozen reference, frozen reward model, critic), "
+    "PPO keeps four networks (actor, frozen reference, frozen reward model, critic), "
     "'roughly 112 GB before activations' for 7B in fp16; GRPO 'roughly 56 GB'"
 )
 
@@ -536,19 +536,19 @@ def _flags(names: Sequence[str]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# The seeds' accountings
+# The accountings of the often-quoted figures
 
 
 def seeds_weights_only(params: int, dtype_bytes: int) -> dict[str, dict[str, int]]:
     """Weights only: one copy per network. PPO: actor, reference, reward model, critic; GRPO:
-    actor, reference, reward model (the seeds' PPO setting has a learned reward model)."""
+    actor, reference, reward model (the quoted PPO setting has a learned reward model)."""
     copy = params * dtype_bytes
     grpo = {"actor weights": copy, "reference weights": copy, "reward model weights": copy}
     return {"ppo": {**grpo, "critic weights": copy}, "grpo": grpo}
 
 
 def seeds_trained_only(params: int, dtype_bytes: int) -> dict[str, dict[str, int]]:
-    """The accounting that gives the seeds' 112 GB vs 56 GB for 7B fp16: every trained network
+    """The accounting that gives the quoted 112 GB vs 56 GB for 7B fp16: every trained network
     holds weights, gradients, Adam m and v all in the 16-bit dtype (4 copies, 8 B per parameter
     in fp16); frozen networks (reference, reward model) are not counted."""
     per = 4 * params * dtype_bytes
@@ -560,7 +560,7 @@ def seeds_trained_only(params: int, dtype_bytes: int) -> dict[str, dict[str, int
 
 
 def seeds_lines(params: int, dtype: str) -> list[str]:
-    """The reconciliation of the seeds' figures, for this parameter count and dtype."""
+    """The reconciliation of the often-quoted figures, for this parameter count and dtype."""
     width = DTYPE_BYTES[dtype]
     copy = params * width
     weights = seeds_weights_only(params, width)
@@ -570,7 +570,8 @@ def seeds_lines(params: int, dtype: str) -> list[str]:
     ppo16 = usual + 16 * backbone + 2 * copy
     grpo16, grpo16_rule = usual + 2 * copy, usual + copy
     return [
-        f"The seeds' figures ({SEEDS_NOTE}), for {human_count(params)} parameters in {dtype}:",
+        f"The often-quoted figures ({SEEDS_NOTE}), "
+        f"for {human_count(params)} parameters in {dtype}:",
         f"  one model copy, weights only ({width} B/param): {human_bytes(copy)}",
         f"  weights only: PPO 4 copies {human_bytes(sum(weights['ppo'].values()))}, GRPO 3 copies "
         f"(actor, reference, reward model) {human_bytes(sum(weights['grpo'].values()))}"
@@ -731,7 +732,7 @@ def format_table(plan: MemoryPlan) -> str:
     else:
         what = (
             "trained networks only, each at weights + gradients + Adam m, v in "
-            f"{o.dtype}; frozen networks not counted (reproduces the seeds' 112 vs 56 GB)"
+            f"{o.dtype}; frozen networks not counted (reproduces the quoted 112 vs 56 GB)"
             if plan.accounting == "seeds"
             else f"weights only, one {o.dtype} copy per network (reward model as large as the "
             "policy, as the seeds assume)"
