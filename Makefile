@@ -68,7 +68,7 @@ bench-memory: setup
 # kept in benchmarks/results_curriculum/, so it continues where it stopped).
 bench-curriculum: setup
 	$(PY) benchmarks/curriculum.py pilot
-	$(PY) benchmarks/curriculum.py run --seeds 1-8
+	$(PY) benchmarks/curriculum.py run --seeds 1-16
 	$(PY) benchmarks/curriculum.py report
 
 # Uniform, dynamic sampling, Prompt-GDRO, Rollout-GDRO and select on a small warm-started
