@@ -160,7 +160,8 @@ def warm_start(out: Path, steps: int) -> dict:
     )
     start = time.perf_counter()
     trainer = GRPOTrainer("smollm2-135m-instruct", ["format", "accuracy"], pool, args=args)
-    logs = [x for x in trainer.train() if "compute/generated_tokens" in x]
+    trainer.train()
+    logs = [x for x in trainer.log_history if "compute/generated_tokens" in x]
     per_batch = statistics.mean(x["compute/generated_tokens"] for x in logs[-4:])
     meta = {
         "steps": steps,
