@@ -286,14 +286,16 @@ def reward_model(
     model: str | torch.nn.Module,
     args: GRPOConfig,
     tokenizer: PreTrainedTokenizerBase | None = None,
+    device: torch.device | None = None,
 ) -> RewardModel:
     """TRL's reward model in ``reward_funcs``: a folder or hub id, loaded as
     ``AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)``, or a loaded
-    sequence-classification model; on the run's device, named by the last part of its path (TRL's
-    reward name), with ``tokenizer`` (TRL's ``reward_processing_classes`` entry) or its own."""
+    sequence-classification model; on ``device`` (default: the ``device`` option's), named by
+    the last part of its path (TRL's reward name), with ``tokenizer`` (TRL's
+    ``reward_processing_classes`` entry) or its own."""
     from .rewards.model import RewardModel
 
-    device = resolve_device(args.device)
+    device = device if device is not None else resolve_device(args.device)
     if isinstance(model, str):
         try:
             return RewardModel(
@@ -407,21 +409,21 @@ def build_scorer(
     reward_funcs: RewardFunc | str | Sequence[RewardFunc | str],
     args: GRPOConfig,
     reward_processing_classes: Any = None,
+    device: torch.device | None = None,
 ) -> RolloutScorer:
     """Reward functions from built-in names (configured from ``args``), callables or reward
     models (see the module docstring), with ``reward_weights`` (default 1 each).
     ``reward_processing_classes``: TRL's tokenizers of the reward models, one or a list with
-    one entry per reward function (entries of other functions are not used)."""
+    one entry per reward function (entries of other functions are not used). ``device``: where
+    TRL-style reward models run (the trainer's device; default: the ``device`` option's)."""
     if callable(reward_funcs) or isinstance(reward_funcs, str):
         reward_funcs = [reward_funcs]
     reward_funcs = list(reward_funcs)
     tokenizers = reward_tokenizers(reward_processing_classes, len(reward_funcs))
     funcs = []
     for spec, tokenizer in zip(reward_funcs, tokenizers, strict=True):
-        if isinstance(spec, torch.nn.Module):  # TRL: a loaded sequence-classification model
-            funcs.append(reward_model(spec, args, tokenizer))
-        elif tokenizer is not None and isinstance(spec, str) and _is_model_spec(spec):
-            funcs.append(reward_model(spec, args, tokenizer))
+        if isinstance(spec, torch.nn.Module) or (isinstance(spec, str) and _is_model_spec(spec)):
+            funcs.append(reward_model(spec, args, tokenizer, device))  # TRL's reward models
         else:
             funcs.append(build_reward_func(spec, args))
     weights = args.reward_weights or [1.0] * len(funcs)

@@ -290,7 +290,7 @@ class Trainer:
         self._adapter_base = (
             adapter_base_name(given) if args.use_peft and isinstance(given, str) else None
         )
-        self.scorer = build_scorer(reward_funcs, args, reward_processing_classes)
+        self.scorer = build_scorer(reward_funcs, args, reward_processing_classes, self.device)
         self.scorer.combine.trainer_state = lambda: self.state  # TRL's trainer_state kwarg
         # TRL's attribute: each reward function's tokenizer (a reward model's), else None.
         self.reward_processing_classes = [
