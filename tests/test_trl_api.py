@@ -158,6 +158,8 @@ def test_train_returns_train_output_and_ends_state_log_history(tmp_path):
     summary = trainer.state.log_history[-1]
     assert summary["train_loss"] == out.metrics["train_loss"] == out.training_loss
     assert summary["step"] == 3 and summary["train_runtime"] > 0
+    # no MoE router loss is added to the policy loss (TRL's aux_loss), and the flag says so
+    assert trainer.aux_loss_enabled is False and "aux_loss" not in summary
     assert summary["epoch"] == pytest.approx(3 / 2)  # 2 prompts per step of 4 rows
     assert trainer.state.log_history[:-1] == trainer.log_history
     assert logged.rows[-1] == summary

@@ -348,6 +348,9 @@ class Trainer:
 
     # Why this trainer cannot run with its model sharded (FSDP2), or None when it can.
     sharding_refusal: str | None = None
+    # TRL's flag: whether the loss adds a Mixture-of-Experts model's router load-balancing loss
+    # (then logged as aux_loss). groupwise trains on its policy loss alone, so never.
+    aux_loss_enabled: bool = False
 
     def check_options(self, args: GRPOConfig, dist: DistributedContext) -> None:
         """Refuse option combinations this trainer cannot run, before anything is loaded."""
