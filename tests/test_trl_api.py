@@ -162,6 +162,8 @@ def test_train_returns_train_output_and_ends_state_log_history(tmp_path):
     assert trainer.aux_loss_enabled is False and "aux_loss" not in summary
     assert summary["epoch"] == pytest.approx(3 / 2)  # 2 prompts per step of 4 rows
     assert trainer.state.log_history[:-1] == trainer.log_history
+    # it repeats the final step's metrics (TRL's summary row carries the unlogged ones)
+    assert {k: summary[k] for k in trainer.log_history[-1]} == trainer.log_history[-1]
     assert logged.rows[-1] == summary
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]  # no summary row there
@@ -171,6 +173,7 @@ def test_train_returns_train_output_and_ends_state_log_history(tmp_path):
     assert again.training_loss == pytest.approx(trainer.log_history[-1]["loss"])
     steps = [row["step"] for row in trainer.state.log_history]
     assert steps == [1, 2, 3, 3, 4, 4] and "train_loss" in trainer.state.log_history[3]
+    assert trainer.state.log_history[-1]["reward"] == trainer.log_history[-1]["reward"]
 
 
 def test_train_loss_is_nan_when_no_step_ran(tmp_path):
@@ -178,6 +181,7 @@ def test_train_loss_is_nan_when_no_step_ran(tmp_path):
     trainer.train()
     out = trainer.train()  # already at max_steps
     assert out.global_step == 1 and math.isnan(out.training_loss)
+    assert "reward" not in trainer.state.log_history[-1]  # no step ran in this call
 
 
 # -- TRL's reward kwargs ---------------------------------------------------------------------------

@@ -368,7 +368,8 @@ class Trainer:
     def state(self) -> TrainerState:
         """A ``transformers.TrainerState`` of this run, up to date: global_step, max_steps,
         log_history (``self.log_history``'s rows with, as in transformers, the summary row each
-        ``train()`` call added at its end: train_loss, train_runtime, ...), epoch, ..."""
+        ``train()`` call added at its end: train_loss, train_runtime, ..., and the final step's
+        metrics), epoch, ..."""
         state, args = self._state, self.args
         per_epoch = args.steps_per_epoch(len(self.prompts.dataset), self.dist.world_size)
         state.global_step = self.global_step
@@ -980,7 +981,18 @@ class Trainer:
             metrics = self.train_summary(
                 time.perf_counter() - started, self.global_step - first_step
             )
-            row = {**metrics, "step": self.global_step}
+            # As in TRL (whose log() merges the metrics not yet logged into this row), the
+            # summary also carries the final step's metrics: log_history[-1]["reward"] works.
+            final = next(
+                (
+                    r
+                    for r in reversed(self.log_history)
+                    if r.get("step") == self.global_step and "loss" in r
+                ),
+                {},
+            )
+            ran = self.global_step > first_step
+            row = {**(final if ran else {}), **metrics, "step": self.global_step}
             self._train_summaries.append((len(self.log_history), row))
             self._callback("on_log", logs=dict(row))  # before on_train_end, as transformers
             self._callback("on_train_end")
