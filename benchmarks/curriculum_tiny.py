@@ -121,7 +121,8 @@ def run(mode: str, base, tokenizer, train, evals, seed: int, steps: int) -> dict
         trainer = GRPOTrainer(
             copy.deepcopy(base), exact_answer, train, args=args, processing_class=tokenizer
         )
-        logs = trainer.train()
+        trainer.train()
+        logs = trainer.log_history
     result = evaluate_model(
         trainer.model, tokenizer, evals, [exact_answer], n=8, ks=[1, 8], greedy=True,
         max_completion_length=5, seed=seed, correct_reward="exact_answer", batch_size=32,

@@ -311,7 +311,8 @@ def check_precision(ns, model: Path, scratch: Path) -> dict:
                                   callbacks=[tracker])  # fmt: skip
             # The weights as loaded, in their own dtype, for the trained ones to be compared with.
             before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-            history = trainer.train()
+            trainer.train()
+            history = trainer.log_history
         final = {n: p.detach() != before[n] for n, p in trainer.model.named_parameters()}
         changed, changed_lowest = by_family(final)
         moved, moved_lowest = by_family(tracker.moved)
@@ -378,7 +379,8 @@ def check_learning(ns, model: Path, scratch: Path) -> dict:
                        max_completion_length=16, temperature=temperature,
                        **MODES["bf16_mixed"])  # fmt: skip
     trainer = GRPOTrainer(str(model), TargetToken(), prompt_rows(32), args=args)
-    history = [row["reward"] for row in trainer.train() if "reward" in row]
+    trainer.train()
+    history = [row["reward"] for row in trainer.log_history if "reward" in row]
     precision = getattr(getattr(trainer, "precision", None), "name", "?")
     del trainer
     release(ns.torch_device)

@@ -238,7 +238,8 @@ def test_short_training_run_with_each_curriculum(tmp_path, mode, allocator, vari
     )
     reward = _parity_but_prompt_0 if allocator == "sqrt" else _parity
     trainer = GRPOTrainer("tiny-random", reward, rows, args=args)
-    logs = trainer.train()
+    trainer.train()
+    logs = trainer.log_history
     groups = [*range(4), "unseen"]  # four bins and the unseen state (gdro_unseen's default)
     assert logs[0]["curriculum/prompts_bin_unseen"] == 3  # step 1: every prompt is new
     for log in logs:

@@ -263,7 +263,8 @@ def test_the_cap_is_respected_and_logged(tmp_path):
     args = _args(tmp_path, max_num_gen_batches=3, max_steps=2)
     trainer = GRPOTrainer("tiny-random", [all_right, shaped], ROWS, args=args)
     prepared, _ = _recording(trainer)
-    logs = trainer.train()
+    trainer.train()
+    logs = trainer.log_history
     for step, log in enumerate(logs, 1):
         assert log["dynamic/gen_batches"] == 3 and log["dynamic/capped"] == 1.0
         assert log["dynamic/kept_groups"] == 0 and log["dynamic/filler_groups"] == 1
@@ -292,7 +293,8 @@ def test_a_capped_step_trains_on_the_informative_groups_it_found(tmp_path):
     trainer = GRPOTrainer("tiny-random", [rare], ROWS,
                           args=_args(tmp_path, max_num_gen_batches=1, max_steps=6))  # fmt: skip
     prepared, _ = _recording(trainer)
-    logs = trainer.train()
+    trainer.train()
+    logs = trainer.log_history
     kept = [log["dynamic/kept_groups"] for log in logs]
     assert sum(kept) == 2 and all(log["dynamic/gen_batches"] == 1 for log in logs)
     for log, rollout in zip(logs, prepared, strict=True):
@@ -336,7 +338,8 @@ def test_default_off_is_todays_step_bitwise(tmp_path):
                        args=_args(tmp_path / "a", dynamic_sampling=False))  # fmt: skip
     now = GRPOTrainer("tiny-random", [correct, shaped], ROWS,
                       args=_args(tmp_path / "b", dynamic_sampling=False))  # fmt: skip
-    a, b = today.train(), now.train()
+    today.train(), now.train()
+    a, b = today.log_history, now.log_history
     _same_weights(today, now)
     assert _untimed(a) == _untimed(b) and not any(k.startswith("dynamic/") for k in b[0])
 
@@ -349,7 +352,8 @@ def test_on_with_every_group_informative_trains_like_off(tmp_path):
     off = GRPOTrainer("tiny-random", [parity, shaped], ROWS,
                       args=_args(tmp_path / "a", dynamic_sampling=False))  # fmt: skip
     on = GRPOTrainer("tiny-random", [parity, shaped], ROWS, args=_args(tmp_path / "b"))
-    a, b = off.train(), on.train()
+    off.train(), on.train()
+    a, b = off.log_history, on.log_history
     _same_weights(off, on)
     for row in b:
         assert row["dynamic/gen_batches"] == 1 and row["dynamic/dropped_groups"] == 0

@@ -103,7 +103,8 @@ def test_lora_learns(tmp_path):
     )
     rows = [{"prompt": "Say something"}] * 4  # one context: the target is always reachable
     trainer = GRPOTrainer("tiny-random", TargetToken(), rows, args=copy.deepcopy(args))
-    rewards = [row["reward"] for row in trainer.train()]
+    trainer.train()
+    rewards = [row["reward"] for row in trainer.log_history]
     # Measured: 0.03 -> 0.97 (lr 1e-2, seed 0); the same run without updates stays ~0.03.
     assert rewards[0] < 0.2, rewards
     assert sum(rewards[-4:]) / 4 > 0.8, rewards

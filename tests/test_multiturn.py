@@ -466,7 +466,8 @@ def test_tools_work_with_curriculum_lora_dynamic_sampling_and_mini_batches(tmp_p
     trainer.engine.make_env = lambda: Scripted(2)
     trainer.engine.limits = TurnLimits(max_turns=2, stop_strings=STOP)
     trainer.engine.stop.__init__(trainer.tokenizer, STOP)
-    logs = trainer.train()
+    trainer.train()
+    logs = trainer.log_history
     assert trainer.global_step == 2
     assert all(math.isfinite(row["loss"]) for row in logs if "loss" in row)
     assert any(row.get("tokens/masked_fraction", 0) > 0 for row in logs)

@@ -95,7 +95,9 @@ def test_tensorboard_gets_the_metrics(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     args = _args(tmp_path, max_steps=2, report_to=["tensorboard"])
-    history = GRPOTrainer("tiny-random", _reward, ROWS, args=args).train()
+    trainer = GRPOTrainer("tiny-random", _reward, ROWS, args=args)
+    trainer.train()
+    history = trainer.log_history
     acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     acc.Reload()
     events = acc.Scalars("reward")

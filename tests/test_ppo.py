@@ -376,7 +376,8 @@ def _learning_curve(tmp_path, learning_rate, max_steps):
         temperature=0.1,
     )
     trainer = PPOTrainer("tiny-random", TargetToken(), PROMPT_ROWS, args=args)
-    return [log["reward"] for log in trainer.train()]
+    trainer.train()
+    return [log["reward"] for log in trainer.log_history]
 
 
 def test_ppo_learns_target_token(tmp_path):

@@ -47,9 +47,29 @@ def test_columns_and_completion_ids_are_passed_by_name():
 
     RewardScorer([spy])(PROMPTS, COMPLETIONS, [[1], [2], [3], [4]], answer=["1", "2", "3", "4"])
     assert seen["ids"] == [[1], [2], [3], [4]] and seen["answer"] == ["1", "2", "3", "4"]
-    assert seen["extra"] == {}
+    # TRL's shared kwargs and nothing else; no trainer here, so no trainer_state
+    assert set(seen["extra"]) == {"trainer_state", "log_extra", "log_metric"}
+    assert seen["extra"]["trainer_state"] is None
     with pytest.raises(ValueError, match="column 'answer' has 2 values for 4 completions"):
         RewardScorer([spy])(PROMPTS, COMPLETIONS, answer=["1", "2"])
+
+
+def test_log_metric_means_and_log_extra_columns():
+    def logs(prompts, completions, log_metric, log_extra, **kwargs):
+        log_metric("m", 1.0)
+        log_metric("m", 4.0)
+        log_extra("upper", [c.upper() for c in completions])
+        log_extra("short", ["x"])  # one value for four completions: left out
+        assert kwargs["trainer_state"] == "state"  # what scorer.trainer_state returns
+        return [0.0] * len(completions)
+
+    scorer = RewardScorer([logs])
+    scorer.trainer_state = lambda: "state"
+    scorer(PROMPTS, COMPLETIONS)
+    scorer(PROMPTS, COMPLETIONS)
+    assert scorer.take_metrics() == {"m": 2.5}  # (1 + 4 + 1 + 4) / 4
+    assert scorer.take_metrics() == {}
+    assert scorer.last_extra == {"upper": ["A", "BB", "CCC", "DDDD"]}
 
 
 def test_one_failing_completion_costs_one_none(caplog):

@@ -59,7 +59,8 @@ def test_cispo_learns(tmp_path):
                    temperature=0.1)  # fmt: skip
     trainer = GRPOTrainer("tiny-random", TargetToken(), [{"prompt": "Say something"}] * 4,
                           args=args)  # fmt: skip
-    rewards = [log["reward"] for log in trainer.train() if "reward" in log]
+    trainer.train()
+    rewards = [log["reward"] for log in trainer.log_history if "reward" in log]
     assert rewards[0] < 0.2 and sum(rewards[-4:]) / 4 > 0.8, rewards
 
 
@@ -77,7 +78,9 @@ def test_a_registered_loss_variant_is_used_by_config_loss_and_trainer(tmp_path):
         half, _ = policy_loss(logp, old, None, adv, mask, loss_type="half_grpo")
         assert half.item() == pytest.approx(0.5 * full.item())
         args = _config(tmp_path, loss_type="half_grpo", max_steps=1)
-        logs = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args).train()
+        trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
+        trainer.train()
+        logs = trainer.log_history
         assert logs[-1]["step"] == 1 and logs[-1]["grad_norm"] > 0
     finally:
         LOSSES.pop("half_grpo")
@@ -132,7 +135,8 @@ def test_a_registered_curriculum_plans_counts_and_weights(tmp_path, monkeypatch)
         return inner(prompt_ids, counts, *a, **kw)
 
     monkeypatch.setattr(trainer.engine, "generate", recording)
-    logs = trainer.train()
+    trainer.train()
+    logs = trainer.log_history
     assert seen == [[2, 6], [2, 6]]
     assert trainer.curriculum.observed == [([2, 6], 8, False), ([2, 6], 8, False)]
     assert [log["curriculum/test_rows"] for log in logs] == [8.0, 8.0]
@@ -217,7 +221,8 @@ def test_inserted_tokens_get_no_gradient_and_leave_the_loss_unchanged(tmp_path):
 def test_a_wrapping_engine_needs_no_trainer_change(tmp_path):
     trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=_config(tmp_path))
     trainer.engine = AppendingEngine(trainer.engine)
-    logs = trainer.train()
+    trainer.train()
+    logs = trainer.log_history
     assert len(logs) == 2 and all(torch.isfinite(torch.tensor(log["loss"])) for log in logs)
     # The completion is 2 tokens longer than what the policy wrote, in every row.
     assert trainer.completion_records()  # the run's services read the wrapped rollout

@@ -479,7 +479,8 @@ def test_training_run_with_select_trains_and_resumes_exactly(tmp_path):
     from groupwise import GRPOTrainer
 
     full = GRPOTrainer("tiny-random", _parity, ROWS, args=_args(tmp_path / "a"))
-    logs = full.train()
+    full.train()
+    logs = full.log_history
     for log in logs:  # 3 prompts x 4 rollouts every step, 3 candidates skipped
         assert log["curriculum/select/rollouts"] == 12 and log["curriculum/select/skipped"] == 3
         assert log["curriculum/select/group_size_mean"] == 4
@@ -520,7 +521,8 @@ def test_training_run_with_the_legacy_rule_reproduces_the_earlier_run(tmp_path):
     trainer = GRPOTrainer("tiny-random", _parity, ROWS, args=args)
     keys = ("group_size_min", "group_size_max", "informative_predicted",
             "predicted_informative_chosen", "predicted_informative_skipped")  # fmt: skip
-    got = [tuple(log[f"curriculum/select/{k}"] for k in keys) for log in trainer.train()]
+    trainer.train()
+    got = [tuple(log[f"curriculum/select/{k}"] for k in keys) for log in trainer.log_history]
     assert got == LEGACY_RUN
     assert sorted(trainer.curriculum.evidence.items()) == [
         (1, [2.4, 1.0]), (2, [3.4, 5.1]), (4, [4.0, 0.0]), (7, [4.0, 0.0]), (8, [1.0, 3.0]),

@@ -250,7 +250,8 @@ def test_default_reproduces_the_previous_step_bitwise(tmp_path, extra):
     old = StepBeforeCurriculumRework(
         "tiny-random", _reward, ROWS, args=_args(tmp_path / "b", **extra)
     )
-    new_logs, old_logs = new.train(), old.train()
+    new.train(), old.train()
+    new_logs, old_logs = new.log_history, old.log_history
     assert [_without_timing(r) for r in new_logs] == [_without_timing(r) for r in old_logs]
     for (name, p), q in zip(new.model.named_parameters(), old.model.parameters(), strict=True):
         assert torch.equal(p, q), name
@@ -302,7 +303,8 @@ def test_spg_makes_that_many_optimizer_steps_per_generation(tmp_path, monkeypatc
         return update(inputs, loss, also)
 
     monkeypatch.setattr(trainer.policy, "update", recording_update)
-    logs = trainer.train()
+    trainer.train()
+    logs = trainer.log_history
     steps = 2 * iterations  # optimizer steps per generation
     assert len(generations) == 2 and len(updates) == 2 * steps
     assert all(prompts == 2 for _, prompts, _ in updates)  # mini-batches of whole groups
@@ -331,7 +333,8 @@ def test_one_step_per_generation_gives_the_paper_signal_zero_and_counts_compute(
     monkeypatch.setitem(CURRICULA, "recorder", Recorder)
     trainer = GRPOTrainer("tiny-random", _reward, ROWS,
                           args=_args(tmp_path, curriculum="recorder", max_steps=3))  # fmt: skip
-    logs = trainer.train()
+    trainer.train()
+    logs = trainer.log_history
     for group_ids, loss in trainer.curriculum.seen:
         assert max(abs(m) for m in _group_means(group_ids, loss)) < 1e-5
     running = 0

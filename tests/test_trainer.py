@@ -36,7 +36,8 @@ def _learning_logs(tmp_path, learning_rate, seed=0, **overrides):
     )
     rows = [{"prompt": "Say something"}] * 4  # one context, so the target is always reachable
     trainer = GRPOTrainer("tiny-random", TargetToken(), rows, args=args)
-    return trainer.train()
+    trainer.train()
+    return trainer.log_history
 
 
 def test_grpo_learns_target_token(tmp_path):
@@ -76,7 +77,8 @@ def test_rollout_correction_reweights_the_update(tmp_path):
             max_grad_norm=1e9,
         )
         trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
-        log = trainer.train()[-1]
+        trainer.train()
+        log = trainer.log_history[-1]
         assert log["sampling/importance_sampling_ratio/mean"] != 1.0
         grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
     assert not torch.allclose(grads[0], grads[1], rtol=1e-3, atol=0)
@@ -95,7 +97,8 @@ def test_beta_zero_never_builds_reference_model(tmp_path, monkeypatch):
     monkeypatch.setattr("groupwise.reference.frozen_copy", forbidden)
     trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=_config(tmp_path, beta=0.0))
     assert trainer.ref_model is None
-    logs = trainer.train()
+    trainer.train()
+    logs = trainer.log_history
     assert logs[-1]["kl"] == 0.0
 
 
@@ -105,7 +108,8 @@ def test_beta_positive_uses_frozen_reference(tmp_path):
     )
     assert trainer.ref_model is not None
     before = copy.deepcopy(trainer.ref_model.state_dict())
-    logs = trainer.train()
+    trainer.train()
+    logs = trainer.log_history
     assert logs[0]["kl"] == pytest.approx(0.0, abs=1e-7)  # policy == reference at step 1
     assert logs[-1]["kl"] > 0.0  # the policy has moved away from the reference
     for name, tensor in trainer.ref_model.state_dict().items():
@@ -116,7 +120,8 @@ def test_beta_positive_uses_frozen_reference(tmp_path):
 def test_multiple_iterations_use_old_logprobs(tmp_path):
     args = _config(tmp_path, num_iterations=3, max_steps=2, epsilon=0.01, learning_rate=5e-2)
     trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
-    logs = trainer.train()
+    trainer.train()
+    logs = trainer.log_history
     # Passes 2 and 3 see ratios != 1, so with a tight clip some tokens are clipped.
     assert any(log["clip_ratio/region_mean"] > 0 for log in logs)
     assert trainer.scheduler.last_epoch == 2 * 3  # one optimizer step per pass
@@ -142,7 +147,8 @@ def test_micro_batches_give_same_update_as_one_batch(tmp_path, loss_type):
         )
         trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
         _favour_eos(trainer.model, trainer.tokenizer.eos_token_id)
-        log = trainer.train()[-1]
+        trainer.train()
+        log = trainer.log_history[-1]
         # The test needs completions of different lengths.
         assert log["completions/min_length"] < log["completions/max_length"], log
         grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
@@ -281,7 +287,8 @@ def test_dataset_columns_reach_reward_function(tmp_path):
         return [float(t) for t in tag]
 
     trainer = GRPOTrainer("tiny-random", spy, ROWS, args=_config(tmp_path, max_steps=1))
-    logs = trainer.train()
+    trainer.train()
+    logs = trainer.log_history
     tags = seen["tags"]
     assert len(tags) == 8 and tags[:4] == [tags[0]] * 4 and tags[4:] == [tags[4]] * 4
     assert seen["prompts"][0] == ROWS[tags[0]]["prompt"]

@@ -115,8 +115,13 @@ def test_trl_quickstart_runs_with_only_the_import_changed(tmp_path, monkeypatch)
     assert trainer.args.max_steps == 3 and args.max_steps == -1
     assert trainer.state.global_step == 3 and trainer.state.max_steps == 3
     assert trainer.state.epoch == pytest.approx(3 / 2.5)
-    history = trainer.state.log_history
-    assert history is trainer.log_history
+    history = trainer.log_history
+    # transformers' state.log_history: the logged rows, then train()'s summary row
+    assert trainer.state.log_history[:-1] == history
+    assert trainer.state.log_history[-1]["step"] == 3
+    assert trainer.state.log_history[-1]["train_loss"] == pytest.approx(
+        sum(row["loss"] for row in history) / 3
+    )
     assert [row["step"] for row in history] == [1, 2, 3]  # logging_steps=1
     assert all({"loss", "reward", "learning_rate", "kl"} <= set(row) for row in history)
     # warmup_steps=0.5 < 1 is a ratio: ceil(0.5 * 3) = 2 warmup steps of 3, then cosine.
@@ -348,12 +353,12 @@ def _lengths(completions, **kwargs):
 def test_trl_positional_order_processing_class_and_refusals(tmp_path, tokenizer):
     args = tiny_config(tmp_path, max_steps=-1, num_train_epochs=2, save_strategy="epoch")
     dataset = datasets.Dataset.from_list(ROWS)
-    with pytest.warns(IgnoredOptionsWarning, match="reward_processing_classes"):
-        trainer = GRPOTrainer(  # TRL's order: model, reward_funcs, args, train_dataset
-            "tiny-random", _lengths, args, dataset, processing_class=tokenizer,
-            reward_processing_classes=[tokenizer],
-        )  # fmt: skip
+    trainer = GRPOTrainer(  # TRL's order: model, reward_funcs, args, train_dataset
+        "tiny-random", _lengths, args, dataset, processing_class=tokenizer,
+        reward_processing_classes=[tokenizer],
+    )  # fmt: skip
     assert trainer.tokenizer is tokenizer and trainer.train_dataset is dataset
+    assert trainer.reward_processing_classes == [None]  # a function's entry is not used (TRL)
     # 3 prompts, 2 per step: 2 epochs = ceil(2 * 3 / 2) = 3 steps; an epoch = ceil(1.5) = 2.
     assert (trainer.args.max_steps, trainer.args.save_steps) == (3, 2)
     assert args.max_steps == -1  # the caller's config is not changed
@@ -363,7 +368,7 @@ def test_trl_positional_order_processing_class_and_refusals(tmp_path, tokenizer)
     with pytest.raises(ValueError, match="train_dataset is required"):
         GRPOTrainer("tiny-random", _lengths, args=args)
     streamed = datasets.Dataset.from_list(ROWS).to_iterable_dataset()
-    with pytest.raises(TypeError, match="an IterableDataset is not supported"):
+    with pytest.raises(ConfigError, match="set max_steps"):  # no length: epochs can't be counted
         GRPOTrainer("tiny-random", _lengths, streamed, args=args)
 
 
@@ -419,7 +424,8 @@ def test_callbacks_state_and_stopping(tmp_path):
     ]
     assert Counter.steps == 2
     assert trainer.state.global_step == 2 and trainer.global_step == 2
-    assert [log["step"] for log in recorder.logs] == [1, 2]
+    assert [log["step"] for log in recorder.logs] == [1, 2, 2]  # the steps, then the summary
+    assert "train_loss" in recorder.logs[-1]
     assert recorder.logs == trainer.state.log_history
     assert trainer.state.is_world_process_zero
     assert (tmp_path / "run" / "checkpoint-2").is_dir()

@@ -20,6 +20,12 @@ Names accepted in ``reward_funcs`` (YAML and the command line):
 - ``reward_model:PATH``: a sequence-classification checkpoint's score (model.RewardModel)
 - ``remote:URL``: an HTTP verifier (remote.RemoteReward)
 
+Any other string is TRL's form of a reward model: a local folder or a hub id (``org/name``) of
+an ``AutoModelForSequenceClassification`` checkpoint, loaded with ``num_labels=1`` and scored by
+``logits[:, 0]`` (model.RewardModel). A loaded sequence-classification model in
+``reward_funcs`` is scored the same way, with its entry of ``reward_processing_classes`` (or its
+own tokenizer).
+
 Options come from the run's config, so one YAML file describes the whole reward.
 """
 
@@ -30,18 +36,21 @@ import dataclasses
 import difflib
 import importlib.util
 import math
+import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .config import STATIC_MULTI_TURN, VLLM_MULTI_TURN, ConfigError, GRPOConfig
 from .curriculum import CURRICULA, Curriculum
 from .distributed import DistributedContext
 from .imports import import_callable, is_import_spec
-from .models import load_model_and_tokenizer
+from .models import is_peft_model, load_model_and_tokenizer
 from .policy import Policy, apply_lora
 from .precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
 from .rewards import RewardFunc, correctness_index, reward_func_name
@@ -50,6 +59,9 @@ from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams, eos_token
 from .rollout.multiturn import MultiTurnEngine, TurnLimits
 from .tools import ENVIRONMENTS, Environment, ToolBox, ToolEnvironment, resolve_tools
 from .tools.calls import TOOL_CALL_CLOSE
+
+if TYPE_CHECKING:
+    from .rewards.model import RewardModel
 
 # ----------------------------------------------------------------------------------------------
 # Machine and model
@@ -112,12 +124,13 @@ def build_model(
         dtype=dtype,
         device=device,
         attn_implementation=args.attn_implementation,
+        trust_remote_code=args.trust_remote_code,
     )
     model = model.to(device=device, dtype=dtype)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
-    if args.use_peft:
+    if args.use_peft and not is_peft_model(model):  # a PeftModel given brings its adapter
         model = apply_lora(model, args, peft_config)
     model.train()
     return model, tokenizer
@@ -228,13 +241,86 @@ def build_reward_func(spec: str | RewardFunc, args: GRPOConfig | None = None) ->
             raise ConfigError(f"reward_funcs: {spec!r}: {err}") from err
     if is_import_spec(spec):  # the user's own function: module:function or file.py:function
         return import_callable(spec, "reward_funcs")
+    if _is_model_spec(spec):
+        return reward_model(spec, args)  # TRL: any other string is a reward model
     names = [n for n in REWARD_NAMES if ":" not in n]
     close = difflib.get_close_matches(spec, names, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise ConfigError(
         f"reward_funcs: unknown reward function {spec!r}; {hint}built-in ones are: "
-        f"{', '.join(REWARD_NAMES)}; or your own as module:function or path/to/file.py:function"
+        f"{', '.join(REWARD_NAMES)}; or your own as module:function or path/to/file.py:function; "
+        "or a sequence-classification reward model's folder or hub id (org/name)"
     )
+
+
+def reward_tokenizers(classes: Any, count: int) -> list[Any]:
+    """TRL's ``reward_processing_classes`` as one entry per reward function: None -> all None,
+    one tokenizer -> a list of it; a list must have ``count`` entries."""
+    if classes is None:
+        return [None] * count
+    listed = list(classes) if isinstance(classes, (list, tuple)) else [classes]
+    if len(listed) != count:
+        raise ConfigError(
+            f"reward_processing_classes has {len(listed)} entries for {count} reward functions: "
+            "the two must match (one entry per reward function, None for those that are not "
+            "reward models)"
+        )
+    return listed
+
+
+def _is_model_spec(spec: str) -> bool:
+    """Whether ``build_reward_func`` reads the string ``spec`` as a reward model."""
+    if spec in REWARD_NAMES or spec.startswith(("reward_model:", "remote:")):
+        return False
+    if is_import_spec(spec):
+        return False
+    return os.path.exists(os.path.expanduser(spec)) or bool(_HUB_ID.match(spec))
+
+
+# A hub id: "org/name" of letters, digits, "-", "_" and "." (one "/"); a bare word is a
+# built-in name (or its typo), never a hub id.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def reward_model(
+    model: str | torch.nn.Module,
+    args: GRPOConfig,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    device: torch.device | None = None,
+) -> RewardModel:
+    """TRL's reward model in ``reward_funcs``: a folder or hub id, loaded as
+    ``AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)``, or a loaded
+    sequence-classification model; on ``device`` (default: the ``device`` option's), named by
+    the last part of its path (TRL's reward name), with ``tokenizer`` (TRL's
+    ``reward_processing_classes`` entry) or its own."""
+    from .rewards.model import RewardModel
+
+    device = device if device is not None else resolve_device(args.device)
+    if isinstance(model, str):
+        try:
+            return RewardModel(
+                model,
+                tokenizer,
+                device=device,
+                name=Path(model.rstrip("/\\")).name,
+                model_kwargs={"num_labels": 1, "trust_remote_code": args.trust_remote_code},
+            )
+        except (ValueError, OSError) as err:
+            raise ConfigError(
+                f"reward_funcs: {model!r} is not a built-in reward name ({', '.join(REWARD_NAMES)})"
+                f", so it was read as a sequence-classification reward model's folder or hub id, "
+                f"and that failed: {err}"
+            ) from err
+    path = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
+    if tokenizer is None:
+        if not path:
+            raise ConfigError(
+                f"reward_funcs: a loaded {type(model).__name__} has no name_or_path to load its "
+                "tokenizer from; pass it in reward_processing_classes"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    name = Path(str(path).rstrip("/\\")).name if path else type(model).__name__
+    return RewardModel(model, tokenizer, device=device, name=name)
 
 
 @dataclass
@@ -246,6 +332,8 @@ class Scores:
     rewards: torch.Tensor
     per_func: torch.Tensor
     correctness: torch.Tensor
+    # Columns reward functions logged with TRL's log_extra, one value per completion.
+    extra: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
 
 
 class RolloutScorer:
@@ -267,7 +355,8 @@ class RolloutScorer:
     def __call__(self, rows: Sequence[dict[str, Any]], rollout: Rollout) -> Scores:
         rewards, per_func = score_rollout(self.combine, rows, rollout)
         j = self.correctness_index
-        return Scores(rewards, per_func, per_func[:, j] if j is not None else rewards)
+        correctness = per_func[:, j] if j is not None else rewards
+        return Scores(rewards, per_func, correctness, dict(self.combine.last_extra))
 
     def state_dict(self) -> dict[str, Any]:
         stats = {}
@@ -317,13 +406,26 @@ class RolloutScorer:
 
 
 def build_scorer(
-    reward_funcs: RewardFunc | str | Sequence[RewardFunc | str], args: GRPOConfig
+    reward_funcs: RewardFunc | str | Sequence[RewardFunc | str],
+    args: GRPOConfig,
+    reward_processing_classes: Any = None,
+    device: torch.device | None = None,
 ) -> RolloutScorer:
-    """Reward functions from built-in names (configured from ``args``) or callables, with
-    ``reward_weights`` (default 1 each)."""
+    """Reward functions from built-in names (configured from ``args``), callables or reward
+    models (see the module docstring), with ``reward_weights`` (default 1 each).
+    ``reward_processing_classes``: TRL's tokenizers of the reward models, one or a list with
+    one entry per reward function (entries of other functions are not used). ``device``: where
+    TRL-style reward models run (the trainer's device; default: the ``device`` option's)."""
     if callable(reward_funcs) or isinstance(reward_funcs, str):
         reward_funcs = [reward_funcs]
-    funcs = [build_reward_func(f, args) for f in reward_funcs]
+    reward_funcs = list(reward_funcs)
+    tokenizers = reward_tokenizers(reward_processing_classes, len(reward_funcs))
+    funcs = []
+    for spec, tokenizer in zip(reward_funcs, tokenizers, strict=True):
+        if isinstance(spec, torch.nn.Module) or (isinstance(spec, str) and _is_model_spec(spec)):
+            funcs.append(reward_model(spec, args, tokenizer, device))  # TRL's reward models
+        else:
+            funcs.append(build_reward_func(spec, args))
     weights = args.reward_weights or [1.0] * len(funcs)
     if len(weights) != len(funcs):
         names = [reward_func_name(f) for f in funcs]

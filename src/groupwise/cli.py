@@ -260,7 +260,8 @@ def run_train(args: GRPOConfig) -> dict[str, float]:
     )
     trainer.train_dataset = apply_long_prompt_policy(train, trainer.tokenizer, args)
     trainer.eval_dataset = apply_long_prompt_policy(evals, trainer.tokenizer, args)
-    history = trainer.train()
+    trainer.train()
+    history = trainer.log_history
     print(f"[groupwise] metrics: {Path(args.output_dir) / 'metrics.jsonl'}")
     print(f"[groupwise] model:   {Path(args.output_dir)} (AutoModelForCausalLM.from_pretrained)")
     return history[-1] if history else {}

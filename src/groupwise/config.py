@@ -74,6 +74,9 @@ UNBOUNDED_FIELDS = frozenset(
 class GRPOConfig:
     # --- model and data -------------------------------------------------------------------
     model: str = "tiny-random"  # built-in name (smollm2-135m-instruct, tiny-random) or a path
+    # Run the model's own Python code (its auto_map) when it has some: policy and reward
+    # models (transformers' trust_remote_code; False refuses such a model)
+    trust_remote_code: bool = False
     task: str = "arithmetic"  # built-in task, or a path to a JSONL file with a prompt column
     digits: int = 1  # arithmetic: digits per operand
     min_operands: int = 2  # arithmetic: operands per problem (min..max)

@@ -28,7 +28,7 @@ Everything here but :class:`DynamicSampling` is a pure function of its arguments
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -80,6 +80,7 @@ class Group:
     rewards: Tensor  # [n]
     per_func: Tensor  # [n, F]
     correctness: Tensor  # [n]
+    extra: dict[str, list] = field(default_factory=dict)  # reward functions' log_extra columns
 
     @property
     def rows(self) -> int:
@@ -133,6 +134,7 @@ def split_groups(
                 rewards=scores.rewards.cpu()[rows],
                 per_func=scores.per_func.cpu()[rows],
                 correctness=scores.correctness.cpu()[rows],
+                extra={k: [v[i] for i in rows.tolist()] for k, v in scores.extra.items()},
             )
         )
     return groups
@@ -201,6 +203,12 @@ def join_groups(
         torch.cat([g.rewards for g in groups]),
         torch.cat([g.per_func for g in groups]),
         torch.cat([g.correctness for g in groups]),
+        # the columns every group has (draws whose functions logged other columns drop theirs)
+        {
+            k: [x for g in groups for x in g.extra[k]]
+            for k in groups[0].extra
+            if all(k in g.extra for g in groups)
+        },
     )
     return Draw(batch, plan, rollout, scores)
 

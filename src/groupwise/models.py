@@ -247,6 +247,15 @@ def _load_adapter(
     return model, tokenizer or base_tokenizer
 
 
+def is_peft_model(model: Any) -> bool:
+    """Whether ``model`` is already wrapped by peft (``get_peft_model``, TRL's PEFT models)."""
+    if not isinstance(model, torch.nn.Module) or importlib.util.find_spec("peft") is None:
+        return False
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
 def load_model_and_tokenizer(
     name_or_path: str | PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase | None = None,
@@ -254,11 +263,13 @@ def load_model_and_tokenizer(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     attn_implementation: str | None = None,
+    trust_remote_code: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Resolve a built-in model name, a local path, or an already-loaded model (returned as
     is). Saved weights are read straight into ``dtype`` on ``device`` (no fp32 copy in CPU
     memory first); ``tiny-random`` is initialised on the CPU in fp32, so its seeded weights are
-    the same on every machine, then cast."""
+    the same on every machine, then cast. ``trust_remote_code``: transformers' option, always
+    passed, so a model with its own code is refused (False) rather than asked about on stdin."""
     device = torch.device(device)
     # device_map puts each tensor on the GPU as it is read (accelerate, a peft dependency).
     placement: dict[str, Any] = {"dtype": dtype}
@@ -266,7 +277,7 @@ def load_model_and_tokenizer(
         placement["device_map"] = {"": device}
     if attn_implementation is not None:
         placement["attn_implementation"] = attn_implementation
-    if isinstance(name_or_path, PreTrainedModel):
+    if isinstance(name_or_path, torch.nn.Module):  # a PreTrainedModel, or a PeftModel around one
         model = name_or_path
         if tokenizer is None:
             path = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
@@ -292,15 +303,21 @@ def load_model_and_tokenizer(
         )
     else:
         check_model_name(name_or_path)
+        trust = {"trust_remote_code": trust_remote_code}
         try:
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, **placement)
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(name_or_path)
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, **placement, **trust)
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(name_or_path, **trust)
         except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+            if not trust_remote_code and "trust_remote_code" in str(err):
+                raise ModelLoadError(
+                    f"model {name_or_path!r} could not be loaded: {first} It runs its own Python "
+                    "code: set trust_remote_code=True if you trust it"
+                ) from err
             raise ModelLoadError(
-                f"model {name_or_path!r} could not be loaded: {type(err).__name__}: "
-                f"{str(err).strip().splitlines()[0] if str(err).strip() else err!r}. Check that "
-                "the folder holds a complete Hugging Face model (config.json, the weights and "
-                "the tokenizer), e.g. a groupwise output_dir or checkpoint-N folder"
+                f"model {name_or_path!r} could not be loaded: {type(err).__name__}: {first}. "
+                "Check that the folder holds a complete Hugging Face model (config.json, the "
+                "weights and the tokenizer), e.g. a groupwise output_dir or checkpoint-N folder"
             ) from err
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -15,14 +15,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
+import itertools
 import json
 import math
 import os
 import signal
 import threading
 import time
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from transformers import (
     TrainerControl,
     TrainerState,
 )
+from transformers.trainer_utils import TrainOutput
 
 from . import checkpoint as ckpt
 from .build import (
@@ -64,14 +65,13 @@ from .distributed import (
 from .errors import option
 from .files import atomic_write_text, staged_files
 from .loggers import RunLoggers
-from .models import adapter_base_name, record_adapter_base
+from .models import adapter_base_name, is_peft_model, record_adapter_base
 from .monitor import TrainingMonitor
 from .policy import CheckpointMismatch, Policy, UpdateStats, optimizer_steps
-from .rewards import RewardFunc
+from .rewards import RewardFunc, RewardModel
 from .rollout import Rollout
 from .rollout.multiturn import conversation_logs
 from .sampler import PromptBatches
-from .trl_compat import IgnoredOptionsWarning
 
 
 def _model_name(model: Any, args: GRPOConfig) -> str:
@@ -212,9 +212,10 @@ class Trainer:
     (``transformers.TrainerCallback``-like objects or classes: on_init_end, on_train_begin,
     on_step_begin, on_step_end, on_log, on_evaluate, on_save and on_train_end are called with
     ``(args, state, control, **kwargs)``; ``control.should_training_stop`` and
-    ``control.should_save`` are obeyed), ``reward_processing_classes`` (accepted and reported as
-    ignored: reward models here load their own tokenizer), ``optimizers`` (only ``(None,
-    None)``). TRL's positional order ``(model, reward_funcs, args, train_dataset)`` works too.
+    ``control.should_save`` are obeyed), ``reward_processing_classes`` (the tokenizers of the
+    reward models in ``reward_funcs``: one, or a list with an entry per reward function),
+    ``optimizers`` (only ``(None, None)``). TRL's positional order ``(model, reward_funcs, args,
+    train_dataset)`` works too.
 
     Multi-turn rollouts (README "Tools and environments"): ``tools``, typed and documented Python
     functions (or built-in names) the model may call, as TRL's ``tools``; or
@@ -248,6 +249,13 @@ class Trainer:
         if args is not None and not isinstance(args, GRPOConfig):
             raise TypeError(f"args must be a groupwise GRPOConfig, got {type(args).__name__}")
         args = args or self.default_args()
+        if is_peft_model(model):  # TRL: a PeftModel trains its own adapter
+            if peft_config is not None:
+                raise ConfigError(
+                    "model is already a PeftModel (it has its adapter) and peft_config was also "
+                    "given; pass the base model with peft_config, or the PeftModel alone"
+                )
+            args = with_peft_config(args, model.peft_config[model.active_adapter])
         if peft_config is not None:
             args = with_peft_config(args, peft_config)
         seed_everything(args.seed)
@@ -263,6 +271,7 @@ class Trainer:
             args.output_dir = all_gather_objects(
                 default_output_dir(_model_name(model, args), args.task), self.dist
             )[0]
+        train_dataset = stream_prefix(train_dataset, args, self.dist.world_size)
         self._check_dataset(train_dataset, "train_dataset")
         # max_steps=-1 (num_train_epochs) and "epoch" strategies need the dataset's size.
         self.args = args = args.for_dataset(len(train_dataset), self.dist.world_size)
@@ -281,10 +290,15 @@ class Trainer:
         self._adapter_base = (
             adapter_base_name(given) if args.use_peft and isinstance(given, str) else None
         )
-        self.scorer = build_scorer(reward_funcs, args)
+        self.scorer = build_scorer(reward_funcs, args, reward_processing_classes, self.device)
+        self.scorer.combine.trainer_state = lambda: self.state  # TRL's trainer_state kwarg
+        # TRL's attribute: each reward function's tokenizer (a reward model's), else None.
+        self.reward_processing_classes = [
+            f.tokenizer if isinstance(f, RewardModel) else None for f in self.scorer.funcs
+        ]
         self.eval_dataset = eval_dataset
         if eval_dataset is not None:
-            self._check_dataset(eval_dataset, "eval_dataset")
+            self._check_eval_dataset(eval_dataset, "eval_dataset")
         self.policy = Policy(model, args, self.dist, self.device, self.precision)
         self.curriculum: Curriculum = NoCurriculum(args.num_generations)
         # Each rank samples its own completions (the model and prompt order are shared).
@@ -306,6 +320,9 @@ class Trainer:
         self.global_step = 0
         self.compute = ComputeLedger()  # tokens, rollouts, informative groups, optimizer steps
         self.log_history: list[dict[str, float]] = []
+        # (len(log_history) then, row): train()'s end-of-training rows, for state.log_history
+        self._train_summaries: list[tuple[int, dict[str, float]]] = []
+        self._train_losses: list[float] = []  # this train() call's per-step losses
         self._metrics_started = False
         self._earlier_run: list[str] = []  # what an earlier run left in output_dir (train())
         self.output_dir = Path(args.output_dir)
@@ -318,13 +335,6 @@ class Trainer:
         self.callbacks = [cb() if isinstance(cb, type) else cb for cb in callbacks or ()]
         self.control = TrainerControl()
         self._state = TrainerState()
-        if reward_processing_classes is not None:
-            warnings.warn(
-                "GRPOTrainer: reward_processing_classes is accepted but ignored (a reward model "
-                "here, reward_model:PATH, loads its own tokenizer)",
-                IgnoredOptionsWarning,
-                stacklevel=2,
-            )
         self.setup()
         self._callback("on_init_end")
 
@@ -338,6 +348,9 @@ class Trainer:
 
     # Why this trainer cannot run with its model sharded (FSDP2), or None when it can.
     sharding_refusal: str | None = None
+    # TRL's flag: whether the loss adds a Mixture-of-Experts model's router load-balancing loss
+    # (then logged as aux_loss). groupwise trains on its policy loss alone, so never.
+    aux_loss_enabled: bool = False
 
     def check_options(self, args: GRPOConfig, dist: DistributedContext) -> None:
         """Refuse option combinations this trainer cannot run, before anything is loaded."""
@@ -354,12 +367,17 @@ class Trainer:
     @property
     def state(self) -> TrainerState:
         """A ``transformers.TrainerState`` of this run, up to date: global_step, max_steps,
-        log_history (the same list as ``self.log_history``), epoch, ..."""
+        log_history (``self.log_history``'s rows with, as in transformers, the summary row each
+        ``train()`` call added at its end: train_loss, train_runtime, ..., and the final step's
+        metrics), epoch, ..."""
         state, args = self._state, self.args
         per_epoch = args.steps_per_epoch(len(self.prompts.dataset), self.dist.world_size)
         state.global_step = self.global_step
         state.max_steps = args.max_steps
-        state.log_history = self.log_history
+        history = list(self.log_history)
+        for position, row in reversed(self._train_summaries):
+            history.insert(min(position, len(history)), row)
+        state.log_history = history
         state.epoch = self.global_step / per_epoch
         state.num_train_epochs = math.ceil(args.max_steps / per_epoch)
         state.logging_steps = args.logging_steps
@@ -431,12 +449,29 @@ class Trainer:
     def reward_names(self) -> list[str]:
         return self.scorer.names
 
+    @classmethod
+    def _check_eval_dataset(cls, dataset: Any, name: str) -> None:
+        """An evaluation set, or a dict of them by name (TRL's form); an IterableDataset is read
+        when evaluated (its first row is checked now)."""
+        if isinstance(dataset, Mapping):
+            if not dataset:
+                raise ValueError(f"{name} is an empty dict; give at least one dataset")
+            for key, part in dataset.items():
+                cls._check_eval_dataset(part, f"{name}[{key!r}]")
+            return
+        if not _is_indexable(dataset):
+            first = next(iter(dataset), None) if isinstance(dataset, Iterable) else None
+            if first is None:
+                raise ValueError(f"{name} is empty or not a dataset ({type(dataset).__name__})")
+            dataset = [first]
+        cls._check_dataset(dataset, name)
+
     @staticmethod
     def _check_dataset(dataset: Sequence[dict[str, Any]], name: str) -> None:
-        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        if not _is_indexable(dataset):
             raise TypeError(
-                f"{name} must be sized and indexable (a list of dict rows or a datasets.Dataset), "
-                f"got {type(dataset).__name__}; an IterableDataset is not supported"
+                f"{name} must be a list of dict rows, a datasets.Dataset or a "
+                f"datasets.IterableDataset, got {type(dataset).__name__}"
             )
         if len(dataset) == 0:
             raise ValueError(f"{name} is empty")
@@ -516,6 +551,7 @@ class Trainer:
             logs["time/context_insert"] = timing.get("insert_s", 0.0)
         for block in extra:
             logs.update(block)
+        logs.update(self.scorer.combine.take_metrics())  # the reward functions' log_metric
         logs.update(self.compute.record(self.compute_spent(rollout, scores)))
         if stats.mismatch:
             logs.update(rollout_mismatch_logs(stats.mismatch))
@@ -555,7 +591,7 @@ class Trainer:
         weights = plan.row_weights(rollout) if plan is not None else None
         advantages = advantages.cpu() if weights is None else advantages.cpu() * weights
         self._last_batch = (rows, rollout.texts, scores.rewards, scores.per_func, advantages,
-                            group_ids)  # fmt: skip
+                            group_ids, scores.extra)  # fmt: skip
         if self.args.log_completions:
             self._last_samples = [
                 {"prompt": rows[g]["prompt"], "completion": text, "reward": float(r)}
@@ -571,16 +607,46 @@ class Trainer:
         dataset: Sequence[dict[str, Any]] | None = None,
         batch_size: int | None = None,
         greedy: bool = True,
+        *,
+        eval_dataset: Any = None,
     ) -> dict[str, float]:
         """Mean of every reward function over ``dataset`` (default: eval_dataset), one greedy
         completion per prompt (or one sample at the training temperature), ``batch_size``
         (default ``per_device_eval_batch_size``) prompts at a time; with
-        ``eval_num_generations`` also pass@k / mean@k (overall and per difficulty level)."""
-        from .evaluation import evaluate_model, reward_means
-
+        ``eval_num_generations`` also pass@k / mean@k (overall and per difficulty level).
+        ``eval_dataset`` is TRL's name for ``dataset``. A dict of datasets (TRL's form) is
+        evaluated set by set, each one's metrics named ``eval/<name>/...``; an IterableDataset
+        is read whole. Scalars the reward functions log with ``log_metric`` are
+        ``eval/<metric>``."""
+        if eval_dataset is not None:
+            if dataset is not None:
+                raise ValueError("evaluate(): give dataset or eval_dataset (TRL's name), not both")
+            dataset = eval_dataset
         dataset = dataset if dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("evaluate() needs a dataset: pass one or give eval_dataset")
+        if isinstance(dataset, Mapping):
+            merged: dict[str, float] = {}
+            for name, part in dataset.items():
+                for key, value in self.evaluate(part, batch_size, greedy).items():
+                    merged[f"eval/{name}/{key.removeprefix('eval/')}"] = value
+            return merged
+        self._check_eval_dataset(dataset, "eval_dataset")
+        combine = self.scorer.combine
+        # log_metric values of training steps stay apart from this evaluation's
+        training, combine.pending_metrics = combine.pending_metrics, {}
+        try:
+            result = self._evaluate(materialize(dataset), batch_size, greedy)
+            result.update({f"eval/{k}": v for k, v in combine.take_metrics().items()})
+        finally:
+            combine.pending_metrics = training
+        return result
+
+    def _evaluate(
+        self, dataset: Sequence[dict[str, Any]], batch_size: int | None, greedy: bool
+    ) -> dict[str, float]:
+        from .evaluation import evaluate_model, reward_means
+
         args = self.args
         batch_size = batch_size or args.per_device_eval_batch_size
         with self.policy.full_weights():  # FSDP: generation calls the unwrapped model
@@ -648,7 +714,7 @@ class Trainer:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
         with open(self.output_dir / name, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(json.dumps(record, default=str) + "\n")
 
     def _warn(self, step: int, kind: str, message: str) -> None:
         """A warning or note: console, events.jsonl (read by ``groupwise report``), loggers."""
@@ -666,7 +732,7 @@ class Trainer:
         its reward, reward components and advantage, and the ground truth."""
         if not self._last_batch:
             return []
-        rows, texts, rewards, per_func, advantages, group_ids = self._last_batch
+        rows, texts, rewards, per_func, advantages, group_ids, extra = self._last_batch
         records: dict[int, dict[str, Any]] = {}
         limit = len(rows) if num_prompts is None else num_prompts
         for i, g in enumerate(group_ids.tolist()):
@@ -690,6 +756,8 @@ class Trainer:
                         for j, name in enumerate(self.reward_names)
                     },
                     "advantage": float(advantages[i]),
+                    # columns the reward functions logged with log_extra
+                    **({"extra": {k: v[i] for k, v in extra.items()}} if extra else {}),
                 }
             )
         return [records[g] for g in sorted(records)]
@@ -870,11 +938,16 @@ class Trainer:
             return
         self.load_checkpoint(path)
 
-    def train(self) -> list[dict[str, float]]:
+    def train(self) -> TrainOutput:
         """Run ``max_steps`` steps (continuing from a checkpoint when
         ``resume_from_checkpoint`` is set), logging to ``output_dir/metrics.jsonl``, evaluating
-        every ``eval_steps`` and saving every ``save_steps``, on SIGINT/SIGTERM, and at the end."""
+        every ``eval_steps`` and saving every ``save_steps``, on SIGINT/SIGTERM, and at the end.
+
+        Returns transformers' ``TrainOutput(global_step, training_loss, metrics)``, as TRL's
+        trainer does: see :meth:`train_summary`. The per-step rows are ``self.log_history``."""
         args = self.args
+        started, first_step = time.perf_counter(), self.global_step
+        self._train_losses = []
         self._earlier_run = []
         if self.global_step == 0 and not self._metrics_started:  # not a continuation
             ckpt.check_output_dir(
@@ -905,6 +978,23 @@ class Trainer:
         try:
             self._callback("on_train_begin")
             self._train_loop()
+            metrics = self.train_summary(
+                time.perf_counter() - started, self.global_step - first_step
+            )
+            # As in TRL (whose log() merges the metrics not yet logged into this row), the
+            # summary also carries the final step's metrics: log_history[-1]["reward"] works.
+            final = next(
+                (
+                    r
+                    for r in reversed(self.log_history)
+                    if r.get("step") == self.global_step and "loss" in r
+                ),
+                {},
+            )
+            ran = self.global_step > first_step
+            row = {**(final if ran else {}), **metrics, "step": self.global_step}
+            self._train_summaries.append((len(self.log_history), row))
+            self._callback("on_log", logs=dict(row))  # before on_train_end, as transformers
             self._callback("on_train_end")
         finally:
             for signum, handler in previous_handlers.items():
@@ -916,7 +1006,24 @@ class Trainer:
             merged = copy.deepcopy(self.model).merge_and_unload()
             merged.save_pretrained(self.output_dir / "merged")
             self.tokenizer.save_pretrained(self.output_dir / "merged")
-        return self.log_history
+        return TrainOutput(self.global_step, metrics["train_loss"], metrics)
+
+    def train_summary(self, seconds: float, steps: int) -> dict[str, float]:
+        """transformers' end-of-training metrics of a ``train()`` call that ran ``steps`` steps
+        in ``seconds``: ``train_loss``, the mean of those steps' finite ``loss`` (NaN when none
+        ran), ``train_runtime``, ``train_samples_per_second`` (completions trained on, every
+        rank's), ``train_steps_per_second`` and ``epoch``. The row ``state.log_history`` ends
+        with; not written to metrics.jsonl, which holds one row per logged step."""
+        losses = self._train_losses
+        seconds = max(seconds, 1e-9)
+        samples = steps * self.args.completions_per_generation * self.dist.world_size
+        return {
+            "train_runtime": round(seconds, 4),
+            "train_samples_per_second": round(samples / seconds, 3),
+            "train_steps_per_second": round(steps / seconds, 3),
+            "train_loss": sum(losses) / len(losses) if losses else math.nan,
+            "epoch": self.state.epoch,
+        }
 
     def _train_loop(self) -> None:
         args = self.args
@@ -933,6 +1040,8 @@ class Trainer:
             self._callback("on_step_begin")
             logs = self.train_step()
             step = self.global_step
+            if math.isfinite(logs.get("loss", math.nan)):  # transformers skips nan/inf losses
+                self._train_losses.append(float(logs["loss"]))
             self._callback("on_step_end")
             if step % args.logging_steps == 0 or step == args.max_steps:
                 self._log(logs)
@@ -975,7 +1084,8 @@ class Trainer:
         bar.close()
         if self.eval_dataset is not None and (args.eval_on_start or args.eval_steps):
             last = self.log_history[-1] if self.log_history else {}
-            if not (last.get("step") == self.global_step and "eval/reward" in last):
+            evaluated = any(key.startswith("eval/") for key in last)
+            if not (last.get("step") == self.global_step and evaluated):
                 self._log({"step": self.global_step, **self.evaluate()})
         saved = (self.output_dir / f"checkpoint-{self.global_step}").exists()
         if args.save_steps and any_rank(not saved, self.dist):
@@ -1020,6 +1130,32 @@ class Trainer:
         self.policy.save_pretrained(folder, weights)
         if self._adapter_base is not None:
             record_adapter_base(folder, self._adapter_base)
+
+
+def _is_indexable(dataset: Any) -> bool:
+    return hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
+
+
+def stream_prefix(dataset: Any, args: GRPOConfig, world_size: int) -> Any:
+    """A training set without a length (a ``datasets.IterableDataset``, a generator of rows)
+    as the rows training will draw: its first ``max_steps`` x prompts per step (every rank's)
+    rows, read now, in stream order; training cycles over them when the stream is shorter. As in
+    TRL, such a dataset needs ``max_steps``. A sized, indexable dataset is returned as is."""
+    if _is_indexable(dataset) or not isinstance(dataset, Iterable) or isinstance(dataset, str):
+        return dataset
+    if args.max_steps < 1:
+        raise ConfigError(
+            f"train_dataset is a {type(dataset).__name__} (no length), so the number of steps "
+            "cannot follow from num_train_epochs: set max_steps (as TRL requires)"
+        )
+    needed = args.max_steps * args.prompts_per_step * world_size
+    return list(itertools.islice(iter(dataset), needed))
+
+
+def materialize(dataset: Any) -> Any:
+    """An evaluation set without a length (a ``datasets.IterableDataset``) as a list of its
+    rows (evaluation reads every row); a sized, indexable one as is."""
+    return dataset if _is_indexable(dataset) else list(dataset)
 
 
 def rollout_mismatch_logs(

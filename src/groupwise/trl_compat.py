@@ -14,10 +14,11 @@ A TRL script builds ``GRPOConfig(...)`` with the usual ``TrainingArguments`` key
   ``max_tool_calling_iterations=N`` (tool rounds) is ``max_turns=N + 1``;
   ``use_vllm=True`` -> ``generation_engine="vllm"`` (the colocated vLLM engine; the ``vllm_*``
   options of colocate mode are real fields, server mode is refused);
+  ``scale_rewards=True`` / ``False`` (TRL's booleans) are ``"group"`` / ``"none"``;
   ``lr_scheduler_type="constant_with_warmup"`` is groupwise's ``constant`` (which warms up over
   ``warmup_steps``); transformers' enums (``SchedulerType.COSINE``, ...) are read as their values.
-  ``num_train_epochs``, ``warmup_ratio``, ``adam_epsilon``, ``save_strategy``, ``eval_strategy``
-  and ``per_device_eval_batch_size`` are real ``GRPOConfig`` fields.
+  ``num_train_epochs``, ``warmup_ratio``, ``adam_epsilon``, ``save_strategy``, ``eval_strategy``,
+  ``per_device_eval_batch_size`` and ``trust_remote_code`` are real ``GRPOConfig`` fields.
 - Names in :data:`TRL_IGNORED` (TRL 1.16's GRPOConfig fields with no meaning in groupwise, and
   a few older TrainingArguments names) are accepted, kept out of the config's fields (so
   ``to_dict()``, ``config.yaml`` and checkpoint comparison never see them) and reported once,
@@ -164,7 +165,6 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "trackio_static_space_id",
         "train_sampling_strategy",
         "transformers_continuous_batching_config",
-        "trust_remote_code",
         "use_adaptive_entropy",
         "use_bias_correction_kl",
         "use_cache",
@@ -230,6 +230,11 @@ def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
     for name in _ENUMS:  # transformers' SchedulerType / IntervalStrategy enums -> their value
         if hasattr(kwargs.get(name), "value"):
             kwargs[name] = kwargs[name].value
+    scale = kwargs.get("scale_rewards")
+    if isinstance(scale, str) and scale.lower() in ("true", "false"):
+        scale = scale.lower() == "true"
+    if isinstance(scale, bool):  # TRL's booleans: True is "group", False is "none"
+        kwargs["scale_rewards"] = "group" if scale else "none"
     if kwargs.get("lr_scheduler_type") == "constant_with_warmup":  # groupwise's constant warms up
         kwargs["lr_scheduler_type"] = "constant"
     if kwargs.pop("use_cpu", False):

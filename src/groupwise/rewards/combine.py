@@ -1,7 +1,11 @@
 """Scoring a batch with several reward functions: robust calls and the weighted combination.
 
-- Each function gets TRL's call ``f(prompts=..., completions=..., completion_ids=..., **columns)``;
-  ``async def`` functions are awaited concurrently.
+- Each function gets TRL's call ``f(prompts=..., completions=..., completion_ids=..., **columns,
+  trainer_state=..., log_extra=..., log_metric=...)``; ``async def`` functions are awaited
+  concurrently. ``trainer_state`` is the training run's ``transformers.TrainerState`` (None
+  outside a trainer); ``log_extra(column, values)`` adds a column with one value per completion
+  to the completions log (:attr:`RewardScorer.last_extra`); ``log_metric(name, value)`` adds a
+  scalar that the trainer logs, averaged over the step (:meth:`RewardScorer.take_metrics`).
 - A function that raises is called again completion by completion, so one bad completion costs
   one None, not the batch. Exception types are counted and the first traceback of each function
   is logged once. If more than ``max_failure_fraction`` of a step's completions fail for one
@@ -22,7 +26,7 @@ import math
 import threading
 import traceback
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +85,11 @@ class RewardScorer:
         self.nan_counts: Counter = Counter()
         self._nan_logged: set[str] = set()
         self._all_none_logged: set[str] = set()
+        # TRL's reward kwargs: the trainer sets trainer_state to a function returning its state.
+        self.trainer_state: Callable[[], Any] | None = None
+        self.pending_metrics: dict[str, list[float]] = {}
+        self.last_extra: dict[str, list[Any]] = {}  # log_extra's columns of the last call
+        self._extra_logged: set[str] = set()
 
     # ------------------------------------------------------------------------------------------
     def _check_values(self, name: str, values: Any, n: int) -> list[float | None]:
@@ -172,11 +181,55 @@ class RewardScorer:
             return asyncio.wait_for(out, self.timeout)
         return out
 
-    def _call_one_by_one(self, func: RewardFunc, name: str, kwargs: dict[str, Any], n: int):
+    def log_metric(self, name: str, value: float) -> None:
+        """TRL's ``log_metric`` reward kwarg: a scalar for this step's logs (averaged)."""
+        self.pending_metrics.setdefault(str(name), []).append(float(value))
+
+    def take_metrics(self) -> dict[str, float]:
+        """The mean of each metric ``log_metric`` received since the last call, and forget them."""
+        pending, self.pending_metrics = self.pending_metrics, {}
+        return {name: sum(values) / len(values) for name, values in pending.items() if values}
+
+    def _shared(self, extra: dict[str, list[Any]]) -> dict[str, Any]:
+        """The kwargs every function gets whole (never split per completion)."""
+
+        def log_extra(column: str, values: Sequence[Any]) -> None:
+            extra.setdefault(str(column), []).extend(values)
+
+        state = self.trainer_state() if self.trainer_state is not None else None
+        return {"trainer_state": state, "log_extra": log_extra, "log_metric": self.log_metric}
+
+    def _keep_extra(self, extra: dict[str, list[Any]], n: int) -> dict[str, list[Any]]:
+        """log_extra's columns that hold one value per completion; another length (e.g. a
+        function that logged and then raised, and was called again per completion) is dropped,
+        with a warning once per column."""
+        kept = {}
+        for column, values in extra.items():
+            if len(values) == n:
+                kept[column] = values
+            elif column not in self._extra_logged:
+                self._extra_logged.add(column)
+                logger.warning(
+                    "log_extra(%r, ...) received %d values for a batch of %d completions; the "
+                    "column is left out of the completions log (logged once)",
+                    column,
+                    len(values),
+                    n,
+                )
+        return kept
+
+    def _call_one_by_one(
+        self,
+        func: RewardFunc,
+        name: str,
+        kwargs: dict[str, Any],
+        n: int,
+        shared: dict[str, Any] | None = None,
+    ):
         values: list[Any] = []
         failures = 0
         for i in range(n):
-            single = {k: [v[i]] for k, v in kwargs.items()}
+            single = {k: [v[i]] for k, v in kwargs.items()} | (shared or {})
             try:
                 result = self._invoke(func, name, single)
                 if inspect.isawaitable(result):
@@ -197,13 +250,15 @@ class RewardScorer:
             )
         return values
 
-    def _call_all(self, kwargs: dict[str, Any], n: int) -> list[list[float | None]]:
+    def _call_all(
+        self, kwargs: dict[str, Any], n: int, shared: dict[str, Any] | None = None
+    ) -> list[list[float | None]]:
         results: list[Any] = [None] * len(self.funcs)
         failed: list[int] = []
         pending: dict[int, Any] = {}
         for j, func in enumerate(self.funcs):
             try:
-                out = self._invoke(func, self.names[j], kwargs)
+                out = self._invoke(func, self.names[j], kwargs | (shared or {}))
             except RewardFunctionError:
                 raise
             except Exception:  # noqa: BLE001 - retried completion by completion below
@@ -232,7 +287,7 @@ class RewardScorer:
         columns: list[list[float | None]] = []
         for j, name in enumerate(self.names):
             if j in failed:
-                columns.append(self._call_one_by_one(self.funcs[j], name, kwargs, n))
+                columns.append(self._call_one_by_one(self.funcs[j], name, kwargs, n, shared))
             else:
                 columns.append(self._check_values(name, results[j], n))
         return columns
@@ -256,7 +311,10 @@ class RewardScorer:
                 raise ValueError(f"column {key!r} has {len(values)} values for {n} completions")
             kwargs[key] = list(values)
         per_func = torch.full((n, len(self.funcs)), float("nan"))
-        for j, values in enumerate(self._call_all(kwargs, n)):
+        extra: dict[str, list[Any]] = {}
+        columns_out = self._call_all(kwargs, n, self._shared(extra))
+        self.last_extra = self._keep_extra(extra, n)
+        for j, values in enumerate(columns_out):
             self._check_applies(self.names[j], values)
             for i, value in enumerate(values):
                 if value is not None:
