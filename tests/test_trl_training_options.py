@@ -345,3 +345,18 @@ def test_chat_template_kwargs_reach_the_prompts(tmp_path, with_tools):
                         processing_class=_thinking_tokenizer(), tools=tools)  # fmt: skip
     render = getattr(plain.engine, "prompt_text", None)
     assert render is None or render(rows[0]["prompt"]).endswith("<assistant>")
+
+
+def test_trl_bf16_on_cpu_trains_fp32_weights_under_bf16_autocast(tmp_path):
+    """TRL's bf16=True is mixed precision: a bf16 checkpoint is trained as fp32 master weights,
+    the forwards run under bf16 autocast (on a CPU too), never as pure bf16 weights."""
+    from groupwise.models import smollm2_tokenizer, tiny_random_model
+
+    model = tiny_random_model(seed=0).to(torch.bfloat16)
+    tokenizer = smollm2_tokenizer()
+    args = _config(tmp_path, bf16=True, use_cpu=True, max_steps=1)
+    trainer = GRPOTrainer(model, TargetToken(), ROWS, args=args, processing_class=tokenizer)
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    assert trainer.precision.autocast and trainer.precision.weights == torch.float32
+    trainer.train()
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
