@@ -360,3 +360,15 @@ def test_trl_bf16_on_cpu_trains_fp32_weights_under_bf16_autocast(tmp_path):
     assert trainer.precision.autocast and trainer.precision.weights == torch.float32
     trainer.train()
     assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+
+
+def test_shuffle_dataset_false_draws_the_prompts_in_dataset_order(tmp_path):
+    from groupwise.sampler import PromptSampler
+
+    assert PromptSampler(5, seed=0, shuffle=False).take(7) == [0, 1, 2, 3, 4, 0, 1]
+    assert PromptSampler(5, seed=0).take(5) != [0, 1, 2, 3, 4]  # shuffled by default
+    rows = [{"prompt": f"Say {i}"} for i in range(8)]
+    args = _config(tmp_path, shuffle_dataset=False)  # 2 prompts per step
+    trainer = GRPOTrainer("tiny-random", TargetToken(), rows, args=args)
+    assert [r["prompt"] for r in trainer.prompts.next().rows] == ["Say 0", "Say 1"]
+    assert GRPOConfig(shuffle_dataset=None).shuffle_dataset is True  # TRL's None: the default

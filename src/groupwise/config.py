@@ -252,6 +252,8 @@ class GRPOConfig:
 
     # --- generation -----------------------------------------------------------------------
     max_prompt_length: int | None = 512  # prompt tokens kept (None: no limit)
+    # draw the training prompts in a new random order every epoch (false: in dataset order)
+    shuffle_dataset: bool = True
     max_completion_length: int = 256  # new tokens per completion at most
     temperature: float = 1.0  # sampling temperature of the rollouts
     top_p: float = 1.0  # nucleus sampling mass (1.0: disabled)

@@ -305,6 +305,7 @@ class Trainer:
             args.seed,
             self.dist,
             getattr(self.engine, "prompt_text", None),  # with tools: shown in the prompt
+            shuffle=args.shuffle_dataset,
         )
         self.global_step = 0
         self.compute = ComputeLedger()  # tokens, rollouts, informative groups, optimizer steps

@@ -137,7 +137,6 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "run_name",
         "save_on_each_node",
         "save_only_model",
-        "shuffle_dataset",
         "skip_memory_metrics",
         "torch_compile",
         "torch_compile_backend",
@@ -219,6 +218,7 @@ _NONE_IS_DEFAULT = (
     "num_completions_to_print",
     "disable_tqdm",
     "tf32",
+    "shuffle_dataset",
 )
 
 
