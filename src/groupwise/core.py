@@ -580,7 +580,8 @@ def high_entropy_mask(entropies: Tensor, mask: Tensor, quantile: float) -> Tenso
     the 80/20 Rule", arXiv 2506.01939): those whose entropy is at or above the ``1 - rho``
     quantile of the completion tokens' entropies (torch.quantile, linear interpolation).
     rho = 1 keeps every token; rho = 0 keeps only the highest-entropy one(s). [B, T] bool;
-    padding never kept. The quantile is over this micro-batch's tokens (TRL's, per process)."""
+    padding never kept. The quantile is over this micro-batch's tokens on this rank (TRL pools
+    every process's micro-batch: the same in one process)."""
     keep = mask.bool()
     values = entropies[keep].float()
     if values.numel() == 0:
