@@ -118,7 +118,7 @@ def run_arm(
     after = greedy_eval(trainer, held_out)
     print(f"[{arm}] after {trainer.global_step} steps, {seconds / 60:.1f} min: {after}", flush=True)
     curve = [json.loads(line) for line in open(out / arm / "metrics.jsonl")]
-    keys = ("step", "reward", "tools/call_rate", "tools/error_rate", "turns/mean",
+    keys = ("step", "reward", "tools/call_rate", "tools/failure_frequency", "turns/mean",
             "tokens/masked_fraction", "time/step")  # fmt: skip
     for row in curve:
         print("  " + " ".join(f"{k}={row[k]:.3g}" for k in keys if k in row), flush=True)

@@ -72,6 +72,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # vLLM: 0 or -1 disables top-k
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     max_tokens: int | None = 16
     logprobs: int | None = None
     stop_token_ids: list[int] | None = None
@@ -176,6 +178,8 @@ class LLM:
                 temperature=sp.temperature,
                 top_p=sp.top_p,
                 top_k=max(sp.top_k, 0),
+                min_p=sp.min_p,
+                repetition_penalty=sp.repetition_penalty,
             )
             # vLLM stops at the model's EOS and at stop_token_ids.
             config = self.model.lm.generation_config

@@ -1,5 +1,7 @@
 """Tests for groupwise.config: defaults, typed loading from dicts/YAML/CLI strings, validation."""
 
+from typing import Any
+
 import pytest
 
 from groupwise.config import ConfigError, GRPOConfig, coerce, parse_cli_overrides
@@ -157,7 +159,14 @@ def test_unknown_option_without_close_match_has_no_suggestion():
 
 def test_coerce_unsupported_type():
     with pytest.raises(ConfigError, match="unsupported type"):
-        coerce("1", dict, "x")
+        coerce("1", set, "x")
+
+
+def test_coerce_a_mapping():
+    assert coerce("{enable_thinking: false}", dict, "x") == {"enable_thinking": False}
+    assert coerce({"a": 1}, dict[str, Any] | None, "x") == {"a": 1}
+    with pytest.raises(ConfigError, match="expects a mapping"):
+        coerce("[1]", dict, "x")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +178,8 @@ def test_bad_choice_lists_valid_values():
     with pytest.raises(ConfigError) as info:
         GRPOConfig(loss_type="ppo")
     assert str(info.value) == (
-        "loss_type='ppo' is not one of ['grpo', 'bnpo', 'dapo', 'dr_grpo', 'cispo']"
+        "loss_type='ppo' is not one of "
+        "['grpo', 'bnpo', 'dapo', 'dr_grpo', 'cispo', 'luspo', 'sapo', 'vespo']"
     )
     with pytest.raises(ConfigError, match=r"scale_rewards='std' is not one of"):
         GRPOConfig(scale_rewards="std")

@@ -167,6 +167,46 @@ def test_sampling_logprobs_are_of_the_truncated_distribution(make, model):
             assert abs(float(rollout.sampling_logprobs[i, t]) - expected) < 1e-5
 
 
+def test_min_p_and_repetition_penalty_apply_in_every_engine(make, model):
+    """TRL's min_p and repetition_penalty: each recorded log-prob is that of the distribution
+    HF's processors give, computed here from the full logits: every logit of a token already in
+    the prompt or the completion divided by the penalty if positive (multiplied if negative),
+    then / T, then the tokens below min_p times the top probability dropped, renormalised."""
+    penalty, min_p, temperature = 1.5, 0.3, 0.9
+    params = SamplingParams(
+        MAX_NEW, temperature=temperature, min_p=min_p, repetition_penalty=penalty
+    )
+    rollout = make(model, params).engine.generate(PROMPTS, COUNTS)
+    checked = 0
+    for i in range(rollout.completion_ids.shape[0]):
+        prompt = PROMPTS[int(rollout.group_ids[i])]
+        n = int(rollout.completion_mask[i].sum())
+        tokens = rollout.completion_ids[i, :n].tolist()
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+        for t, token in enumerate(tokens):
+            z = logits[t].double().clone()
+            for seen in set(prompt + tokens[:t]):
+                z[seen] = z[seen] / penalty if z[seen] > 0 else z[seen] * penalty
+            probs = torch.softmax(z / temperature, -1)
+            kept = probs >= min_p * probs.max()
+            assert bool(kept[token]), f"row {i} token {t}: {token} is below min_p"
+            expected = math.log(probs[token] / probs[kept].sum())
+            assert abs(float(rollout.sampling_logprobs[i, t]) - expected) < 1e-5
+            checked += 1
+    assert checked > 10
+
+
+def test_greedy_with_repetition_penalty_equals_the_hf_engines(make, model, tokenizer):
+    params = SamplingParams(MAX_NEW, temperature=0.0, repetition_penalty=3.0)
+    reference = HFEngine(model, tokenizer, params).generate(PROMPTS, COUNTS)
+    plain = HFEngine(model, tokenizer, SamplingParams(MAX_NEW, temperature=0.0))
+    rollout = make(model, params).engine.generate(PROMPTS, COUNTS)
+    assert torch.equal(rollout.completion_ids, reference.completion_ids)
+    # The penalty changed the greedy text (else this test would not see it).
+    assert not torch.equal(plain.generate(PROMPTS, COUNTS).completion_ids, reference.completion_ids)
+
+
 def test_greedy_completions_equal_the_hf_engines(make, model, tokenizer):
     params = SamplingParams(MAX_NEW, temperature=0.0)
     reference = HFEngine(model, tokenizer, params).generate(PROMPTS, COUNTS)

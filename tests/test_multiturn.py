@@ -250,9 +250,9 @@ def test_conversation_logs_by_hand():
                     {"tool_calls": 1, "tool_errors": 0, "turns": 2}],
     )  # fmt: skip
     logs = conversation_logs(rollout, torch.tensor([1.0, 0.0, 0.5]))
-    assert logs["tools/calls_per_conversation"] == pytest.approx(1.0)
+    assert logs["tools/call_frequency"] == pytest.approx(1.0)
     assert logs["tools/call_rate"] == pytest.approx(2 / 3)
-    assert logs["tools/error_rate"] == pytest.approx(1 / 3)
+    assert logs["tools/failure_frequency"] == pytest.approx(1 / 3)
     assert logs["tools/accuracy_with_call"] == pytest.approx(0.75)
     assert logs["tools/accuracy_without_call"] == pytest.approx(0.0)
     assert logs["turns/mean"] == pytest.approx(2.0)
@@ -381,7 +381,7 @@ def test_multi_turn_training_learns_and_logs_tool_metrics(tmp_path, tokenizer):
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 12
     for row in lines:
-        for key in ("tools/calls_per_conversation", "tools/call_rate", "tools/error_rate",
+        for key in ("tools/call_frequency", "tools/call_rate", "tools/failure_frequency",
                     "turns/mean", "tokens/masked_fraction", "time/environment"):  # fmt: skip
             assert key in row, key
     assert lines[0]["turns/mean"] > 1.5 and lines[0]["tokens/masked_fraction"] > 0.3

@@ -49,7 +49,7 @@ def test_cispo_by_hand():
 
 def test_cispo_needs_a_cap_of_at_least_one():
     with pytest.raises(ConfigError, match="epsilon_high"):
-        GRPOConfig(loss_type="cispo")
+        GRPOConfig(loss_type="cispo", epsilon_high=0.2)
     assert GRPOConfig(loss_type="cispo", epsilon_high=5.0).loss_type == "cispo"
 
 

@@ -21,7 +21,7 @@ from conftest import tiny_config
 from groupwise import ConfigError, GRPOConfig, GRPOTrainer
 from groupwise.checkpoint import config_differences
 from groupwise.policy import lr_factor
-from groupwise.trl_compat import TRL_IGNORED, TRL_TRANSLATED, IgnoredOptionsWarning
+from groupwise.trl_compat import TRL_IGNORED, TRL_REFUSED, TRL_TRANSLATED, IgnoredOptionsWarning
 
 datasets = pytest.importorskip("datasets")
 
@@ -300,12 +300,13 @@ def test_yaml_and_command_line_take_trl_names():
 
 
 def test_trl_names_table_covers_trls_config():
-    """Every field of TRL's GRPOConfig is a groupwise option, translated, or ignored; none of the
-    ignored ones is a groupwise option."""
+    """Every field of TRL's GRPOConfig is a groupwise option, translated, ignored, or refused
+    unless off; none of the others is a groupwise option."""
     ours = set(GRPOConfig.field_names())
     trl_fields = _trl_fields()
-    assert trl_fields - ours - set(TRL_TRANSLATED) - TRL_IGNORED == set()
+    assert trl_fields - ours - set(TRL_TRANSLATED) - TRL_IGNORED - set(TRL_REFUSED) == set()
     assert TRL_IGNORED & ours == set() and set(TRL_TRANSLATED) & ours == set()
+    assert set(TRL_REFUSED) & ours == set() and set(TRL_REFUSED) & TRL_IGNORED == set()
 
 
 # -- run length, schedule, strategies: hand values ------------------------------------------------
@@ -365,7 +366,7 @@ def test_trl_positional_order_processing_class_and_refusals(tmp_path, tokenizer)
     assert trainer.state.global_step == 0 and trainer.state.max_steps == 3
     with pytest.raises(ConfigError, match="optimizers: groupwise builds its own AdamW"):
         GRPOTrainer("tiny-random", _lengths, ROWS, args=args, optimizers=(object(), None))
-    with pytest.raises(ValueError, match="train_dataset is required"):
+    with pytest.raises(ValueError, match="`train_dataset` is required"):
         GRPOTrainer("tiny-random", _lengths, args=args)
     streamed = datasets.Dataset.from_list(ROWS).to_iterable_dataset()
     with pytest.raises(ConfigError, match="set max_steps"):  # no length: epochs can't be counted

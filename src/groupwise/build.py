@@ -34,11 +34,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .config import STATIC_MULTI_TURN, VLLM_MULTI_TURN, ConfigError, GRPOConfig
 from .curriculum import CURRICULA, Curriculum
+from .data import prompt_text
 from .distributed import DistributedContext
 from .imports import import_callable, is_import_spec
 from .models import is_peft_model, load_model_and_tokenizer
@@ -59,6 +61,11 @@ from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams, eos_token
 from .rollout.multiturn import MultiTurnEngine, TurnLimits
 from .tools import ENVIRONMENTS, Environment, ToolBox, ToolEnvironment, resolve_tools
 from .tools.calls import TOOL_CALL_CLOSE
+from .tools.environment import (
+    PLACEHOLDER_PROMPT,
+    EnvironmentFactories,
+    is_groupwise_environment,
+)
 
 if TYPE_CHECKING:
     from .rewards.model import RewardModel
@@ -406,17 +413,22 @@ class RolloutScorer:
 
 
 def build_scorer(
-    reward_funcs: RewardFunc | str | Sequence[RewardFunc | str],
+    reward_funcs: RewardFunc | str | Sequence[RewardFunc | str] | None,
     args: GRPOConfig,
     reward_processing_classes: Any = None,
     device: torch.device | None = None,
+    environment_rewards: Sequence[RewardFunc] = (),
 ) -> RolloutScorer:
     """Reward functions from built-in names (configured from ``args``), callables or reward
-    models (see the module docstring), with ``reward_weights`` (default 1 each).
-    ``reward_processing_classes``: TRL's tokenizers of the reward models, one or a list with
-    one entry per reward function (entries of other functions are not used). ``device``: where
-    TRL-style reward models run (the trainer's device; default: the ``device`` option's)."""
-    if callable(reward_funcs) or isinstance(reward_funcs, str):
+    models (see the module docstring), with ``reward_weights`` (default 1 each), then the
+    rewards of environments that own theirs (TRL's ``get_reward``), weight 1 each
+    (``reward_weights`` covers the others only, as TRL). ``reward_processing_classes``: TRL's
+    tokenizers of the reward models, one or a list with one entry per reward function (entries
+    of other functions are not used). ``device``: where TRL-style reward models run (the
+    trainer's device; default: the ``device`` option's)."""
+    if reward_funcs is None:
+        reward_funcs = []
+    elif callable(reward_funcs) or isinstance(reward_funcs, str):
         reward_funcs = [reward_funcs]
     reward_funcs = list(reward_funcs)
     tokenizers = reward_tokenizers(reward_processing_classes, len(reward_funcs))
@@ -433,6 +445,13 @@ def build_scorer(
             f"reward_weights has {len(weights)} entries for {len(funcs)} reward functions "
             f"({names}); give one weight per reward function"
         )
+    if not funcs and not environment_rewards:
+        raise ConfigError(
+            "No reward source provided: pass reward_funcs, or an environment_factory whose "
+            "environment defines get_reward()"
+        )
+    funcs = [*funcs, *environment_rewards]
+    weights = [*weights, *[1.0] * len(environment_rewards)]
     return RolloutScorer(
         funcs,
         weights,
@@ -451,6 +470,8 @@ def sampling_params(args: GRPOConfig, *, greedy: bool = False) -> SamplingParams
         temperature=0.0 if greedy else args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
+        min_p=args.min_p or 0.0,
+        repetition_penalty=args.repetition_penalty,
     )
 
 
@@ -462,6 +483,9 @@ class Interaction:
     make_env: Callable[[], Environment]
     schemas: list[dict[str, Any]] | None
     stop_strings: tuple[str, ...]
+    # TRL's environment_factory (its protocol, or a dict of environments): the rollouts'
+    # environments are drawn per row, and make_env is not used.
+    environments: EnvironmentFactories | None = None
 
 
 def build_interaction(
@@ -476,6 +500,22 @@ def build_interaction(
     if environment_factory is not None and args.environment is not None:
         raise ConfigError(
             "environment and GRPOTrainer(environment_factory=...) are both set; give one"
+        )
+    if environment_factory is not None and is_trl_environment_factory(environment_factory):
+        environments = EnvironmentFactories(
+            environment_factory,
+            tools=resolve_tools(specs) if specs else (),
+            timeout_s=args.tool_timeout,
+            max_output_chars=16 * args.max_tool_output_tokens,
+            max_tool_calls=args.max_tool_calls,
+        )
+        schemas = {s["function"]["name"]: s for each in environments.schemas.values() for s in each}
+
+        def no_single_environment() -> Environment:
+            raise RuntimeError("TRL environments are drawn per row (EnvironmentFactories.take)")
+
+        return Interaction(
+            no_single_environment, list(schemas.values()), (TOOL_CALL_CLOSE,), environments
         )
     factory = environment_factory
     environment = args.environment
@@ -506,6 +546,58 @@ def build_interaction(
     return Interaction(make_env, toolbox.schemas, (TOOL_CALL_CLOSE,))
 
 
+class _WithPrompt(Sequence):
+    """Rows routed to TRL environments that carry no prompt (only an ``environment`` column):
+    each gets the empty user turn their environment's reset() text fills."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: Any) -> dict[str, Any]:
+        return {"prompt": [dict(m) for m in PLACEHOLDER_PROMPT], **self.rows[index]}
+
+
+def environment_dataset(
+    dataset: Sequence[dict[str, Any]] | None,
+    environments: EnvironmentFactories | None,
+    args: GRPOConfig,
+) -> Sequence[dict[str, Any]]:
+    """The training rows. Without ``train_dataset``, a TRL environment that owns the data
+    (its reset() returns the prompt) gets one step's worth of empty prompts, cycled for
+    ``max_steps`` steps (as TRL); several environments need rows naming theirs. Rows without
+    a prompt get the empty one."""
+    if dataset is None:
+        if environments is None:
+            raise ConfigError(
+                "`train_dataset` is required (rows with a 'prompt' column) unless an "
+                "environment_factory is given whose environment owns the data"
+            )
+        if environments.multiple:
+            raise ConfigError(
+                "a dict environment_factory (several environments) requires a `train_dataset` "
+                "with an 'environment' column naming each row's environment; or pass a single "
+                "environment factory"
+            )
+        return [
+            {"prompt": [dict(m) for m in PLACEHOLDER_PROMPT]} for _ in range(args.prompts_per_step)
+        ]
+    if environments is not None and len(dataset) and "prompt" not in dataset[0]:
+        return _WithPrompt(dataset)
+    return dataset
+
+
+def is_trl_environment_factory(factory: Any) -> bool:
+    """TRL's ``environment_factory``: a dict of factories, or a factory whose environments
+    expose their tools as methods (no ``step`` / ``state``: groupwise's protocol). A single
+    factory is probed with one instance."""
+    if isinstance(factory, Mapping):
+        return True
+    return not is_groupwise_environment(factory())
+
+
 def resolve_environment(spec: str) -> Callable[[], Environment]:
     """A built-in environment name, or ``module:factory`` / ``file.py:factory`` (a callable
     returning an environment)."""
@@ -527,6 +619,25 @@ def build_engine(
     precision: Precision,
     interaction: Interaction | None = None,
 ) -> RolloutEngine:
+    """The rollout engine ``generation_engine`` names (:func:`_build_engine`). TRL's
+    ``chat_template_kwargs`` reach a single-turn engine's prompts through its ``prompt_text``,
+    which the prompt batches and evaluation read (a multi-turn engine takes them itself)."""
+    engine = _build_engine(policy, tokenizer, args, generator, precision, interaction)
+    if args.chat_template_kwargs and interaction is None:
+        engine.prompt_text = functools.partial(  # type: ignore[attr-defined]
+            prompt_text, tokenizer=tokenizer, template_kwargs=args.chat_template_kwargs
+        )
+    return engine
+
+
+def _build_engine(
+    policy: Policy,
+    tokenizer: PreTrainedTokenizerBase,
+    args: GRPOConfig,
+    generator: torch.Generator,
+    precision: Precision,
+    interaction: Interaction | None = None,
+) -> RolloutEngine:
     """The rollout engine ``generation_engine`` names.
 
     ``hf``: the Hugging Face / torch engine on the policy's own weights, in the training
@@ -539,6 +650,13 @@ def build_engine(
 
     ``vllm``: the colocated vLLM engine (:mod:`groupwise.rollout.vllm`), which always records its
     log-probs (its own bf16 kernels: rollout correction is on)."""
+    if interaction is not None and args.repetition_penalty != 1.0:
+        # The multi-turn loop inserts tool and user replies between turns; which of those
+        # tokens the penalty should count is not settled (HF counts every input token).
+        raise ConfigError(
+            f"repetition_penalty={args.repetition_penalty} is not supported with tools or an "
+            "environment (the multi-turn engine does not apply it); leave it at 1.0"
+        )
     if args.generation_engine == "vllm":
         if interaction is not None:
             raise ConfigError(VLLM_MULTI_TURN)
@@ -636,7 +754,13 @@ def with_interaction(
         return engine
     limits = TurnLimits(args.max_turns, args.max_tool_output_tokens, interaction.stop_strings)
     return MultiTurnEngine(
-        engine, interaction.make_env, limits, tools=interaction.schemas, examples=args.tool_examples
+        engine,
+        interaction.make_env,
+        limits,
+        tools=interaction.schemas,
+        examples=args.tool_examples,
+        template_kwargs=args.chat_template_kwargs,
+        environments=interaction.environments,
     )
 
 

@@ -28,10 +28,13 @@ from .trl_compat import (
     TRL_TRANSLATED,
     IgnoredOptionsWarning,
     ignored_message,
+    is_trl_name,
     normalise_report_to,
     translate_trl_options,
 )
 
+# cispo's importance-weight cap when epsilon_high is not given (TRL's docs, ScaleRL).
+CISPO_DEFAULT_CAP = 5.0
 PPO_MULTI_TURN = (
     "tools and environments work with algorithm=grpo only: PPO's critic would value every token "
     "of a conversation, tool replies included (GAE has no notion of inserted context)"
@@ -135,8 +138,27 @@ class GRPOConfig:
     num_iterations: int = 1  # mu: passes over each generation batch's mini-batches
     beta: float = 0.04  # KL coefficient; 0 loads no reference model at all
     epsilon: float = 0.2  # lower clip
-    epsilon_high: float | None = None  # upper clip (DAPO clip-higher); None: same as epsilon
-    loss_type: str = "grpo"  # grpo | bnpo | dapo | dr_grpo
+    # upper clip (DAPO clip-higher); None: same as epsilon, except cispo: 5.0 (its weight cap)
+    epsilon_high: float | None = None
+    # grpo | bnpo | dapo | dr_grpo | cispo | luspo | sapo | vespo (README "Loss variants")
+    loss_type: str = "grpo"
+    # Two-sided clipping (INTELLECT-2; TRL's delta): the unclipped ratio is capped at delta,
+    # which bounds a negative-advantage token's loss (None: off; advised > 1 + epsilon_high).
+    delta: float | None = None
+    sapo_temperature_pos: float = 1.0  # sapo: gate temperature of tokens with A > 0
+    sapo_temperature_neg: float = 1.05  # sapo: gate temperature of tokens with A <= 0
+    vespo_k_pos: float = 2.0  # vespo: power k of the gamma weight, A >= 0
+    vespo_lambda_pos: float = 3.0  # vespo: decay lambda of the gamma weight, A >= 0
+    vespo_k_neg: float = 3.0  # vespo: power k of the gamma weight, A < 0
+    vespo_lambda_neg: float = 2.0  # vespo: decay lambda of the gamma weight, A < 0
+    # Train the policy term only on the tokens whose entropy is in the top rho share of the
+    # micro-batch's ("Beyond the 80/20 Rule"; TRL's name; 1.0: every token, 0.2 advised).
+    top_entropy_quantile: float = 1.0
+    # TR-DPO's reference update (TRL's names): every ref_model_sync_steps optimizer steps,
+    # ref = alpha * policy + (1 - alpha) * ref with alpha = ref_model_mixup_alpha (beta > 0).
+    sync_ref_model: bool = False
+    ref_model_mixup_alpha: float = 0.6  # sync_ref_model: weight of the policy in the mix
+    ref_model_sync_steps: int = 512  # sync_ref_model: optimizer steps between updates
     scale_rewards: str = "group"  # group | batch | none
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
     mask_truncated_completions: bool = False  # DAPO overlong filtering
@@ -233,10 +255,20 @@ class GRPOConfig:
 
     # --- generation -----------------------------------------------------------------------
     max_prompt_length: int | None = 512  # prompt tokens kept (None: no limit)
+    # draw the training prompts in a new random order every epoch (false: in dataset order)
+    shuffle_dataset: bool = True
     max_completion_length: int = 256  # new tokens per completion at most
     temperature: float = 1.0  # sampling temperature of the rollouts
     top_p: float = 1.0  # nucleus sampling mass (1.0: disabled)
     top_k: int = 0  # sample from the k most likely tokens (0: disabled)
+    # drop tokens less likely than min_p times the most likely one (None: off; TRL's name)
+    min_p: float | None = None
+    # HF / vLLM repetition penalty on the logits of tokens already in the prompt or the
+    # completion (1.0: off; > 1 discourages repeats; TRL's name). Not the repetition reward.
+    repetition_penalty: float = 1.0
+    # extra keyword arguments of the tokenizer's apply_chat_template for conversational
+    # prompts, e.g. {enable_thinking: false} for Qwen3 (TRL's name)
+    chat_template_kwargs: dict[str, Any] | None = None
     # Rollout engine (README "Rollout engines"): hf (the Hugging Face forward on the policy's
     # own weights) | static (a lean Llama-family decoder on its own copy of the weights, bf16
     # with generation_dtype: bfloat16, refreshed after every optimizer step; the fast one on a
@@ -506,6 +538,64 @@ class GRPOConfig:
                     f"({self.eval_num_generations}); raise eval_num_generations or lower k"
                 )
 
+    @property
+    def effective_epsilon_high(self) -> float:
+        """The upper clip: epsilon_high, else epsilon, else for cispo (whose epsilon_high is the
+        weight cap itself) 5.0, the value TRL's docs and ScaleRL (arXiv 2510.13786) advise.
+        TRL falls back to epsilon there too (a cap of 0.2 scales every on-policy weight by
+        0.2 and so only the learning rate); groupwise refuses caps below 1."""
+        if self.epsilon_high is not None:
+            return self.epsilon_high
+        return CISPO_DEFAULT_CAP if self.loss_type == "cispo" else self.epsilon
+
+    def _validate_loss_options(self) -> None:
+        """delta, the sapo / vespo shapes, top_entropy_quantile and the reference sync."""
+        clipped = ("grpo", "bnpo", "dapo", "dr_grpo", "luspo")
+        if self.delta is not None:
+            if self.loss_type not in clipped:
+                raise ConfigError(
+                    f"delta (two-sided clipping) caps the clipped surrogate's ratio; "
+                    f"loss_type={self.loss_type} has no such ratio (use one of {list(clipped)})"
+                )
+            if not self.delta > 1:
+                raise ConfigError(f"delta must be > 1 (a cap on the ratio), got {self.delta}")
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
+            raise ConfigError(
+                "loss_type=vespo forms its own sequence weight from the per-token ratios; "
+                "importance_sampling_level must be token"
+            )
+        if not 0.0 <= self.top_entropy_quantile <= 1.0:
+            raise ConfigError(
+                f"top_entropy_quantile must be in [0, 1], got {self.top_entropy_quantile}"
+            )
+        if not 0.0 <= self.ref_model_mixup_alpha <= 1.0:
+            raise ConfigError(
+                f"ref_model_mixup_alpha must be in [0, 1], got {self.ref_model_mixup_alpha}"
+            )
+        if self.ref_model_sync_steps < 1:
+            raise ConfigError(f"ref_model_sync_steps must be >= 1, got {self.ref_model_sync_steps}")
+        if self.sync_ref_model and (self.beta == 0 or self.use_peft):
+            why = "beta=0 loads no reference model" if self.beta == 0 else (
+                "with use_peft the reference is the adapter-disabled policy, not a copy to mix"
+            )
+            raise ConfigError(f"sync_ref_model=True has nothing to update: {why}")
+        if self.sync_ref_model and self.resume_from_checkpoint is not None:
+            raise ConfigError(
+                "resume_from_checkpoint with sync_ref_model=True is not supported: checkpoints "
+                "hold the policy, not the mixed reference weights, so the resumed run's KL "
+                "term would be to a different reference"
+            )
+        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
+            raise ConfigError(f"min_p must be in [0, 1] or null, got {self.min_p}")
+        if not self.repetition_penalty > 0:
+            raise ConfigError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
     def validate(self) -> None:
         self._validate_numbers()
         # Choices that name a registered component are read from its registry, so a variant
@@ -558,11 +648,13 @@ class GRPOConfig:
             "save_strategy": ("steps", "epoch", "no"),
             "eval_strategy": ("steps", "epoch", "no"),
         }
-        if self.loss_type == "cispo" and (self.epsilon_high is None or self.epsilon_high < 1):
+        if self.loss_type == "cispo" and self.epsilon_high is not None and self.epsilon_high < 1:
             raise ConfigError(
                 "loss_type=cispo caps the importance weight at epsilon_high itself (TRL's "
-                f"meaning), so it must be >= 1, got {self.epsilon_high}; e.g. epsilon_high: 5.0"
+                f"meaning), so it must be >= 1, got {self.epsilon_high}; e.g. epsilon_high: 5.0 "
+                "(the default for cispo)"
             )
+        self._validate_loss_options()
         for name, valid in choices.items():
             if getattr(self, name) not in valid and not (
                 name == "device" and str(self.device).startswith("cuda:")
@@ -839,7 +931,7 @@ class GRPOConfig:
                 kwargs[name] = int(value) if value >= 1 or value == 0 else value
             elif name in hints:
                 kwargs[name] = coerce(value, hints[name], what)
-            elif name in TRL_IGNORED:
+            elif is_trl_name(name):  # ignored or refused: trl_compat decides
                 kwargs[name] = value
             else:
                 raise cls.unknown_option(name, source)
@@ -915,7 +1007,7 @@ def _init(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
     """GRPOConfig(**options): groupwise's fields and TRL's names (trl_compat); the TRL options
     with no meaning here are kept in ``trl_ignored`` and reported in one warning."""
     for name in kwargs:
-        if name not in _FIELDS and name not in TRL_IGNORED and name not in TRL_TRANSLATED:
+        if name not in _FIELDS and not is_trl_name(name):
             raise GRPOConfig.unknown_option(name, "GRPOConfig")
     kwargs, ignored = translate_trl_options(kwargs)
     _generated_init(self, *args, **kwargs)
@@ -952,6 +1044,14 @@ def coerce(value: Any, tp: Any, what: str) -> Any:
             except ConfigError as err:
                 errors.append(str(err))
         raise ConfigError(f"{what} expects {_type_name(tp)}, got {value!r}")
+    if origin is dict or tp is dict:
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.strip() else {}
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"{what} expects a mapping, e.g. {{enable_thinking: false}}, got {value!r}"
+            )
+        return dict(value)
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, str):

@@ -6,10 +6,12 @@ holds state or touches a model. Section numbers refer to docs/algorithms.md, whi
 papers and the TRL / verl code these functions follow.
 """
 
+import inspect
 import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -284,12 +286,19 @@ class LossVariant:
         advantages: Tensor,
         epsilon_low: float,
         epsilon_high: float,
+        *,
+        delta: float | None = None,
+        mask: Tensor | None = None,
     ) -> Tensor:
         """The policy term per token (to minimise): PPO's clipped surrogate, DeepSeekMath eq. 3,
         ``-min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)``. ``ratio`` is [B, T] or [B, 1]
-        (GSPO), ``advantages`` [B, 1]."""
+        (GSPO), ``advantages`` [B, 1]. ``delta`` (INTELLECT-2, arXiv 2505.07291; TRL's
+        ``delta``): two-sided clipping, the unclipped term's ratio capped at delta, which bounds
+        the loss of a negative-advantage token whose ratio explodes. ``mask`` [B, T]: the
+        completion tokens (for variants that need them)."""
         clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-        return -torch.minimum(ratio * advantages, clipped * advantages)
+        unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
+        return -torch.minimum(unclipped * advantages, clipped * advantages)
 
     def clipped(
         self, ratio: Tensor, advantages: Tensor, epsilon_low: float, epsilon_high: float
@@ -387,7 +396,13 @@ class CISPOLoss(GlobalTokenMeanLoss):
     meaning, e.g. 5.0); the config refuses a cap below 1."""
 
     def token_loss(
-        self, logprobs: Tensor, ratio: Tensor, advantages: Tensor, _low: float, high: float
+        self,
+        logprobs: Tensor,
+        ratio: Tensor,
+        advantages: Tensor,
+        _low: float,
+        high: float,
+        **_: Any,
     ) -> Tensor:
         weight = torch.clamp(ratio, max=high).detach()
         return -weight * advantages * logprobs
@@ -398,6 +413,119 @@ class CISPOLoss(GlobalTokenMeanLoss):
         """Only the cap binds: the weight is ``epsilon_high`` where rho exceeds it."""
         high = (ratio > epsilon_high) & torch.ones_like(advantages, dtype=torch.bool)
         return torch.zeros_like(high), high
+
+
+@register_loss("luspo")
+class LengthWeightedSequenceLoss(SequenceMeanLoss):
+    """LUSPO (Length-Unbiased Sequence Policy Optimization, arXiv 2602.05261; TRL's luspo): the
+    clipped surrogate, each sequence's token *sum* averaged over sequences,
+    ``(1/B) sum_i sum_t loss_it``. With GSPO's sequence ratio (the paper's setting,
+    ``importance_sampling_level: sequence``) that is ``(1/B) sum_i L_i loss_i``: every sequence
+    weighs its length, which removes GSPO's bias towards short completions."""
+
+    def reduce(self, token_sum: Tensor, keep: Tensor, max_completion_length: int | None) -> Tensor:
+        return token_sum.sum(1).mean()
+
+
+@register_loss("sapo")
+class SoftGateLoss(SequenceMeanLoss):
+    """SAPO (Soft Adaptive Policy Optimization, arXiv 2511.20347; TRL's sapo): instead of a hard
+    clip, a smooth gate of the ratio, ``-(4 / tau) sigmoid(tau (rho - 1)) A``, with temperature
+    ``tau = sapo_temperature_pos`` where A > 0, else ``sapo_temperature_neg``. Its gradient is
+    ``sigmoid'(tau (rho - 1)) * 4 = 1`` at rho = 1 (the on-policy gradient) and decays smoothly
+    as rho leaves 1; aggregated per sequence as grpo. Nothing is clipped (clip metrics are 0)."""
+
+    def token_loss(
+        self,
+        logprobs: Tensor,
+        ratio: Tensor,
+        advantages: Tensor,
+        epsilon_low: float,
+        epsilon_high: float,
+        *,
+        temperature_pos: float = 1.0,
+        temperature_neg: float = 1.05,
+        **_: Any,
+    ) -> Tensor:
+        tau = torch.where(advantages > 0, temperature_pos, temperature_neg).to(ratio.dtype)
+        return -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * advantages
+
+    def clipped(
+        self, ratio: Tensor, advantages: Tensor, epsilon_low: float, epsilon_high: float
+    ) -> tuple[Tensor, Tensor]:
+        none = torch.zeros_like(ratio * advantages, dtype=torch.bool)
+        return none, none
+
+
+# VESPO's bounds of the sequence log-ratio: per token +-20 (exp stays finite), the sum at
+# log(1e-8) below and 20 above (TRL's, after the VESPO reference code).
+_VESPO_TOKEN_LOG_CLAMP = 20.0
+_VESPO_LOG_W_MIN = math.log(1e-8)
+
+
+def vespo_weights(
+    log_ratio: Tensor,
+    mask: Tensor,
+    advantages: Tensor,
+    *,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+) -> Tensor:
+    """VESPO's gamma weight of each sequence [B, 1], without gradient (arXiv 2602.10693; TRL's
+    ``get_gamma_weights``): ``phi(w) = exp(lambda + k log w - lambda w)`` = ``e^lambda w^k
+    e^(-lambda w)``, so phi(1) = 1, with w the sequence importance ratio ``exp(sum_t log
+    rho_t)`` (a product, not GSPO's geometric mean) and (k, lambda) chosen by the advantage's
+    sign (A >= 0: the ``_pos`` pair). phi rises as w^k below 1 and decays as e^(-lambda w)
+    above it: stale sequences of either kind are smoothly down-weighted. ``log_ratio`` [B, T],
+    ``mask`` [B, T], ``advantages`` [B, 1]."""
+    with torch.no_grad():
+        per_token = torch.clamp(log_ratio, -_VESPO_TOKEN_LOG_CLAMP, _VESPO_TOKEN_LOG_CLAMP)
+        per_token = torch.where(mask.bool(), per_token, 0.0)
+        log_w = per_token.sum(dim=1, keepdim=True).clamp(_VESPO_LOG_W_MIN, 20.0)
+        nonneg = advantages >= 0
+        k = torch.where(nonneg, k_pos, k_neg).to(log_w.dtype)
+        lam = torch.where(nonneg, lambda_pos, lambda_neg).to(log_w.dtype).clamp(min=1e-4)
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+        return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+@register_loss("vespo")
+class GammaWeightedLoss(GlobalTokenMeanLoss):
+    """VESPO (Variational Sequence-Level Soft Policy Optimization, arXiv 2602.10693; TRL's
+    vespo): REINFORCE scaled by the detached sequence gamma weight of :func:`vespo_weights`,
+    ``-phi(w_i) A_i log pi``, as a token mean over the batch (dapo's aggregation). Needs the
+    per-token ratio (``importance_sampling_level: token``; the config refuses sequence)."""
+
+    def token_loss(
+        self,
+        logprobs: Tensor,
+        ratio: Tensor,
+        advantages: Tensor,
+        epsilon_low: float,
+        epsilon_high: float,
+        *,
+        mask: Tensor | None = None,
+        k_pos: float = 2.0,
+        lambda_pos: float = 3.0,
+        k_neg: float = 3.0,
+        lambda_neg: float = 2.0,
+        **_: Any,
+    ) -> Tensor:
+        if mask is None or ratio.shape != logprobs.shape:
+            raise ValueError("vespo needs the per-token ratio [B, T] and the completion mask")
+        phi = vespo_weights(
+            torch.log(ratio), mask, advantages,
+            k_pos=k_pos, lambda_pos=lambda_pos, k_neg=k_neg, lambda_neg=lambda_neg,
+        )  # fmt: skip
+        return -phi * advantages * logprobs
+
+    def clipped(
+        self, ratio: Tensor, advantages: Tensor, epsilon_low: float, epsilon_high: float
+    ) -> tuple[Tensor, Tensor]:
+        none = torch.zeros_like(ratio * advantages, dtype=torch.bool)
+        return none, none
 
 
 def importance_ratio(
@@ -415,7 +543,7 @@ def importance_ratio(
 def sequence_surrogate(
     logprobs: Tensor, old_logprobs: Tensor | None, advantages: Tensor, mask: Tensor, *,
     loss_type: str = "grpo", epsilon_low: float = 0.2, epsilon_high: float = 0.2,
-    importance_sampling_level: str = "token",
+    importance_sampling_level: str = "token", variant_options: dict[str, Any] | None = None,
 ) -> Tensor:  # fmt: skip
     """Per completion, the mean over its tokens of the variant's policy term (no KL, no
     rollout correction, no gradient): [B]. GDRO's adversary signal, eqs. 5-6 with the
@@ -426,9 +554,40 @@ def sequence_surrogate(
         ratio = importance_ratio(logprobs, old, keep, importance_sampling_level)
         adv = advantages.to(ratio.dtype).unsqueeze(1)
         batch, length = logprobs.shape
-        per_token = get_loss(loss_type).token_loss(logprobs, ratio, adv, epsilon_low, epsilon_high)
+        variant = get_loss(loss_type)
+        per_token = variant.token_loss(
+            logprobs, ratio, adv, epsilon_low, epsilon_high,
+            **_token_options(variant, variant_options, keep),
+        )  # fmt: skip
         per_token = torch.where(keep, per_token.expand(batch, length), 0.0)
         return per_token.sum(1) / keep.sum(1).clamp(min=1)
+
+
+def _token_options(
+    variant: LossVariant, options: dict[str, Any] | None, keep: Tensor
+) -> dict[str, Any]:
+    """The keyword options of a variant's token_loss: the run's (delta, sapo's temperatures,
+    vespo's shapes) and, for the variants that read it, the completion mask. A variant
+    registered without these keywords still works when the run sets none of them."""
+    options = dict(options or {})
+    if "mask" in inspect.signature(variant.token_loss).parameters:
+        options["mask"] = keep
+    return options
+
+
+def high_entropy_mask(entropies: Tensor, mask: Tensor, quantile: float) -> Tensor:
+    """The tokens the policy term trains on with TRL's ``top_entropy_quantile`` (rho of "Beyond
+    the 80/20 Rule", arXiv 2506.01939): those whose entropy is at or above the ``1 - rho``
+    quantile of the completion tokens' entropies (torch.quantile, linear interpolation).
+    rho = 1 keeps every token; rho = 0 keeps only the highest-entropy one(s). [B, T] bool;
+    padding never kept. The quantile is over this micro-batch's tokens on this rank (TRL pools
+    every process's micro-batch: the same in one process)."""
+    keep = mask.bool()
+    values = entropies[keep].float()
+    if values.numel() == 0:
+        return torch.zeros_like(keep)
+    threshold = torch.quantile(values, 1.0 - quantile)
+    return (entropies >= threshold) & keep
 
 
 def policy_loss(
@@ -446,6 +605,8 @@ def policy_loss(
     max_completion_length: int | None = None,
     rollout_weights: Tensor | None = None,
     row_weights: Tensor | None = None,
+    token_mask: Tensor | None = None,
+    variant_options: dict[str, Any] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped GRPO surrogate loss (to minimise) plus no-grad metrics (0-d tensors).
 
@@ -482,6 +643,12 @@ def policy_loss(
         row_weights: [B] positive per-sequence multipliers of the policy term (not the KL), or
             None: a curriculum's weights (Prompt-GDRO eq. 16). For the clipped surrogate,
             ``w * -min(rho A, clip(rho) A) = -min(rho wA, clip(rho) wA)`` when w > 0.
+        token_mask: [B, T] bool, the tokens whose policy term counts (the KL term and the
+            normaliser still use ``mask``), or None: TRL's ``top_entropy_quantile``
+            (:func:`high_entropy_mask`).
+        variant_options: keyword options of the variant's token loss: ``delta`` (two-sided
+            clipping), sapo's ``temperature_pos`` / ``temperature_neg``, vespo's ``k_pos``,
+            ``lambda_pos``, ``k_neg``, ``lambda_neg``.
 
     Returns:
         ``(loss, metrics)``. metrics are python floats: ``"kl"`` (mean k3 over unmasked tokens;
@@ -527,6 +694,11 @@ def policy_loss(
         )
     if row_weights is not None and tuple(row_weights.shape) != (batch,):
         raise ValueError(f"row_weights must be [B]=[{batch}], got {tuple(row_weights.shape)}")
+    if token_mask is not None and token_mask.shape != logprobs.shape:
+        raise ValueError(
+            f"token_mask shape {tuple(token_mask.shape)} != logprobs shape "
+            f"{tuple(logprobs.shape)}"
+        )
 
     keep = mask.bool()
     if old_logprobs is None:
@@ -534,8 +706,13 @@ def policy_loss(
     ratio = importance_ratio(logprobs, old_logprobs, keep, importance_sampling_level)
     adv = advantages.to(ratio.dtype).unsqueeze(1)  # [B, 1]: one advantage for all tokens
 
-    per_token = variant.token_loss(logprobs, ratio, adv, epsilon_low, epsilon_high)
+    per_token = variant.token_loss(
+        logprobs, ratio, adv, epsilon_low, epsilon_high,
+        **_token_options(variant, variant_options, keep),
+    )  # fmt: skip
     per_token = per_token.expand(batch, length)
+    if token_mask is not None:
+        per_token = per_token * token_mask.to(per_token.dtype)
     if rollout_weights is not None:
         per_token = per_token * rollout_weights.detach().to(per_token.dtype)
     if row_weights is not None:

@@ -43,11 +43,18 @@ def is_conversational(prompt: Any) -> bool:
     )
 
 
-def prompt_text(prompt: Any, tokenizer: PreTrainedTokenizerBase) -> str:
+def prompt_text(
+    prompt: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
     """The text fed to the model: the chat template with a generation prompt for conversations
-    (as TRL does), the string itself otherwise."""
+    (as TRL does; ``template_kwargs``, TRL's ``chat_template_kwargs``, go to the template, e.g.
+    Qwen3's ``enable_thinking``), the string itself otherwise."""
     if is_conversational(prompt):
-        return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(
+            prompt, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+        )
     if isinstance(prompt, str):
         return prompt
     raise TypeError(f"prompt must be a string or a list of messages, got {type(prompt).__name__}")

@@ -39,6 +39,7 @@ from .batching import (
 from .core import (
     BatchCounts,
     get_loss,
+    high_entropy_mask,
     policy_loss,
     rollout_correction_weights,
     sequence_surrogate,
@@ -223,6 +224,7 @@ class MicroBatch:
     correction: Tensor | None  # [n, T] or [n, 1] rollout-correction weights
     row_weights: Tensor | None  # [n] a curriculum's weights
     counts: BatchCounts
+    entropy: Tensor | None = None  # [n, T] the policy's token entropies (no grad) this pass
 
 
 @dataclass
@@ -369,6 +371,15 @@ class Policy(Trainable):
             )
         super().__init__(model, wrapper, args, dist, args.learning_rate)
         self._full_weights_depth = 0
+
+    def step(self) -> None:
+        """The optimizer step, then, with ``sync_ref_model``, TR-DPO's reference update every
+        ``ref_model_sync_steps`` optimizer steps (the schedule counts them, across a resume)."""
+        super().step()
+        args = self.args
+        if args.sync_ref_model and self.reference is not None:
+            if self.scheduler.last_epoch % args.ref_model_sync_steps == 0:
+                self.reference.mix_from(self.model, args.ref_model_mixup_alpha)
 
     @property
     def ref_model(self) -> PreTrainedModel | None:
@@ -615,6 +626,7 @@ class Policy(Trainable):
                 if first and rollout.sampling_logprobs is not None:
                     inputs.correction[k] = self._rollout_correction(inputs, k, logps.detach())
                 mb = inputs.micro_batch(k, self.device)
+                mb.entropy = entropy.detach()
                 terms = loss(logps, mb)
                 # A non-finite loss still goes through backward: its NaN gradients make every
                 # rank skip the update together (no rank may leave the all-reduce).
@@ -759,7 +771,8 @@ class GRPOLoss:
 
     def __init__(self, args: GRPOConfig) -> None:
         self.args, self.variant = args, get_loss(args.loss_type)
-        self.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        self.epsilon_high = args.effective_epsilon_high
+        self.variant_options = loss_variant_options(args)
 
     def __call__(self, logps: Tensor, mb: MicroBatch) -> LossTerms:
         args = self.args
@@ -769,7 +782,13 @@ class GRPOLoss:
             epsilon_low=args.epsilon,
             epsilon_high=self.epsilon_high,
             importance_sampling_level=args.importance_sampling_level,
+            variant_options=self.variant_options,
         )
+        token_mask = None
+        if args.top_entropy_quantile < 1.0:
+            if mb.entropy is None:
+                raise ValueError("top_entropy_quantile needs the policy's token entropies")
+            token_mask = high_entropy_mask(mb.entropy, mb.mask, args.top_entropy_quantile)
         loss, metrics = policy_loss(
             logps,
             mb.old_logprobs,
@@ -780,11 +799,32 @@ class GRPOLoss:
             max_completion_length=args.max_completion_length,
             rollout_weights=mb.correction,
             row_weights=mb.row_weights,
+            token_mask=token_mask,
             **options,
         )
         weight = self.variant.share(len(mb.rows), mb.mask.sum(), mb.counts)
         signal = sequence_surrogate(logps, mb.old_logprobs, mb.advantages, mb.mask, **options)
         return LossTerms(loss, weight, metrics, signal)
+
+
+def loss_variant_options(args: GRPOConfig) -> dict[str, float]:
+    """The run's options of its loss variant (TRL's names): delta for the clipped surrogates,
+    the gate temperatures for sapo, the gamma shapes for vespo."""
+    if args.loss_type == "sapo":
+        return {
+            "temperature_pos": args.sapo_temperature_pos,
+            "temperature_neg": args.sapo_temperature_neg,
+        }
+    if args.loss_type == "vespo":
+        return {
+            "k_pos": args.vespo_k_pos,
+            "lambda_pos": args.vespo_lambda_pos,
+            "k_neg": args.vespo_k_neg,
+            "lambda_neg": args.vespo_lambda_neg,
+        }
+    if args.delta is not None:
+        return {"delta": args.delta}
+    return {}
 
 
 def tied_parameter_names(model: torch.nn.Module) -> list[tuple[str, str]]:

@@ -12,6 +12,9 @@ A full fine-tune keeps a frozen copy of the initial weights, in one of three lay
 The copy is made tensor by tensor straight onto its target, so an offloaded reference never
 exists twice on the GPU. With LoRA there is no copy at all: the reference is the policy with its
 adapter disabled (:class:`groupwise.policy.Policy`).
+
+"Frozen" unless ``sync_ref_model`` (TRL's TR-DPO option) mixes the policy into it every
+``ref_model_sync_steps`` optimizer steps (:func:`mix_weights`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,17 @@ def frozen_copy(module: torch.nn.Module, device: torch.device, *, pin: bool = Fa
         memo[id(tensor)] = data
     clone = copy.deepcopy(module, memo)
     return clone.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def mix_weights(target: torch.nn.Module, source: torch.nn.Module, alpha: float) -> None:
+    """``target <- alpha * source + (1 - alpha) * target``, parameter by parameter, in place:
+    TR-DPO's soft reference update (arXiv 2404.09656, eq. 6; TRL's ``SyncRefModelCallback``).
+    The two modules have the same architecture (the reference is a copy of the policy); an
+    offloaded target is updated where it lives (its CPU copy)."""
+    pairs = zip(target.parameters(), source.parameters(), strict=True)
+    for mine, theirs in pairs:
+        mine.data.mul_(1.0 - alpha).add_(theirs.data.to(mine.device, mine.dtype), alpha=alpha)
 
 
 class OffloadedWeights:
@@ -98,6 +112,11 @@ class Reference:
         self.offloaded = OffloadedWeights(self.module, device) if offload else None
         self.root = shard(self.module) if shard is not None else None
         self._gather = gather
+
+    def mix_from(self, policy: torch.nn.Module, alpha: float) -> None:
+        """The soft update of :func:`mix_weights` from the policy (same layout: both sharded
+        alike under FSDP, each rank mixing its own shards)."""
+        mix_weights(self.module, policy, alpha)
 
     @contextlib.contextmanager
     def weights(self) -> Iterator[None]:

@@ -459,7 +459,7 @@ def plot_groups(run: RunData) -> list[PlotGroup]:
                     "share",
                     [
                         Line("tools/call_rate", "conversations with a tool call"),
-                        Line("tools/error_rate", "failed calls / calls"),
+                        Line("tools/failure_frequency", "failed calls / calls"),
                         Line("tokens/masked_fraction", "tokens masked from the loss"),
                     ],
                 ),
@@ -473,7 +473,7 @@ def plot_groups(run: RunData) -> list[PlotGroup]:
                 Panel(
                     "per conversation",
                     [
-                        Line("tools/calls_per_conversation", "tool calls"),
+                        Line("tools/call_frequency", "tool calls"),
                         Line("turns/mean", "assistant turns"),
                     ],
                 ),

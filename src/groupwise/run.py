@@ -45,6 +45,7 @@ from .build import (
     build_interaction,
     build_model,
     build_scorer,
+    environment_dataset,
     resolve_device,
     resolve_run_precision,
     sampling_params,
@@ -225,7 +226,7 @@ class Trainer:
     def __init__(
         self,
         model: str | PreTrainedModel,
-        reward_funcs: RewardFunc | str | Sequence[RewardFunc | str],
+        reward_funcs: RewardFunc | str | Sequence[RewardFunc | str] | None = None,
         train_dataset: Sequence[dict[str, Any]] | GRPOConfig | None = None,
         args: GRPOConfig | Sequence[dict[str, Any]] | None = None,
         eval_dataset: Sequence[dict[str, Any]] | None = None,
@@ -239,8 +240,6 @@ class Trainer:
     ) -> None:
         if isinstance(train_dataset, GRPOConfig) and not isinstance(args, GRPOConfig):
             train_dataset, args = args, train_dataset  # TRL's order: (model, funcs, args, data)
-        if train_dataset is None:
-            raise ValueError("train_dataset is required: rows with a 'prompt' column")
         if tuple(optimizers) != (None, None):
             raise ConfigError(
                 "optimizers: groupwise builds its own AdamW and schedule; pass (None, None) and "
@@ -258,6 +257,10 @@ class Trainer:
             args = with_peft_config(args, model.peft_config[model.active_adapter])
         if peft_config is not None:
             args = with_peft_config(args, peft_config)
+        # Tools or an environment: multi-turn rollouts (rollout/multiturn.py).
+        self.interaction = build_interaction(args, tools, environment_factory)
+        environments = self.interaction.environments if self.interaction else None
+        train_dataset = environment_dataset(train_dataset, environments, args)
         seed_everything(args.seed)
         self.dist: DistributedContext = init_distributed(args.device)
         if args.output_dir is None and args.resume_from_checkpoint == "auto":
@@ -290,7 +293,13 @@ class Trainer:
         self._adapter_base = (
             adapter_base_name(given) if args.use_peft and isinstance(given, str) else None
         )
-        self.scorer = build_scorer(reward_funcs, args, reward_processing_classes, self.device)
+        self.scorer = build_scorer(
+            reward_funcs,
+            args,
+            reward_processing_classes,
+            self.device,
+            environments.reward_funcs if environments is not None else (),
+        )
         self.scorer.combine.trainer_state = lambda: self.state  # TRL's trainer_state kwarg
         # TRL's attribute: each reward function's tokenizer (a reward model's), else None.
         self.reward_processing_classes = [
@@ -303,8 +312,6 @@ class Trainer:
         self.curriculum: Curriculum = NoCurriculum(args.num_generations)
         # Each rank samples its own completions (the model and prompt order are shared).
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed + self.dist.rank)
-        # Tools or an environment: multi-turn rollouts (rollout/multiturn.py).
-        self.interaction = build_interaction(args, tools, environment_factory)
         self.engine = build_engine(
             self.policy, self.tokenizer, args, self.generator, self.precision, self.interaction
         )
@@ -316,6 +323,7 @@ class Trainer:
             args.seed,
             self.dist,
             getattr(self.engine, "prompt_text", None),  # with tools: shown in the prompt
+            shuffle=args.shuffle_dataset,
         )
         self.global_step = 0
         self.compute = ComputeLedger()  # tokens, rollouts, informative groups, optimizer steps
@@ -465,6 +473,30 @@ class Trainer:
                 raise ValueError(f"{name} is empty or not a dataset ({type(dataset).__name__})")
             dataset = [first]
         cls._check_dataset(dataset, name)
+
+    @property
+    def reward_func_names(self) -> list[str]:
+        """TRL's name for :attr:`reward_names`."""
+        return self.scorer.names
+
+    @property
+    def reward_weights(self) -> torch.Tensor:
+        """The reward functions' weights (those of environment-owned rewards are 1)."""
+        return self.scorer.combine.weights
+
+    @property
+    def tools(self) -> list[Callable[..., Any]]:
+        """TRL's ``trainer.tools``: the tool functions of an environment_factory run (every
+        environment's methods, bound to its first instance, and the standalone tools)."""
+        environments = self.interaction.environments if self.interaction else None
+        return environments.all_tools if environments is not None else []
+
+    @property
+    def environments(self) -> list[Any] | None:
+        """TRL's ``trainer.environments``: the environment instance of each rollout of the
+        last generated batch (an environment_factory run; None before the first or without)."""
+        environments = self.interaction.environments if self.interaction else None
+        return environments.last if environments is not None else None
 
     @staticmethod
     def _check_dataset(dataset: Sequence[dict[str, Any]], name: str) -> None:

@@ -25,10 +25,10 @@ class PromptSampler:
     moved, in their shuffled order, behind the others (:func:`defer`), so every epoch still
     visits every index exactly once."""
 
-    def __init__(self, size: int, seed: int) -> None:
+    def __init__(self, size: int, seed: int, shuffle: bool = True) -> None:
         if size < 1:
             raise ValueError("the training dataset is empty")
-        self.size = size
+        self.size, self.shuffle = size, shuffle
         self.generator = torch.Generator().manual_seed(seed)
         self.order: list[int] = []
         self.epoch = 0
@@ -37,7 +37,11 @@ class PromptSampler:
         batch: list[int] = []
         while len(batch) < count:
             if not self.order:
-                order = torch.randperm(self.size, generator=self.generator).tolist()
+                order = (
+                    torch.randperm(self.size, generator=self.generator).tolist()
+                    if self.shuffle
+                    else list(range(self.size))  # TRL's shuffle_dataset=False: dataset order
+                )
                 self.order = defer(order, batch)
                 self.epoch += 1
             batch.append(self.order.pop(0))
@@ -78,11 +82,12 @@ class PromptBatches:
         seed: int,
         dist: DistributedContext,
         render: Callable[[Any], str] | None = None,
+        shuffle: bool = True,
     ) -> None:
         self.dataset, self.tokenizer, self.dist = dataset, tokenizer, dist
         self.render = render  # prompt -> text (None: the chat template; tools: shown to the model)
         self.prompts_per_rank, self.max_prompt_length = prompts_per_rank, max_prompt_length
-        self.sampler = PromptSampler(len(dataset), seed)
+        self.sampler = PromptSampler(len(dataset), seed, shuffle)
 
     def next(self, curriculum: Curriculum | None = None) -> PromptBatch:
         """The step's batch; a ``curriculum`` that asks for more candidates than the batch holds

@@ -44,6 +44,12 @@ TRL_TRANSLATED: dict[str, Any] = {
     "optim": str,
     "max_tool_calling_iterations": int | None,  # tool rounds: max_turns = N + 1
     "use_vllm": bool,  # True: generation_engine = "vllm"
+    "generation_kwargs": dict[str, Any] | None,  # its sampling keys set those options
+    "vllm_importance_sampling_correction": bool,  # rollout_correction
+    "vllm_importance_sampling_mode": str,  # rollout_correction_mode
+    "vllm_importance_sampling_clip_max": float | None,  # rollout_correction_clip_max
+    "vllm_importance_sampling_cap": float | None,  # rollout_correction_clip_max
+    "vllm_importance_sampling_clip_min": float | None,  # rollout_correction_clip_min
 }
 
 # TRL 1.16 GRPOConfig fields that have no meaning in groupwise (one optimizer, no hub, no vLLM
@@ -55,14 +61,11 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "accelerator_config",
         "activation_checkpointing",
         "activation_checkpointing_kwargs",
-        "auto_find_batch_size",
         "average_tokens_across_devices",
         "batch_eval_metrics",
         "bf16_full_eval",
         "cache_implementation",
         "cast_lm_head_to_fp32",
-        "chat_template_kwargs",
-        "data_seed",
         "dataloader_drop_last",
         "dataloader_in_order",
         "dataloader_multiprocessing_context",
@@ -78,14 +81,11 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "ddp_timeout",
         "debug",
         "deepspeed",
-        "delta",
-        "disable_dropout",
         "do_eval",
         "do_predict",
         "do_train",
         "ds3_gather_for_generation",
         "enable_jit_checkpoint",
-        "entropy_coef",
         "entropy_coef_delta",
         "entropy_coef_max",
         "entropy_coef_min",
@@ -98,7 +98,6 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "fsdp",
         "fsdp_config",
         "full_determinism",
-        "generation_kwargs",
         "gradient_checkpointing_kwargs",
         "greater_is_better",
         "hub_always_push",
@@ -111,10 +110,9 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "include_for_metrics",
         "include_num_input_tokens_seen",
         "label_names",
-        "label_smoothing_factor",
         "length_column_name",
+        "label_smoothing_factor",
         "liger_kernel_config",
-        "load_best_model_at_end",
         "local_rank",
         "log_completions_hub_repo",
         "log_level",
@@ -126,36 +124,21 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "logging_first_step",
         "logging_nan_inf_filter",
         "logging_strategy",
-        "lr_scheduler_kwargs",
         "metric_for_best_model",
-        "min_p",
         "model_init_kwargs",
-        "multi_objective_aggregation",
-        "neftune_noise_alpha",
         "num_generations_eval",
-        "off_policy_mask_threshold",
-        "optim_args",
-        "optim_target_modules",
         "pad_to_multiple_of",
         "parallelism_config",
         "prediction_loss_only",
         "project",
         "push_to_hub",
-        "ref_model_mixup_alpha",
-        "ref_model_sync_steps",
         "remove_unused_columns",
-        "repetition_penalty",
         "restore_callback_states_from_checkpoint",
         "router_aux_loss_coef",
         "run_name",
-        "sapo_temperature_neg",
-        "sapo_temperature_pos",
         "save_on_each_node",
         "save_only_model",
-        "shuffle_dataset",
         "skip_memory_metrics",
-        "sync_ref_model",
-        "top_entropy_quantile",
         "torch_compile",
         "torch_compile_backend",
         "torch_compile_mode",
@@ -165,30 +148,63 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "trackio_static_space_id",
         "train_sampling_strategy",
         "transformers_continuous_batching_config",
-        "use_adaptive_entropy",
-        "use_bias_correction_kl",
         "use_cache",
         "use_liger_kernel",
         "use_transformers_continuous_batching",
         "use_transformers_paged",
-        "vespo_k_neg",
-        "vespo_k_pos",
-        "vespo_lambda_neg",
-        "vespo_lambda_pos",
         "vllm_group_port",
-        "vllm_importance_sampling_cap",
-        "vllm_importance_sampling_clip_max",
-        "vllm_importance_sampling_clip_min",
-        "vllm_importance_sampling_correction",
-        "vllm_importance_sampling_mode",
         "vllm_model_impl",
         "vllm_server_base_url",
         "vllm_server_host",
         "vllm_server_port",
         "vllm_server_timeout",
-        "vllm_structured_outputs_regex",
     )
 )
+
+# TRL options that change what is trained and that groupwise does not implement: accepted at
+# the value that means "off" (groupwise's behaviour, reported with the ignored ones), refused
+# with the reason otherwise. name -> (the values that mean off, why another is refused).
+TRL_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "auto_find_batch_size": ((False,), "the batch arithmetic is fixed by the options given"),
+    "data_seed": ((None,), "the data order follows seed (one seed for data and sampling)"),
+    "disable_dropout": ((False,), "dropout stays as the model configures it"),
+    "entropy_coef": ((0, 0.0), "there is no entropy bonus in the loss"),
+    "use_adaptive_entropy": ((False,), "there is no entropy bonus in the loss"),
+    "load_best_model_at_end": ((False,), "the final weights are the last step's"),
+    "lr_scheduler_kwargs": ((None, {}), "the schedules (constant, linear, cosine) take no options"),
+    "multi_objective_aggregation": (
+        ("sum_then_normalize",),
+        "rewards are summed (with reward_weights) and then normalised per group",
+    ),
+    "neftune_noise_alpha": ((None,), "no NEFTune noise is added to the embeddings"),
+    "off_policy_mask_threshold": ((None,), "there is no off-policy sequence mask"),
+    "optim_args": ((None, ""), "AdamW is configured by adam_beta1, adam_beta2, adam_epsilon"),
+    "optim_target_modules": ((None,), "every trainable parameter gets the same AdamW"),
+    "use_bias_correction_kl": (
+        (False,),
+        "the KL term is the k3 estimate itself, not multiplied by the importance ratio",
+    ),
+    "vllm_structured_outputs_regex": ((None,), "generation is never constrained by a regex"),
+}
+
+# TRL's generation_kwargs keys that groupwise's engines apply, and the option each sets.
+GENERATION_KWARGS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+}
+
+# TRL's vLLM importance-sampling options: groupwise's rollout correction (every engine whose
+# numerics differ from the trainer's, vLLM included).
+_ROLLOUT_CORRECTION = {
+    "vllm_importance_sampling_correction": "rollout_correction",
+    "vllm_importance_sampling_mode": "rollout_correction_mode",
+    "vllm_importance_sampling_clip_max": "rollout_correction_clip_max",
+    "vllm_importance_sampling_cap": "rollout_correction_clip_max",  # TRL's older name
+    "vllm_importance_sampling_clip_min": "rollout_correction_clip_min",
+}
 
 # What groupwise trains with: every adamw_torch* is torch.optim.AdamW.
 _OPTIM_PREFIX = "adamw_torch"
@@ -202,11 +218,57 @@ _NONE_IS_DEFAULT = (
     "num_completions_to_print",
     "disable_tqdm",
     "tf32",
+    "shuffle_dataset",
 )
 
 
 def is_trl_name(name: str) -> bool:
-    return name in TRL_IGNORED or name in TRL_TRANSLATED
+    return name in TRL_IGNORED or name in TRL_TRANSLATED or name in TRL_REFUSED
+
+
+def _refuse_training_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take the :data:`TRL_REFUSED` names out of ``kwargs``: those at their "off" value are
+    returned (to be reported as ignored), any other value is refused naming the option."""
+    import yaml
+
+    from .config import ConfigError
+
+    off = {}
+    for name in sorted(set(kwargs) & set(TRL_REFUSED)):
+        value = kwargs.pop(name)
+        allowed, why = TRL_REFUSED[name]
+        parsed = yaml.safe_load(value) if isinstance(value, str) and value else value
+        if parsed not in allowed:
+            raise ConfigError(
+                f"{name}={value!r} is not supported: it changes training and groupwise does not "
+                f"implement it ({why}); leave it unset"
+            )
+        off[name] = value
+    return off
+
+
+def _generation_kwargs(kwargs: dict[str, Any]) -> None:
+    """TRL's ``generation_kwargs``: the sampling keys groupwise's engines apply override the
+    matching options (as in TRL); any other key is refused, naming it."""
+    from .config import ConfigError
+
+    extra = kwargs.pop("generation_kwargs", None) or {}
+    if not isinstance(extra, dict):
+        raise ConfigError(f"generation_kwargs must be a mapping, got {extra!r}")
+    for key, value in extra.items():
+        if key in GENERATION_KWARGS:
+            kwargs[GENERATION_KWARGS[key]] = value
+        elif key == "do_sample" and value:
+            continue  # groupwise always samples its groups
+        elif key == "max_new_tokens" or key == "max_tokens":
+            kwargs["max_completion_length"] = value
+        else:
+            raise ConfigError(
+                f"generation_kwargs[{key!r}]={value!r} is not supported: groupwise's engines "
+                f"sample token by token with {', '.join(GENERATION_KWARGS)} (and do_sample=True, "
+                "max_new_tokens); beam search, length penalties and other generate() options "
+                "would change what is sampled and are not applied"
+            )
 
 
 def _set(kwargs: dict[str, Any], name: str, value: Any, because: str) -> None:
@@ -227,6 +289,13 @@ def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
 
     kwargs = dict(kwargs)
     ignored = {name: kwargs.pop(name) for name in sorted(kwargs) if name in TRL_IGNORED}
+    ignored.update(_refuse_training_options(kwargs))
+    _generation_kwargs(kwargs)
+    for trl_name, name in _ROLLOUT_CORRECTION.items():
+        if trl_name in kwargs:
+            value = kwargs.pop(trl_name)
+            if trl_name != "vllm_importance_sampling_cap" or value is not None:
+                _set(kwargs, name, value, f"{trl_name}={value!r}")
     for name in _ENUMS:  # transformers' SchedulerType / IntervalStrategy enums -> their value
         if hasattr(kwargs.get(name), "value"):
             kwargs[name] = kwargs[name].value

@@ -366,6 +366,9 @@ def score_rollout(
     columns = {key: [rows[g].get(key) for g in group_ids] for key in keys}
     if rollout.env_states is not None:
         columns["env_state"] = list(rollout.env_states)
+        if any("environment" in state for state in rollout.env_states):
+            # TRL's environment_factory: each rollout's environment instance (TRL's keyword)
+            columns["environments"] = [s.get("environment") for s in rollout.env_states]
     completion_ids = [
         row[: int(n)].tolist()
         for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)

@@ -22,6 +22,8 @@ class SamplingParams:
     temperature: float = 1.0  # <= 0 means greedy (exact argmax)
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
+    min_p: float = 0.0  # drop tokens below min_p * the top token's probability (0: off)
+    repetition_penalty: float = 1.0  # HF's / vLLM's penalty on tokens already seen (1: off)
 
     @property
     def greedy(self) -> bool:

@@ -21,17 +21,50 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
 
 
+def seen_tokens(ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, V] bool: which vocabulary ids occur among each row's unmasked ``ids`` (the
+    repetition penalty's history; padding is not part of it)."""
+    counts = torch.zeros((ids.shape[0], vocab), dtype=torch.long, device=ids.device)
+    counts.scatter_add_(1, ids, mask.long())
+    return counts > 0
+
+
+def penalised_logits(
+    logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None
+) -> torch.Tensor:
+    """The repetition penalty of the CTRL paper as HF's RepetitionPenaltyLogitsProcessor and
+    vLLM apply it: the logit of every token already seen (prompt or completion) is divided by
+    the penalty when positive, multiplied when negative. ``seen`` [B, V] bool (see
+    :func:`seen_tokens`); the logits unchanged when the penalty is 1."""
+    if params.repetition_penalty == 1.0:
+        return logits
+    if seen is None:
+        raise ValueError("repetition_penalty needs the tokens seen so far (seen=)")
+    penalty = params.repetition_penalty
+    scaled = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, scaled, logits)
+
+
+def _min_p_drop(probs: torch.Tensor, min_p: float) -> torch.Tensor:
+    """HF's MinPLogitsWarper / vLLM's min_p: the tokens below ``min_p`` times the most likely
+    token's probability (a ratio, so the same before or after renormalising a subset)."""
+    return probs < min_p * probs.max(dim=-1, keepdim=True).values
+
+
 def sample_next_token(
     logits: torch.Tensor,
     params: SamplingParams,
     generator: torch.Generator | None = None,
+    seen: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Draw one token per row from softmax(logits / T) restricted by top-k / top-p.
+    """Draw one token per row from softmax(logits / T) restricted by top-k, top-p and min-p
+    (in HF's order), after the repetition penalty on the ``seen`` tokens.
 
     Inverse-CDF sampling: u ~ U[0, total mass); the token is the first index whose cumulative
     probability exceeds u (``searchsorted(..., right=True)``), which picks token i with
     probability p_i and never picks a zero-probability token.
     """
+    logits = penalised_logits(logits, params, seen)
     if params.greedy:
         return logits.argmax(dim=-1)
     logits = logits.float() / params.temperature
@@ -48,6 +81,8 @@ def sample_next_token(
         probs = probs.masked_fill(mass_before >= params.top_p, 0.0)
     else:
         probs = torch.softmax(logits, dim=-1)
+    if params.min_p > 0:
+        probs = probs.masked_fill(_min_p_drop(probs, params.min_p), 0.0)
     cdf = torch.cumsum(probs, dim=-1)
     u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
     choice = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1).squeeze(-1)
@@ -57,11 +92,16 @@ def sample_next_token(
 
 
 def token_logprobs(
-    logits: torch.Tensor, token: torch.Tensor, params: SamplingParams
+    logits: torch.Tensor,
+    token: torch.Tensor,
+    params: SamplingParams,
+    seen: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """log mu(token) per row, mu being the distribution :func:`sample_next_token` draws from:
-    softmax(logits / T) over the top-k / top-p set, renormalised (softmax(logits) when greedy).
-    The same value as vLLM's ``processed_logprobs`` (rollout/base.py, ``sampling_logprobs``)."""
+    softmax(logits / T) over the top-k / top-p / min-p set, renormalised (softmax(logits) when
+    greedy), after the repetition penalty. The same value as vLLM's ``processed_logprobs``
+    (rollout/base.py, ``sampling_logprobs``)."""
+    logits = penalised_logits(logits, params, seen)
     if params.greedy:
         scaled = logits.float()
     else:
@@ -76,6 +116,10 @@ def token_logprobs(
             drop = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p  # sample_next_token's rule
             scaled = scaled.masked_fill(
                 torch.zeros_like(drop).scatter(-1, index, drop), float("-inf")
+            )
+        if params.min_p > 0:
+            scaled = scaled.masked_fill(
+                _min_p_drop(torch.softmax(scaled, dim=-1), params.min_p), float("-inf")
             )
     return scaled.gather(1, token[:, None]).squeeze(1) - scaled.logsumexp(dim=-1)
 
@@ -173,6 +217,9 @@ def generate(
         else:
             cache.batch_select_indices(row_prompt)
         logits, attn, next_pos = logits[row_prompt], prompt_mask[row_prompt], next_pos[row_prompt]
+        seen = None  # the repetition penalty's history: prompt, then completion tokens
+        if params.repetition_penalty != 1.0:
+            seen = seen_tokens(prompt_ids, prompt_mask, logits.shape[-1])[row_prompt]
 
         tokens = torch.full((n_rows, max_new), pad_id, dtype=torch.long, device=device)
         token_logps = torch.zeros((n_rows, max_new), device=device) if return_logprobs else None
@@ -180,7 +227,7 @@ def generate(
         finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
         live = torch.arange(n_rows, device=device)  # rows still decoding, in cache order
         for t in range(max_new):
-            token = sample_next_token(logits, params, generator)
+            token = sample_next_token(logits, params, generator, seen)
             # The batch rows whose token counts: all live rows, or, when finished rows are kept
             # in the batch (drop_finished=False), the unfinished ones.
             writes = slice(None) if drop_finished else ~finished
@@ -188,7 +235,9 @@ def generate(
             tokens[rows, t] = token[writes]
             lengths[rows] = t + 1
             if token_logps is not None:
-                token_logps[rows, t] = token_logprobs(logits, token, params)[writes]
+                token_logps[rows, t] = token_logprobs(logits, token, params, seen)[writes]
+            if seen is not None:
+                seen[torch.arange(token.shape[0], device=device), token] = True
             done = torch.isin(token, eos)
             if not drop_finished:
                 finished |= done
@@ -201,6 +250,7 @@ def generate(
                     break
                 # Drop finished rows from the batch and the cache: compute follows the live set.
                 live, token, attn, next_pos = live[keep], token[keep], attn[keep], next_pos[keep]
+                seen = None if seen is None else seen[keep]
                 cache.batch_select_indices(keep)
             if t == max_new - 1:
                 break

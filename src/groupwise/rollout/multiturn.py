@@ -31,6 +31,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data import is_conversational, prompt_text
+from ..errors import ConfigError
+from ..tools.environment import PLACEHOLDER_PROMPT, EnvironmentFactories
 from ..tools.prompting import prompt_text_with_tools
 from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
 from .hf import HFEngine, eos_token_ids, left_pad, prefill, sample_next_token, token_logprobs
@@ -48,8 +50,13 @@ class TurnRenderer:
     ``tool`` role get the tool output as a ``user`` message wrapped in ``<tool_response>`` (the
     Qwen/Hermes convention); prompts without a chat template get that wrapping as plain text."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, conversational: bool) -> None:
-        self.tokenizer = tokenizer
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        conversational: bool,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.tokenizer, self.template_kwargs = tokenizer, dict(template_kwargs or {})
         self.conversational = conversational and tokenizer.chat_template is not None
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.eos_texts = [tokenizer.decode([i]) for i in eos]
@@ -74,7 +81,7 @@ class TurnRenderer:
 
     def _render(self, conversation: list[dict[str, str]]) -> str:
         text = self.tokenizer.apply_chat_template(
-            conversation, add_generation_prompt=True, tokenize=False
+            conversation, add_generation_prompt=True, tokenize=False, **self.template_kwargs
         )
         if _SENTINEL not in text:
             raise ValueError("the chat template dropped the assistant message")
@@ -405,17 +412,23 @@ class MultiTurnEngine:
         tools: list[dict[str, Any]] | None = None,
         examples: bool = True,
         reencode: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
+        environments: EnvironmentFactories | None = None,
     ) -> None:
         self.engine, self.make_env, self.limits = engine, make_env, limits
+        self.template_kwargs = dict(template_kwargs or {})  # TRL's chat_template_kwargs
+        # TRL's environment_factory: the environments (and their tools) come from the rows
+        self.environments = environments
         self.tools, self.examples, self.reencode = tools, examples, reencode
         self.stop = _StopMatcher(engine.tokenizer, limits.stop_strings)
         self.timing: dict[str, float] = {}
 
     def prompt_text(self, prompt: Any) -> str:
         """A prompt's text with the tools shown (:mod:`groupwise.tools.prompting`)."""
+        tokenizer, kwargs = self.engine.tokenizer, self.template_kwargs
         if not self.tools:
-            return prompt_text(prompt, self.engine.tokenizer)
-        return prompt_text_with_tools(prompt, self.engine.tokenizer, self.tools, self.examples)
+            return prompt_text(prompt, tokenizer, kwargs)
+        return prompt_text_with_tools(prompt, tokenizer, self.tools, self.examples, kwargs)
 
     @property
     def params(self) -> SamplingParams:
@@ -436,8 +449,12 @@ class MultiTurnEngine:
         """One conversation per rollout; ``rows`` (the prompts' dataset rows) reset the
         environments. Without rows the environments are reset from ``{}``."""
         counts = [counts] * len(prompt_ids) if isinstance(counts, int) else list(counts)
-        envs = []
-        for p, count in enumerate(counts):
+        envs: list[Any] = []
+        if self.environments is not None:
+            rows = rows if rows is not None else [{"prompt": PLACEHOLDER_PROMPT}] * len(counts)
+            envs = self.environments.take(rows, counts)
+            prompt_ids = self._environment_prompts(rows, counts, envs)
+        for p, count in enumerate(counts if self.environments is None else ()):
             for _ in range(count):
                 env = self.make_env()
                 env.reset(rows[p] if rows is not None else {})
@@ -445,7 +462,9 @@ class MultiTurnEngine:
         engine = self.engine
         # Replies are rendered by the chat template when the prompts are conversations.
         render = TurnRenderer(
-            engine.tokenizer, rows is None or is_conversational(rows[0]["prompt"])
+            engine.tokenizer,
+            rows is None or is_conversational(rows[0]["prompt"]),
+            self.template_kwargs,
         )
         with engine.numerics(), engine.weights():
             rollout, self.timing = converse(
@@ -464,8 +483,48 @@ class MultiTurnEngine:
             )
         return rollout
 
+    def _environment_prompts(
+        self, rows: Sequence[Mapping[str, Any]], counts: Sequence[int], envs: Sequence[Any]
+    ) -> list[list[int]]:
+        """TRL's environment prompts: each row's prompt (an empty user turn when it has none)
+        with only its environment's tools shown and, when ``reset`` returned text, that text
+        appended to the last message. A prompt's rollouts share it (one group, one prompt), so
+        their resets must return the same text."""
+        assert self.environments is not None
+        tokenizer, ids, start = self.engine.tokenizer, [], 0
+        for row, count in zip(rows, counts, strict=True):
+            observations = [env.observation for env in envs[start : start + count]]
+            start += count
+            if any(o != observations[0] for o in observations):
+                raise ConfigError(
+                    "environment reset() returned different text for the rollouts of one prompt "
+                    f"({observations[:2]!r}, ...): a prompt's rollouts form one group with one "
+                    "prompt; return the same text for the same row (e.g. seed it from the row)"
+                )
+            prompt = with_observation(row.get("prompt", PLACEHOLDER_PROMPT), observations[0])
+            schemas = self.environments.schemas[self.environments.name_of(row)]
+            if schemas:
+                text = prompt_text_with_tools(
+                    prompt, tokenizer, schemas, self.examples, self.template_kwargs
+                )
+            else:
+                text = prompt_text(prompt, tokenizer, self.template_kwargs)
+            ids.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+        return ids
+
     def sync(self, policy: torch.nn.Module) -> None:
         self.engine.sync(policy)
+
+
+def with_observation(prompt: Any, observation: Any) -> Any:
+    """``prompt`` with an environment's reset text appended to its last message (a string
+    prompt: to the string), as TRL does; the prompt itself when there is none."""
+    if observation is None:
+        return prompt
+    if isinstance(prompt, str):
+        return prompt + str(observation)
+    last = prompt[-1]
+    return [*prompt[:-1], {**last, "content": f"{last['content']}{observation}"}]
 
 
 def conversation_logs(rollout: Rollout, correctness: torch.Tensor) -> dict[str, float]:
@@ -487,9 +546,9 @@ def conversation_logs(rollout: Rollout, correctness: torch.Tensor) -> dict[str, 
     tokens = float(rollout.completion_mask.sum())
     trained = float(rollout.loss_mask.sum())
     return {
-        "tools/calls_per_conversation": float(calls.mean()),
+        "tools/call_frequency": float(calls.mean()),
         "tools/call_rate": float(used.float().mean()),
-        "tools/error_rate": float(errors.sum() / calls.sum()) if calls.sum() > 0 else 0.0,
+        "tools/failure_frequency": float(errors.sum() / calls.sum()) if calls.sum() > 0 else 0.0,
         "tools/accuracy_with_call": mean(score[used]),
         "tools/accuracy_without_call": mean(score[~used]),
         "turns/mean": float(turns.mean()),

@@ -41,7 +41,14 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
-from .hf import eos_token_ids, finish_rollout, left_pad, sample_next_token, token_logprobs
+from .hf import (
+    eos_token_ids,
+    finish_rollout,
+    left_pad,
+    sample_next_token,
+    seen_tokens,
+    token_logprobs,
+)
 from .weights import checkpoint_weights
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -481,6 +488,9 @@ class StaticEngine:
             cache_k, cache_v = cache_k[:, row_prompt], cache_v[:, row_prompt]
             valid, logits = valid[row_prompt], logits[row_prompt]
         position = positions[row_prompt, -1] + 1
+        seen = None  # the repetition penalty's history: prompt, then completion tokens
+        if params.repetition_penalty != 1.0:
+            seen = seen_tokens(prompt_ids, prompt_mask, logits.shape[-1])[row_prompt]
 
         # 3. Decode. Rows that emitted EOS keep decoding (their tokens are discarded) until the
         # next check, every ``eos_check_every`` tokens: one host sync there, none per token.
@@ -496,10 +506,12 @@ class StaticEngine:
         pad = torch.tensor(self.pad_id, device=device)
         slot = torch.tensor([width], device=device)  # the cache slot of the token being fed
         for t in range(max_new):
-            token = sample_next_token(logits, params, generator)
+            token = sample_next_token(logits, params, generator, seen)
             if logps is not None:  # log mu(token), the distribution it was drawn from
-                logp = token_logprobs(logits, token, params)
+                logp = token_logprobs(logits, token, params, seen)
                 logps[live, t] = logp.masked_fill(done_live, 0.0)
+            if seen is not None:
+                seen[torch.arange(token.shape[0], device=device), token] = True
             tokens[live, t] = torch.where(done_live, pad, token)
             ends = torch.isin(token, eos) & ~done_live
             lengths[live] = torch.where(ends, t + 1, lengths[live])
@@ -515,6 +527,7 @@ class StaticEngine:
                     keep = (~done_live).nonzero().squeeze(-1)
                     live, token, position = live[keep], token[keep], position[keep]
                     valid, done_live = valid[keep], done_live[keep]
+                    seen = None if seen is None else seen[keep]
                     cache_k, cache_v = cache_k[:, keep], cache_v[:, keep]
             logits = self._step(w, token, position, cache_k, cache_v, slot, valid)
             position, slot = position + 1, slot + 1

@@ -153,6 +153,8 @@ class VLLMEngine:
             temperature=0.0 if params.greedy else params.temperature,
             top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else -1,  # vLLM: -1 disables top-k
+            min_p=params.min_p,
+            repetition_penalty=params.repetition_penalty,
             max_tokens=params.max_completion_length,
             logprobs=0,  # the sampled token's log-prob only
             # The HF engine's EOS set (tokenizer and generation_config), so both stop alike.

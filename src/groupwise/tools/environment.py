@@ -8,6 +8,9 @@ functions as the ``env_state`` column.
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -228,3 +231,194 @@ def tool_call_reward(
         else float(state.get("tool_calls", 0) > 0 and state.get("tool_errors", 0) == 0)
         for state in env_state
     ]
+
+
+# ------------------------------------------------------------------------------------------------
+# TRL's environment protocol (GRPOTrainer(environment_factory=...)): an object with
+# ``reset(**row)`` (which may return text for the prompt), its public methods as tools and an
+# optional ``get_reward()``; one factory, or a dict of them routed by the rows' ``environment``.
+
+# The prompt of a row that has none (the environment owns the data): an empty user turn, which
+# reset()'s observation fills (TRL's placeholder).
+PLACEHOLDER_PROMPT: list[dict[str, str]] = [{"role": "user", "content": ""}]
+# Methods of a TRL environment that are not tools.
+_NOT_TOOLS = ("reset", "get_reward")
+
+
+def is_groupwise_environment(instance: Any) -> bool:
+    """groupwise's protocol (``reset(row)``, ``step(message)``, ``state()``) rather than TRL's."""
+    return all(callable(getattr(instance, name, None)) for name in ("reset", "step", "state"))
+
+
+def environment_methods(instance: Any) -> list[Callable[..., Any]]:
+    """A TRL environment's tools: its public methods other than reset and get_reward, read on
+    the class (as TRL does, so properties are not evaluated), bound to ``instance``."""
+    return [
+        getattr(instance, name)
+        for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
+        if name not in _NOT_TOOLS and not name.startswith("_")
+    ]
+
+
+def _in_process(method: Callable[..., Any]) -> Callable[..., Any]:
+    """An environment method as a trusted tool: it runs in the training process, because it
+    reads and changes the environment's state (a forked child's changes would be lost)."""
+
+    @functools.wraps(method)
+    def tool(**arguments: Any) -> Any:
+        return method(**arguments)
+
+    tool.trusted = True  # type: ignore[attr-defined]
+    return tool
+
+
+class MethodEnvironment(ToolEnvironment):
+    """One TRL environment instance as a groupwise :class:`Environment`: ``reset(row)`` calls
+    ``instance.reset(**row)`` (without the routing ``environment`` column or a placeholder
+    prompt) and keeps its return value (:attr:`observation`, text for the prompt, or None);
+    each assistant message's tool calls run the instance's methods, in process, with the
+    limits of :class:`ToolEnvironment`; ``state()`` carries the instance itself
+    (``environment``), which reward functions receive as the ``environments`` column."""
+
+    def __init__(
+        self,
+        instance: Any,
+        *,
+        tools: Sequence[Callable[..., Any]] = (),
+        timeout_s: float = 10.0,
+        max_output_chars: int = 4000,
+        max_tool_calls: int = 8,
+    ) -> None:
+        methods = [_in_process(m) for m in environment_methods(instance)]
+        super().__init__(ToolBox([*tools, *methods], timeout_s, max_output_chars), max_tool_calls)
+        self.instance = instance
+        self.observation: Any = None
+
+    def reset(self, row: Mapping[str, Any]) -> None:
+        super().reset(row)
+        kwargs = {k: v for k, v in row.items() if k != "environment"}
+        if kwargs.get("prompt") == PLACEHOLDER_PROMPT:
+            del kwargs["prompt"]
+        self.observation = self.instance.reset(**kwargs)
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "environment": self.instance}
+
+
+def environment_reward(env_type: type) -> Callable[..., list[float | None]]:
+    """The reward function of an environment class that owns its reward (``get_reward``): each
+    rollout whose environment is of that class gets its ``get_reward()`` (awaited when it is a
+    coroutine), the others None (skipped, as TRL's). Named after the class."""
+
+    def reward(environments: Sequence[Any], **kwargs: Any) -> list[float | None]:
+        values: list[float | None] = []
+        for env in environments:
+            if type(env) is not env_type:
+                values.append(None)
+                continue
+            value = env.get_reward()
+            if inspect.isawaitable(value):
+                value = asyncio.run(_awaited(value))
+            values.append(value)
+        return values
+
+    reward.__name__ = env_type.__name__
+    reward.__qualname__ = env_type.__name__
+    return reward
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
+
+
+class EnvironmentFactories:
+    """TRL's ``environment_factory``: one factory (every row uses it) or ``{name: factory}``
+    (each row names its environment in an ``environment`` column, and its prompt shows only that
+    environment's tools). Each environment is probed once here (reset must exist; its methods are
+    the tools), and instances are reused across steps: a batch draws from a pool per name and
+    builds more only when it needs more at once ("construct once, reset often", as TRL)."""
+
+    def __init__(
+        self,
+        factory: Callable[[], Any] | Mapping[str, Callable[[], Any]],
+        *,
+        tools: Sequence[Callable[..., Any]] = (),
+        timeout_s: float = 10.0,
+        max_output_chars: int = 4000,
+        max_tool_calls: int = 8,
+    ) -> None:
+        self.multiple = isinstance(factory, Mapping)
+        self.factories: dict[str | None, Callable[[], Any]] = (
+            dict(factory) if isinstance(factory, Mapping) else {None: factory}
+        )
+        if not self.factories:
+            raise ConfigError("environment_factory: the dict of environments is empty")
+        self.options = dict(
+            tools=list(tools),
+            timeout_s=timeout_s,
+            max_output_chars=max_output_chars,
+            max_tool_calls=max_tool_calls,
+        )
+        self.pools: dict[str | None, list[MethodEnvironment]] = {}
+        self.tools: dict[str | None, list[Callable[..., Any]]] = {}
+        self.schemas: dict[str | None, list[dict[str, Any]]] = {}
+        reward_types: list[type] = []
+        for name, make in self.factories.items():
+            env = self._build(name, make)
+            if not callable(getattr(env.instance, "reset", None)):
+                raise ConfigError(
+                    f"environment_factory{'' if name is None else f'[{name!r}]'}: "
+                    f"{type(env.instance).__name__} has no reset method; an environment needs "
+                    "reset(**row) and its tools as documented public methods"
+                )
+            self.pools[name] = [env]
+            self.tools[name] = [*tools, *environment_methods(env.instance)]
+            self.schemas[name] = env.schemas
+            kind = type(env.instance)
+            if callable(getattr(env.instance, "get_reward", None)) and kind not in reward_types:
+                reward_types.append(kind)
+        self.reward_funcs = [environment_reward(kind) for kind in reward_types]
+        self.last: list[Any] | None = None  # the last batch's instances, one per rollout
+
+    def _build(self, name: str | None, make: Callable[[], Any]) -> MethodEnvironment:
+        return MethodEnvironment(make(), **self.options)
+
+    @property
+    def all_tools(self) -> list[Callable[..., Any]]:
+        """Every environment's tools (each once), as TRL's ``trainer.tools``."""
+        seen: list[Callable[..., Any]] = []
+        for tools in self.tools.values():
+            seen += [t for t in tools if t not in seen]
+        return seen
+
+    def name_of(self, row: Mapping[str, Any]) -> str | None:
+        """The environment a row uses (None: the single one); unknown names are refused."""
+        if not self.multiple:
+            return None
+        name = row.get("environment")
+        if name not in self.factories:
+            raise ConfigError(
+                f"a row has environment={name!r}, which is not among the environments given to "
+                f"environment_factory: {list(self.factories)}"
+            )
+        return name
+
+    def take(
+        self, rows: Sequence[Mapping[str, Any]], counts: Sequence[int]
+    ) -> list[MethodEnvironment]:
+        """One environment per rollout (``counts[p]`` for row p), reset from its row."""
+        names = [self.name_of(row) for row in rows]
+        used: dict[str | None, int] = {}
+        envs = []
+        for row, name, count in zip(rows, names, counts, strict=True):
+            pool = self.pools[name]
+            for _ in range(count):
+                index = used.get(name, 0)
+                if index == len(pool):
+                    pool.append(self._build(name, self.factories[name]))
+                used[name] = index + 1
+                env = pool[index]
+                env.reset(row)
+                envs.append(env)
+        self.last = [env.instance for env in envs]
+        return envs

@@ -102,6 +102,7 @@ def prompt_text_with_tools(
     tokenizer: PreTrainedTokenizerBase,
     schemas: Sequence[dict[str, Any]],
     examples: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """The prompt text with the tools shown (see the module docstring). A plain-string prompt
     gets the instructions (and examples, as text) in front of it."""
@@ -120,6 +121,7 @@ def prompt_text_with_tools(
             tools=list(schemas),
             add_generation_prompt=True,
             tokenize=False,
+            **(template_kwargs or {}),
         )
     text = tool_instructions(schemas)
     if messages and messages[0].get("role") == "system":
@@ -127,5 +129,8 @@ def prompt_text_with_tools(
     else:
         messages.insert(0, {"role": "system", "content": text})
     return tokenizer.apply_chat_template(
-        _with_examples(messages, shots), add_generation_prompt=True, tokenize=False
+        _with_examples(messages, shots),
+        add_generation_prompt=True,
+        tokenize=False,
+        **(template_kwargs or {}),
     )

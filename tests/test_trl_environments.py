@@ -1,0 +1,209 @@
+"""TRL's environment_factory protocol: an environment whose public methods are its tools,
+``reset(**row)`` (which may return the prompt), an optional ``get_reward()`` (the environment
+owns the reward), one factory or a dict of them routed by the rows' ``environment`` column."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from groupwise import GRPOTrainer
+from groupwise.config import ConfigError
+from groupwise.rewards.combine import score_rollout
+from groupwise.rollout.multiturn import with_observation
+from groupwise.tools.calls import ToolCall, format_tool_call
+from groupwise.tools.environment import (
+    PLACEHOLDER_PROMPT,
+    EnvironmentFactories,
+    MethodEnvironment,
+    environment_reward,
+)
+
+
+class Counter:
+    def reset(self, **kwargs):
+        self.count = 0
+        self.reset_with = kwargs
+
+    def increment(self, step: int) -> int:
+        """Increment the counter.
+
+        Args:
+            step: Value to add.
+        """
+        self.count += step
+        return self.count
+
+    def get_reward(self) -> float:
+        return float(self.count)
+
+    def _private(self) -> None:
+        """Not a tool."""
+
+
+class Echo:
+    def reset(self, **kwargs):
+        return " Shout something."
+
+    def shout(self, text: str) -> str:
+        """Shout.
+
+        Args:
+            text: What to shout.
+        """
+        return text.upper()
+
+
+def test_methods_are_tools_and_run_in_process_on_the_instance():
+    env = MethodEnvironment(Counter())
+    assert env.toolbox.names == ["increment"]  # not reset, get_reward or _private
+    env.reset({"prompt": "p", "environment": "counter", "x": 1})
+    assert env.instance.reset_with == {"prompt": "p", "x": 1}  # the routing column is not passed
+    step = env.step(format_tool_call(ToolCall("increment", {"step": 2})))
+    assert step.messages == [{"role": "tool", "content": "2"}] and not step.done
+    bad = env.step(format_tool_call(ToolCall("decrement", {"step": 1})))
+    assert bad.tool_errors == 1
+    assert env.instance.count == 2  # the in-process call changed the instance's own state
+    state = env.state()
+    assert (state["tool_calls"], state["tool_errors"], state["environment"]) == (2, 1, env.instance)
+    assert env.step("no call").done
+
+
+def test_placeholder_prompt_is_not_passed_to_reset():
+    env = MethodEnvironment(Counter())
+    env.reset({"prompt": [dict(m) for m in PLACEHOLDER_PROMPT]})
+    assert env.instance.reset_with == {}
+
+
+def test_pools_reuse_instances_and_route_rows_by_name():
+    built = []
+
+    def make_counter():
+        built.append("c")
+        return Counter()
+
+    factories = EnvironmentFactories({"counter": make_counter, "echo": Echo})
+    assert built == ["c"]  # probed once
+    assert [t.__name__ for t in factories.tools["counter"]] == ["increment"]
+    assert [t.__name__ for t in factories.tools["echo"]] == ["shout"]
+    rows = [{"environment": "counter"}, {"environment": "echo"}]
+    envs = factories.take(rows, [2, 1])
+    assert [type(e.instance).__name__ for e in envs] == ["Counter", "Counter", "Echo"]
+    assert built == ["c", "c"]  # a second concurrent counter was needed
+    again = factories.take(rows, [2, 1])
+    assert [e.instance for e in again] == [e.instance for e in envs]  # reused, none built
+    assert factories.last == [e.instance for e in again]
+    with pytest.raises(ConfigError, match="not among the environments"):
+        factories.take([{"environment": "unknown"}], [1])
+
+
+def test_environment_rewards_one_per_class_and_none_for_other_environments():
+    factories = EnvironmentFactories({"a": Counter, "b": Counter, "echo": Echo})
+    assert [f.__name__ for f in factories.reward_funcs] == ["Counter"]
+    counter = Counter()
+    counter.reset()
+    counter.increment(3)
+    assert factories.reward_funcs[0](environments=[counter, Echo()]) == [3.0, None]
+
+
+def test_async_get_reward_is_awaited():
+    class Judge:
+        async def get_reward(self) -> float:
+            return 0.5
+
+    assert environment_reward(Judge)(environments=[Judge()]) == [0.5]
+
+
+def test_reset_text_is_appended_to_the_last_message():
+    prompt = [{"role": "system", "content": "s"}, {"role": "user", "content": "Hi."}]
+    assert with_observation(prompt, " Go.")[-1] == {"role": "user", "content": "Hi. Go."}
+    assert prompt[-1]["content"] == "Hi."  # the row is left untouched
+    assert with_observation("Hi.", " Go.") == "Hi. Go."
+    assert with_observation(prompt, None) is prompt
+
+
+def test_environment_owns_reward_and_data(tmp_path):
+    class Guess:
+        def reset(self, **kwargs):
+            return "Guess the word."
+
+        def guess(self, word: str) -> str:
+            """Guess.
+
+            Args:
+                word: The guess.
+            """
+            return "nope"
+
+        def get_reward(self) -> float:
+            return 1.0
+
+    args = tiny_config(tmp_path, max_steps=1, reward_weights=None)
+    trainer = GRPOTrainer("tiny-random", args=args, environment_factory=Guess)
+    assert trainer.reward_func_names == ["Guess"]
+    assert trainer.reward_weights.tolist() == [1.0]
+    assert [t.__name__ for t in trainer.tools] == ["guess"]
+    trainer.train()
+    assert trainer.log_history[-1]["rewards/Guess/mean"] == pytest.approx(1.0)
+    assert len(trainer.environments) == args.completions_per_step
+    # The prompt the model saw is the reset text in the empty user turn, with the tool shown.
+    rows = [{"prompt": [dict(m) for m in PLACEHOLDER_PROMPT]}]
+    rollout = trainer.engine.generate([[1]], [2], rows=rows)
+    shown = trainer.tokenizer.decode(rollout.prompt_ids[0])
+    assert "Guess the word." in shown and "guess(word" in shown
+
+
+def test_reward_weights_cover_the_reward_funcs_only(tmp_path):
+    def zero(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    rows = [{"prompt": "Say a word"}] * 8
+    args = tiny_config(tmp_path, reward_weights=[0.5])
+    trainer = GRPOTrainer("tiny-random", zero, rows, args=args, environment_factory=Counter)
+    assert trainer.reward_func_names == ["zero", "Counter"]
+    assert trainer.reward_weights.tolist() == [0.5, 1.0]
+
+
+def test_reward_sources_and_datasets_are_required(tmp_path):
+    args = tiny_config(tmp_path)
+    with pytest.raises(ValueError, match="No reward source provided"):
+        GRPOTrainer("tiny-random", None, [{"prompt": "x"}] * 8, args=args)
+    with pytest.raises(ValueError, match="`train_dataset` is required"):
+        GRPOTrainer("tiny-random", lambda completions, **k: [0.0] * len(completions), args=args)
+    with pytest.raises(ValueError, match="requires a `train_dataset`"):
+        GRPOTrainer("tiny-random", args=args, environment_factory={"a": Counter, "b": Counter})
+
+
+def test_rows_with_only_an_environment_column(tmp_path):
+    rows = [{"environment": "counter"}, {"environment": "echo"}] * 4
+    # 8 prompts per step: every row, so both environments are in the batch
+    args = tiny_config(tmp_path, max_steps=1, num_generations=2, per_device_train_batch_size=16)
+    trainer = GRPOTrainer("tiny-random", args=args, train_dataset=rows,
+                          environment_factory={"counter": Counter, "echo": Echo})  # fmt: skip
+    trainer.train()
+    kinds = {type(e).__name__ for e in trainer.environments}
+    assert kinds == {"Counter", "Echo"}
+    # Echo's rollouts are not scored by Counter's reward (None -> skipped, not 0).
+    assert trainer.log_history[-1]["rewards/Counter/frac_none"] == pytest.approx(0.5)
+
+
+def test_environments_column_reaches_reward_functions():
+    seen = {}
+
+    def reward(completions, environments, **kwargs):
+        seen["environments"] = environments
+        return [0.0] * len(completions)
+
+    class Rollout:  # the fields score_rollout reads
+        group_ids = torch.tensor([0, 0])
+        texts = ["a", "b"]
+        conversations = None
+        completion_ids = torch.tensor([[1], [2]])
+        lengths = torch.tensor([1, 1])
+        env_states = [{"environment": "e0"}, {"environment": "e1"}]
+
+    from groupwise.rewards.combine import RewardScorer
+
+    score_rollout(RewardScorer([reward]), [{"prompt": "p"}], Rollout())
+    assert seen["environments"] == ["e0", "e1"]
