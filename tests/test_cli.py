@@ -145,3 +145,29 @@ def test_train_one_step_on_every_builtin_task(tmp_path, task):
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert lines[0]["eval/num_prompts"] == 2
     assert lines[1]["step"] == 1 and "reward" in lines[1]
+
+
+def test_help_and_a_mistyped_option_do_not_import_torch():
+    # torch and transformers take seconds to import; help and option errors need neither.
+    code = (
+        "import sys\n"
+        "from groupwise.cli import main\n"
+        "assert main(['--help']) == 0\n"
+        "assert main(['train', '--help']) == 0\n"
+        "assert main(['train', '--max_stepz', '3']) == 2\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY []" in result.stdout
+    assert "did you mean 'max_steps'" in result.stderr
+
+
+def test_the_package_exports_load_on_first_use():
+    import groupwise
+
+    assert groupwise.GRPOTrainer.__name__ == "GRPOTrainer"
+    assert "GRPOConfig" in dir(groupwise)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = groupwise.nope

@@ -9,8 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .build import GUESS_TASK, REWARD_COLUMNS, build_reward_func, default_reward_names
-from .checkpoint import CheckpointError, TrainingInterrupted, TrainingStopped, check_output_dir
 from .config import (
     ConfigError,
     GRPOConfig,
@@ -19,19 +17,21 @@ from .config import (
     parse_cli_overrides,
     unused_dir,
 )
-from .data import (
-    TASKS,
-    arithmetic_dataset,
-    count_long_prompts,
-    filter_long_prompts,
-    load_dataset_rows,
-)
 from .errors import DataError, OutputDirError, UserError, cli_style
-from .rewards.combine import RewardFunctionError
 
-# Errors in what the user gave: printed as one paragraph, without a traceback (a bug keeps its
-# traceback). ConfigError and CheckpointError predate UserError and are listed by name.
-USER_ERRORS = (UserError, ConfigError, CheckpointError, RewardFunctionError)
+# Only light modules are imported here: torch and transformers take seconds to import, and
+# `groupwise --help` or a mistyped option needs neither. Each command imports what it uses.
+
+
+def _is_user_error(err: BaseException) -> bool:
+    """Errors in what the user gave: printed as one paragraph, without a traceback (a bug keeps
+    its traceback). A reward function's failure is the user's code, reported the same way; its
+    class is looked up only if its module was imported (otherwise it cannot have been raised)."""
+    if isinstance(err, UserError):
+        return True
+    combine = sys.modules.get(f"{__package__}.rewards.combine")
+    return combine is not None and isinstance(err, combine.RewardFunctionError)
+
 
 USAGE = """usage: groupwise <command> [CONFIG.yaml] [--option value ...]
 
@@ -86,6 +86,8 @@ DEMO_OUTPUT_DIR = "runs/demo"
 
 
 def _file_rows(path: str, args: GRPOConfig, option: str = "task") -> list[dict]:
+    from .data import load_dataset_rows
+
     try:
         rows, report = load_dataset_rows(
             path,
@@ -124,6 +126,8 @@ def build_datasets(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
 
 
 def _arithmetic(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
+    from .data import arithmetic_dataset
+
     try:
         common = dict(
             digits=args.digits,
@@ -144,6 +148,9 @@ def _arithmetic(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
 
 
 def _task_rows(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
+    from .build import GUESS_TASK, default_reward_names
+    from .data import TASKS
+
     if _is_data_file(args.task):
         if not os.path.exists(args.task):
             raise ConfigError(f"task={args.task!r}: file does not exist")
@@ -187,6 +194,8 @@ def _task_rows(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
 def apply_long_prompt_policy(rows: list[dict] | None, tokenizer, args: GRPOConfig):
     """Skip (and count) or reject prompts over max_prompt_length; 'truncate' keeps them (the
     trainer keeps their last max_prompt_length tokens) and reports how many are cut."""
+    from .data import count_long_prompts, filter_long_prompts
+
     if rows is None or args.max_prompt_length is None:
         return rows
     if args.long_prompts == "truncate":
@@ -219,6 +228,8 @@ def apply_long_prompt_policy(rows: list[dict] | None, tokenizer, args: GRPOConfi
 
 def check_reward_columns(rows: list[dict], reward_names: list[str], where: str) -> None:
     """Refuse, before any model loads, a built-in reward whose dataset column no row has."""
+    from .build import REWARD_COLUMNS
+
     for name in reward_names:
         column = REWARD_COLUMNS.get(name)
         if column is not None and not any(column in row for row in rows):
@@ -245,6 +256,9 @@ def _config_from_argv(argv: list[str], base: dict[str, Any] | None = None) -> GR
 
 
 def run_train(args: GRPOConfig) -> dict[str, float]:
+    from .build import default_reward_names
+    from .checkpoint import check_output_dir
+
     if args.algorithm == "ppo":
         from .ppo import PPOTrainer as GRPOTrainer
     else:
@@ -268,6 +282,8 @@ def run_train(args: GRPOConfig) -> dict[str, float]:
 
 def run_demo(args: GRPOConfig) -> tuple[float, float]:
     """Held-out greedy accuracy, GRPO training, held-out greedy accuracy again."""
+    from .build import default_reward_names
+    from .checkpoint import check_output_dir
     from .trainer import GRPOTrainer
 
     start = time.perf_counter()
@@ -316,7 +332,13 @@ def run_demo(args: GRPOConfig) -> tuple[float, float]:
 
 def run_eval(args: GRPOConfig) -> dict:
     """Evaluate ``args.model`` (and ``args.compare_model``) on the task's held-out prompts."""
-    from .build import build_interaction, resolve_device, with_interaction
+    from .build import (
+        build_interaction,
+        build_reward_func,
+        default_reward_names,
+        resolve_device,
+        with_interaction,
+    )
     from .evaluation import (
         EvalConfig,
         compare,
@@ -417,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         print("options (GRPOConfig fields, default in brackets):")
         meanings = option_help()
-        for name, value in GRPOConfig().to_dict().items():
+        for name, value in _defaults().items():
             print(f"  --{name} [{value}]  {meanings[name]}".rstrip())
         return 0
     debug = "--debug" in rest or os.environ.get("GROUPWISE_DEBUG", "") not in ("", "0")
@@ -428,23 +450,47 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with cli_style():  # errors name options as flags: --name value
             _run_command(command, rest)
-    except USER_ERRORS as err:
-        if debug:
+    except Exception as err:
+        code = _exit_code(err)
+        if code is None or (debug and _is_user_error(err)):
             raise
-        print(f"groupwise: error: {err}", file=sys.stderr)
-        return 1 if isinstance(err, RewardFunctionError) else 2
-    except TrainingInterrupted as err:
-        print(f"groupwise: {err}", file=sys.stderr)
-        return 128 + err.signum
-    except TrainingStopped as err:
-        print(f"groupwise: stopped: {err}", file=sys.stderr)
-        return 1
+        return code
     except KeyboardInterrupt:  # a second Ctrl-C, or one during start-up: the shell's 130
         if debug:
             raise
         print("groupwise: interrupted (nothing saved)", file=sys.stderr)
         return 130
     return 0
+
+
+def _defaults() -> dict[str, Any]:
+    """Every option's default, read from the dataclass fields: building a GRPOConfig validates
+    it against registries that import torch, which help does not need."""
+    import dataclasses
+
+    values = {}
+    for field in dataclasses.fields(GRPOConfig):
+        if field.default is not dataclasses.MISSING:
+            values[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            values[field.name] = field.default_factory()
+    return values
+
+
+def _exit_code(err: Exception) -> int | None:
+    """Print ``err`` as the command line reports it and return the exit status; None for a bug
+    (it keeps its traceback)."""
+    if _is_user_error(err):
+        print(f"groupwise: error: {err}", file=sys.stderr)
+        return 2 if isinstance(err, UserError) else 1  # 1: a reward function failed
+    checkpoint = sys.modules.get(f"{__package__}.checkpoint")
+    if checkpoint is not None and isinstance(err, checkpoint.TrainingInterrupted):
+        print(f"groupwise: {err}", file=sys.stderr)
+        return 128 + err.signum
+    if checkpoint is not None and isinstance(err, checkpoint.TrainingStopped):
+        print(f"groupwise: stopped: {err}", file=sys.stderr)
+        return 1
+    return None
 
 
 def _run_command(command: str, rest: list[str]) -> None:

@@ -813,13 +813,18 @@ class GRPOConfig:
 
     @classmethod
     def unknown_option(cls, name: str, source: str) -> ConfigError:
-        """The error for a name that is neither an option nor a TRL name, with the closest."""
-        valid = cls.field_names()
-        close = difflib.get_close_matches(name, [*valid, *TRL_TRANSLATED, *TRL_IGNORED], n=1)
+        """The error for a name that is neither an option nor a TRL name: the three closest
+        names (difflib), not all ~190."""
+        names = [*cls.field_names(), *TRL_TRANSLATED, *TRL_IGNORED]
+        close = difflib.get_close_matches(name, names, n=3)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        if len(close) > 1:
+            hint += f" Also close: {', '.join(repr(c) for c in close[1:])}."
+        else:
+            hint += "."
         return ConfigError(
-            f"{source}: unknown option {name!r}{hint}. Valid options: {', '.join(valid)} "
-            "(and TRL's names: README 'Coming from TRL')"
+            f"{source}: unknown option {name!r}{hint} Every option with its meaning: "
+            "`groupwise train --help` (TRL's names: README 'Coming from TRL')"
         )
 
     @classmethod
