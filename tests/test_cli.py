@@ -171,3 +171,48 @@ def test_the_package_exports_load_on_first_use():
     assert "GRPOConfig" in dir(groupwise)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = groupwise.nope
+
+
+def test_max_steps_help_says_what_the_loop_counts(tmp_path):
+    from groupwise.config import option_help
+
+    # Two optimizer steps per generation batch: max_steps=2 is 2 generation batches, 4 updates.
+    text = option_help()["max_steps"]
+    assert "generation batch" in text and "optimizer steps of the run" not in text
+    out = tmp_path / "run"
+    assert main(["train", "--model", "tiny-random", "--max_steps", "2", "--num_generations", "2",
+                 "--per_device_train_batch_size", "2", "--steps_per_generation", "2",
+                 "--max_completion_length", "2", "--num_eval_prompts", "0", "--output_dir",
+                 str(out), "--disable_tqdm"]) == 0  # fmt: skip
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[-1]["compute/optimizer_steps_total"] == 4
+
+
+def test_curriculum_simulation_answers_help():
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "curriculum_sim.py"
+    result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "usage:" in result.stdout and "seeds" in result.stdout
+
+
+def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path):
+    import os
+    import signal
+    import time
+
+    # SIGINT while the command imports torch and transformers (seconds), before any step.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "groupwise", "train", "--model", "tiny-random", "--max_steps", "1",
+         "--output_dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err

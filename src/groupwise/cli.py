@@ -85,12 +85,15 @@ DEMO_CONFIG: dict[str, Any] = {
 DEMO_OUTPUT_DIR = "runs/demo"
 
 
-def _file_rows(path: str, args: GRPOConfig, option: str = "task") -> list[dict]:
+def _file_rows(
+    path: Any, args: GRPOConfig, option: str = "task", split: str | None = None
+) -> list[dict]:
     from .data import load_dataset_rows
 
     try:
         rows, report = load_dataset_rows(
             path,
+            split=split,
             prompt_column=args.prompt_column,
             answer_column=args.answer_column,
             system_prompt=args.system_prompt,
@@ -154,9 +157,13 @@ def _task_rows(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
     if _is_data_file(args.task):
         if not os.path.exists(args.task):
             raise ConfigError(f"task={args.task!r}: file does not exist")
-        train = _file_rows(args.task, args)
+        splits = _saved_splits(args.task)
+        if splits is None:
+            train = _file_rows(args.task, args)
+            evals = None
+        else:  # a saved DatasetDict: TRL's dataset_train_split / dataset_test_split defaults
+            train, evals = _split_rows(args.task, splits, args)
         check_reward_columns(train, default_reward_names(args), f"task={args.task!r}")
-        evals = None
         if args.eval_task:
             if not os.path.exists(args.eval_task):
                 raise ConfigError(f"eval_task={args.eval_task!r}: file does not exist")
@@ -185,10 +192,99 @@ def _task_rows(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
             else None
         )
         return train, evals
+    if _looks_like_hub_id(args.task):
+        train, evals = _hub_rows(args)
+        check_reward_columns(train, default_reward_names(args), f"task={args.task!r}")
+        return train, evals
     raise ConfigError(
         f"task={args.task!r} is neither a built-in task {sorted(BUILTIN_TASKS)} nor a data file "
         "(.jsonl, .json, .csv, .parquet, or a saved datasets folder)"
     )
+
+
+# TRL's ScriptArguments defaults: dataset_train_split="train", dataset_test_split="test".
+TRAIN_SPLIT, TEST_SPLIT = "train", "test"
+
+
+def _saved_splits(path: str) -> list[str] | None:
+    """The split names of a folder written by ``DatasetDict.save_to_disk`` (None: not one)."""
+    index = Path(path) / "dataset_dict.json"
+    if not index.is_file():
+        return None
+    import json
+
+    try:
+        splits = json.loads(index.read_text(encoding="utf-8"))["splits"]
+    except (ValueError, KeyError, TypeError, OSError):
+        return None  # load_dataset_rows names what is wrong with the folder
+    return [str(name) for name in splits]
+
+
+def _split_rows(
+    source: Any, splits: list[str], args: GRPOConfig
+) -> tuple[list[dict], list[dict] | None]:
+    """Training rows from the ``train`` split (or the only one), held-out rows from ``test``
+    when there is one and no eval_task is given, as ``trl grpo --dataset_name`` takes them."""
+    if TRAIN_SPLIT in splits:
+        train_split = TRAIN_SPLIT
+    elif len(splits) == 1:
+        train_split = splits[0]
+    else:
+        raise DataError(
+            f"task={args.task!r} holds the splits {splits} and none is called {TRAIN_SPLIT!r}; "
+            "save the training split as 'train' (and the held-out one as 'test')"
+        )
+    train = _file_rows(source, args, split=train_split)
+    evals = None
+    if TEST_SPLIT in splits and not args.eval_task and args.num_eval_prompts:
+        evals = _file_rows(source, args, split=TEST_SPLIT)[: args.num_eval_prompts]
+    return train, evals
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    """``owner/name`` that is no local path: a dataset on the Hugging Face hub."""
+    import re
+
+    return not os.path.exists(name) and re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None
+
+
+def _hub_offline() -> bool:
+    return any(
+        os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def _hub_rows(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
+    """Rows of a hub dataset (``datasets.load_dataset``), where a hub can be reached."""
+    name = args.task
+    local = (
+        "give a local data file (.jsonl, .json, .csv, .parquet) or a folder written by "
+        "datasets' save_to_disk"
+    )
+    if _hub_offline():
+        raise DataError(
+            f"task={name!r} is no local file or folder, and the Hugging Face hub is switched "
+            f"off here (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); {local}"
+        )
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            f"task={name!r}: a hub dataset needs the datasets package (pip install datasets); "
+            f"or {local}"
+        ) from None
+    try:
+        loaded = datasets.load_dataset(name)
+    except Exception as err:  # noqa: BLE001 - network, missing dataset, bad config: all named
+        text = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+        raise DataError(
+            f"task={name!r} is no local file or folder, and loading it from the Hugging Face "
+            f"hub failed ({type(err).__name__}: {text}); {local}"
+        ) from err
+    if hasattr(loaded, "keys"):
+        return _split_rows(loaded, list(loaded.keys()), args)
+    return _file_rows(loaded, args), None
 
 
 def apply_long_prompt_policy(rows: list[dict] | None, tokenizer, args: GRPOConfig):
@@ -241,17 +337,83 @@ def check_reward_columns(rows: list[dict], reward_names: list[str], where: str) 
             )
 
 
+# TRL's command-line names for options groupwise spells differently (`trl grpo
+# --model_name_or_path M --dataset_name D --config F`): accepted on the command line and in YAML.
+CLI_ALIASES = {"model_name_or_path": "model", "dataset_name": "task"}
+
+
+def _apply_aliases(values: dict[str, Any], where: str) -> dict[str, Any]:
+    values = dict(values)
+    for alias, name in CLI_ALIASES.items():
+        if alias not in values:
+            continue
+        value = values.pop(alias)
+        if name in values and values[name] != value:
+            raise ConfigError(
+                f"{where}: {alias} (TRL's name) and {name} are the same option and disagree "
+                f"({value!r} vs {values[name]!r}); give one"
+            )
+        values[name] = value
+    return values
+
+
+def _yaml_with_aliases(path: str, overrides: dict[str, Any]) -> GRPOConfig:
+    """``GRPOConfig.from_yaml``, with TRL's script names (model_name_or_path, dataset_name) in
+    the file read as groupwise's."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = yaml.safe_load(handle)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        raw = None  # from_yaml reports it
+    if isinstance(raw, dict) and any(alias in raw for alias in CLI_ALIASES):
+        values = {**_apply_aliases(raw, str(path)), **overrides}
+        return GRPOConfig.from_dict(values, source=str(path))
+    return GRPOConfig.from_yaml(path, overrides)
+
+
+def _run_config(overrides: dict[str, Any]) -> str | None:
+    """``--resume`` without a config file: the config.yaml the run wrote into its output_dir
+    (or, for ``--resume RUN/checkpoint-N``, into the checkpoint's run folder), so that the
+    resumed run has the run's own options; None when there is none."""
+    resume = overrides.get("resume_from_checkpoint")
+    folder = overrides.get("output_dir")
+    if folder is None and resume not in (None, "auto"):
+        folder = str(Path(resume).parent)
+    if folder is None:
+        return None
+    path = Path(folder) / "config.yaml"
+    if not path.is_file():
+        return None
+    # The folder as found now (config.yaml holds it as given then, maybe from another cwd).
+    overrides.setdefault("output_dir", folder)
+    return str(path)
+
+
 def _config_from_argv(argv: list[str], base: dict[str, Any] | None = None) -> GRPOConfig:
     config_path = None
     if argv and not argv[0].startswith("--"):
         config_path, argv = argv[0], argv[1:]
-    overrides = parse_cli_overrides(argv)
+    overrides = _apply_aliases(parse_cli_overrides(argv), "command line")
+    if "config" in overrides:  # TRL's --config FILE
+        if config_path is not None:
+            raise ConfigError(
+                f"two config files: {config_path} and --config {overrides['config']}; give one"
+            )
+        config_path = overrides.pop("config")
     if "resume" in overrides:  # --resume [PATH]: the newest checkpoint in output_dir, or PATH
         value = overrides.pop("resume")
         overrides["resume_from_checkpoint"] = "auto" if value == "true" else value
+    if config_path is None and base is None and overrides.get("resume_from_checkpoint"):
+        config_path = _run_config(overrides)
+        if config_path is not None:
+            given = sorted(set(overrides) - {"resume_from_checkpoint", "output_dir"})
+            more = f", with {', '.join('--' + n for n in given)} on top" if given else ""
+            print(f"[groupwise] resuming with the run's own options from {config_path}{more}")
     if config_path is not None:
         values = dict(base or {})
-        return GRPOConfig.from_yaml(config_path, {**values, **overrides})
+        return _yaml_with_aliases(config_path, {**values, **overrides})
     return GRPOConfig.from_dict({**(base or {}), **overrides}, source="command line")
 
 
@@ -447,11 +609,15 @@ def main(argv: list[str] | None = None) -> int:
     if command not in ("train", "eval", "demo"):
         print(f"groupwise: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
+    watch = _StartupInterrupt()
     try:
-        with cli_style():  # errors name options as flags: --name value
-            _run_command(command, rest)
+        with cli_style(), watch:  # errors name options as flags: --name value
+            _run_command(command, rest, watch)
     except Exception as err:
         code = _exit_code(err)
+        if watch.seen and code is None and not debug:  # a half-finished import after Ctrl-C
+            code = 130
+            print("groupwise: interrupted (nothing saved)", file=sys.stderr)
         if code is None or (debug and _is_user_error(err)):
             raise
         return code
@@ -493,10 +659,50 @@ def _exit_code(err: Exception) -> int | None:
     return None
 
 
-def _run_command(command: str, rest: list[str]) -> None:
+class _StartupInterrupt:
+    """Ctrl-C while torch and transformers are imported: some library code there catches every
+    exception (a bare ``except``) and would swallow the KeyboardInterrupt, so the run would go
+    on. The handler also records it, and :meth:`check` raises it again once imports are done.
+    The trainer installs its own handler (finish the step, save, stop) for the run itself."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.previous: Any = None
+
+    def __enter__(self) -> _StartupInterrupt:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
+
+
+def _run_command(command: str, rest: list[str], watch: _StartupInterrupt | None = None) -> None:
+    import importlib
+
+    args = _config_from_argv(rest, base=DEMO_CONFIG if command == "demo" else None)
+    # What every command imports anyway (seconds), then a Ctrl-C during it is honoured.
+    importlib.import_module(".ppo" if args.algorithm == "ppo" else ".trainer", __package__)
+    if watch is not None:
+        watch.check()
     if command == "train":
-        run_train(_config_from_argv(rest))
+        run_train(args)
     elif command == "eval":
-        run_eval(_config_from_argv(rest))
+        run_eval(args)
     else:
-        run_demo(_config_from_argv(rest, base=DEMO_CONFIG))
+        run_demo(args)

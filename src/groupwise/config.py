@@ -264,7 +264,10 @@ class GRPOConfig:
     adam_beta2: float = 0.999  # AdamW second-moment decay
     adam_epsilon: float = 1e-8  # AdamW epsilon
     max_grad_norm: float = 1.0  # clip the global gradient norm to this
-    max_steps: int = 100  # optimizer steps of the run (-1: from num_train_epochs, TRL's meaning)
+    # steps of the run, each one generation batch (more than one optimizer step when
+    # steps_per_generation > gradient_accumulation_steps; README 'Batch arithmetic');
+    # -1: from num_train_epochs (TRL's meaning)
+    max_steps: int = 100
     # max_steps=-1: passes over train_dataset; steps = ceil(epochs * rows / prompts per step)
     num_train_epochs: float = 3.0
     seed: int = 42  # seeds data order, sampling and initialisation

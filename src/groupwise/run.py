@@ -870,10 +870,19 @@ class Trainer:
             return
         self.load_checkpoint(path)
 
-    def train(self) -> list[dict[str, float]]:
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> list[dict[str, float]]:
         """Run ``max_steps`` steps (continuing from a checkpoint when
         ``resume_from_checkpoint`` is set), logging to ``output_dir/metrics.jsonl``, evaluating
-        every ``eval_steps`` and saving every ``save_steps``, on SIGINT/SIGTERM, and at the end."""
+        every ``eval_steps`` and saving every ``save_steps``, on SIGINT/SIGTERM, and at the end.
+
+        ``resume_from_checkpoint`` as in the Hugging Face Trainer: True continues from the
+        newest checkpoint in output_dir, a path from that checkpoint; it replaces
+        ``args.resume_from_checkpoint`` (None keeps it)."""
+        if resume_from_checkpoint is not None:
+            value = ckpt.resume_argument(resume_from_checkpoint, self.output_dir)
+            ignored = dict(self.args.trl_ignored)
+            self.args = dataclasses.replace(self.args, resume_from_checkpoint=value)
+            self.args.trl_ignored = ignored
         args = self.args
         self._earlier_run = []
         if self.global_step == 0 and not self._metrics_started:  # not a continuation
