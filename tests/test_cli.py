@@ -216,3 +216,47 @@ def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path):
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
     assert "Traceback" not in err and "interrupted" in err
+
+
+def test_without_a_bar_each_logged_step_and_evaluation_is_one_line(tmp_path, capsys):
+    base = ["train", "--model", "tiny-random", "--max_steps", "2", "--num_generations", "2",
+            "--per_device_train_batch_size", "2", "--max_completion_length", "3",
+            "--num_eval_prompts", "2", "--eval_on_start", "--eval_steps", "1"]  # fmt: skip
+    assert main([*base, "--output_dir", str(tmp_path / "a"), "--disable_tqdm", "true"]) == 0
+    out = capsys.readouterr().out
+    steps = [line for line in out.splitlines() if line.startswith("[groupwise] step ")]
+    assert [line.split(" | ")[0] for line in steps] == ["[groupwise] step 1/2",
+                                                        "[groupwise] step 2/2"]  # fmt: skip
+    assert "accuracy" in steps[0] and "s/step" in steps[0]
+    evals = [line for line in out.splitlines() if line.startswith("[groupwise] eval at step")]
+    assert [line.split(":")[0] for line in evals] == [
+        "[groupwise] eval at step 0 on 2 prompts",
+        "[groupwise] eval at step 1 on 2 prompts",
+        "[groupwise] eval at step 2 on 2 prompts",
+    ]
+    # With the bar allowed but no terminal (a log file), lines too, and no \r anywhere: neither
+    # tqdm's bar nor transformers' "Writing model shards" bar on each save.
+    assert main([*base, "--output_dir", str(tmp_path / "b"), "--logging_steps", "2",
+                 "--save_steps", "1"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    assert "\r" not in captured.out + captured.err
+    assert "Writing model shards" not in captured.err
+    steps = [line for line in captured.out.splitlines() if line.startswith("[groupwise] step ")]
+    assert [line.split(" | ")[0] for line in steps] == ["[groupwise] step 2/2"]
+
+
+def test_the_progress_bar_fits_80_columns():
+    from tqdm import tqdm
+
+    from groupwise.console import progress_postfix
+
+    logs = {"reward": 1.234567, "kl": 0.012345, "completions/mean_length": 41.2,
+            "rewards/format_reward/mean": 0.875, "rewards/accuracy_reward/mean": 0.5,
+            "rewards/length_penalty/mean": -0.25, "time/step": 9.05}  # fmt: skip
+    names = ["format_reward", "accuracy_reward", "length_penalty"]
+    text = progress_postfix(logs, names, correctness="accuracy_reward")
+    # The correctness reward comes first among the rewards; what does not fit is left out.
+    assert text == "reward 1.23 accuracy 0.50"
+    line = tqdm.format_meter(n=30, total=300, elapsed=3600 + 271, ncols=80, prefix="GRPO",
+                             postfix=text)  # fmt: skip
+    assert len(line) <= 80 and "reward 1.23" in line, line

@@ -469,19 +469,23 @@ def run_demo(args: GRPOConfig) -> tuple[float, float]:
         trainer._clear_earlier_run()  # before the first evaluation is logged there
     acc, fmt = "eval/rewards/accuracy_reward/mean", "eval/rewards/format_reward/mean"
 
-    def report(when: str, result: dict[str, float]) -> None:
+    def evaluate(when: str) -> dict[str, float]:
+        # Greedy decoding of every held-out problem takes a while on a CPU: say what runs.
+        print(f"[groupwise] evaluating {len(evals)} held-out problems {when} (greedy) ...",
+              flush=True)  # fmt: skip
+        began = time.perf_counter()
+        result = trainer.evaluate()
+        trainer._log({"step": trainer.global_step, **result})
         print(
             f"[groupwise] {when}: held-out greedy accuracy {result.get(acc, 0):.1%} "
-            f"(format {result.get(fmt, 0):.1%}) on {len(evals)} problems"
+            f"(format {result.get(fmt, 0):.1%}) on {len(evals)} problems "
+            f"({time.perf_counter() - began:.0f} s)"
         )
+        return result
 
-    before = trainer.evaluate()
-    trainer._log({"step": 0, **before})
-    report("before training", before)
+    before = evaluate("before training")
     trainer.train()
-    after = trainer.evaluate()
-    trainer._log({"step": trainer.global_step, **after})
-    report(f"after {trainer.global_step} GRPO steps", after)
+    after = evaluate(f"after {trainer.global_step} GRPO steps")
     minutes = (time.perf_counter() - start) / 60
     print(
         f"[groupwise] accuracy {before.get(acc, 0):.1%} -> {after.get(acc, 0):.1%} "
@@ -700,6 +704,10 @@ def _run_command(command: str, rest: list[str], watch: _StartupInterrupt | None 
     importlib.import_module(".ppo" if args.algorithm == "ppo" else ".trainer", __package__)
     if watch is not None:
         watch.check()
+    if not sys.stderr.isatty():  # a log file: transformers' bars would fill it with \r updates
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     if command == "train":
         run_train(args)
     elif command == "eval":
