@@ -120,6 +120,7 @@ def test_trl_names_model_name_or_path_dataset_name_and_config(tmp_path):
 def test_dataset_name_a_saved_datasetdict_takes_train_and_test_splits(tmp_path):
     datasets = pytest.importorskip("datasets")
     folder = tmp_path / "saved"
+
     def rows(name, n):
         return datasets.Dataset.from_list([{"prompt": f"{name}{i}", "answer": "1"}
                                            for i in range(n)])  # fmt: skip
@@ -157,3 +158,44 @@ def test_dataset_name_a_hub_id_loads_from_the_hub_or_says_it_is_offline(tmp_path
     err = capsys.readouterr().err
     assert "task='trl-lib/tldr' is no local file or folder" in err and "HF_HUB_OFFLINE" in err
     assert loaded == ["trl-lib/tldr"]  # offline: the hub is not tried
+
+
+# --- groupwise eval RUN / chat RUN -----------------------------------------------------------
+def test_eval_and_chat_on_a_run_folder_use_the_runs_settings(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--max_steps", "1", "--max_completion_length", "3",
+                 "--num_eval_prompts", "2", "--output_dir", str(run)]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 0
+    out = capsys.readouterr().out
+    report = json.loads((run / "eval.json").read_text())  # next to the model
+    assert report["model"] == str(run)
+    # The run's generation settings (3 tokens), not the default 256; its 2 held-out prompts.
+    assert report["config"]["max_completion_length"] == 3
+    assert report["summary"]["overall"]["num_prompts"] == 2
+    assert "difficulty=12 (1-digit operands, 2 operands)" in out
+
+    assert main(["chat", str(run), "--prompt", "What is 2 + 2?", "--prompt", "Say hi"]) == 0
+    out = capsys.readouterr().out
+    assert ">>> What is 2 + 2?" in out and ">>> Say hi" in out
+    assert main(["chat", str(run)]) == 0  # a few of the run's own held-out prompts
+    out = capsys.readouterr().out
+    assert out.count(">>> ") == 2 and out.count("(expected answer: ") == 2
+    assert "max_completion_length 3" in out
+
+    code = main(["chat", str(tmp_path)])  # no model, no checkpoint
+    assert code == 2 and "holds no model" in capsys.readouterr().err
+
+
+def test_difficulty_levels_are_named_in_words():
+    from groupwise.evaluation import format_table
+    from groupwise.tasks import level_name
+
+    assert level_name("arithmetic", "12") == "1-digit operands, 2 operands"
+    assert level_name("arithmetic", 23) == "2-digit operands, 3 operands"
+    assert level_name("countdown", 4) == "4 numbers"
+    assert level_name("logic", "3") == "3 people"
+    assert level_name("mixed", 2) == "difficulty 2"
+    summary = {"overall": {"num_prompts": 2}, "by_difficulty": {"13": {"num_prompts": 2}}}
+    assert "difficulty=13 (1-digit operands, 3 operands)" in format_table(summary, "arithmetic")
+    assert "(1-digit" not in format_table(summary)  # no task: the number alone

@@ -39,14 +39,22 @@ commands:
   train   run GRPO; options come from CONFIG.yaml and/or --option value (any GRPOConfig field)
   eval    evaluate --model (a path, checkpoint or built-in) on the task's held-out prompts:
           greedy accuracy, and with --eval_num_generations N unbiased pass@k / mean@k, overall
-          and per difficulty; --compare_model M adds the paired difference with a 95% CI
+          and per difficulty; --compare_model M adds the paired difference with a 95% CI.
+          groupwise eval RUN: the run's model with its task and generation settings
+          (RUN/config.yaml); results in RUN/eval.json
+  chat    groupwise chat RUN [--prompt TEXT ...]: the trained model's answers to your prompts
+          (or to 3 held-out prompts of the run's task), with the run's generation settings
   demo    fine-tune SmolLM2-135M-Instruct on arithmetic on the CPU, with held-out greedy
           accuracy before and after (--option value overrides the demo's settings)
   memory  plan the memory of a run, PPO vs GRPO side by side (groupwise memory --help);
           --measure runs one real step of each and prints predicted vs measured
   report  write RUN_DIR/report.html: curves, warnings, config, example completions
 
-train options worth knowing: --resume (continue from the newest checkpoint in output_dir),
+TRL's names work too: --model_name_or_path, --dataset_name (a data file, a saved datasets
+folder, or a hub id), --config FILE.
+
+train options worth knowing: --resume (continue from the newest checkpoint in output_dir; with
+--output_dir RUN alone it takes the run's own options from RUN/config.yaml),
 --overwrite_output_dir (start over in a folder that holds an earlier run), --debug (tracebacks),
 --algorithm ppo (the actor-critic baseline), --use_peft true (LoRA), --report_to tensorboard
 
@@ -560,7 +568,7 @@ def run_eval(args: GRPOConfig) -> dict:
         engine = with_interaction(engine, args, interaction)
         result = evaluate_model(engine, tokenizer, rows, funcs, config)
         print(f"[groupwise] {model_name} on {len(rows)} prompts")
-        print(format_table(result.summary))
+        print(format_table(result.summary, task=args.task))
         return result
 
     result = run(args.model)
@@ -610,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     debug = "--debug" in rest or os.environ.get("GROUPWISE_DEBUG", "") not in ("", "0")
     rest = [a for a in rest if a != "--debug"]
-    if command not in ("train", "eval", "demo"):
+    if command not in ("train", "eval", "demo", "chat"):
         print(f"groupwise: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
     watch = _StartupInterrupt()
@@ -663,6 +671,106 @@ def _exit_code(err: Exception) -> int | None:
     return None
 
 
+MODEL_FILES = ("config.json", "adapter_config.json")
+
+
+def _folder_config(folder: str, rest: list[str], command: str) -> GRPOConfig:
+    """``groupwise eval RUN`` / ``chat RUN``: the model in a run folder (or a checkpoint, or any
+    model folder), with the run's own task and generation settings from its config.yaml (the
+    run folder's, also for one of its checkpoints), the options in ``rest`` on top. eval
+    writes its results into that folder."""
+    from .checkpoint import latest_checkpoint
+
+    path = Path(folder)
+    model = path
+    if not any((path / name).is_file() for name in MODEL_FILES):
+        model = latest_checkpoint(path)  # a run stopped before its final save
+        if model is None:
+            raise ConfigError(
+                f"{folder}: holds no model ({' or '.join(MODEL_FILES)}) and no checkpoint-<step> "
+                f"folder; give a run folder, a checkpoint or a model folder, e.g. groupwise "
+                f"{command} runs/demo"
+            )
+    run_config = next(
+        (c for c in (path / "config.yaml", path.parent / "config.yaml") if c.is_file()), None
+    )
+    overrides = _apply_aliases(parse_cli_overrides(rest), "command line")
+    values: dict[str, Any] = {"model": str(model)}
+    if command == "eval":
+        values["eval_output"] = str(model / "eval.json")  # next to the model it describes
+    values["resume_from_checkpoint"] = None
+    values["overwrite_output_dir"] = False
+    values.update(overrides)
+    if run_config is None:
+        print(f"[groupwise] {model}: no config.yaml of a run next to it; default settings")
+        return GRPOConfig.from_dict(values, source="command line")
+    args = _yaml_with_aliases(str(run_config), values)
+    print(
+        f"[groupwise] {model} with the run's task and generation settings from {run_config} "
+        f"(task {args.task}, max_completion_length {args.max_completion_length}, temperature "
+        f"{args.temperature})"
+    )
+    return args
+
+
+def run_chat(args: GRPOConfig, prompts: list[str], count: int = 3) -> list[dict[str, Any]]:
+    """Print ``args.model``'s answers to ``prompts`` (or to ``count`` held-out prompts of the
+    task), sampled with the run's generation settings; returns them."""
+    from .build import build_interaction, resolve_device, sampling_params, with_interaction
+    from .data import tokenize_prompts
+    from .evaluation import prompt_render
+    from .models import load_model_and_tokenizer
+    from .precision import resolve_precision
+    from .rollout import HFEngine, SamplingParams
+
+    if prompts:
+        rows: list[dict] = [{"prompt": [{"role": "user", "content": text}]} for text in prompts]
+    else:
+        train, evals = build_datasets(args)
+        rows = list((evals or train)[:count])
+    device = resolve_device(args.device)
+    precision = resolve_precision(
+        args.dtype, args.bf16_autocast, args.generation_dtype, device, use_peft=args.use_peft
+    )
+    model, tokenizer = load_model_and_tokenizer(
+        args.model, seed=args.seed, dtype=precision.weights, device=device
+    )
+    model.to(device=device, dtype=precision.weights)
+    engine = HFEngine(model, tokenizer, SamplingParams(),
+                      numerics=lambda: precision.generation_context(device))  # fmt: skip
+    engine = with_interaction(engine, args, build_interaction(args))
+    ids = tokenize_prompts(
+        [row["prompt"] for row in rows], tokenizer, args.max_prompt_length, prompt_render(engine)
+    )
+    params = sampling_params(args, greedy=args.temperature <= 0)
+    rollout = engine.generate(ids, 1, params, rows=rows)
+    answers = []
+    for row, text in zip(rows, rollout.texts, strict=True):
+        prompt = row["prompt"]
+        shown = prompt[-1]["content"] if isinstance(prompt, list) and prompt else prompt
+        print(f"\n>>> {shown}\n{text.strip()}")
+        if row.get("answer") is not None:
+            print(f"(expected answer: {row['answer']})")
+        answers.append({"prompt": shown, "completion": text, "answer": row.get("answer")})
+    return answers
+
+
+def _pop_prompts(rest: list[str]) -> tuple[list[str], list[str]]:
+    """``--prompt TEXT`` may be given several times (each is one prompt)."""
+    prompts, kept, i = [], [], 0
+    while i < len(rest):
+        if rest[i] == "--prompt" and i + 1 < len(rest):
+            prompts.append(rest[i + 1])
+            i += 2
+        elif rest[i].startswith("--prompt="):
+            prompts.append(rest[i].split("=", 1)[1])
+            i += 1
+        else:
+            kept.append(rest[i])
+            i += 1
+    return prompts, kept
+
+
 class _StartupInterrupt:
     """Ctrl-C while torch and transformers are imported: some library code there catches every
     exception (a bare ``except``) and would swallow the KeyboardInterrupt, so the run would go
@@ -699,7 +807,19 @@ class _StartupInterrupt:
 def _run_command(command: str, rest: list[str], watch: _StartupInterrupt | None = None) -> None:
     import importlib
 
-    args = _config_from_argv(rest, base=DEMO_CONFIG if command == "demo" else None)
+    prompts: list[str] = []
+    if command == "chat":
+        prompts, rest = _pop_prompts(rest)
+    folder = rest[0] if rest and not rest[0].startswith("--") else None
+    if command in ("eval", "chat") and folder is not None and os.path.isdir(folder):
+        args = _folder_config(rest[0], rest[1:], command)
+    elif command == "chat":
+        raise ConfigError(
+            "chat: give a run or model folder first, e.g. groupwise chat runs/demo "
+            '--prompt "What is 7 * 3?"'
+        )
+    else:
+        args = _config_from_argv(rest, base=DEMO_CONFIG if command == "demo" else None)
     # What every command imports anyway (seconds), then a Ctrl-C during it is honoured.
     importlib.import_module(".ppo" if args.algorithm == "ppo" else ".trainer", __package__)
     if watch is not None:
@@ -712,5 +832,7 @@ def _run_command(command: str, rest: list[str], watch: _StartupInterrupt | None 
         run_train(args)
     elif command == "eval":
         run_eval(args)
+    elif command == "chat":
+        run_chat(args, prompts)
     else:
         run_demo(args)
