@@ -199,3 +199,28 @@ def test_difficulty_levels_are_named_in_words():
     summary = {"overall": {"num_prompts": 2}, "by_difficulty": {"13": {"num_prompts": 2}}}
     assert "difficulty=13 (1-digit operands, 3 operands)" in format_table(summary, "arithmetic")
     assert "(1-digit" not in format_table(summary)  # no task: the number alone
+
+
+# --- a model name that is a typo'd local path, not a hub id ----------------------------------
+def test_a_near_miss_of_a_local_folder_is_not_sent_to_the_hub(tmp_path, monkeypatch):
+    from groupwise.errors import ModelLoadError
+    from groupwise.models import check_model_name, load_model_and_tokenizer
+
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)  # the hub counts as reachable
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "demo").mkdir(parents=True)
+    with pytest.raises(ModelLoadError, match="did you mean the local 'runs/demo'"):
+        check_model_name("runz/demo")
+    check_model_name("Qwen/Qwen2.5-0.5B")  # a hub id: nothing here is close to "Qwen"
+
+    import transformers
+
+    def not_on_the_hub(name, **kwargs):
+        raise OSError(
+            f"{name} is not a valid model identifier listed on 'https://huggingface.co/models'"
+        )
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", not_on_the_hub)
+    with pytest.raises(ModelLoadError, match="is no local folder, and loading it from the Hugging"):
+        load_model_and_tokenizer("someone/no-such-model")
