@@ -79,6 +79,9 @@ def test_resume_on_the_run_folder_alone_takes_the_runs_own_options(tmp_path, cap
     err = capsys.readouterr().err
     assert code == 2 and "learning_rate: 0.001 -> 0.5" in err
     assert f"groupwise train {run / 'config.yaml'} --resume" in err
+    # The run folder where a config file goes: the command that continues it.
+    assert main(["train", str(run), "--resume"]) == 2
+    assert f"groupwise train --output_dir {run} --resume" in capsys.readouterr().err
 
 
 def test_resume_from_a_checkpoint_path_finds_its_run(tmp_path, capsys, monkeypatch):

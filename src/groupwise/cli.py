@@ -419,6 +419,12 @@ def _config_from_argv(argv: list[str], base: dict[str, Any] | None = None) -> GR
             given = sorted(set(overrides) - {"resume_from_checkpoint", "output_dir"})
             more = f", with {', '.join('--' + n for n in given)} on top" if given else ""
             print(f"[groupwise] resuming with the run's own options from {config_path}{more}")
+    if config_path is not None and os.path.isdir(config_path):
+        raise ConfigError(
+            f"{config_path} is a folder, not a YAML config; to continue the run there: "
+            f"groupwise train --output_dir {config_path} --resume (its options are read from "
+            f"{Path(config_path) / 'config.yaml'})"
+        )
     if config_path is not None:
         values = dict(base or {})
         return _yaml_with_aliases(config_path, {**values, **overrides})
@@ -626,11 +632,13 @@ def main(argv: list[str] | None = None) -> int:
         with cli_style(), watch:  # errors name options as flags: --name value
             _run_command(command, rest, watch)
     except Exception as err:
+        if debug and _is_user_error(err):
+            raise
         code = _exit_code(err)
         if watch.seen and code is None and not debug:  # a half-finished import after Ctrl-C
             code = 130
             print("groupwise: interrupted (nothing saved)", file=sys.stderr)
-        if code is None or (debug and _is_user_error(err)):
+        if code is None:
             raise
         return code
     except KeyboardInterrupt:  # a second Ctrl-C, or one during start-up: the shell's 130
