@@ -260,3 +260,18 @@ def test_the_progress_bar_fits_80_columns():
     line = tqdm.format_meter(n=30, total=300, elapsed=3600 + 271, ncols=80, prefix="GRPO",
                              postfix=text)  # fmt: skip
     assert len(line) <= 80 and "reward 1.23" in line, line
+
+
+def test_the_demo_says_when_it_evaluates_and_how_long_it_took(tmp_path, capsys):
+    argv = ["demo", "--model", "tiny-random", "--max_steps", "1", "--num_generations", "2",
+            "--per_device_train_batch_size", "2", "--max_completion_length", "3",
+            "--num_eval_prompts", "2", "--output_dir", str(tmp_path / "demo")]  # fmt: skip
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    starts = [line for line in lines if line.startswith("[groupwise] evaluating ")]
+    assert starts == [
+        "[groupwise] evaluating 2 held-out problems before training (greedy) ...",
+        "[groupwise] evaluating 2 held-out problems after 1 GRPO steps (greedy) ...",
+    ]
+    done = [line for line in lines if "held-out greedy accuracy" in line]
+    assert len(done) == 2 and all(line.endswith(" s)") for line in done)
