@@ -23,6 +23,7 @@ rewards informative groups directly. Run: ``python benchmarks/curriculum_sim.py 
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from dataclasses import dataclass
@@ -184,6 +185,16 @@ def report(regime: str, steps: int, seeds: int) -> dict[str, list[ArmResult]]:
     return results
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Ground-truth-difficulty simulation of the curricula: informative groups "
+        "per rollout of each curriculum against uniform GRPO."
+    )
+    parser.add_argument("steps", nargs="?", type=int, default=200, help="steps per run")
+    parser.add_argument("seeds", nargs="?", type=int, default=5, help="seeds per curriculum")
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
-    args = [int(a) for a in sys.argv[1:3]]
-    main(*args)
+    options = parse_args(sys.argv[1:])
+    main(options.steps, options.seeds)

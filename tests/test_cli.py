@@ -145,3 +145,133 @@ def test_train_one_step_on_every_builtin_task(tmp_path, task):
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert lines[0]["eval/num_prompts"] == 2
     assert lines[1]["step"] == 1 and "reward" in lines[1]
+
+
+def test_help_and_a_mistyped_option_do_not_import_torch():
+    # torch and transformers take seconds to import; help and option errors need neither.
+    code = (
+        "import sys\n"
+        "from groupwise.cli import main\n"
+        "assert main(['--help']) == 0\n"
+        "assert main(['train', '--help']) == 0\n"
+        "assert main(['train', '--max_stepz', '3']) == 2\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY []" in result.stdout
+    assert "did you mean 'max_steps'" in result.stderr
+
+
+def test_the_package_exports_load_on_first_use():
+    import groupwise
+
+    assert groupwise.GRPOTrainer.__name__ == "GRPOTrainer"
+    assert "GRPOConfig" in dir(groupwise)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = groupwise.nope
+
+
+def test_max_steps_help_says_what_the_loop_counts(tmp_path):
+    from groupwise.config import option_help
+
+    # Two optimizer steps per generation batch: max_steps=2 is 2 generation batches, 4 updates.
+    text = option_help()["max_steps"]
+    assert "generation batch" in text and "optimizer steps of the run" not in text
+    out = tmp_path / "run"
+    assert main(["train", "--model", "tiny-random", "--max_steps", "2", "--num_generations", "2",
+                 "--per_device_train_batch_size", "2", "--steps_per_generation", "2",
+                 "--max_completion_length", "2", "--num_eval_prompts", "0", "--output_dir",
+                 str(out), "--disable_tqdm"]) == 0  # fmt: skip
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[-1]["compute/optimizer_steps_total"] == 4
+
+
+def test_curriculum_simulation_answers_help():
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "curriculum_sim.py"
+    result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "usage:" in result.stdout and "seeds" in result.stdout
+
+
+def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path):
+    import os
+    import signal
+    import time
+
+    # SIGINT while the command imports torch and transformers (seconds), before any step.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "groupwise", "train", "--model", "tiny-random", "--max_steps", "1",
+         "--output_dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+
+
+def test_without_a_bar_each_logged_step_and_evaluation_is_one_line(tmp_path, capsys):
+    base = ["train", "--model", "tiny-random", "--max_steps", "2", "--num_generations", "2",
+            "--per_device_train_batch_size", "2", "--max_completion_length", "3",
+            "--num_eval_prompts", "2", "--eval_on_start", "--eval_steps", "1"]  # fmt: skip
+    assert main([*base, "--output_dir", str(tmp_path / "a"), "--disable_tqdm", "true"]) == 0
+    out = capsys.readouterr().out
+    steps = [line for line in out.splitlines() if line.startswith("[groupwise] step ")]
+    assert [line.split(" | ")[0] for line in steps] == ["[groupwise] step 1/2",
+                                                        "[groupwise] step 2/2"]  # fmt: skip
+    assert "accuracy" in steps[0] and "s/step" in steps[0]
+    evals = [line for line in out.splitlines() if line.startswith("[groupwise] eval at step")]
+    assert [line.split(":")[0] for line in evals] == [
+        "[groupwise] eval at step 0 on 2 prompts",
+        "[groupwise] eval at step 1 on 2 prompts",
+        "[groupwise] eval at step 2 on 2 prompts",
+    ]
+    # With the bar allowed but no terminal (a log file), lines too, and no \r anywhere: neither
+    # tqdm's bar nor transformers' "Writing model shards" bar on each save.
+    assert main([*base, "--output_dir", str(tmp_path / "b"), "--logging_steps", "2",
+                 "--save_steps", "1"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    assert "\r" not in captured.out + captured.err
+    assert "Writing model shards" not in captured.err
+    steps = [line for line in captured.out.splitlines() if line.startswith("[groupwise] step ")]
+    assert [line.split(" | ")[0] for line in steps] == ["[groupwise] step 2/2"]
+
+
+def test_the_progress_bar_fits_80_columns():
+    from tqdm import tqdm
+
+    from groupwise.console import progress_postfix
+
+    logs = {"reward": 1.234567, "kl": 0.012345, "completions/mean_length": 41.2,
+            "rewards/format_reward/mean": 0.875, "rewards/accuracy_reward/mean": 0.5,
+            "rewards/length_penalty/mean": -0.25, "time/step": 9.05}  # fmt: skip
+    names = ["format_reward", "accuracy_reward", "length_penalty"]
+    text = progress_postfix(logs, names, correctness="accuracy_reward")
+    # The correctness reward comes first among the rewards; what does not fit is left out.
+    assert text == "reward 1.23 accuracy 0.50"
+    line = tqdm.format_meter(n=30, total=300, elapsed=3600 + 271, ncols=80, prefix="GRPO",
+                             postfix=text)  # fmt: skip
+    assert len(line) <= 80 and "reward 1.23" in line, line
+
+
+def test_the_demo_says_when_it_evaluates_and_how_long_it_took(tmp_path, capsys):
+    argv = ["demo", "--model", "tiny-random", "--max_steps", "1", "--num_generations", "2",
+            "--per_device_train_batch_size", "2", "--max_completion_length", "3",
+            "--num_eval_prompts", "2", "--output_dir", str(tmp_path / "demo")]  # fmt: skip
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    starts = [line for line in lines if line.startswith("[groupwise] evaluating ")]
+    assert starts == [
+        "[groupwise] evaluating 2 held-out problems before training (greedy) ...",
+        "[groupwise] evaluating 2 held-out problems after 1 GRPO steps (greedy) ...",
+    ]
+    done = [line for line in lines if "held-out greedy accuracy" in line]
+    assert len(done) == 2 and all(line.endswith(" s)") for line in done)

@@ -271,7 +271,7 @@ def _imports(path: Path) -> set[str]:
 # Layers, bottom to top: a module may import from its own layer and the ones below.
 LAYERS = [
     {"core", "logprobs", "data", "models", "monitor", "loggers", "report", "files",
-     "memory.plan", "errors", "imports"},
+     "memory.plan", "errors", "imports", "console"},
     {"distributed", "rollout", "rewards", "batching", "tools", "precision", "reference"},
     {"curriculum", "tasks", "evaluation", "sampler"},
     {"config", "trl_compat"},

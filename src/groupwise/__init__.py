@@ -1,10 +1,31 @@
 """groupwise: critic-free RL for language models (GRPO and its variants)."""
 
-from .config import ConfigError, GRPOConfig
-from .core import group_advantages, kl_k3, pass_at_k, policy_loss
-from .ppo import PPOTrainer
-from .rewards import accuracy_reward, format_reward
-from .trainer import GRPOTrainer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Each public name and the module that defines it. They are imported on first use (PEP 562):
+# torch and transformers take seconds to import, and `groupwise --help` needs neither.
+_EXPORTS = {
+    "ConfigError": ".config",
+    "GRPOConfig": ".config",
+    "group_advantages": ".core",
+    "kl_k3": ".core",
+    "pass_at_k": ".core",
+    "policy_loss": ".core",
+    "PPOTrainer": ".ppo",
+    "accuracy_reward": ".rewards",
+    "format_reward": ".rewards",
+    "GRPOTrainer": ".trainer",
+}
+
+if TYPE_CHECKING:
+    from .config import ConfigError, GRPOConfig
+    from .core import group_advantages, kl_k3, pass_at_k, policy_loss
+    from .ppo import PPOTrainer
+    from .rewards import accuracy_reward, format_reward
+    from .trainer import GRPOTrainer
 
 __all__ = [
     "ConfigError",
@@ -19,3 +40,15 @@ __all__ = [
     "policy_loss",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'groupwise' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -331,8 +331,43 @@ def resolve_resume_path(value: str, output_dir: str | Path) -> Path | None:
         return latest_checkpoint(output_dir)
     path = Path(value)
     if not path.exists():
-        raise CheckpointError(f"resume_from_checkpoint={value!r}: {path} does not exist")
+        raise CheckpointError(
+            f"resume_from_checkpoint={value!r}: {path} does not exist; "
+            + _checkpoints_in(output_dir)
+        )
     return path
+
+
+def _checkpoints_in(output_dir: str | Path) -> str:
+    """Which checkpoints output_dir holds, for an error about a missing one."""
+    found = [str(path) for _, path in checkpoint_dirs(output_dir)]
+    if found:
+        return f"checkpoints in output_dir={str(output_dir)!r}: {', '.join(found)}"
+    return f"output_dir={str(output_dir)!r} holds no checkpoint-<step> folder"
+
+
+def resume_argument(value: bool | str | os.PathLike, output_dir: str | Path) -> str | None:
+    """``train(resume_from_checkpoint=...)`` as in the Hugging Face Trainer: True is the newest
+    checkpoint in output_dir (an error when there is none), a path is that checkpoint (an error
+    naming it when it does not exist), False is a fresh start. Returns the value for
+    ``GRPOConfig.resume_from_checkpoint``."""
+    if value is False:
+        return None
+    if value is True:
+        latest = latest_checkpoint(output_dir)
+        if latest is None:
+            raise CheckpointError(
+                f"resume_from_checkpoint=True: no checkpoint to resume from: "
+                f"{_checkpoints_in(output_dir)} (save_steps writes them)"
+            )
+        return str(latest)
+    if not isinstance(value, (str, os.PathLike)):
+        raise CheckpointError(
+            "resume_from_checkpoint: expected True (the newest checkpoint in output_dir), a "
+            f"checkpoint folder or False, got {value!r}"
+        )
+    resolve_resume_path(str(value), output_dir)  # "auto" is allowed; a missing path is refused
+    return str(value)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -429,6 +464,13 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: Pa
         raise ConfigError(
             f"cannot resume from {path}: the config differs in options that change training:\n  "
             + "\n  ".join(diffs)
-            + "\nUse the checkpoint's config (its values are above, on the left), or start a new "
-            f"run in another output_dir. Safe to change: {', '.join(sorted(RESUME_SAFE_FIELDS))}"
+            + "\nUse the checkpoint's config (its values are above, on the left: "
+            + option(
+                f"groupwise train --output_dir {path.parent} --resume reads the run's own "
+                f"{path.parent / 'config.yaml'}, and so does groupwise train "
+                f"{path.parent / 'config.yaml'} --resume",
+                f"GRPOConfig.from_yaml({str(path.parent / 'config.yaml')!r})",
+            )
+            + "), or start a new run in another output_dir. Safe to change: "
+            + ", ".join(sorted(RESUME_SAFE_FIELDS))
         )

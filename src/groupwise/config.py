@@ -299,7 +299,10 @@ class GRPOConfig:
     adam_beta2: float = 0.999  # AdamW second-moment decay
     adam_epsilon: float = 1e-8  # AdamW epsilon
     max_grad_norm: float = 1.0  # clip the global gradient norm to this
-    max_steps: int = 100  # optimizer steps of the run (-1: from num_train_epochs, TRL's meaning)
+    # steps of the run, each one generation batch (more than one optimizer step when
+    # steps_per_generation > gradient_accumulation_steps; README 'Batch arithmetic');
+    # -1: from num_train_epochs (TRL's meaning)
+    max_steps: int = 100
     # max_steps=-1: passes over train_dataset; steps = ceil(epochs * rows / prompts per step)
     num_train_epochs: float = 3.0
     seed: int = 42  # seeds data order, sampling and initialisation
@@ -908,13 +911,18 @@ class GRPOConfig:
 
     @classmethod
     def unknown_option(cls, name: str, source: str) -> ConfigError:
-        """The error for a name that is neither an option nor a TRL name, with the closest."""
-        valid = cls.field_names()
-        close = difflib.get_close_matches(name, [*valid, *TRL_TRANSLATED, *TRL_IGNORED], n=1)
+        """The error for a name that is neither an option nor a TRL name: the three closest
+        names (difflib), not all ~190."""
+        names = [*cls.field_names(), *TRL_TRANSLATED, *TRL_IGNORED]
+        close = difflib.get_close_matches(name, names, n=3)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        if len(close) > 1:
+            hint += f" Also close: {', '.join(repr(c) for c in close[1:])}."
+        else:
+            hint += "."
         return ConfigError(
-            f"{source}: unknown option {name!r}{hint}. Valid options: {', '.join(valid)} "
-            "(and TRL's names: README 'Coming from TRL')"
+            f"{source}: unknown option {name!r}{hint} Every option with its meaning: "
+            "`groupwise train --help` (TRL's names: README 'Coming from TRL')"
         )
 
     @classmethod

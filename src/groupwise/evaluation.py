@@ -462,11 +462,20 @@ def _render(header: list[str], body: list[list[str]]) -> str:
     return "\n".join([line(header), rule, *(line(row) for row in body)])
 
 
-def format_table(summary: Mapping[str, Any]) -> str:
+def format_table(summary: Mapping[str, Any], task: str | None = None) -> str:
     """Plain-text table: one line for all prompts, then one per difficulty and per task; one
-    column per metric (NaN or missing shows as ``-``). Numbers are right-aligned."""
+    column per metric (NaN or missing shows as ``-``). Numbers are right-aligned. With the
+    ``task`` named, each difficulty level is also said in words (arithmetic's 12: "1-digit
+    operands, 2 operands")."""
+    from .tasks import level_name
+
+    def level(key: str) -> str:
+        words = level_name(task, key) if task else ""
+        known = words and not words.startswith("difficulty")
+        return f"difficulty={key} ({words})" if known else f"difficulty={key}"
+
     lines: list[tuple[str, Mapping[str, Any]]] = [("all", summary["overall"])]
-    lines += [(f"difficulty={k}", m) for k, m in summary.get("by_difficulty", {}).items()]
+    lines += [(level(k), m) for k, m in summary.get("by_difficulty", {}).items()]
     lines += [(f"task={k}", m) for k, m in summary.get("by_task", {}).items()]
     columns = list(dict.fromkeys(key for _, metrics in lines for key in metrics))
     header = ["group", *(c.replace("num_prompts", "prompts") for c in columns)]

@@ -173,6 +173,21 @@ def _hub_offline() -> bool:
     )
 
 
+def _near_local_folder(name: str) -> str | None:
+    """For ``owner/name`` whose ``owner`` is no folder here: a folder here whose name is a near
+    miss of ``owner`` (``runz/demo`` when ``runs`` exists), as ``folder/name``; None otherwise.
+    A typo'd local path should not become a hub download."""
+    if name.count("/") != 1 or os.path.exists(name.split("/", 1)[0]):
+        return None
+    first, rest = name.split("/", 1)
+    try:
+        folders = [entry.name for entry in os.scandir(".") if entry.is_dir()]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(first, folders, n=1, cutoff=0.7)
+    return f"{close[0]}/{rest}" if close else None
+
+
 def check_model_name(name: str) -> None:
     """Refuse a model that is neither built in nor a local folder before any hub is asked:
     a near miss of a built-in name suggests it; a path that does not exist is named; with
@@ -184,6 +199,13 @@ def check_model_name(name: str) -> None:
         raise ModelLoadError(
             f"model {name!r} is not a built-in model or a folder; did you mean {close[0]!r}? "
             f"(built-in models: {', '.join(BUILTIN_MODELS)})"
+        )
+    near = _near_local_folder(name)
+    if near is not None:
+        raise ModelLoadError(
+            f"model {name!r}: there is no folder {name.split('/', 1)[0]!r} here, so it would be "
+            f"looked up on the Hugging Face hub; did you mean the local {near!r}? (give a hub "
+            "id as owner/name when no folder here has a name that close)"
         )
     if _looks_like_path(name) or _hub_offline():
         raise ModelLoadError(
@@ -308,16 +330,23 @@ def load_model_and_tokenizer(
             model = AutoModelForCausalLM.from_pretrained(name_or_path, **placement, **trust)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(name_or_path, **trust)
         except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
             if not trust_remote_code and "trust_remote_code" in str(err):
                 raise ModelLoadError(
-                    f"model {name_or_path!r} could not be loaded: {first} It runs its own Python "
+                    f"model {name_or_path!r} could not be loaded: {reason} It runs its own Python "
                     "code: set trust_remote_code=True if you trust it"
                 ) from err
+            if not os.path.exists(name_or_path):  # it was looked up on the hub
+                raise ModelLoadError(
+                    f"model {name_or_path!r} is no local folder, and loading it from the Hugging "
+                    f"Face hub failed ({type(err).__name__}: {reason}); check the hub id, or "
+                    "give the path of a saved model (e.g. a run's output_dir)"
+                ) from err
             raise ModelLoadError(
-                f"model {name_or_path!r} could not be loaded: {type(err).__name__}: {first}. "
-                "Check that the folder holds a complete Hugging Face model (config.json, the "
-                "weights and the tokenizer), e.g. a groupwise output_dir or checkpoint-N folder"
+                f"model {name_or_path!r} could not be loaded: {type(err).__name__}: "
+                f"{reason}. Check that "
+                "the folder holds a complete Hugging Face model (config.json, the weights and "
+                "the tokenizer), e.g. a groupwise output_dir or checkpoint-N folder"
             ) from err
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

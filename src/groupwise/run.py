@@ -39,6 +39,7 @@ from transformers import (
 from transformers.trainer_utils import TrainOutput
 
 from . import checkpoint as ckpt
+from . import console
 from .build import (
     Scores,
     build_engine,
@@ -970,13 +971,22 @@ class Trainer:
             return
         self.load_checkpoint(path)
 
-    def train(self) -> TrainOutput:
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
         """Run ``max_steps`` steps (continuing from a checkpoint when
         ``resume_from_checkpoint`` is set), logging to ``output_dir/metrics.jsonl``, evaluating
         every ``eval_steps`` and saving every ``save_steps``, on SIGINT/SIGTERM, and at the end.
 
         Returns transformers' ``TrainOutput(global_step, training_loss, metrics)``, as TRL's
-        trainer does: see :meth:`train_summary`. The per-step rows are ``self.log_history``."""
+        trainer does: see :meth:`train_summary`. The per-step rows are ``self.log_history``.
+
+        ``resume_from_checkpoint`` as in the Hugging Face Trainer: True continues from the
+        newest checkpoint in output_dir, a path from that checkpoint; it replaces
+        ``args.resume_from_checkpoint`` (None keeps it)."""
+        if resume_from_checkpoint is not None:
+            value = ckpt.resume_argument(resume_from_checkpoint, self.output_dir)
+            ignored = dict(self.args.trl_ignored)
+            self.args = dataclasses.replace(self.args, resume_from_checkpoint=value)
+            self.args.trl_ignored = ignored
         args = self.args
         started, first_step = time.perf_counter(), self.global_step
         self._train_losses = []
@@ -1060,12 +1070,15 @@ class Trainer:
     def _train_loop(self) -> None:
         args = self.args
         if self.eval_dataset is not None and args.eval_on_start and self.global_step == 0:
-            self._log({"step": self.global_step, **self.evaluate()})
+            self._evaluate_and_log(self.global_step)
+        # A bar on a terminal; a line per logged step without one, or when stdout is a file.
+        show_bar = console.show_bar(args.disable_tqdm, self.dist.is_main)
+        step_lines = console.print_step_lines(show_bar, self.dist.is_main)
         bar = tqdm(
             total=args.max_steps,
             initial=self.global_step,
             desc=args.algorithm.upper(),
-            disable=args.disable_tqdm or not self.dist.is_main,
+            disable=not show_bar,
             dynamic_ncols=True,
         )
         while self.global_step < args.max_steps:
@@ -1077,6 +1090,8 @@ class Trainer:
             self._callback("on_step_end")
             if step % args.logging_steps == 0 or step == args.max_steps:
                 self._log(logs)
+                if step_lines:
+                    tqdm.write(console.step_line(logs, args.max_steps, self.reward_names))
             if args.log_completions_steps and step % args.log_completions_steps == 0:
                 self._log_completions()
             if logs.get("nonfinite_step"):
@@ -1092,7 +1107,7 @@ class Trainer:
                     f"were skipped; the weights are unchanged since the last good step and "
                     f"were saved to {path}. Lower learning_rate or check the rewards."
                 )
-            bar.set_postfix(self._progress_postfix(logs), refresh=False)
+            bar.set_postfix_str(self._progress_postfix(logs), refresh=False)
             bar.update(1)
             if (
                 args.eval_steps
@@ -1100,8 +1115,7 @@ class Trainer:
                 and (step % args.eval_steps == 0)
                 and step < args.max_steps
             ):
-                metrics = self.evaluate()
-                self._log({"step": step, **metrics})
+                metrics = self._evaluate_and_log(step)
                 self._callback("on_evaluate", metrics=metrics)
             if (args.save_steps and step % args.save_steps == 0) or self.control.should_save:
                 self.control.should_save = False
@@ -1118,7 +1132,7 @@ class Trainer:
             last = self.log_history[-1] if self.log_history else {}
             evaluated = any(key.startswith("eval/") for key in last)
             if not (last.get("step") == self.global_step and evaluated):
-                self._log({"step": self.global_step, **self.evaluate()})
+                self._evaluate_and_log(self.global_step)
         saved = (self.output_dir / f"checkpoint-{self.global_step}").exists()
         if args.save_steps and any_rank(not saved, self.dist):
             self.save_checkpoint()
@@ -1126,16 +1140,16 @@ class Trainer:
             self.save_model(self.output_dir)
         barrier(self.dist)
 
-    def _progress_postfix(self, logs: dict[str, float]) -> dict[str, str]:
-        postfix = {
-            "reward": f"{logs['reward']:.3f}",
-            "len": f"{logs['completions/mean_length']:.0f}",
-            "kl": f"{logs['kl']:.4f}",
-            "s/step": f"{logs['time/step']:.1f}",
-        }
-        for name in self.reward_names:
-            postfix[name.removesuffix("_reward")] = f"{logs[f'rewards/{name}/mean']:.2f}"
-        return postfix
+    def _progress_postfix(self, logs: dict[str, float]) -> str:
+        return console.progress_postfix(logs, self.reward_names, self.scorer.correctness_name)
+
+    def _evaluate_and_log(self, step: int) -> dict[str, float]:
+        """Evaluate, log the results and print them (on the main rank)."""
+        metrics = self.evaluate()
+        self._log({"step": step, **metrics})
+        if self.dist.is_main:
+            tqdm.write(console.eval_line(metrics, step))
+        return metrics
 
     def save_model(self, path: str | Path | None = None, output_dir: str | None = None) -> Path:
         """Save model and tokenizer in Hugging Face format (``from_pretrained``-loadable; with
@@ -1159,7 +1173,8 @@ class Trainer:
     def _save_weights(self, folder: Path, weights: dict[str, torch.Tensor] | None) -> None:
         """The model (or LoRA adapter) in Hugging Face format, an adapter naming a base that
         groupwise can load (a built-in name, an absolute path or a hub id)."""
-        self.policy.save_pretrained(folder, weights)
+        with console.quiet_transformers_bars():  # no "Writing model shards" bar per save
+            self.policy.save_pretrained(folder, weights)
         if self._adapter_base is not None:
             record_adapter_base(folder, self._adapter_base)
 

@@ -109,6 +109,27 @@ def answer_block(text: str) -> str | None:
     return content
 
 
+def level_name(task: str | None, level: Any) -> str:
+    """A difficulty level in words, for tables: ``12`` of arithmetic is "1-digit operands, 2
+    operands"; a level of a task without a known scale is ``difficulty <level>``."""
+    try:
+        value = int(level)
+    except (TypeError, ValueError):
+        return f"difficulty {level}"
+    if task == "arithmetic" and value >= 10:
+        digits, operands = divmod(value, 10)
+        return f"{digits}-digit operands, {operands} operands"
+    if task == "countdown":
+        return f"{value} numbers"
+    if task == "logic":
+        return f"{value} people"
+    if task == "python":
+        return f"level {value} of 3"
+    if task == "gsm":
+        return "word problems"
+    return f"difficulty {value}"
+
+
 def check_level(task: str, difficulty: int | None) -> int | None:
     """The level to generate at: ``difficulty`` checked against :data:`LEVELS`, or the
     task's default when None."""
@@ -196,6 +217,7 @@ def task_reward_func(name: str) -> Callable[..., list[float | None]]:
 __all__ = [
     "DEFAULT_LEVEL",
     "LEVELS",
+    "level_name",
     "TASKS",
     "answer_block",
     "is_eval_problem",
