@@ -247,6 +247,23 @@ def _load_adapter(
     return model, tokenizer or base_tokenizer
 
 
+def broken_weight_file(folder: str | Path) -> tuple[Path, str] | None:
+    """The first ``*.safetensors`` file in ``folder`` whose header cannot be read or does not
+    cover the file (a truncated or corrupt file), with safetensors' reason; None if all read."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError, ValueError) as err:
+            return path, str(err).strip() or type(err).__name__
+    return None
+
+
 def load_model_and_tokenizer(
     name_or_path: str | PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase | None = None,
@@ -296,6 +313,15 @@ def load_model_and_tokenizer(
             model = AutoModelForCausalLM.from_pretrained(name_or_path, **placement)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(name_or_path)
         except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
+            broken = broken_weight_file(name_or_path)
+            if broken is not None:
+                path, reason = broken
+                raise ModelLoadError(
+                    f"model {name_or_path!r} could not be loaded: the weight file {path} is "
+                    f"incomplete or corrupt ({reason}); it was probably cut short by an "
+                    "interrupted download, copy or save. Copy or download it again, or load an "
+                    "earlier checkpoint-N folder"
+                ) from err
             raise ModelLoadError(
                 f"model {name_or_path!r} could not be loaded: {type(err).__name__}: "
                 f"{str(err).strip().splitlines()[0] if str(err).strip() else err!r}. Check that "
