@@ -1,4 +1,4 @@
-"""Ground-truth-difficulty simulation of the curricula (curriculum audit section 4A, metric M1).
+"""Ground-truth-difficulty simulation of the curricula: informative groups per rollout.
 
 Every prompt has a known pass rate p = sigmoid(theta). Levels (the ``difficulty`` column):
 easy (40%, theta ~ N(1.5, 0.7), p ~ 0.8), medium (35%, N(-1, 0.7), p ~ 0.27) and hard (25%,
@@ -7,10 +7,10 @@ draws candidates (``Curriculum.candidates`` / ``choose``, as ``groupwise.sampler
 does), ``plan`` sizes the groups, the rollouts are Bernoulli(p) draws, and ``observe_global``
 gets GlobalRows with the on-policy policy term (-A, GRPO advantages) and the correctness.
 The "policy" then learns: a prompt whose group was informative gains ``LEARN_SELF`` logits and
-every prompt of its level ``LEARN_LEVEL`` / prompts-per-step (generalisation), so p moves as in
-the audit's toy (which learns a softmax policy with Adam; this is its cheap stand-in).
+every prompt of its level ``LEARN_LEVEL`` / prompts-per-step (generalisation): a cheap
+stand-in for a softmax policy learned with Adam.
 
-Printed per arm: informative groups (not all rollouts alike) per rollout (the audit's M1),
+Printed per arm: informative groups (not all rollouts alike) per rollout,
 averaged over the seeds, with its ratio to uniform GRPO (mean and standard error over seeds),
 the largest rollouts of any step (the budget is prompts x num_generations) and the final mean
 pass rate of the pool. ``select_oracle`` is ``select`` told the true p (its ceiling at this
@@ -47,8 +47,7 @@ from groupwise.sampler import PromptSampler  # noqa: E402
 REGIMES = {
     # p ~ 0.8 / 0.27 / 0.02: about half the uniform groups of 4 are all-alike at the start
     "medium": ((0.40, 1.5), (0.35, -1.0), (0.25, -4.0)),
-    # p ~ 0.95 / 0.38 / 0.01: about 70% all-alike at the start (the audit's hard and bench
-    # regimes have 69% and 80%)
+    # p ~ 0.95 / 0.38 / 0.01: about 70% all-alike at the start
     "hard": ((0.35, 3.0), (0.30, -0.5), (0.35, -4.5)),
 }
 LEARN_SELF, LEARN_LEVEL = 0.1, 0.02

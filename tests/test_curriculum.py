@@ -482,7 +482,7 @@ def test_rollout_gdro_mu_does_not_drift_without_information():
     assert (run("best_response", loss=0.3) == 0.0).all()  # identical non-zero signals too
     assert (run("realized") == 0.0).all()  # eq. 21 under the exact budget: frozen at 0
     # The earlier rule steps on the flat bandits' mean arm, 7 > 4: +0.15 at the first step, and
-    # it keeps rising (audit row 14).
+    # it keeps rising.
     drift = run("expected")
     assert drift[0] == pytest.approx(0.05 * (7 - 4)) and drift[-1] > 2.0
     # Started away from 0, the best response walks mu back (n_min = 2 at mu > 0: -0.1 a step)
@@ -633,7 +633,7 @@ def test_curriculum_state_round_trip_and_identical_ranks():
         assert repr(resumed.state_dict()) == repr(rank0.state_dict())
 
 
-def test_config_options_for_issue_14():
+def test_config_options_of_the_rollout_allocator():
     from groupwise.config import ConfigError, GRPOConfig
     from groupwise.curriculum import RolloutGDROCurriculum
 

@@ -197,3 +197,61 @@ def test_resolver_rejects_a_wrong_name():
         resolve("core.pass_at_kk", modules)
     with pytest.raises(AttributeError):
         resolve("groupwise.curriculum.gdro.PromptGDRO.no_such_method", modules)
+
+
+# --- product text speaks about the product --------------------------------------------------------
+
+# Text about how the project was made, which means nothing to a user: its planning files (not in
+# the repository), tracker numbers, the machine it was developed on, internal review rows.
+HISTORY_TEXT = re.compile(
+    r"mission\.md|\bissues?[ _-]?#?\d+|\bissue N\b|\bthis \d+-core (?:machine|CPU)\b"
+    r"|curriculum[- ]audit|\baudit (?:row|section)s?\b|\bthe audit\b|\bseeds' "
+    r"|\bthe seeds assume\b|\.\./shared\b",
+    re.IGNORECASE,
+)
+PRODUCT_FILES = ("README.md", "Makefile", "pyproject.toml")
+PRODUCT_FOLDERS = ("docs", "src", "benchmarks", "scripts", "configs", "tests")
+
+
+def _product_files() -> list[Path]:
+    files = [ROOT / name for name in PRODUCT_FILES if (ROOT / name).is_file()]
+    for folder in PRODUCT_FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".md", ".yaml", ".yml", ".txt", ".toml", ".cfg", ".sh"):
+                files.append(path)
+    return [f for f in files if f != Path(__file__).resolve()]
+
+
+def test_product_text_does_not_speak_of_how_it_was_made():
+    found = []
+    for path in _product_files():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            match = HISTORY_TEXT.search(line)
+            if match:
+                found.append(f"{path.relative_to(ROOT)}:{number}: {match.group(0)!r}: {line}")
+    assert not found, "rephrase to speak about the product:\n" + "\n".join(found)
+
+
+def test_history_pattern_catches_what_it_should():
+    for text in ("see mission.md", "fixed in issue 14", "Issue #3", "on this 2-core machine",
+                 "docs/curriculum-audit.md", "(audit row 12)", "The seeds' figures",
+                 "../shared/notes"):  # fmt: skip
+        assert HISTORY_TEXT.search(text), text
+    for text in ("every collective groupwise issues", "the seeds vary the runs", "a 2-core CPU"):
+        assert not HISTORY_TEXT.search(text), text
+
+
+def test_readme_examples_say_what_they_do():
+    """The README's first command says tiny-random cannot learn; its Python example uses the
+    demo's learning rate (the README reports that 2e-5 collapsed the entropy)."""
+    from groupwise.cli import DEMO_CONFIG
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    use_it = readme[readme.index("## Use it") :]
+    block = use_it[: use_it.index("```", use_it.index("```bash") + 3)]
+    first = block.index("groupwise train --model tiny-random")
+    assert "cannot learn" in block[:first], block
+    snippet = use_it[use_it.index("```python") :]
+    snippet = snippet[: snippet.index("```", 3)]
+    rate = re.search(r"learning_rate=([0-9.e-]+)", snippet)
+    assert rate is not None and float(rate.group(1)) == DEMO_CONFIG["learning_rate"]

@@ -1,4 +1,4 @@
-"""The memory planner: the seeds' numbers, hand-computed components, the CLI and a measurement."""
+"""The memory planner: the often-quoted 7B numbers, hand-computed components, the CLI, --measure."""
 
 from __future__ import annotations
 
@@ -38,20 +38,20 @@ def run_json(capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-# --- the seeds' figures --------------------------------------------------------------------------
+# --- the quoted 7B figures -----------------------------------------------------------------------
 
 
-def test_seeds_7b_fp16_exact(capsys):
-    weights = mem.seeds_weights_only(7_000_000_000, 2)
+def test_quoted_7b_fp16_exact(capsys):
+    weights = mem.quoted_weights_only(7_000_000_000, 2)
     assert set(weights["ppo"].values()) == {14_000_000_000}  # 14 GB per model copy
     assert sum(weights["ppo"].values()) == 56_000_000_000
     assert sum(weights["grpo"].values()) == 42_000_000_000
-    seeds = run_json(
-        capsys, "--params", "7e9", "--dtype", "fp16", "--accounting", "seeds", "--json"
+    quoted = run_json(
+        capsys, "--params", "7e9", "--dtype", "fp16", "--accounting", "quoted", "--json"
     )
-    assert seeds["ppo"]["total_bytes"] == 112_000_000_000
-    assert seeds["grpo"]["total_bytes"] == 56_000_000_000
-    assert seeds["ratio"] == 0.5
+    assert quoted["ppo"]["total_bytes"] == 112_000_000_000
+    assert quoted["grpo"]["total_bytes"] == 56_000_000_000
+    assert quoted["ratio"] == 0.5
     # The full planner's weights rows are the same 14 GB copies; 16 B per trained parameter
     # makes one trained network 112 GB on its own.
     full = run_json(capsys, "--params", "7e9", "--dtype", "fp16", "--json")
@@ -62,8 +62,8 @@ def test_seeds_7b_fp16_exact(capsys):
     assert full["ppo"]["components"]["critic weights"] == 14_000_000_000
 
 
-def test_seeds_lines_state_the_accounting():
-    text = "\n".join(mem.seeds_lines(7_000_000_000, "fp16"))
+def test_quoted_lines_state_the_accounting():
+    text = "\n".join(mem.quoted_lines(7_000_000_000, "fp16"))
     for figure in ("14.0 GB", "112.0 GB", "56.0 GB", "42.0 GB", "252.0 GB", "140.0 GB"):
         assert figure in text
 
@@ -107,7 +107,7 @@ def test_lora_trainable_count_by_hand():
     # r (d_in + d_out): q 2*16, k 2*12, v 2*12, o 2*16, gate/up/down 2*24 each = 256 per layer
     assert TINY.lora_params(2) == 2 * 256
     assert TINY.lora_params(2, ["q_proj", "v_proj"]) == 2 * (32 + 24)
-    with pytest.raises(mem.MemoryPlanError, match="lora-targets"):
+    with pytest.raises(mem.MemoryPlanError, match="lora_targets"):
         TINY.lora_params(2, ["nope_proj"])
 
 
@@ -226,6 +226,16 @@ def test_json_shape_exactly(capsys):
     assert "critic weights" not in out["grpo"]["components"]
 
 
+def _arithmetic_prompt_tokens(max_prompt_length=None) -> int:
+    """The longest default arithmetic training prompt in the SmolLM2 tokenizer's tokens."""
+    from groupwise.data import arithmetic_dataset, tokenize_prompts
+    from groupwise.models import smollm2_tokenizer
+
+    rows = arithmetic_dataset(200, "train", seed=42)
+    ids = tokenize_prompts([r["prompt"] for r in rows], smollm2_tokenizer(), max_prompt_length)
+    return max(len(x) for x in ids)
+
+
 def test_config_yaml_supplies_defaults_and_flags_override(tmp_path: Path, capsys):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("model: tiny-random\nbeta: 0.0\nper_device_train_batch_size: 4\n"
@@ -234,8 +244,9 @@ def test_config_yaml_supplies_defaults_and_flags_override(tmp_path: Path, capsys
     assert REF_WEIGHTS not in out["grpo"]["components"]
     expected = plan_grpo(
         mem.BUILTIN_SHAPES["tiny-random"],
-        MemoryOptions(dtype="fp32", batch=4, group_size=4, completion_len=32, beta=0.0),
-    )
+        MemoryOptions(dtype="fp32", batch=4, group_size=4, completion_len=32, beta=0.0,
+                      prompt_len=_arithmetic_prompt_tokens()),
+    )  # fmt: skip
     assert out["grpo"]["components"] == expected
     out = run_json(capsys, str(cfg), "--json", "--beta", "0.1", "--batch", "8")
     assert REF_WEIGHTS in out["grpo"]["components"]
@@ -247,9 +258,11 @@ def test_config_yaml_supplies_defaults_and_flags_override(tmp_path: Path, capsys
         (["--params", "7e9", "--dtype", "fp8"], "--dtype"),
         (["--params", "seven"], "--params"),
         (["--model", "tiny-random", "--batch", "0"], "--batch"),
-        (["--model", "tiny-random", "--batch", "6", "--group-size", "4"], "--group-size"),
-        (["--params", "7e9", "--lora-r", "8"], "--lora-r"),
-        (["--model", "tiny-random", "--lora-r", "8", "--lora-targets", "x_proj"], "--lora-targets"),
+        (["--model", "tiny-random", "--batch", "6", "--group_size", "4"], "--group_size"),
+        (["--model", "tiny-random", "--batch", "6", "--group-size", "4"], "--group_size"),
+        (["--model", "tiny-random", "--no_such_option", "4"], "--no_such_option"),
+        (["--params", "7e9", "--lora_r", "8"], "--lora_r"),
+        (["--model", "tiny-random", "--lora_r", "8", "--lora_targets", "x_proj"], "--lora_targets"),
         (["--model", "no/such/model"], "--model"),
         (["--hidden", "64", "--layers", "2"], "--params"),
         (["--params", "7e9", "--measure"], "--measure"),
@@ -280,3 +293,94 @@ def test_intermediate_inferred_from_params():
     known = replace(TINY, intermediate=None, params=TINY.num_params())
     inferred = mem.infer_intermediate(known)
     assert inferred.intermediate == 16 and "inferred" in inferred.note
+
+
+# --- the run's real settings, train's flag style, --measure against the table -------------------
+
+TINY_HF = {
+    "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 49152, "head_dim": 16,
+    "tie_word_embeddings": True, "attention_bias": False,
+}  # fmt: skip
+
+
+def _run_yaml(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = folder / "config.yaml"
+    cfg.write_text("model: tiny-random\nper_device_train_batch_size: 4\nnum_generations: 4\n"
+                   "max_completion_length: 32\ndevice: cpu\n")  # fmt: skip
+    return cfg
+
+
+def test_plan_reads_the_runs_dtype_and_prompt_length(tmp_path: Path, capsys):
+    cfg = _run_yaml(tmp_path / "run")
+    out = run_json(capsys, str(cfg), "--json")
+    grpo = out["grpo"]["components"]
+    params = mem.BUILTIN_SHAPES["tiny-random"].num_params()
+    # dtype auto on the CPU: the trainer keeps fp32 weights and fp32 AdamW states, no master copy.
+    assert grpo[POLICY_WEIGHTS] == 4 * params and grpo[POLICY_OPTIM] == 8 * params
+    assert POLICY_MASTER not in grpo or grpo[POLICY_MASTER] == 0
+    # KV cache = 2 x layers x kv_dim x (prompt + completion) x 4 sequences x 4 B, with the
+    # real prompt (the longest arithmetic prompt, tokenized), not a 512-token guess.
+    prompt = _arithmetic_prompt_tokens()
+    assert prompt < 512
+    assert grpo[KV_CACHE] == 2 * 2 * 32 * (prompt + 32) * 4 * 4
+    # A run's output_dir (its config.yaml) is read the same way.
+    assert run_json(capsys, str(tmp_path / "run"), "--json") == out
+    # dtype: bfloat16 in the config: bf16 weights and AdamW states (pure, as the trainer).
+    bf16 = run_json(capsys, str(cfg), "--json", "--dtype", "bfloat16")["grpo"]["components"]
+    assert bf16[POLICY_WEIGHTS] == 2 * params and bf16[POLICY_OPTIM] == 4 * params
+    # max_prompt_length cuts the prompt as the trainer does.
+    cut = run_json(capsys, str(cfg), "--json", "--max_prompt_length", "40")["grpo"]["components"]
+    assert cut[KV_CACHE] == 2 * 2 * 32 * (40 + 32) * 4 * 4
+
+
+def test_flags_are_trains_with_the_earlier_hyphens_as_aliases(tmp_path: Path, capsys):
+    cfg = str(_run_yaml(tmp_path / "run"))
+    base = run_json(capsys, cfg, "--json", "--completion_len", "16")
+    assert run_json(capsys, cfg, "--json", "--completion-len", "16") == base
+    assert run_json(capsys, cfg, "--json", "--max_completion_length", "16") == base
+    assert run_json(capsys, cfg, "--json", "--max_completion_length=16") == base
+    assert run_json(capsys, cfg, "--json", "--completion_len", "8") != base
+
+
+def test_measure_is_compared_with_the_tables_own_figure(tmp_path: Path, capsys, monkeypatch):
+    """--measure's prediction is the very number the table shows, for the same settings; where
+    the real run differs (shorter completions), it says so."""
+    import subprocess
+
+    from groupwise.memory import measure
+
+    prompt = _arithmetic_prompt_tokens()
+
+    def fake_child(cmd, **kwargs):
+        spec = json.loads(cmd[cmd.index("--_child") + 1])
+        assert spec["config"]["task"] == "arithmetic" and spec["device"] == "cpu"
+        result = {
+            "algorithm": spec["algorithm"], "device": "cpu", "dtype": "fp32",
+            "baseline_bytes": 1000, "peak_bytes": 151_000_000, "measured_bytes": 150_000_000,
+            "prompt_len": prompt, "completion_len": 20, "model_config": TINY_HF, "steps": 1,
+        }  # fmt: skip
+        line = measure._RESULT_MARK + json.dumps(result)
+        return subprocess.CompletedProcess(cmd, 0, stdout=line + "\n", stderr="")
+
+    monkeypatch.setattr(measure.subprocess, "run", fake_child)
+    cfg = str(_run_yaml(tmp_path / "run"))
+    out = run_json(capsys, cfg, "--json", "--measure")
+    for name in ("grpo", "ppo"):
+        measured = out["measured"][name]
+        assert measured["predicted_bytes"] == out[name]["total_bytes"]
+        assert measured["differs"] == [
+            "completions stopped at 20 of the planned 32 tokens (the plan is the longest case)"
+        ]
+    assert main([cfg, "--measure"]) == 0
+    text = capsys.readouterr().out
+    assert "vs the table's prediction" in text and "completions stopped at 20" in text
+
+
+def test_planner_output_speaks_about_the_product(capsys):
+    assert main(["--params", "7e9", "--dtype", "fp16"]) == 0
+    text = capsys.readouterr().out
+    assert "often-quoted" in text
+    for word in ("mission", "seeds"):
+        assert word not in text

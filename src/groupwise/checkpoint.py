@@ -133,10 +133,26 @@ def check_output_dir(output_dir: str | Path, resume: str | None, overwrite: bool
     parent = path
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
+    if not parent.is_dir():
+        raise OutputDirError(
+            f"output_dir={str(output_dir)!r} cannot be created: {parent} is a file, not a "
+            "folder; choose another output_dir"
+        )
     if not os.access(parent, os.W_OK):
         raise OutputDirError(
             f"output_dir={str(output_dir)!r}: {parent} is not writable; choose another output_dir"
         )
+    # os.access trusts permission bits; a read-only file system, a full disk or (for root) a
+    # folder like /proc refuses writes anyway, so try one, before any model is loaded.
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".groupwise-write-test-", dir=parent)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as err:
+        raise OutputDirError(
+            f"output_dir={str(output_dir)!r}: cannot write in {parent} "
+            f"({err.strerror or err}); choose another output_dir"
+        ) from None
     found = earlier_run(path)
     if found and not resume and not overwrite:
         resume_option = option("--resume", 'resume_from_checkpoint="auto"')

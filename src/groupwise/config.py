@@ -100,7 +100,9 @@ class GRPOConfig:
     reward_funcs: list[str] | None = None
     reward_weights: list[float] | None = None  # None: every reward function weighs 1.0
     reward_max_failure_fraction: float = 0.5  # stop if a reward fails on more of a step
-    reward_timeout: float | None = None  # stop if one reward call on a batch takes longer (s)
+    # stop if one reward call on a batch takes longer (s; None: no limit, a warning names a call
+    # still running after 10 minutes)
+    reward_timeout: float | None = None
     accuracy_timeout: float = 5.0  # seconds per symbolic comparison (math-verify)
     overlong_buffer_len: int | None = None  # length_penalty: L_cache (None: max_len // 4)
     overlong_penalty_factor: float = 1.0  # length_penalty: penalty at and beyond max length
@@ -767,6 +769,23 @@ class GRPOConfig:
                     "which is largest for the rarest bin); set gdro_share_normalize: false, or "
                     "use gdro_signal: pg_loss"
                 )
+        if self.gdro_bin_edges is not None:
+            edges = self.gdro_bin_edges
+            outside = [e for e in edges if not 0.0 < e < 1.0]
+            if outside:
+                raise ConfigError(
+                    f"gdro_bin_edges {edges}: {outside} outside (0, 1); each edge is an accuracy "
+                    "strictly between 0 and 1, e.g. [0.25, 0.5, 0.75]"
+                )
+            unsorted = [(a, b) for a, b in zip(edges, edges[1:], strict=False) if a >= b]
+            if unsorted:
+                a, b = unsorted[0]
+                raise ConfigError(
+                    f"gdro_bin_edges {edges} must be strictly increasing ({a} is followed by "
+                    f"{b}), e.g. {sorted(set(edges))}"
+                )
+        if self.gdro_num_bins < 1:
+            raise ConfigError(f"gdro_num_bins must be >= 1, got {self.gdro_num_bins}")
         if self.gdro_window < 0:
             raise ConfigError(f"gdro_window must be >= 0 (0: all history), got {self.gdro_window}")
         if self.rollout_variance_prior < 0:

@@ -9,8 +9,10 @@ reward functions by name, as in TRL.
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
+import itertools
 import json
 import math
 import random
@@ -23,6 +25,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from .errors import ModelLoadError, TaskSizeError
+
 SYSTEM_PROMPT = (
     "You are a careful calculator. Think step by step inside <think> </think>, "
     "then give only the final number inside <answer> </answer>."
@@ -33,6 +37,11 @@ WORKED_EXAMPLE = [
     {"role": "user", "content": "What is 4 * 2 - 1?"},
     {"role": "assistant", "content": "<think> 4 * 2 = 8, 8 - 1 = 7 </think> <answer> 7 </answer>"},
 ]
+
+
+# The roles of a conversational prompt's messages (the OpenAI / Hugging Face chat format that
+# chat templates read); others ("human", "gpt", ...) would be rendered wrongly or dropped.
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 def is_conversational(prompt: Any) -> bool:
@@ -52,6 +61,15 @@ def prompt_text(
     (as TRL does; ``template_kwargs``, TRL's ``chat_template_kwargs``, go to the template, e.g.
     Qwen3's ``enable_thinking``), the string itself otherwise."""
     if is_conversational(prompt):
+        if getattr(tokenizer, "chat_template", "") is None:  # a stand-in may lack the field
+            raise ModelLoadError(
+                f"the tokenizer of model {getattr(tokenizer, 'name_or_path', '') or '?'!r} has "
+                "no chat template, but the prompts are conversations (lists of role/content "
+                "messages) and a chat template is what turns them into text. Use an instruct "
+                "model (its tokenizer_config.json or chat_template.jinja holds one), set "
+                "tokenizer.chat_template (and pass the tokenizer as processing_class), or use "
+                "plain-text prompts (a string per row, e.g. prompt_template: 'Q: {prompt}\\nA:')"
+            )
         return tokenizer.apply_chat_template(
             prompt, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
         )
@@ -106,6 +124,42 @@ def arithmetic_expression(rng: random.Random, digits: int, num_operands: int, op
     return " ".join(parts)
 
 
+# A generator that draws this many problems in a row without a new one has (all but surely)
+# exhausted its space: the set of distinct problems it has found is its size.
+STALL_DRAWS = 50_000
+# Spaces up to this many expressions are counted exactly (hashing each: well under a second).
+_COUNTABLE = 400_000
+
+
+def _arithmetic_space(digits: int, min_operands: int, max_operands: int, ops: str) -> int:
+    values = 10 if digits == 1 else 9 * 10 ** (digits - 1)
+    return sum(values**k * len(ops) ** (k - 1) for k in range(min_operands, max_operands + 1))
+
+
+@functools.lru_cache(maxsize=32)
+def arithmetic_split_size(
+    digits: int, min_operands: int, max_operands: int, ops: str, split: str,
+    eval_fraction: float = 0.25,
+) -> int | None:  # fmt: skip
+    """How many distinct ``split`` problems the arithmetic task has with these settings (the
+    split is a hash of the expression, so they are counted); None when the space is too large
+    to count and far larger than any training set."""
+    if _arithmetic_space(digits, min_operands, max_operands, ops) > _COUNTABLE:
+        return None
+    low = 0 if digits == 1 else 10 ** (digits - 1)
+    numbers = [str(n) for n in range(low, 10**digits)]
+    want_eval = split == "eval"
+    count = 0
+    for k in range(min_operands, max_operands + 1):
+        for operands in itertools.product(numbers, repeat=k):
+            for operators in itertools.product(ops, repeat=k - 1):
+                parts = [operands[0]]
+                for op, operand in zip(operators, operands[1:], strict=True):
+                    parts += [op, operand]
+                count += is_eval_problem(" ".join(parts), eval_fraction) == want_eval
+    return count
+
+
 def arithmetic_dataset(
     num_problems: int,
     split: str = "train",
@@ -130,24 +184,27 @@ def arithmetic_dataset(
         )
     if not ops or set(ops) - set("+-*"):
         raise ValueError(f"ops must be a non-empty subset of '+-*', got {ops!r}")
+    settings = f" with digits={digits}, operands {min_operands}-{max_operands}, ops={ops!r}"
+    size = arithmetic_split_size(digits, min_operands, max_operands, ops, split, eval_fraction)
+    if size is not None and num_problems > size:
+        raise TaskSizeError("arithmetic", split, num_problems, size, hint=settings)
     rng = random.Random(f"arithmetic-{split}-{seed}")
     want_eval = split == "eval"
     seen: set[str] = set()
     rows = []
-    attempts = 0
+    misses = 0
     while len(rows) < num_problems:
-        attempts += 1
-        if attempts > 200 * num_problems + 10_000:
-            raise ValueError(
-                f"arithmetic task: only {len(rows)} distinct {split} problems exist with "
-                f"digits={digits}, operands {min_operands}-{max_operands}, ops={ops!r}; "
-                f"asked for {num_problems}"
+        misses += 1
+        if misses > STALL_DRAWS:
+            raise TaskSizeError(
+                "arithmetic", split, num_problems, len(rows), exact=False, hint=settings
             )
         num_operands = rng.randint(min_operands, max_operands)
         expression = arithmetic_expression(rng, digits, num_operands, ops)
         if expression in seen or is_eval_problem(expression, eval_fraction) != want_eval:
             continue
         seen.add(expression)
+        misses = 0
         value = eval(expression, {"__builtins__": {}})  # digits and + - * only: safe
         messages = [{"role": "system", "content": SYSTEM_PROMPT}]
         if few_shot:
@@ -497,6 +554,13 @@ def _clean_prompt(value: Any, column: str, where: str) -> str | list[dict[str, A
             raise _InvalidRow("empty prompt", f"{where}: {column!r} is empty")
         return value
     if is_conversational(value):
+        for index, message in enumerate(value):
+            if message["role"] not in CHAT_ROLES:
+                raise _InvalidRow(
+                    "unknown role",
+                    f"{where}: {column!r} message {index} has role {message['role']!r}; the "
+                    f"allowed roles are {', '.join(CHAT_ROLES)} (e.g. 'user', not 'human')",
+                )
         return [dict(message) for message in value]
     raise _InvalidRow(
         "invalid prompt",

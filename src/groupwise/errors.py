@@ -52,3 +52,20 @@ class ModelLoadError(UserError, ValueError):
 
 class OutputDirError(UserError, OSError):
     """An output folder that cannot be used, or that holds an earlier run."""
+
+
+class TaskSizeError(ConfigError):
+    """More problems asked of a built-in task than it can generate: names the task, the option
+    (``num_train_prompts`` or ``num_eval_prompts``) and the most it has."""
+
+    def __init__(self, task: str, split: str, asked: int, maximum: int, *, exact: bool = True,
+                 hint: str = "") -> None:  # fmt: skip
+        self.task, self.split, self.asked, self.maximum = task, split, asked, maximum
+        self.exact = exact
+        self.option = "num_eval_prompts" if split == "eval" else "num_train_prompts"
+        about = "" if exact else "about "
+        super().__init__(
+            f"task {task!r} can generate at most {about}{maximum} distinct {split} problems"
+            f"{hint}, but {self.option}={asked} asks for more; set {self.option} to at most "
+            f"{maximum}, or choose a larger task"
+        )

@@ -278,6 +278,23 @@ def is_peft_model(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
+def broken_weight_file(folder: str | Path) -> tuple[Path, str] | None:
+    """The first ``*.safetensors`` file in ``folder`` whose header cannot be read or does not
+    cover the file (a truncated or corrupt file), with safetensors' reason; None if all read."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError, ValueError) as err:
+            return path, str(err).strip() or type(err).__name__
+    return None
+
+
 def load_model_and_tokenizer(
     name_or_path: str | PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase | None = None,
@@ -335,6 +352,15 @@ def load_model_and_tokenizer(
                 raise ModelLoadError(
                     f"model {name_or_path!r} could not be loaded: {reason} It runs its own Python "
                     "code: set trust_remote_code=True if you trust it"
+                ) from err
+            broken = broken_weight_file(name_or_path)
+            if broken is not None:
+                path, reason = broken
+                raise ModelLoadError(
+                    f"model {name_or_path!r} could not be loaded: the weight file {path} is "
+                    f"incomplete or corrupt ({reason}); it was probably cut short by an "
+                    "interrupted download, copy or save. Copy or download it again, or load an "
+                    "earlier checkpoint-N folder"
                 ) from err
             if not os.path.exists(name_or_path):  # it was looked up on the hub
                 raise ModelLoadError(

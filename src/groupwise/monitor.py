@@ -255,8 +255,11 @@ class TrainingMonitor:
         return (
             f"frac_reward_zero_std has been above {t.zero_std_fraction:g} for "
             f"{self._zero_std_run} steps (now {frac:.2f}): almost every group gave all its "
-            "completions the same reward, so advantages are 0 and nothing is being learned; try "
-            "larger num_generations, easier data, or curriculum=rollout_gdro."
+            "completions the same reward, so advantages are 0 and nothing is being learned. "
+            "Easier prompts (a task or mix the model solves some of the time) help most; "
+            "dynamic_sampling=true (drop those groups, draw more prompts), curriculum=select "
+            "(pick prompts likely to give mixed groups: 1.1-1.3x informative groups per rollout "
+            "in README's simulation) and a larger num_generations spend the rollouts better."
         )
 
     def _entropy(self, logs: dict[str, Any], step: int) -> str | None:

@@ -61,12 +61,12 @@ class DifficultyClassifier:
     (successes, rollouts). The accuracy is the pooled rate sum(successes) / sum(rollouts) over the
     window. What an appearance records is the caller's choice (:class:`GDROCurriculum`'s
     ``classifier_signal``): ``(correct rollouts, rollouts)``, the per-rollout success fraction,
-    which does not depend on how many rollouts a prompt got (audit section 1 row 16), or
+    which does not depend on how many rollouts a prompt got, or
     ``(any correct, 1)``, the paper's c(x) of eq. 10 (pass@n_b under Rollout-GDRO, so prompts given
     more rollouts look easier).
 
     Unseen prompts (no appearance yet): ``unseen="hardest"`` gives them accuracy 0 and the hardest
-    bin (the paper's code, audit row 3); ``unseen="unseen"`` gives them their own state, index
+    bin (the paper's released code); ``unseen="unseen"`` gives them their own state, index
     ``num_bins`` (after the easiest bin), so they no longer mix with the truly hard prompts;
     ``unseen="difficulty"`` bins an unseen prompt by the prior accuracy the caller passes to
     :meth:`classify` (its difficulty level's rate, :class:`GDROCurriculum`), and uses the unseen
@@ -349,7 +349,7 @@ def best_response_arm(
     L_b(n) = -J_b(n) + mu n (eq. 20), with J_b(n) the arm's estimate (NaN: never played, then the
     mean of the played arms, or 0 if none: no evidence that n matters). Ties go to the arm nearest
     the mean budget, then the smaller: with no information and mu = 0 that is the budget itself, so
-    the dual step (eq. 21) does not move mu (audit section 1 row 14)."""
+    the dual step (eq. 21) does not move mu."""
     j = np.asarray(j_hat, dtype=np.float64)
     played = ~np.isnan(j)
     fill = float(j[played].mean()) if played.any() else 0.0
@@ -371,7 +371,7 @@ class RolloutGDRO:
       ``state_dict``, so a resumed run draws the same arms), as EXP3P prescribes;
       ``arm_choice="greedy"`` takes the most probable joint choice (:func:`exact_budget_arms`,
       the released code's and this library's earlier behaviour: follow-the-leader, gamma then
-      has no effect, audit row 12).
+      has no effect).
     - :meth:`update` scores the played arm with the paper's sign (eq. 20): reward
       -L_b(n) = J_b - mu n, where J_b = -(mean loss of bin b); scores are an EMA with
       ``score_decay`` (the appendix's "arm score EMA decay 0.4"; [recon]: the paper does not
@@ -385,7 +385,7 @@ class RolloutGDRO:
       around the price that clears the budget);
       ``expected``: the mean arm under the bandits' own probabilities (this library's earlier
       rule: with flat probabilities it is the arm midpoint, above the budget, so mu drifts up
-      with no information, audit row 14);
+      with no information);
       ``realized``: the step's realised mean rollouts, eq. 21 as written (always the budget under
       the exact allocation, so mu stays at 0: the paper's algorithm, kept for exactness).
     Defaults are the paper's (App. A.2.2): arms 2..12, mean budget 4, eta 0.65, gamma 0.01,
@@ -593,8 +593,8 @@ def variance_proxy(
     shares: Sequence[float], variances: Sequence[float], rollouts: Sequence[float]
 ) -> float:
     """Eq. 28: VarProxy = sum_b q_b v_b / n_b over groups with n_b > 0, the quantity the square-root
-    law minimises (Theorem 4.2; WSE above is minimised by n proportional to sigma^(2/3) instead,
-    audit section 1 row 19)."""
+    law minimises (Theorem 4.2; WSE above is minimised by n proportional to sigma^(2/3)
+    instead)."""
     total = 0.0
     for q, v, n in zip(shares, variances, rollouts, strict=True):
         if n > 0:
@@ -662,8 +662,7 @@ class GDROCurriculum(GlobalBatchCurriculum):
     observed uses the pooled rate of every group, 0.5 before any outcome); ``bin``, this library's
     earlier per-bin v_b = p_b (1 - p_b), p_b the bin's pooled per-rollout rate over its last
     ``window`` observed steps (an unobserved bin: the midpoint of its accuracy range). p (1 - p)
-    is the per-rollout reward variance of a 0/1 reward, the right v for ``scale_rewards=none``
-    (audit row 17).
+    is the per-rollout reward variance of a 0/1 reward, the right v for ``scale_rewards=none``.
 
     Prompt-GDRO's signal (``prompt_signal``): ``pg_loss``, the paper's per-response clipped
     policy loss (eqs. 5-6, unweighted advantages; the loss variant's
@@ -671,7 +670,7 @@ class GDROCurriculum(GlobalBatchCurriculum):
     With one optimisation pass per batch the former is -A_i, whose mean over every group and
     so every bin is exactly 0, which leaves all bin weights equal (algorithms.md 1.1 [obs]).
     ``failure_rate`` with share normalisation is refused: dividing a mean by the bin's share
-    ranks bins by rarity, not difficulty (audit section 2.4: the weights rise with p)."""
+    ranks bins by rarity, not difficulty (the weights rise with p)."""
 
     def __init__(
         self,
@@ -888,7 +887,7 @@ class GDROCurriculum(GlobalBatchCurriculum):
             shares, sigmas, [self.mean_budget if s else 0 for s in shares]
         )
         # ... and from held-out per-prompt estimates (history before this step), with the
-        # quantity the square-root law minimises, eq. 28 (audit section 1 row 19): every prompt
+        # quantity the square-root law minimises, eq. 28: every prompt
         # is its own stratum of share 1/N.
         held_out = self.prompt_variances(uids, bins)
         each = [1.0 / max(len(bins), 1)] * len(bins)
@@ -934,7 +933,7 @@ class GDROCurriculum(GlobalBatchCurriculum):
                 self.level_success[level].append((s, n))
         if self.classifier_signal == "any_correct":  # eq. 10: c(x) = any of this step's rollouts
             self.classifier.update(uids, (hits > 0).tolist())
-        else:  # per-rollout success fraction (audit row 16); a prompt without rows learns nothing
+        else:  # per-rollout success fraction; a prompt without rows learns nothing
             seen = [i for i in range(len(bins)) if trials[i]]
             self.classifier.update(
                 [uids[i] for i in seen],

@@ -6,8 +6,8 @@ The package, in three layers, each importing only the ones before it:
 
 - :mod:`groupwise.memory.plan`: the planner proper, pure arithmetic (no torch, no trainers).
   Its docstring says exactly what is counted (weights, gradients, master weights, optimizer
-  states, activations, logits, KV cache; the peak total) and how the often-quoted 112 vs 56 GB are
-  reproduced (``--accounting seeds``).
+  states, activations, logits, KV cache; the peak total) and how the often-quoted 112 vs 56 GB
+  for 7B are reproduced (``--accounting quoted``).
 - :mod:`groupwise.memory.measure`: ``--measure``, real training steps of each algorithm in a
   fresh subprocess, the measured peak next to the plan for the same settings; the only part
   that imports the trainers (lazily, in the child).
@@ -39,10 +39,10 @@ from .plan import (
     POLICY_OPTIM,
     POLICY_WEIGHTS,
     PRECISIONS,
+    QUOTED_NOTE,
     REF_WEIGHTS,
     RM_WEIGHTS,
     ROW_ORDER,
-    SEEDS_NOTE,
     UPDATE_PHASE,
     MemoryOptions,
     MemoryPlan,
@@ -61,10 +61,10 @@ from .plan import (
     missing_rows,
     plan_grpo,
     plan_ppo,
+    quoted_lines,
+    quoted_trained_only,
+    quoted_weights_only,
     resolve_model_shape,
-    seeds_lines,
-    seeds_trained_only,
-    seeds_weights_only,
     shape_from_hf_config,
     total_bytes,
     trained_bytes_per_param,
@@ -93,7 +93,7 @@ __all__ = [
     "REF_WEIGHTS",
     "RM_WEIGHTS",
     "ROW_ORDER",
-    "SEEDS_NOTE",
+    "QUOTED_NOTE",
     "UPDATE_PHASE",
     "MemoryOptions",
     "MemoryPlan",
@@ -120,9 +120,9 @@ __all__ = [
     "ppo_available",
     "resolve_model_shape",
     "run_measurement",
-    "seeds_lines",
-    "seeds_trained_only",
-    "seeds_weights_only",
+    "quoted_lines",
+    "quoted_trained_only",
+    "quoted_weights_only",
     "shape_from_hf_config",
     "total_bytes",
     "trained_bytes_per_param",

@@ -15,7 +15,9 @@ import json
 import math
 import re
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
+from dataclasses import replace as dataclass_replace
+from pathlib import Path
 from typing import Any
 
 from .measure import (
@@ -71,144 +73,260 @@ def _count_arg(text: str) -> int:
         ) from None
 
 
+# The run's settings in GRPOConfig's spelling (``--dtype float32``) as well as the planner's
+# (``--dtype fp32``); "auto" is resolved as the trainer resolves it.
+_CONFIG_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def _flag(group: Any, name: str, **kwargs: Any) -> None:
+    """``--name`` in train's underscore style, and ``--na_me``, the spelling these flags had
+    before (in the README's examples), as an alias."""
+    spellings = [f"--{name}"]
+    if "_" in name:
+        spellings.append(f"--{name.replace('_', '-')}")
+    group.add_argument(*spellings, dest=name, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="groupwise memory",
         description="Memory plan for PPO and GRPO side by side (see groupwise.memory's docstring "
-        "for exactly what is counted).",
+        "for exactly what is counted). CONFIG is a groupwise YAML config or a run's output_dir "
+        "(its config.yaml); any train option (--max_completion_length 64, ...) overrides it.",
     )
-    p.add_argument("config", nargs="?", help="a groupwise YAML config supplying defaults")
+    p.add_argument("config", nargs="?", help="a groupwise YAML config or a run's output_dir")
     m = p.add_argument_group("model (a built-in name, a local HF folder, or shapes)")
     m.add_argument(
         "--model", help="tiny-random, smollm2-135m-instruct, or a folder with config.json"
     )
     m.add_argument("--params", type=_count_arg, help="parameter count, e.g. 7e9 or 7B")
-    for flag in ("layers", "hidden", "heads", "kv-heads", "vocab", "intermediate", "head-dim"):
-        m.add_argument(f"--{flag}", type=int)
-    m.add_argument("--tie-embeddings", action="store_true", default=None)
-    t = p.add_argument_group("training")
-    t.add_argument("--dtype", choices=list(DTYPE_BYTES))
+    for flag in ("layers", "hidden", "heads", "kv_heads", "vocab", "intermediate", "head_dim"):
+        _flag(m, flag, type=int)
+    _flag(m, "tie_embeddings", action="store_true", default=None)
+    t = p.add_argument_group("training (default: CONFIG's values, as the trainer resolves them)")
+    t.add_argument(
+        "--dtype",
+        choices=[*DTYPE_BYTES, *_CONFIG_DTYPES, "auto"],
+        help="fp32, fp16, bf16 (mixed precision unless --precision pure), or the trainer's "
+        "auto, float32, bfloat16 (weights and AdamW states in that dtype)",
+    )
     t.add_argument("--precision", choices=list(PRECISIONS))
     t.add_argument("--optimizer", choices=list(OPTIMIZERS))
-    t.add_argument("--lora-r", type=int, help="LoRA rank (0: full fine-tuning)")
-    t.add_argument("--lora-targets", help="comma-separated, e.g. q_proj,v_proj (default: all)")
+    _flag(t, "lora_r", type=int, help="LoRA rank (0: full fine-tuning)")
+    _flag(t, "lora_targets", help="comma-separated, e.g. q_proj,v_proj (default: all)")
     t.add_argument("--batch", type=int, help="completions per micro-batch")
-    t.add_argument("--group-size", type=int, help="G, completions per prompt")
-    t.add_argument("--grad-accum", type=int, help="micro-batches per step")
-    t.add_argument("--prompt-len", type=int)
-    t.add_argument("--completion-len", type=int)
-    t.add_argument("--gradient-checkpointing", action="store_true", default=None)
-    t.add_argument("--logprob-impl", choices=["chunked", "naive"])
-    t.add_argument("--logprob-chunk-size", type=int)
+    _flag(t, "group_size", type=int, help="G, completions per prompt")
+    _flag(t, "grad_accum", type=int, help="micro-batches per step")
+    _flag(t, "prompt_len", type=int, help="default: the longest of the task's prompts, tokenized")
+    _flag(t, "completion_len", type=int, help="default: max_completion_length")
+    _flag(t, "gradient_checkpointing", action="store_true", default=None)
+    _flag(t, "logprob_impl", choices=["chunked", "naive"])
+    _flag(t, "logprob_chunk_size", type=int)
     t.add_argument("--beta", type=float, help="KL coefficient; 0: no reference model")
-    t.add_argument("--reward-model-params", type=_count_arg, help="0: rule rewards")
+    _flag(t, "reward_model_params", type=_count_arg, help="0: rule rewards")
     o = p.add_argument_group("output")
-    o.add_argument("--accounting", choices=list(ACCOUNTINGS), default="full")
+    accountings = [*ACCOUNTINGS, "seeds"]  # seeds: the earlier name of quoted
+    o.add_argument("--accounting", choices=accountings, default="full")
     o.add_argument("--json", action="store_true", help="print one JSON object")
     o.add_argument("--measure", action="store_true", help="run real steps and compare")
-    o.add_argument("--measure-steps", type=int, default=1)
-    o.add_argument("--device", default="auto", help="device for --measure: auto, cpu, cuda")
+    _flag(o, "measure_steps", type=int, default=1)
+    o.add_argument("--device", help="auto, cpu, cuda (default: CONFIG's device)")
     o.add_argument("--_child", help=argparse.SUPPRESS)
     return p
 
 
-def _config_defaults(path: str | None) -> dict[str, Any]:
-    """Planner defaults from GRPOConfig (a YAML file's values, else the dataclass defaults)."""
-    if path is None:
-        from dataclasses import fields
+def load_run_config(path: str | None, overrides: dict[str, Any] | None = None) -> Any:
+    """The run's GRPOConfig: a YAML file, a run's output_dir (its config.yaml), or the defaults;
+    ``overrides`` are train options (``{"max_completion_length": "64"}``)."""
+    from ..config import ConfigError, GRPOConfig
 
-        from ..config import GRPOConfig
-
-        cfg = {f.name: f.default for f in fields(GRPOConfig)}
-    else:
-        from ..config import ConfigError, GRPOConfig
-
-        try:
-            cfg = asdict(GRPOConfig.from_yaml(path))
-        except ConfigError as err:
-            raise MemoryPlanError(str(err)) from None
-    dtype = {"float32": "fp32", "bfloat16": "bf16"}.get(cfg["dtype"])  # auto: the default below
-    return {
-        "model": cfg["model"],
-        "dtype": dtype,
-        "batch": cfg["per_device_train_batch_size"],
-        "group_size": cfg["num_generations"],
-        "grad_accum": cfg["gradient_accumulation_steps"],
-        "prompt_len": cfg["max_prompt_length"] or 512,
-        "completion_len": cfg["max_completion_length"],
-        "gradient_checkpointing": cfg["gradient_checkpointing"],
-        "logprob_impl": cfg["logprob_impl"],
-        "logprob_chunk_size": cfg["logprob_chunk_size"],
-        "beta": cfg["beta"],
-        "lora_r": cfg["lora_r"] if cfg["use_peft"] else 0,
-        "lora_targets": cfg["lora_target_modules"],
-    }
+    try:
+        if path is None:
+            return GRPOConfig.from_dict(dict(overrides or {}), source="command line")
+        source = Path(path)
+        if source.is_dir():
+            if not (source / "config.yaml").is_file():
+                raise MemoryPlanError(
+                    f"{path} is a folder without config.yaml; give a groupwise YAML config or a "
+                    "run's output_dir"
+                )
+            source = source / "config.yaml"
+        return GRPOConfig.from_yaml(source, overrides)
+    except ConfigError as err:
+        raise MemoryPlanError(str(err)) from None
 
 
-def options_from_args(args: argparse.Namespace) -> tuple[ModelShape, MemoryOptions, str]:
-    """Resolve the model shape and the options: command line over CONFIG over defaults."""
-    base = _config_defaults(args.config)
-    pick = {
-        k: getattr(args, k) if getattr(args, k, None) is not None else v for k, v in base.items()
-    }
+def resolve_run_device(device: str) -> str:
+    """cpu or cuda: the device the trainer would pick for ``device`` (auto: cuda if present)."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
+def resolve_run_dtype(cfg: Any, device: str) -> str:
+    """The dtype the trainer stores the weights in (groupwise.precision.resolve_precision):
+    fp32 for dtype auto (LoRA on a bf16 GPU: the frozen base in bf16), else the one asked for."""
+    if cfg.dtype in _CONFIG_DTYPES:
+        return _CONFIG_DTYPES[cfg.dtype]
+    if cfg.use_peft and device == "cuda":
+        import torch
+
+        from ..precision import bf16_capable
+
+        return "bf16" if bf16_capable(torch.device("cuda")) else "fp32"
+    return "fp32"
+
+
+def task_prompt_length(cfg: Any, model: str) -> int | None:
+    """The longest training prompt of ``cfg``'s task in ``model``'s tokens (chat template
+    included, cut at max_prompt_length as the trainer cuts it); None if the model's tokenizer
+    or the task cannot be read here."""
+    import contextlib
+
+    from ..data import tokenize_prompts
+    from ..errors import UserError
+    from .measure import _load_tokenizer
+
+    try:
+        tokenizer = _load_tokenizer(model)
+        from ..cli import build_datasets
+
+        with contextlib.redirect_stdout(sys.stderr):  # the loader's summary; keeps --json clean
+            rows, _ = build_datasets(cfg)
+        ids = tokenize_prompts([r["prompt"] for r in rows], tokenizer, cfg.max_prompt_length)
+    except (OSError, ValueError, UserError):
+        return None
+    return max((len(x) for x in ids), default=None)
+
+
+def options_from_args(
+    args: argparse.Namespace, overrides: dict[str, Any] | None = None
+) -> tuple[ModelShape, MemoryOptions, str]:
+    """Resolve the model shape and the options: command line over CONFIG (or its defaults), the
+    run's dtype, device and prompt lengths read as the trainer would have them."""
+    cfg = load_run_config(args.config, overrides)
+    device = resolve_run_device(args.device or cfg.device)
     shape_flags = ("layers", "hidden", "heads", "kv_heads", "vocab", "intermediate", "head_dim")
     custom = args.params is not None or any(getattr(args, f) is not None for f in shape_flags)
     if args.model is None and custom:
         shape = ModelShape(name="custom")
         model = "custom"
     else:
-        model = pick["model"]
+        model = args.model or cfg.model
         shape = resolve_model_shape(model)
-    overrides = {f: getattr(args, f) for f in shape_flags if getattr(args, f) is not None}
+    overrides_ = {f: getattr(args, f) for f in shape_flags if getattr(args, f) is not None}
     if args.tie_embeddings:
-        overrides["tie_embeddings"] = True
+        overrides_["tie_embeddings"] = True
     if args.params is not None:
         if args.params <= 0:
             raise MemoryPlanError(f"--params must be > 0, got {args.params}")
-        overrides["params"] = args.params
-    for name, value in overrides.items():
+        overrides_["params"] = args.params
+    for name, value in overrides_.items():
         if name != "params" and value < 1:
-            raise MemoryPlanError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    shape = replace(shape, **overrides)
+            raise MemoryPlanError(f"--{name} must be >= 1, got {value}")
+    shape = replace(shape, **overrides_)
     if shape.heads is not None and shape.head_dim is None and shape.hidden is not None:
         if shape.hidden % shape.heads:
             raise MemoryPlanError(
                 f"--hidden {shape.hidden} is not divisible by --heads {shape.heads}; "
-                "give --head-dim"
+                "give --head_dim"
             )
     if shape.kv_heads is not None and shape.heads is not None and shape.heads % shape.kv_heads:
         raise MemoryPlanError(
-            f"--heads {shape.heads} must be a multiple of --kv-heads {shape.kv_heads}"
+            f"--heads {shape.heads} must be a multiple of --kv_heads {shape.kv_heads}"
         )
     if shape.params is not None and shape.intermediate is None:
         shape = infer_intermediate(shape)
     if shape.params is None and shape.missing("hidden", "layers", "heads", "intermediate", "vocab"):
         missing = shape.missing("hidden", "layers", "heads", "intermediate", "vocab")
         raise MemoryPlanError(f"give --params, or all of the shapes (missing {_flags(missing)})")
-    targets = pick["lora_targets"]
+    # dtype: the planner's fp32/fp16/bf16 (mixed precision by default, for setups groupwise's
+    # trainer does not run), else the run's, as the trainer stores it (AdamW states in the
+    # parameters' dtype: pure).
+    if args.dtype in DTYPE_BYTES:
+        dtype, precision = args.dtype, args.precision or "mixed"
+    else:
+        run = replace_config(cfg, dtype=args.dtype) if args.dtype else cfg
+        dtype, precision = resolve_run_dtype(run, device), args.precision or "pure"
+    lora_r = args.lora_r if args.lora_r is not None else (cfg.lora_r if cfg.use_peft else 0)
+    targets = args.lora_targets if args.lora_targets is not None else cfg.lora_target_modules
     if isinstance(targets, str):
         targets = [t.strip() for t in targets.split(",") if t.strip()]
+    prompt_len = args.prompt_len
+    if prompt_len is None and model != "custom":
+        prompt_len = task_prompt_length(cfg, model)
+    if prompt_len is None:
+        prompt_len = cfg.max_prompt_length or 512
+
+    def pick(flag: str, option: str) -> Any:
+        value = getattr(args, flag)
+        return getattr(cfg, option) if value is None else value
+
     opts = MemoryOptions(
-        dtype=pick["dtype"] or "bf16",
-        precision=args.precision or "mixed",
+        dtype=dtype,
+        precision=precision,
         optimizer=args.optimizer or "adamw",
-        lora_r=pick["lora_r"] or 0,
+        lora_r=lora_r or 0,
         lora_targets=tuple(targets) if targets else None,
-        batch=pick["batch"],
-        group_size=pick["group_size"],
-        grad_accum=pick["grad_accum"],
-        prompt_len=pick["prompt_len"],
-        completion_len=pick["completion_len"],
-        gradient_checkpointing=bool(pick["gradient_checkpointing"]),
-        logprob_impl=pick["logprob_impl"],
-        logprob_chunk_size=pick["logprob_chunk_size"],
-        beta=pick["beta"],
+        batch=pick("batch", "per_device_train_batch_size"),
+        group_size=pick("group_size", "num_generations"),
+        grad_accum=pick("grad_accum", "gradient_accumulation_steps"),
+        prompt_len=prompt_len,
+        completion_len=pick("completion_len", "max_completion_length"),
+        gradient_checkpointing=bool(pick("gradient_checkpointing", "gradient_checkpointing")),
+        logprob_impl=pick("logprob_impl", "logprob_impl"),
+        logprob_chunk_size=pick("logprob_chunk_size", "logprob_chunk_size"),
+        beta=pick("beta", "beta"),
         reward_model_params=args.reward_model_params or 0,
     )
     opts.validate()
     if opts.lora_r:
         shape.lora_params(opts.lora_r, opts.lora_targets)  # raises on missing shapes/targets
+    args.resolved_config, args.resolved_device = cfg, device
     return shape, opts, model
+
+
+def replace_config(cfg: Any, **changes: Any) -> Any:
+    """``cfg`` with ``changes`` (validated again)."""
+    from ..config import ConfigError
+
+    try:
+        return dataclass_replace(cfg, **changes)
+    except ConfigError as err:
+        raise MemoryPlanError(str(err)) from None
+
+
+def _split_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], dict]:
+    """The planner's own arguments, and the train options among them (``--name value`` with a
+    GRPOConfig field's name and no planner flag of that name, as ``groupwise train`` takes
+    them): ``(planner argv, {name: value})``."""
+    from ..config import GRPOConfig
+
+    fields = set(GRPOConfig.field_names())
+    actions = parser._option_string_actions  # flag -> action
+    own: list[str] = []
+    overrides: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        flag, has_value, value = token.partition("=")
+        name = flag[2:].replace("-", "_")
+        if not token.startswith("--") or flag in actions or name not in fields:
+            own.append(token)  # argparse reports what is neither
+            i += 1
+            continue
+        if has_value:
+            overrides[name] = value
+            i += 1
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            overrides[name] = argv[i + 1]
+            i += 2
+        else:  # a bare --flag means true, as in train
+            overrides[name] = "true"
+            i += 1
+    return own, overrides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,15 +334,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-        if args._child is not None:
+        if "--_child" in argv:
+            args = parser.parse_args(argv)
             result = _child_main(json.loads(args._child))
             print(_RESULT_MARK + json.dumps(result), flush=True)
             return 0
-        shape, opts, model = options_from_args(args)
+        own, overrides = _split_argv(argv, parser)
+        args = parser.parse_args(own)
+        if args.accounting == "seeds":
+            args.accounting = "quoted"
+        shape, opts, model = options_from_args(args, overrides)
         plan = make_plan(shape, opts, args.accounting)
         if args.measure and args.measure_steps < 1:
-            raise MemoryPlanError(f"--measure-steps must be >= 1, got {args.measure_steps}")
+            raise MemoryPlanError(f"--measure_steps must be >= 1, got {args.measure_steps}")
         if args.measure and model == "custom":
             raise MemoryPlanError("--measure needs --model (a built-in name or a local folder)")
     except (_ArgError, MemoryPlanError) as err:
@@ -240,7 +362,14 @@ def main(argv: list[str] | None = None) -> int:
                 "groupwise memory: groupwise.ppo is not available yet: measuring GRPO only",
                 file=sys.stderr,
             )
-        measured = run_measurement(model, opts, steps=args.measure_steps, device=args.device)
+        measured = run_measurement(
+            model,
+            opts,
+            steps=args.measure_steps,
+            device=args.resolved_device,
+            config=args.resolved_config.to_dict(),
+            plans={"grpo": plan.grpo, "ppo": plan.ppo},
+        )
     if args.json:
         out = plan.to_json()
         if measured is not None:

@@ -82,50 +82,49 @@ def _load_tokenizer(model: str):
 
 
 def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
-    """Inside the fresh process: baseline, build the trainer, run the steps, report the peak."""
+    """Inside the fresh process: baseline, build the trainer on the run's config (its task,
+    rewards, dtype and device), run the steps, report the peak."""
     import gc
     import tempfile
 
     import torch
 
+    from ..build import default_reward_names
+    from ..cli import build_datasets
     from ..config import GRPOConfig
-    from ..data import arithmetic_dataset, tokenize_prompts
+    from ..data import tokenize_prompts
 
     if spec["algorithm"] == "ppo":
-        from ..ppo import PPOTrainer as Trainer  # lazily: written alongside this planner
+        from ..ppo import PPOTrainer as Trainer
     else:
         from ..trainer import GRPOTrainer as Trainer
 
     steps = spec["steps"]
-    tokenizer = _load_tokenizer(spec["model"])
-    prompts_per_step = spec["batch"] * spec["grad_accum"] // spec["group_size"]
-    dataset = arithmetic_dataset(max(prompts_per_step * steps, 4), "train", seed=0)
-    prompt_len = max(
-        len(ids)
-        for ids in tokenize_prompts([r["prompt"] for r in dataset], tokenizer, spec["max_prompt"])
-    )
     with tempfile.TemporaryDirectory(prefix="groupwise-memory-") as out:
-        config = GRPOConfig(
-            model=spec["model"],
-            algorithm=spec["algorithm"],
-            task="arithmetic",
-            reward_funcs=["format", "accuracy"],
-            per_device_train_batch_size=spec["batch"],
-            num_generations=spec["group_size"],
-            gradient_accumulation_steps=spec["grad_accum"],
-            max_prompt_length=spec["max_prompt"],
-            max_completion_length=spec["completion_len"],
-            beta=spec["beta"],
-            gradient_checkpointing=spec["gradient_checkpointing"],
-            logprob_impl=spec["logprob_impl"],
-            logprob_chunk_size=spec["logprob_chunk_size"],
-            use_peft=spec["lora_r"] > 0,
-            lora_r=max(spec["lora_r"], 1),
-            max_steps=steps,
-            num_eval_prompts=0,
-            output_dir=out,
-            disable_tqdm=True,
-            device=spec["device"],
+        values = {
+            **spec["config"],
+            "algorithm": spec["algorithm"],
+            "max_steps": steps,
+            "num_eval_prompts": 0,
+            "eval_task": None,
+            "eval_on_start": False,
+            "output_dir": out,
+            "resume_from_checkpoint": None,
+            "report_to": None,
+            "save_steps": 0,
+            "save_strategy": "no",
+            "log_completions_steps": 0,
+            "disable_tqdm": True,
+            "device": spec["device"],
+        }
+        config = GRPOConfig.from_dict(values, source="groupwise memory --measure")
+        tokenizer = _load_tokenizer(config.model)
+        dataset, _ = build_datasets(config)
+        prompt_len = max(
+            len(ids)
+            for ids in tokenize_prompts(
+                [r["prompt"] for r in dataset], tokenizer, config.max_prompt_length
+            )
         )
         cuda = config.device.startswith("cuda") or (
             config.device == "auto" and torch.cuda.is_available()
@@ -139,7 +138,7 @@ def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
             baseline = torch.cuda.memory_reserved()
         else:
             baseline = _current_rss()
-        trainer = Trainer(config.model, ["format", "accuracy"], dataset, args=config,
+        trainer = Trainer(config.model, default_reward_names(config), dataset, args=config,
                           processing_class=tokenizer)  # fmt: skip
         completion_len = 0
         for _ in range(steps):
@@ -161,6 +160,26 @@ def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
         "completion_len": completion_len,
         "model_config": {k: model_config.get(k) for k in _HF_KEYS},
         "steps": steps,
+    }
+
+
+def config_for(model: str, opts: MemoryOptions) -> dict[str, Any]:
+    """A run's options (GRPOConfig fields) for ``opts`` when no config is given: the arithmetic
+    task with its rewards, the trainer's default precision (dtype auto)."""
+    return {
+        "model": model,
+        "task": "arithmetic",
+        "per_device_train_batch_size": opts.batch,
+        "num_generations": opts.group_size,
+        "gradient_accumulation_steps": opts.grad_accum,
+        "max_prompt_length": opts.prompt_len,
+        "max_completion_length": opts.completion_len,
+        "beta": opts.beta,
+        "gradient_checkpointing": opts.gradient_checkpointing,
+        "logprob_impl": opts.logprob_impl,
+        "logprob_chunk_size": opts.logprob_chunk_size,
+        "use_peft": opts.lora_r > 0,
+        "lora_r": max(opts.lora_r, 1),
     }
 
 
@@ -186,30 +205,27 @@ def run_measurement(
     steps: int = 1,
     device: str = "auto",
     timeout: float = 1800.0,
+    config: dict[str, Any] | None = None,
+    plans: dict[str, dict[str, int]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run each algorithm's steps in a fresh subprocess; results carry the plan for the same
-    settings (the dtype the trainer used, its pure-precision AdamW, the real prompt length and
-    the longest completion) as ``predicted_bytes``."""
+    """Run each algorithm's steps on ``config`` (GRPOConfig fields; None: :func:`config_for`
+    ``opts``) in a fresh subprocess. ``predicted_bytes``: with ``plans`` (the table's rows, as
+    ``groupwise memory --measure`` passes them) the table's own total, so the measurement is
+    compared with the very figure the table shows; without, the plan for what the run really
+    did (its weights' dtype, AdamW in that dtype, its prompt and longest completion).
+    ``differs`` lists where the real run did not match ``opts`` (dtype, prompt length,
+    completions shorter than planned)."""
     results = []
+    run_config = config if config is not None else config_for(model, opts)
     for algorithm in algorithms:
         if algorithm == "ppo" and not ppo_available():
             results.append({"algorithm": "ppo", "error": "groupwise.ppo is not available yet"})
             continue
         spec = {
             "algorithm": algorithm,
-            "model": model,
             "steps": steps,
-            "batch": opts.batch,
-            "group_size": opts.group_size,
-            "grad_accum": opts.grad_accum,
-            "max_prompt": opts.prompt_len,
-            "completion_len": opts.completion_len,
-            "beta": opts.beta,
-            "gradient_checkpointing": opts.gradient_checkpointing,
-            "logprob_impl": opts.logprob_impl,
-            "logprob_chunk_size": opts.logprob_chunk_size,
-            "lora_r": opts.lora_r,
             "device": device,
+            "config": {**run_config, "model": model},
         }
         env = dict(os.environ)
         src = str(Path(__file__).resolve().parents[2])
@@ -227,26 +243,44 @@ def run_measurement(
             results.append({"algorithm": algorithm, "error": " | ".join(tail) or "no output"})
             continue
         result = json.loads(lines[-1][len(_RESULT_MARK) :])
-        shape = shape_from_hf_config(result["model_config"], name=model)
-        same = replace(
-            opts,
-            dtype=result["dtype"],
-            precision="pure",  # the trainer keeps AdamW's states in the parameters' dtype
-            optimizer="adamw",
-            prompt_len=result["prompt_len"],
-            completion_len=max(result["completion_len"], 1),
-            reward_model_params=0,
-        )
-        plan = plan_ppo(shape, same) if algorithm == "ppo" else plan_grpo(shape, same)
+        if plans is not None and algorithm in plans:
+            plan = plans[algorithm]
+        else:  # no table: plan what the run really did (its dtype, prompt, completions)
+            shape = shape_from_hf_config(result["model_config"], name=model)
+            same = replace(
+                opts,
+                dtype=result["dtype"],
+                precision="pure",  # the trainer keeps AdamW's states in the parameters' dtype
+                prompt_len=result["prompt_len"],
+                completion_len=max(result["completion_len"], 1),
+                reward_model_params=0,
+            )
+            plan = plan_ppo(shape, same) if algorithm == "ppo" else plan_grpo(shape, same)
         result["predicted_bytes"] = total_bytes(plan)
         result["predicted_components"] = plan
         result["ratio"] = result["measured_bytes"] / result["predicted_bytes"]
+        result["differs"] = measurement_differences(result, opts)
         results.append(result)
     return results
 
 
+def measurement_differences(result: dict[str, Any], opts: MemoryOptions) -> list[str]:
+    """Where the measured run's real settings differ from the plan's (each a short phrase)."""
+    notes = []
+    if result["dtype"] != opts.dtype:
+        notes.append(f"weights in {result['dtype']}, planned {opts.dtype}")
+    if result["prompt_len"] != opts.prompt_len:
+        notes.append(f"prompts of {result['prompt_len']} tokens, planned {opts.prompt_len}")
+    if result["completion_len"] < opts.completion_len:
+        notes.append(
+            f"completions stopped at {result['completion_len']} of the planned "
+            f"{opts.completion_len} tokens (the plan is the longest case)"
+        )
+    return notes
+
+
 def format_measurement(results: Sequence[dict[str, Any]]) -> str:
-    lines = ["", "measured (one fresh process per algorithm) vs predicted for the same settings:"]
+    lines = ["", "measured (one fresh process per algorithm) vs the table's prediction:"]
     for r in results:
         name = r["algorithm"].upper()
         if "error" in r:
@@ -264,6 +298,8 @@ def format_measurement(results: Sequence[dict[str, Any]]) -> str:
             f"completion {r['completion_len']} tokens; {what}; process baseline "
             f"{human_bytes(r['baseline_bytes'])} subtracted]"
         )
+        if r.get("differs"):
+            text += "; differs from the plan: " + "; ".join(r["differs"])
         lines.append(textwrap.fill(text, 100, subsequent_indent="    "))
     measured = {r["algorithm"]: r for r in results if "error" not in r}
     if "ppo" in measured and "grpo" in measured:

@@ -18,11 +18,11 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
   (2 x bytes(dtype) when pure); adamw8bit 2 x 1 B (block-wise absmax scales, under 1%, are not
   counted); sgd (no momentum) nothing. So full fine-tuning in mixed precision costs the usual
   2 + 2 + 4 + 4 + 4 = 16 B per trained parameter, and fp32 costs 4 + 4 + 8 = 16 B too.
-- LoRA (``--lora-r R``): P_t = R x (d_in + d_out) summed over the targeted linears of every
+- LoRA (``--lora_r R``): P_t = R x (d_in + d_out) summed over the targeted linears of every
   layer (default: q, k, v, o, gate, up, down; never the LM head); the frozen base has no
   gradients or optimizer states; the reference model is the base with the adapter disabled, so
   it costs 0 extra bytes. ``--beta 0`` loads no reference at all (the row disappears).
-- reward model: none for rule rewards (the default), else ``--reward-model-params`` x
+- reward model: none for rule rewards (the default), else ``--reward_model_params`` x
   bytes(dtype), frozen, the same for both algorithms.
 - critic (PPO only): a copy of the policy backbone (the LM head dropped unless tied) plus a
   value head (hidden + 1), trained like the policy. With LoRA the critic gets its own frozen
@@ -58,11 +58,11 @@ generation phase adds the KV cache, the update phase adds gradients, activations
 peak = resident + max(generation, update). Not counted: the CUDA context and allocator slack,
 small per-token vectors (log-probs, advantages, values), transient buffers of no-grad forwards.
 
-The often-quoted figures ("PPO ... 112 GB before activations; GRPO ... roughly 56 GB"
-for 7B in fp16) are reproduced exactly by one accounting only among the natural ones tried:
+The often-quoted figures for a 7B model in fp16 (PPO "roughly 112 GB before activations",
+GRPO "roughly 56 GB") are reproduced exactly by one accounting only among the natural ones tried:
 each *trained* network at 8 B per parameter (fp16 weights, fp16 gradients, fp16 Adam m and v:
 4 copies x 14 GB = 56 GB) and the frozen networks not counted: PPO's actor + critic = 112 GB,
-GRPO's actor = 56 GB, ratio 0.5 (``--accounting seeds``). Weights only (2 B per parameter,
+GRPO's actor = 56 GB, ratio 0.5 (``--accounting quoted``). Weights only (2 B per parameter,
 ``--accounting weights-only``) gives 14 GB per model copy: PPO's 4 networks 56 GB, GRPO's 3
 (actor, reference, reward model) 42 GB. The usual mixed-precision 16 B per trained parameter
 gives 112 GB for one trained network alone, i.e. the GRPO actor; then PPO (actor + critic
@@ -82,11 +82,11 @@ from typing import Any
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 OPTIMIZERS = ("adamw", "adamw8bit", "sgd")
 PRECISIONS = ("mixed", "pure")
-ACCOUNTINGS = ("full", "seeds", "weights-only")
+ACCOUNTINGS = ("full", "quoted", "weights-only")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-SEEDS_NOTE = (
-    "PPO keeps four networks (actor, frozen reference, frozen reward model, critic), "
-    "'roughly 112 GB before activations' for 7B in fp16; GRPO 'roughly 56 GB'"
+QUOTED_NOTE = (
+    "PPO keeps four networks (actor, frozen reference, frozen reward model, critic), 'roughly "
+    "112 GB before activations' for 7B in fp16; GRPO, without the critic, 'roughly 56 GB'"
 )
 
 # Component names (the JSON keys). Rows of the generation phase and of the update phase are
@@ -201,13 +201,13 @@ class ModelShape:
         """Trainable LoRA parameters: rank x (d_in + d_out) per targeted linear, every layer."""
         if not self.has_layer_shapes:
             missing = self.missing("hidden", "layers", "heads", "intermediate")
-            raise MemoryPlanError(f"--lora-r needs the layer shapes: give {_flags(missing)}")
+            raise MemoryPlanError(f"--lora_r needs the layer shapes: give {_flags(missing)}")
         shapes = self.linear_shapes()
         chosen = list(LORA_TARGETS if not targets or "all-linear" in targets else targets)
         unknown = [t for t in chosen if t not in shapes]
         if unknown:
             raise MemoryPlanError(
-                f"--lora-targets: unknown module(s) {unknown}; "
+                f"--lora_targets: unknown module(s) {unknown}; "
                 f"expected some of {list(LORA_TARGETS)}"
             )
         return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in chosen)
@@ -334,30 +334,30 @@ class MemoryOptions:
             )
         if self.logprob_impl not in ("chunked", "naive"):
             raise MemoryPlanError(
-                f"--logprob-impl {self.logprob_impl!r} is not one of ['chunked', 'naive']"
+                f"--logprob_impl {self.logprob_impl!r} is not one of ['chunked', 'naive']"
             )
         for flag, value in (
             ("--batch", self.batch),
-            ("--group-size", self.group_size),
-            ("--grad-accum", self.grad_accum),
-            ("--prompt-len", self.prompt_len),
-            ("--completion-len", self.completion_len),
-            ("--logprob-chunk-size", self.logprob_chunk_size),
+            ("--group_size", self.group_size),
+            ("--grad_accum", self.grad_accum),
+            ("--prompt_len", self.prompt_len),
+            ("--completion_len", self.completion_len),
+            ("--logprob_chunk_size", self.logprob_chunk_size),
         ):
             if value < 1:
                 raise MemoryPlanError(f"{flag} must be >= 1, got {value}")
         if self.lora_r < 0:
-            raise MemoryPlanError(f"--lora-r must be >= 0 (0: full fine-tuning), got {self.lora_r}")
+            raise MemoryPlanError(f"--lora_r must be >= 0 (0: full fine-tuning), got {self.lora_r}")
         if self.beta < 0:
             raise MemoryPlanError(f"--beta must be >= 0, got {self.beta}")
         if self.reward_model_params < 0:
             raise MemoryPlanError(
-                f"--reward-model-params must be >= 0, got {self.reward_model_params}"
+                f"--reward_model_params must be >= 0, got {self.reward_model_params}"
             )
         if (self.batch * self.grad_accum) % self.group_size:
             raise MemoryPlanError(
-                f"--batch x --grad-accum ({self.batch} x {self.grad_accum}) must be a multiple of "
-                f"--group-size ({self.group_size}) so that every prompt gets a full group"
+                f"--batch x --grad_accum ({self.batch} x {self.grad_accum}) must be a multiple of "
+                f"--group_size ({self.group_size}) so that every prompt gets a full group"
             )
 
 
@@ -512,7 +512,7 @@ def _ordered(rows: dict[str, int]) -> dict[str, int]:
 
 def total_bytes(components: dict[str, int]) -> int:
     """Peak: resident rows + max(generation phase, update phase). Components of other
-    accountings (seeds, weights-only) are all resident, i.e. summed."""
+    accountings (quoted, weights-only) are all resident, i.e. summed."""
     generation = sum(v for k, v in components.items() if k in GENERATION_PHASE)
     update = sum(v for k, v in components.items() if k in UPDATE_PHASE)
     resident = sum(components.values()) - generation - update
@@ -532,14 +532,14 @@ def missing_rows(shape: ModelShape) -> dict[str, str]:
 
 
 def _flags(names: Sequence[str]) -> str:
-    return "/".join("--" + n.replace("_", "-") for n in names)
+    return "/".join("--" + n for n in names)
 
 
 # ------------------------------------------------------------------------------------------------
-# The accountings of the often-quoted figures
+# The accountings behind the often-quoted 7B figures
 
 
-def seeds_weights_only(params: int, dtype_bytes: int) -> dict[str, dict[str, int]]:
+def quoted_weights_only(params: int, dtype_bytes: int) -> dict[str, dict[str, int]]:
     """Weights only: one copy per network. PPO: actor, reference, reward model, critic; GRPO:
     actor, reference, reward model (the quoted PPO setting has a learned reward model)."""
     copy = params * dtype_bytes
@@ -547,7 +547,7 @@ def seeds_weights_only(params: int, dtype_bytes: int) -> dict[str, dict[str, int
     return {"ppo": {**grpo, "critic weights": copy}, "grpo": grpo}
 
 
-def seeds_trained_only(params: int, dtype_bytes: int) -> dict[str, dict[str, int]]:
+def quoted_trained_only(params: int, dtype_bytes: int) -> dict[str, dict[str, int]]:
     """The accounting that gives the quoted 112 GB vs 56 GB for 7B fp16: every trained network
     holds weights, gradients, Adam m and v all in the 16-bit dtype (4 copies, 8 B per parameter
     in fp16); frozen networks (reference, reward model) are not counted."""
@@ -559,19 +559,19 @@ def seeds_trained_only(params: int, dtype_bytes: int) -> dict[str, dict[str, int
     }
 
 
-def seeds_lines(params: int, dtype: str) -> list[str]:
+def quoted_lines(params: int, dtype: str) -> list[str]:
     """The reconciliation of the often-quoted figures, for this parameter count and dtype."""
     width = DTYPE_BYTES[dtype]
     copy = params * width
-    weights = seeds_weights_only(params, width)
-    trained = seeds_trained_only(params, width)
+    weights = quoted_weights_only(params, width)
+    trained = quoted_trained_only(params, width)
     usual = 16 * params  # mixed precision: 2 + 2 + 4 + 4 + 4 bytes per trained parameter
     backbone = params  # the critic ~ the policy at this level of accounting
     ppo16 = usual + 16 * backbone + 2 * copy
     grpo16, grpo16_rule = usual + 2 * copy, usual + copy
     return [
-        f"The often-quoted figures ({SEEDS_NOTE}), "
-        f"for {human_count(params)} parameters in {dtype}:",
+        f"The often-quoted figures ({QUOTED_NOTE}), for {human_count(params)} parameters in "
+        f"{dtype}:",
         f"  one model copy, weights only ({width} B/param): {human_bytes(copy)}",
         f"  weights only: PPO 4 copies {human_bytes(sum(weights['ppo'].values()))}, GRPO 3 copies "
         f"(actor, reference, reward model) {human_bytes(sum(weights['grpo'].values()))}"
@@ -579,7 +579,7 @@ def seeds_lines(params: int, dtype: str) -> list[str]:
         f"  trained networks at {4 * width} B/param (weights, gradients, Adam m and v all in "
         f"{dtype}), frozen ones not counted: PPO actor + critic "
         f"{human_bytes(sum(trained['ppo'].values()))}, GRPO actor "
-        f"{human_bytes(sum(trained['grpo'].values()))}, ratio 0.50   [--accounting seeds; "
+        f"{human_bytes(sum(trained['grpo'].values()))}, ratio 0.50   [--accounting quoted; "
         "the only accounting tried that gives 112 vs 56 GB exactly for 7B fp16]",
         f"  the usual 16 B per trained parameter (mixed precision) is {human_bytes(usual)} for "
         f"one trained network alone: PPO (actor + critic trained, reference and reward model "
@@ -628,11 +628,11 @@ def make_plan(shape: ModelShape, opts: MemoryOptions, accounting: str = "full") 
     if accounting not in ACCOUNTINGS:
         raise MemoryPlanError(f"--accounting {accounting!r} is not one of {list(ACCOUNTINGS)}")
     width = DTYPE_BYTES[opts.dtype]
-    if accounting == "seeds":
-        parts = seeds_trained_only(shape.num_params(), width)
+    if accounting == "quoted":
+        parts = quoted_trained_only(shape.num_params(), width)
         return MemoryPlan(shape, opts, accounting, parts["ppo"], parts["grpo"])
     if accounting == "weights-only":
-        parts = seeds_weights_only(shape.num_params(), width)
+        parts = quoted_weights_only(shape.num_params(), width)
         return MemoryPlan(shape, opts, accounting, parts["ppo"], parts["grpo"])
     plan = MemoryPlan(shape, opts, accounting, plan_ppo(shape, opts), plan_grpo(shape, opts))
     plan.missing = missing_rows(shape)
@@ -733,9 +733,9 @@ def format_table(plan: MemoryPlan) -> str:
         what = (
             "trained networks only, each at weights + gradients + Adam m, v in "
             f"{o.dtype}; frozen networks not counted (reproduces the quoted 112 vs 56 GB)"
-            if plan.accounting == "seeds"
+            if plan.accounting == "quoted"
             else f"weights only, one {o.dtype} copy per network (reward model as large as the "
-            "policy, as the seeds assume)"
+            "policy, as the quoted figures assume)"
         )
         lines += [
             f"groupwise memory plan ({plan.accounting} accounting): {plan.shape.describe()}",
@@ -801,6 +801,6 @@ def format_table(plan: MemoryPlan) -> str:
             lines.append(f"{name:<{width}}{ppo_s:>12}{grpo_s:>12}")
     if plan.accounting == "full":
         lines.append("")
-        for line in seeds_lines(plan.shape.num_params(), o.dtype):
+        for line in quoted_lines(plan.shape.num_params(), o.dtype):
             lines.append(textwrap.fill(line, 100, subsequent_indent="    "))
     return "\n".join(lines)

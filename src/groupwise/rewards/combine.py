@@ -56,6 +56,13 @@ def run_coroutine(coro: Any) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
+# A reward call on one batch still running after this many seconds is named in a warning.
+# Ten minutes: far beyond a legitimate rule reward or a reward model's batch, and the call is
+# not stopped (reward_timeout does that, in a worker thread, which signal-based timeouts inside
+# the function cannot use).
+SLOW_REWARD_WARNING_S = 600.0
+
+
 class RewardScorer:
     """Calls reward functions on a batch and combines them with weights (state: failure counts)."""
 
@@ -65,6 +72,7 @@ class RewardScorer:
         weights: Sequence[float] | None = None,
         max_failure_fraction: float = 0.5,
         timeout: float | None = None,
+        slow_warning_s: float | None = SLOW_REWARD_WARNING_S,
     ) -> None:
         if not funcs:
             raise ValueError("at least one reward function is needed")
@@ -80,6 +88,7 @@ class RewardScorer:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
         self.timeout = timeout
+        self.slow_warning_s = slow_warning_s
         self.error_counts: dict[str, Counter] = {name: Counter() for name in self.names}
         self._traceback_logged: set[str] = set()
         self.nan_counts: Counter = Counter()
@@ -151,12 +160,37 @@ class RewardScorer:
                 "".join(traceback.format_exception(type(err), err, err.__traceback__)),
             )
 
+    def _call_watched(self, func: RewardFunc, name: str, kwargs: dict[str, Any]) -> Any:
+        """``func(**kwargs)`` in the calling thread (so rewards that time themselves out with
+        signals, as math-verify does, keep working), with a warning naming the function if
+        it is still running after ``slow_warning_s`` seconds: a hung reward is then named."""
+        if self.slow_warning_s is None:
+            return func(**kwargs)
+        n = len(kwargs.get("completions", []))
+        timer = threading.Timer(
+            self.slow_warning_s,
+            logger.warning,
+            (
+                "reward function %r has been running for %g s on a batch of %d completions; if "
+                "it hangs, set reward_timeout: S to stop the run naming it after S seconds",
+                name,
+                self.slow_warning_s,
+                n,
+            ),
+        )
+        timer.daemon = True
+        timer.start()
+        try:
+            return func(**kwargs)
+        finally:
+            timer.cancel()
+
     def _invoke(self, func: RewardFunc, name: str, kwargs: dict[str, Any]) -> Any:
         """``func(**kwargs)``, within ``timeout`` seconds when one is set: the call runs in a
         daemon thread and one that runs past it is a RewardFunctionError naming the function
         (the thread cannot be killed; it is left to finish or to end with the process)."""
         if self.timeout is None:
-            return func(**kwargs)
+            return self._call_watched(func, name, kwargs)
         outcome: dict[str, Any] = {}
 
         def target() -> None:

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
+from ..data import STALL_DRAWS
+from ..errors import TaskSizeError
 from ..rewards.basic import completion_text
 from . import answer_block, chat_prompt, check_level, check_split, is_eval_problem
 
@@ -200,16 +202,20 @@ def countdown_dataset(
     rng = random.Random(f"countdown-{split}-{seed}-{count}")
     seen: set[str] = set()
     rows: list[dict[str, Any]] = []
-    attempts = 0
+    misses = 0
     while len(rows) < num_problems:
-        attempts += 1
-        if attempts > 200 * num_problems + 10_000:
-            raise ValueError(f"countdown: only {len(rows)} distinct {split} problems found")
+        misses += 1
+        if misses > STALL_DRAWS:
+            raise TaskSizeError(
+                "countdown", split, num_problems, len(rows), exact=False,
+                hint=f" with {count} numbers (difficulty {count})",
+            )  # fmt: skip
         numbers, target, solution = countdown_problem(rng, count)
         key = f"countdown {sorted(numbers)} -> {target}"
         if key in seen or is_eval_problem(key) != want_eval:
             continue
         seen.add(key)
+        misses = 0
         rows.append(
             {
                 "prompt": chat_prompt(

@@ -23,6 +23,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import TaskSizeError
 from . import LEVELS, build_task, check_split
 
 MIXED_TASKS = ("arithmetic", "countdown", "gsm", "logic", "python")
@@ -70,14 +71,25 @@ def mixed_dataset(
     for task, rank in draws:
         key = (task, task_level(task, rank))
         wanted[key] = wanted.get(key, 0) + 1
-    pools = {
-        (task, level): iter(
-            build_task(
-                task, count, split, seed=seed * 1000 + level, difficulty=level, few_shot=few_shot
-            )
-        )
-        for (task, level), count in sorted(wanted.items())
-    }
+    pools = {}
+    for (task, level), count in sorted(wanted.items()):
+        try:
+            pools[(task, level)] = iter(
+                build_task(
+                    task, count, split, seed=seed * 1000 + level, difficulty=level,
+                    few_shot=few_shot,
+                )
+            )  # fmt: skip
+        except TaskSizeError as err:  # one level's share is over what that level has
+            raise TaskSizeError(
+                "mixed",
+                split,
+                num_problems,
+                err.maximum * num_problems // count,
+                exact=False,
+                hint=f" (it draws {count} of them from {task} level {level}, which has "
+                f"{'about ' if not err.exact else ''}{err.maximum})",
+            ) from err
     rows = []
     for task, rank in draws:
         row = next(pools[(task, task_level(task, rank))])

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
+from ..errors import TaskSizeError
 from ..rewards.basic import completion_text
 from . import answer_block, chat_prompt, check_level, check_split, is_eval_problem
 
@@ -86,11 +87,14 @@ def reasoning_gym_dataset(
     seeds = random.Random(f"{name}-{split}-{seed}-{level}")
     seen: set[str] = set()
     rows: list[dict[str, Any]] = []
-    chunks = 0
+    stale = 0  # chunks in a row that added no new problem
     while len(rows) < num_problems:
-        chunks += 1
-        if chunks > 50 + 4 * num_problems // CHUNK:
-            raise ValueError(f"{name}: only {len(rows)} distinct {split} problems found")
+        stale += 1
+        if stale > 50:
+            raise TaskSizeError(
+                name, split, num_problems, len(rows), exact=False, hint=f" at difficulty {level}"
+            )
+        before = len(rows)
         dataset = _create(rg_name, CHUNK, seeds.randrange(2**31), level)
         for i in range(len(dataset)):
             entry = dataset[i]
@@ -116,6 +120,8 @@ def reasoning_gym_dataset(
             )
             if len(rows) == num_problems:
                 break
+        if len(rows) > before:
+            stale = 0
     return rows
 
 
