@@ -67,6 +67,7 @@ from .loggers import RunLoggers
 from .models import adapter_base_name, record_adapter_base
 from .monitor import TrainingMonitor
 from .policy import CheckpointMismatch, Policy, UpdateStats, optimizer_steps
+from .report import changed_defaults, record_run_end, record_run_start
 from .rewards import RewardFunc
 from .rollout import Rollout
 from .rollout.multiturn import conversation_logs
@@ -891,6 +892,8 @@ class Trainer:
             args.to_yaml(self.output_dir / "config.yaml")
             # Reward names, weights and which one is correctness, for `groupwise report`.
             self.scorer.combine.write_manifest(self.output_dir / "rewards.json")
+            # Version, device, dtype, dates, wall time and the changed options' defaults, too.
+            segment_start = record_run_start(self.output_dir, self._run_facts(), not fresh)
         if self.loggers is None and args.report_to and self.dist.is_main:
             self.loggers = RunLoggers(
                 self.output_dir,
@@ -907,6 +910,8 @@ class Trainer:
             self._train_loop()
             self._callback("on_train_end")
         finally:
+            if self.dist.is_main:
+                record_run_end(self.output_dir, segment_start)
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
             if self.loggers is not None:
@@ -917,6 +922,23 @@ class Trainer:
             merged.save_pretrained(self.output_dir / "merged")
             self.tokenizer.save_pretrained(self.output_dir / "merged")
         return self.log_history
+
+    def _run_facts(self) -> dict[str, Any]:
+        """What ``run.json`` records besides dates (``groupwise report`` shows it)."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            release = version("groupwise")
+        except PackageNotFoundError:  # a source checkout that was never installed
+            release = "unknown"
+        return {
+            "groupwise_version": release,
+            "device": str(self.device),
+            "world_size": self.dist.world_size,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "precision": self.precision.name,
+            "defaults": changed_defaults(GRPOConfig().to_dict(), self.args.to_dict()),
+        }
 
     def _train_loop(self) -> None:
         args = self.args
