@@ -750,3 +750,126 @@ def test_run_info_keeps_first_start_and_adds_up_wall_time(tmp_path, monkeypatch)
     assert second["wall_time_s"] == 14.5 and second["started"] == first["started"]
     assert second["finished"] == "1970-01-01T00:33:24+00:00" and second["device"] == "cuda:0"
     assert report.changed_defaults({"a": 1, "b": [2], "c": 3}, {"a": 1, "b": [3]}) == {"b": [2]}
+
+
+# ----------------------------------------------------------------------------------------------
+# Several runs on one page
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    root = tmp_path_factory.mktemp("compare")
+    a = write_run(root, "a")
+    b = write_run(root, "b", curriculum=True)
+    config = {**CONFIG, "learning_rate": 3e-5, "num_generations": 16, "curriculum": "gdro"}
+    (b / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return root, a, b
+
+
+def test_comparison_page_of_two_runs(compared, monkeypatch, capsys):
+    root, a, b = compared
+    monkeypatch.chdir(root)
+    assert main([str(a), str(b)]) == 0
+    path = root / "compare-a-vs-b.html"
+    assert f"wrote {path.name}" in capsys.readouterr().out
+    page = path.read_text()
+    assert f"<title>{report.REPORT_TITLE}: comparison of a, b</title>" in page
+    top = _headline_of(page)
+    for run in ("a", "b"):  # the same evaluations: 0% before, 75% after, 30 steps
+        row = re.search(rf"<tr><td><b>{run}</b></td>(.*?)</tr>", top).group(1)
+        assert "<td>held-out accuracy (accuracy_reward, greedy)</td>" in row
+        assert "0.0% <small>(step 0)</small>" in row
+        assert "<b>75.0%</b> <small>(step 30)</small>" in row
+        assert "+75.0 points" in row and "<td>30 training steps</td>" in row
+    config = page.split('<section id="config">')[1].split("</section>")[0]
+    assert "<tr><td>learning_rate</td><td>1e-05</td><td>3e-05</td></tr>" in config
+    assert "<tr><td>num_generations</td><td>8</td><td>16</td></tr>" in config
+    assert "<tr><td>curriculum</td><td>—</td><td>gdro</td></tr>" in config
+    assert "<td>model</td>" not in config and "<td>beta</td>" not in config
+    # Every figure of either run, once, with both runs overlaid.
+    assert set(plot_ids(page)) == BASE_PLOTS | CURRICULUM_PLOTS
+    assert len(plot_ids(page)) == len(png_sizes(page))
+    assert _hidden_line(page) == (
+        "eval/difficulty_1/pass@1 (constant 0.5), learning_rate (constant 1e-05)"
+    )
+    assert "<tr><td><b>b</b></td><td>zero_std ×3, nan_step ×1</td></tr>" in page
+    assert not re.search(r'(src|href)="(?!data:|#)', page)
+
+
+def test_comparison_overlays_each_run_with_a_legend(compared):
+    _, a, b = compared
+    runs = [report.load_run(a), report.load_run(b)]
+    groups, _ = report.plot_plan(runs)
+    by_id = {g.id: g for g in groups}
+    fig = report.draw_group(runs, by_id["loss"], dpi=30, labels=["a", "b"])
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["a", "b"]
+    fig = report.draw_group(runs, by_id["reward"], dpi=30, labels=["a", "b"])
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend[:2] == ["a: total", "b: total"] and "b: accuracy_reward" in legend
+    # A curriculum figure has b's lines only; the time stack becomes the whole step per run.
+    fig = report.draw_group(runs, by_id["curriculum_stats"], dpi=30, labels=["a", "b"])
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["b"]
+    fig = report.draw_group(runs, by_id["time"], dpi=30, labels=["a", "b"])
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["a", "b"]
+    for ax in fig.axes:
+        assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_comparison_never_replaces_a_file_unasked(compared, monkeypatch, capsys):
+    root, a, b = compared
+    monkeypatch.chdir(root / "a")
+    (root / "a" / "compare-a-vs-b.html").write_text("an earlier comparison")
+    assert main([str(a), str(b)]) == 0
+    assert (root / "a" / "compare-a-vs-b.html").read_text() == "an earlier comparison"
+    assert (root / "a" / "compare-a-vs-b-2.html").read_text().startswith("<!DOCTYPE html>")
+    capsys.readouterr()
+    target = root / "mine.html"
+    target.write_text("old")
+    assert main([str(b), str(a), "--output", str(target)]) == 0  # asked for: replaced, and said
+    assert "(replacing the file that was there)" in capsys.readouterr().out
+    assert "comparison of b, a" in target.read_text()
+
+
+def test_comparison_errors_and_labels(compared, tmp_path, capsys):
+    _, a, b = compared
+    assert main([str(a), str(a.parent / "b" / ".." / "a")]) == 1
+    assert f"run directory {a.parent / 'b' / '..' / 'a'} is given twice" in capsys.readouterr().err
+    assert main([str(a), str(tmp_path / "missing")]) == 1
+    assert "missing does not exist" in capsys.readouterr().err
+    # Two runs with one folder name are told apart by their parents.
+    other = write_run(tmp_path, "a")
+    assert report.run_labels([report.load_run(a), report.load_run(other)]) == [
+        f"{a.parent.name}/a",
+        f"{tmp_path.name}/a",
+    ]
+    assert report.default_comparison_path(["x y", "z"], tmp_path).name == "compare-x-y-vs-z.html"
+
+
+def test_comparison_hides_what_is_constant_in_every_run(tmp_path):
+    def rows(lr: float, kl: float) -> list[dict]:
+        return [{"step": s, "reward": s * lr, "learning_rate": lr, "kl": kl} for s in range(1, 9)]
+
+    a = _write_metrics(tmp_path / "a", rows(1e-6, 0.0), {"beta": 0.0})
+    b = _write_metrics(tmp_path / "b", rows(1e-5, 0.0), {"beta": 0.04})
+    page = report.render_comparison([report.load_run(a), report.load_run(b)], dpi=30)
+    hidden = _hidden_line(page)
+    # beta 0 in one run only: its KL is not "switched off" for both, but constant in each.
+    assert "kl (constant 0)" in hidden and "learning_rate (constant in each run)" in hidden
+    assert plot_ids(page) == ["reward"]
+
+
+def test_cli_report_takes_several_runs(compared, monkeypatch, capsys):
+    from groupwise import cli
+
+    root, a, b = compared
+    monkeypatch.chdir(tmp := root / "b")
+    assert cli.main(["report", str(a), str(b), "-o", str(tmp / "ab.html")]) == 0
+    assert (tmp / "ab.html").read_text().count("<figure") == len(BASE_PLOTS | CURRICULUM_PLOTS)
+    assert "RUN_DIR [RUN_DIR ...]" in cli.USAGE
+
+
+@needs_chromium
+def test_browser_renders_comparison_cleanly(compared, tmp_path):
+    _, a, b = compared
+    path = report.build_comparison([a, b], tmp_path / "c.html", dpi=40)
+    assert check_in_browser(path) == []

@@ -1,12 +1,14 @@
 """``groupwise report RUN_DIR``: one self-contained HTML page about a training run.
 
 Reads what the trainer writes into its output folder (``metrics.jsonl``; and when present
-``config.yaml``, ``rewards.json``, ``events.jsonl``, ``completions.jsonl``) and writes
-``RUN_DIR/report.html``:
-a summary, the run's warnings, plots (PNG, base64-embedded, made with matplotlib's Agg backend),
-the configuration and example completions. The page loads nothing from anywhere else, so it can
-be mailed or opened offline. :func:`check_in_browser` renders a report in headless Chromium and
-lists what went wrong (used by ``scripts/check_report_browser.py`` and the tests).
+``config.yaml``, ``run.json``, ``rewards.json``, ``events.jsonl``, ``completions.jsonl``) and
+writes ``RUN_DIR/report.html``: held-out accuracy before -> after first, a summary, the run's
+warnings, plots (PNG, base64-embedded, made with matplotlib's Agg backend; a series that carries
+nothing is named instead of plotted), the run's facts and changed options, and example
+completions. ``groupwise report RUN1 RUN2 ...`` writes one page comparing runs instead. The
+page loads nothing from anywhere else, so it can be mailed or opened offline.
+:func:`check_in_browser` renders a report in headless Chromium and lists what went wrong (used
+by ``scripts/check_report_browser.py`` and the tests).
 """
 
 from __future__ import annotations
@@ -1366,6 +1368,147 @@ def build_report(run_dir: str | Path, output: str | Path | None = None, dpi: int
 
 
 # ----------------------------------------------------------------------------------------------
+# Several runs side by side
+
+
+def run_labels(runs: Sequence[RunData]) -> list[str]:
+    """A short name per run for legends and columns: the folder's name, with its parent where
+    two runs share a name, and numbered where even that is not enough."""
+    paths = [run.run_dir.resolve() for run in runs]
+    labels = [p.name or str(p) for p in paths]
+    if len(set(labels)) < len(labels):
+        labels = [f"{p.parent.name}/{p.name}" for p in paths]
+    if len(set(labels)) < len(labels):
+        labels = [f"{i + 1}: {label}" for i, label in enumerate(labels)]
+    return labels
+
+
+def default_comparison_path(labels: Sequence[str], folder: str | Path = ".") -> Path:
+    """``compare-A-vs-B.html`` in ``folder``; ``-2``, ``-3``, ... where that file exists, so a
+    comparison never replaces an earlier one."""
+    stem = "compare-" + "-vs-".join(re.sub(r"[^A-Za-z0-9._-]+", "-", n) for n in labels)
+    stem = stem[:120].rstrip("-.")
+    path, n = Path(folder) / f"{stem}.html", 1
+    while path.exists():
+        n += 1
+        path = Path(folder) / f"{stem}-{n}.html"
+    return path
+
+
+def _compare_headline(runs: Sequence[RunData], labels: Sequence[str]) -> str:
+    rows = []
+    for run, label in zip(runs, labels, strict=True):
+        found = headline(run)
+        facts = run_facts(run)
+        if found is None:
+            scores = [_td("no evaluation"), _td("—", True), _td("—", True), _td("—", True)]
+        elif found.evaluations == 1:
+            last = f"{found.value(found.last)} <small>(step {found.last_step})</small>"
+            scores = [_td(_esc(found.label)), _td("—", True), _td(last, True), _td("—", True)]
+        else:
+            first = f"{found.value(found.first)} <small>(step {found.first_step})</small>"
+            last = f"<b>{found.value(found.last)}</b> <small>(step {found.last_step})</small>"
+            scores = [_td(_esc(found.label)), _td(first, True), _td(last, True)]
+            scores.append(_td(found.change(), True))
+        extra = [
+            _td(_esc(facts.get(k, "—")))
+            for k in ("steps", "wall time", "started", "groupwise", "device", "dtype")
+        ]
+        rows.append([_td(f"<b>{_esc(label)}</b>"), *scores, *extra])
+    header = ["run", "held-out metric", "before", "after", "change", "steps", "wall time",
+              "started", "groupwise", "device", "dtype"]  # fmt: skip
+    return _table(header, rows, "compare-headline")
+
+
+MISSING = object()  # an option a run's config.yaml does not have
+
+
+def config_differences(runs: Sequence[RunData]) -> dict[str, list[Any]]:
+    """Every option whose value is not the same in all runs (``MISSING`` where a run's
+    config.yaml lacks it), in the order the options first appear."""
+    keys = _keys(run.config or {} for run in runs)
+    found = {}
+    for key in keys:
+        values = [(run.config or {}).get(key, MISSING) for run in runs]
+        if any(v != values[0] for v in values[1:]):
+            found[key] = values
+    return found
+
+
+def _compare_config(runs: Sequence[RunData], labels: Sequence[str]) -> str:
+    out = ""
+    lacking = [label for run, label in zip(runs, labels, strict=True) if run.config is None]
+    if lacking:
+        out += (
+            f'<p class="banner note">No config.yaml in {_esc(", ".join(lacking))}: '
+            "its options are unknown (—).</p>"
+        )
+    differences = config_differences(runs)
+    if not differences:
+        return out + "<p>The runs used the same options.</p>"
+    rows = [
+        [_td(_esc(key))] + [_td("—" if v is MISSING else _esc(_config_value(v))) for v in values]
+        for key, values in differences.items()
+    ]
+    return out + _table(["option", *(_esc(label) for label in labels)], rows, "config-compare")
+
+
+def _compare_warnings(runs: Sequence[RunData], labels: Sequence[str]) -> str:
+    rows = []
+    for run, label in zip(runs, labels, strict=True):
+        if run.events is None:
+            text = "no events.jsonl"
+        elif not run.events:
+            text = "none"
+        else:
+            text = ", ".join(f"{g['kind']} ×{g['count']}" for g in _event_groups(run.events))
+        rows.append([_td(f"<b>{_esc(label)}</b>"), _td(_esc(text))])
+    return _table(["run", "warnings"], rows, "compare-warnings")
+
+
+def render_comparison(runs: Sequence[RunData], dpi: int = 110) -> str:
+    """One page comparing the runs: their headlines in one table, the options that differ,
+    every plot with the runs overlaid (a colour per run), and their warnings."""
+    labels = run_labels(runs)
+    groups, hidden = plot_plan(runs)
+    notes = "".join(
+        f'<p class="banner note">{_esc(label)}: {_esc(n)}</p>'
+        for run, label in zip(runs, labels, strict=True)
+        for n in run.notes
+    )
+    top = f'<section id="headline">{_compare_headline(runs, labels)}</section>{notes}'
+    sections = [
+        ("config", "Options that differ", _compare_config(runs, labels)),
+        ("plots", "Plots", _plots(runs, groups, hidden, dpi, labels)),
+        ("warnings", "Warnings", _compare_warnings(runs, labels)),
+    ]
+    title = "comparison of " + ", ".join(labels)
+    subtitle = " | ".join(str(run.run_dir.resolve()) for run in runs)
+    return _page(title, subtitle, top, sections)
+
+
+def build_comparison(
+    run_dirs: Sequence[str | Path], output: str | Path | None = None, dpi: int = 110
+) -> Path:
+    """Write one page comparing ``run_dirs`` to ``output`` (default: a new
+    ``compare-A-vs-B.html`` in the current folder, see :func:`default_comparison_path`)."""
+    seen: dict[Path, str] = {}
+    for run_dir in run_dirs:
+        resolved = Path(run_dir).resolve()
+        if resolved in seen:
+            raise ReportError(
+                f"run directory {run_dir} is given twice (also as {seen[resolved]}); "
+                "expected different runs to compare"
+            )
+        seen[resolved] = str(run_dir)
+    runs = [load_run(run_dir) for run_dir in run_dirs]
+    _matplotlib()
+    target = Path(output) if output is not None else default_comparison_path(run_labels(runs))
+    atomic_write_text(target, render_comparison(runs, dpi))
+    return target
+
+
+# ----------------------------------------------------------------------------------------------
 # Checking a report in a real browser
 
 CHROMIUM_FLAGS = (
@@ -1462,24 +1605,35 @@ def check_in_browser(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``groupwise report RUN_DIR [--output FILE]``."""
+    """``groupwise report RUN_DIR [RUN_DIR ...] [--output FILE]``."""
     parser = argparse.ArgumentParser(
         prog="groupwise report",
         description="Write a self-contained HTML report (plots, warnings, config, samples) of a "
-        "training run folder.",
+        "training run folder; given several run folders, one page comparing them.",
     )
-    parser.add_argument("run_dir", help="a training output_dir (with metrics.jsonl)")
-    parser.add_argument("--output", "-o", help="the HTML file to write (RUN_DIR/report.html)")
+    parser.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="a training output_dir (with metrics.jsonl)"
+    )
+    parser.add_argument(
+        "--output",
+        "-o",
+        help="the HTML file to write (one run: RUN_DIR/report.html; several: a new "
+        "compare-A-vs-B.html in the current folder, numbered rather than replacing one)",
+    )
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 2
+    replacing = args.output is not None and Path(args.output).exists()
     try:
-        path = build_report(args.run_dir, args.output)
+        if len(args.run_dirs) == 1:
+            path = build_report(args.run_dirs[0], args.output)
+        else:
+            path = build_comparison(args.run_dirs, args.output)
     except (ReportError, OSError) as err:
         print(f"groupwise report: error: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {path}")
+    print(f"wrote {path}" + (" (replacing the file that was there)" if replacing else ""))
     return 0
 
 
