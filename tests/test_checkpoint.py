@@ -308,3 +308,11 @@ def test_option_added_after_the_checkpoint_counts_as_its_default():
     assert ckpt.config_differences(saved, GRPOConfig().to_dict()) == []
     changed = GRPOConfig(data_parallel="fsdp").to_dict()
     assert ckpt.config_differences(saved, changed) == ["data_parallel: 'ddp' -> 'fsdp'"]
+
+
+def test_overwrite_clears_the_run_record_with_the_rest(tmp_path):
+    # run.json (version, device, dates, wall time) describes the earlier run: it goes with it.
+    for name in ("run.json", "rewards.json", "config.yaml", "notes.txt"):
+        (tmp_path / name).write_text("{}")
+    assert ckpt.clear_earlier_run(tmp_path) == ["config.yaml", "rewards.json", "run.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]

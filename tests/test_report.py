@@ -48,7 +48,7 @@ CONFIG = {
     "task": "arithmetic",
     "num_generations": 8,
     "learning_rate": 1.0e-5,
-    "beta": 0.0,
+    "beta": 0.04,
     "reward_weights": [1.0, 2.0],
 }
 EVENTS = [
@@ -63,39 +63,42 @@ EVIL = "<script>alert('pwned')</script>"
 def _train_row(step: int, curriculum: bool) -> dict:
     accuracy = min(1.0, 0.1 + step / STEPS)
     noise = random.Random(step).uniform(-0.1, 0.1)  # so the moving average has work to do
+    # Every plotted series changes over the run (a constant one is left out of the plots),
+    # except the learning rate; time/step sums to 60 s over 30 steps.
+    step_time = 2.0 + (0.5 if step % 2 else -0.5)
     row = {
         "step": step,
         "reward": 1.0 + accuracy,
         "reward_std": 0.3 + noise,
         "frac_reward_zero_std": 0.5 - step / 100,
-        "rewards/format_reward/mean": 1.0,
-        "rewards/format_reward/std": 0.0,
+        "rewards/format_reward/mean": 0.95 + noise / 2,
+        "rewards/format_reward/std": 0.1,
         "rewards/accuracy_reward/mean": accuracy,
         "rewards/accuracy_reward/std": 0.4,
         "completions/mean_length": 30.0 + step + 20 * noise,
-        "completions/max_length": 48.0,
-        "completions/clipped_ratio": 0.1,
+        "completions/max_length": 48.0 + step % 3,
+        "completions/clipped_ratio": 0.1 + noise / 10,
         "loss": 0.01 * step,
         "kl": 0.001 * step * (1 + noise),
         "entropy": 1.0 - step / 50,
-        "clip_ratio/low_mean": 0.0,
-        "clip_ratio/high_mean": 0.01,
-        "clip_ratio/region_mean": 0.01,
-        "grad_norm": 0.5,
+        "clip_ratio/low_mean": 0.001 * (step % 2),
+        "clip_ratio/high_mean": 0.01 + noise / 100,
+        "clip_ratio/region_mean": 0.01 + noise / 50,
+        "grad_norm": 0.5 + noise,
         "learning_rate": 1e-5,
-        "time/generation": 1.0,
+        "time/generation": step_time - 1.0,
         "time/scoring": 0.25,
         "time/update": 0.75,
-        "time/step": 2.0,
-        "tokens_per_second": 100.0,
+        "time/step": step_time,
+        "tokens_per_second": 100.0 / step_time,
     }
     if curriculum:
         for b in range(3):
-            row[f"curriculum/weight_bin_{b}"] = (b + 1) / 6
-            row[f"curriculum/rollouts_bin_{b}"] = 8.0 * (3 - b)
-            row[f"curriculum/prompts_bin_{b}"] = float(b + 1)
+            row[f"curriculum/weight_bin_{b}"] = (b + 1) / 6 + 0.01 * noise
+            row[f"curriculum/rollouts_bin_{b}"] = 8.0 * (3 - b) + step % 2
+            row[f"curriculum/prompts_bin_{b}"] = float(b + 1 + step % 3)
         row["curriculum/mu"] = 0.1 * step
-        row["curriculum/wse"] = 0.05
+        row["curriculum/wse"] = 0.05 + noise / 100
     return row
 
 
@@ -568,3 +571,305 @@ def test_eval_against_generated_tokens_when_the_run_counts_them(tmp_path):
         row.pop("compute/generated_tokens_total", None)
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert "eval_tokens" not in plot_ids(build_report(run, tmp_path / "s.html", dpi=30).read_text())
+
+
+# ----------------------------------------------------------------------------------------------
+# The headline, hidden series, step ticks, the configuration against its defaults
+
+
+def _write_metrics(run: Path, rows: list[dict], config: dict | None = None) -> Path:
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if config is not None:
+        (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return run
+
+
+def _headline_of(page: str) -> str:
+    return page.split('<section id="headline">')[1].split("</section>")[0]
+
+
+def test_report_leads_with_held_out_accuracy_before_and_after(runs):
+    _, page = runs["plain"]
+    # eval/rewards/accuracy_reward/mean = step / 40: 0 before training, 0.75 at step 30.
+    top = _headline_of(page)
+    assert (
+        "Held-out accuracy (accuracy_reward, greedy): <b>0.0% → 75.0%</b> (+75.0 points; "
+        "before training → step 30, 4 evaluations)"
+    ) in top
+    assert page.index('<section id="headline">') < page.index('id="warnings-banner"')
+    assert page.index('id="warnings-banner"') < page.index('<section id="summary">')
+    assert "30 training steps" in top
+    assert "no run.json (older groupwise)" in top
+
+
+def test_headline_without_evaluation_says_so(runs, tmp_path):
+    top = _headline_of(runs["old"][1])
+    assert "No held-out evaluation in this run: metrics.jsonl has no eval/ records" in top
+    run = _write_metrics(tmp_path / "noeval", [{"step": 1, "reward": 0.5}], {"num_eval_prompts": 0})
+    top = _headline_of(build_report(run, dpi=30).read_text())
+    assert "No held-out evaluation in this run (num_eval_prompts is 0)" in top
+
+
+def test_headline_falls_back_and_names_its_steps(tmp_path):
+    rows = [{"step": s, "reward": 0.1 * s} for s in range(1, 31)]
+    # No correctness reward and no step-0 evaluation: sampled accuracy from step 10 to 30.
+    evals = [{"step": s, "eval/accuracy": a} for s, a in ((10, 0.25), (20, 0.5), (30, 0.625))]
+    run = _write_metrics(tmp_path / "sampled", rows + evals)
+    found = report.headline(report.load_run(run))
+    assert (found.key, found.first_step, found.last_step) == ("eval/accuracy", 10, 30)
+    top = _headline_of(build_report(run, dpi=30).read_text())
+    assert "Held-out accuracy (sampled): <b>25.0% → 62.5%</b> (+37.5 points; step 10 →" in top
+    once = _write_metrics(tmp_path / "once", rows + [{"step": 30, "eval/reward": 1.5}])
+    top = _headline_of(build_report(once, dpi=30).read_text())
+    assert "Held-out reward (no accuracy metric logged): <b>1.5</b> at step 30" in top
+    assert "evaluated once: no before and after" in top
+
+
+def _hidden_line(page: str) -> str:
+    match = re.search(r'<p class="hidden-series">not shown: (.*?)</p>', page)
+    return match.group(1) if match else ""
+
+
+def test_constant_and_switched_off_series_are_listed_not_plotted(tmp_path):
+    # beta 0: the KL is not computed (logged as 0); a constant learning rate; loss never logged;
+    # a reward component that is always 1. The grad norm and reward change and stay.
+    rows = [
+        {
+            "step": s,
+            "reward": 0.1 * s,
+            "rewards/format_reward/mean": 1.0,
+            "rewards/accuracy_reward/mean": 0.05 * s,
+            "kl": 0.0,
+            "grad_norm": 1.0 / s,
+            "learning_rate": 1e-6,
+        }
+        for s in range(1, 21)
+    ]
+    run = _write_metrics(tmp_path / "beta0", rows, {"beta": 0.0})
+    page = build_report(run, dpi=30).read_text()
+    assert _hidden_line(page) == (
+        "rewards/format_reward/mean (constant 1), loss (not logged), kl (beta 0), "
+        "entropy (not logged), completions/mean_length (not logged), learning_rate (constant "
+        "1e-06)"
+    )
+    assert plot_ids(page) == ["reward", "accuracy", "optim"]
+    groups = _groups(run)
+    assert [[line.key for line in p.lines] for p in groups["optim"].panels] == [["grad_norm"]]
+    assert [line.key for line in groups["reward"].panels[0].lines] == [
+        "reward",
+        "rewards/accuracy_reward/mean",
+    ]
+    # With beta > 0 a KL that changes is plotted; a constant one is named as constant.
+    run = _write_metrics(tmp_path / "beta", [dict(r, kl=0.01 * r["step"]) for r in rows])
+    (run / "config.yaml").write_text("beta: 0.04\n")
+    assert "kl" in plot_ids(build_report(run, dpi=30).read_text())
+    run = _write_metrics(tmp_path / "nocfg", [dict(r, kl=0.5) for r in rows])
+    assert "kl (constant 0.5)" in _hidden_line(build_report(run, dpi=30).read_text())
+
+
+def test_one_point_is_plotted_and_nothing_hidden_says_nothing(tmp_path, runs):
+    run = _write_metrics(tmp_path / "one", [{"step": 1, "reward": 0.5, "loss": 0.1}])
+    page = build_report(run, dpi=30).read_text()
+    assert plot_ids(page) == ["reward", "loss"]  # one value is an observation, not a constant
+    assert _hidden_line(page) == "kl (not logged), entropy (not logged), " + (
+        "completions/mean_length (not logged), grad_norm (not logged)"
+    )
+    # The full fixture run hides only its constant learning rate and the easy level's pass@1.
+    assert _hidden_line(runs["plain"][1]) == (
+        "eval/difficulty_1/pass@1 (constant 0.5), learning_rate (constant 1e-05)"
+    )
+
+
+def test_step_axes_have_integer_ticks(tmp_path):
+    rows = [{"step": s, "reward": r, "time/step": t} for s, r, t in ((1, 0.1, 2), (2, 0.5, 3))]
+    rows += [{"step": 3, "reward": 0.4, "time/step": 1}]
+    data = report.load_run(_write_metrics(tmp_path / "short", rows))
+    for group in report.plot_groups(data):
+        fig = report.draw_group([data], group, dpi=30)
+        for ax in fig.axes:
+            ticks = ax.get_xticks()
+            assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
+
+
+RUN_INFO = {
+    "groupwise_version": "0.1.0",
+    "device": "cuda:0",
+    "world_size": 2,
+    "dtype": "float32",
+    "precision": "bf16 mixed",
+    "defaults": {"model": "tiny-random", "learning_rate": 1e-06, "beta": 0.04},
+    "started": "2026-11-30T06:48:58+00:00",
+    "finished": "2026-11-30T06:50:03+00:00",
+    "wall_time_s": 65.2,
+}
+
+
+def test_configuration_as_changes_from_defaults_with_run_facts(tmp_path):
+    run = write_run(tmp_path)
+    (run / "run.json").write_text(json.dumps(RUN_INFO))
+    page = build_report(run, dpi=30).read_text()
+    config = page.split('<section id="config">')[1].split("</section>")[0]
+    changed = config.split("<details>")[0]
+    # CONFIG changes model and learning_rate (beta 0.04 is the default: not listed).
+    assert "<h3>Options changed from the defaults (2)</h3>" in changed
+    assert (
+        "<tr><td>model</td><td><code>tiny-random</code> → <b>smollm2-135m-instruct</b></td></tr>"
+    ) in changed
+    assert "<tr><td>learning_rate</td><td><code>1e-06</code> → <b>1e-05</b></td></tr>" in changed
+    assert "beta" not in changed and "num_generations" not in changed
+    assert "<summary>All 6 options</summary>" in config  # the full list stays, folded
+    for row in (
+        "<tr><td>wall time</td><td>1m 05s</td></tr>",
+        "<tr><td>started</td><td>2026-11-30 06:48:58+00:00</td></tr>",
+        "<tr><td>groupwise</td><td>0.1.0</td></tr>",
+        "<tr><td>device</td><td>cuda:0 × 2 ranks</td></tr>",
+        "<tr><td>dtype</td><td>float32 (bf16 mixed)</td></tr>",
+    ):
+        assert row in config
+    assert "1m 05s · started 2026-11-30 06:48:58+00:00 · groupwise 0.1.0" in _headline_of(page)
+    (run / "run.json").write_text(json.dumps({**RUN_INFO, "finished": None}))
+    assert "not finished" in _headline_of(build_report(run, dpi=30).read_text())
+    (run / "run.json").write_text("[1]")
+    with pytest.raises(ReportError, match=r"run\.json: expected a JSON object"):
+        build_report(run)
+
+
+def test_run_info_keeps_first_start_and_adds_up_wall_time(tmp_path, monkeypatch):
+    clock = iter([1000.0, 1010.5, 2000.0, 2004.0])
+    monkeypatch.setattr(report.time, "time", lambda: next(clock))
+    start = report.record_run_start(tmp_path, {"device": "cpu"}, resumed=False)
+    report.record_run_end(tmp_path, start)
+    first = json.loads((tmp_path / "run.json").read_text())
+    assert first["wall_time_s"] == 10.5 and first["device"] == "cpu"
+    assert first["started"] == "1970-01-01T00:16:40+00:00"
+    start = report.record_run_start(tmp_path, {"device": "cuda:0"}, resumed=True)
+    assert json.loads((tmp_path / "run.json").read_text())["finished"] is None
+    report.record_run_end(tmp_path, start)
+    second = json.loads((tmp_path / "run.json").read_text())
+    assert second["wall_time_s"] == 14.5 and second["started"] == first["started"]
+    assert second["finished"] == "1970-01-01T00:33:24+00:00" and second["device"] == "cuda:0"
+    assert report.changed_defaults({"a": 1, "b": [2], "c": 3}, {"a": 1, "b": [3]}) == {"b": [2]}
+
+
+# ----------------------------------------------------------------------------------------------
+# Several runs on one page
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    root = tmp_path_factory.mktemp("compare")
+    a = write_run(root, "a")
+    b = write_run(root, "b", curriculum=True)
+    config = {**CONFIG, "learning_rate": 3e-5, "num_generations": 16, "curriculum": "gdro"}
+    (b / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return root, a, b
+
+
+def test_comparison_page_of_two_runs(compared, monkeypatch, capsys):
+    root, a, b = compared
+    monkeypatch.chdir(root)
+    assert main([str(a), str(b)]) == 0
+    path = root / "compare-a-vs-b.html"
+    assert f"wrote {path.name}" in capsys.readouterr().out
+    page = path.read_text()
+    assert f"<title>{report.REPORT_TITLE}: comparison of a, b</title>" in page
+    top = _headline_of(page)
+    for run in ("a", "b"):  # the same evaluations: 0% before, 75% after, 30 steps
+        row = re.search(rf"<tr><td><b>{run}</b></td>(.*?)</tr>", top).group(1)
+        assert "<td>held-out accuracy (accuracy_reward, greedy)</td>" in row
+        assert "0.0% <small>(step 0)</small>" in row
+        assert "<b>75.0%</b> <small>(step 30)</small>" in row
+        assert "+75.0 points" in row and "<td>30 training steps</td>" in row
+    config = page.split('<section id="config">')[1].split("</section>")[0]
+    assert "<tr><td>learning_rate</td><td>1e-05</td><td>3e-05</td></tr>" in config
+    assert "<tr><td>num_generations</td><td>8</td><td>16</td></tr>" in config
+    assert "<tr><td>curriculum</td><td>—</td><td>gdro</td></tr>" in config
+    assert "<td>model</td>" not in config and "<td>beta</td>" not in config
+    # Every figure of either run, once, with both runs overlaid.
+    assert set(plot_ids(page)) == BASE_PLOTS | CURRICULUM_PLOTS
+    assert len(plot_ids(page)) == len(png_sizes(page))
+    assert _hidden_line(page) == (
+        "eval/difficulty_1/pass@1 (constant 0.5), learning_rate (constant 1e-05)"
+    )
+    assert "<tr><td><b>b</b></td><td>zero_std ×3, nan_step ×1</td></tr>" in page
+    assert not re.search(r'(src|href)="(?!data:|#)', page)
+
+
+def test_comparison_overlays_each_run_with_a_legend(compared):
+    _, a, b = compared
+    runs = [report.load_run(a), report.load_run(b)]
+    groups, _ = report.plot_plan(runs)
+    by_id = {g.id: g for g in groups}
+    fig = report.draw_group(runs, by_id["loss"], dpi=30, labels=["a", "b"])
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["a", "b"]
+    fig = report.draw_group(runs, by_id["reward"], dpi=30, labels=["a", "b"])
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend[:2] == ["a: total", "b: total"] and "b: accuracy_reward" in legend
+    # A curriculum figure has b's lines only; the time stack becomes the whole step per run.
+    fig = report.draw_group(runs, by_id["curriculum_stats"], dpi=30, labels=["a", "b"])
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["b"]
+    fig = report.draw_group(runs, by_id["time"], dpi=30, labels=["a", "b"])
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["a", "b"]
+    for ax in fig.axes:
+        assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_comparison_never_replaces_a_file_unasked(compared, monkeypatch, capsys):
+    root, a, b = compared
+    monkeypatch.chdir(root / "a")
+    (root / "a" / "compare-a-vs-b.html").write_text("an earlier comparison")
+    assert main([str(a), str(b)]) == 0
+    assert (root / "a" / "compare-a-vs-b.html").read_text() == "an earlier comparison"
+    assert (root / "a" / "compare-a-vs-b-2.html").read_text().startswith("<!DOCTYPE html>")
+    capsys.readouterr()
+    target = root / "mine.html"
+    target.write_text("old")
+    assert main([str(b), str(a), "--output", str(target)]) == 0  # asked for: replaced, and said
+    assert "(replacing the file that was there)" in capsys.readouterr().out
+    assert "comparison of b, a" in target.read_text()
+
+
+def test_comparison_errors_and_labels(compared, tmp_path, capsys):
+    _, a, b = compared
+    assert main([str(a), str(a.parent / "b" / ".." / "a")]) == 1
+    assert f"run directory {a.parent / 'b' / '..' / 'a'} is given twice" in capsys.readouterr().err
+    assert main([str(a), str(tmp_path / "missing")]) == 1
+    assert "missing does not exist" in capsys.readouterr().err
+    # Two runs with one folder name are told apart by their parents.
+    other = write_run(tmp_path, "a")
+    assert report.run_labels([report.load_run(a), report.load_run(other)]) == [
+        f"{a.parent.name}/a",
+        f"{tmp_path.name}/a",
+    ]
+    assert report.default_comparison_path(["x y", "z"], tmp_path).name == "compare-x-y-vs-z.html"
+
+
+def test_comparison_hides_what_is_constant_in_every_run(tmp_path):
+    def rows(lr: float, kl: float) -> list[dict]:
+        return [{"step": s, "reward": s * lr, "learning_rate": lr, "kl": kl} for s in range(1, 9)]
+
+    a = _write_metrics(tmp_path / "a", rows(1e-6, 0.0), {"beta": 0.0})
+    b = _write_metrics(tmp_path / "b", rows(1e-5, 0.0), {"beta": 0.04})
+    page = report.render_comparison([report.load_run(a), report.load_run(b)], dpi=30)
+    hidden = _hidden_line(page)
+    # beta 0 in one run only: its KL is not "switched off" for both, but constant in each.
+    assert "kl (constant 0)" in hidden and "learning_rate (constant in each run)" in hidden
+    assert plot_ids(page) == ["reward"]
+
+
+def test_cli_report_takes_several_runs(compared, monkeypatch, capsys):
+    from groupwise import cli
+
+    root, a, b = compared
+    monkeypatch.chdir(tmp := root / "b")
+    assert cli.main(["report", str(a), str(b), "-o", str(tmp / "ab.html")]) == 0
+    assert (tmp / "ab.html").read_text().count("<figure") == len(BASE_PLOTS | CURRICULUM_PLOTS)
+    assert "RUN_DIR [RUN_DIR ...]" in cli.USAGE
+
+
+@needs_chromium
+def test_browser_renders_comparison_cleanly(compared, tmp_path):
+    _, a, b = compared
+    path = report.build_comparison([a, b], tmp_path / "c.html", dpi=40)
+    assert check_in_browser(path) == []

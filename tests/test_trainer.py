@@ -432,3 +432,29 @@ def test_the_reward_marked_is_correctness_drives_curriculum_monitor_and_rewards_
     assert built_in.monitor.correctness_reward == "accuracy_reward"
     unflagged = GRPOTrainer("tiny-random", [_always_one], ROWS, args=_config(tmp_path))
     assert unflagged.monitor.correctness_reward is None
+
+
+def test_a_run_records_run_json_and_its_report_leads_with_held_out_accuracy(tmp_path):
+    from groupwise.report import build_report
+
+    # beta 0 (tiny_config's): the report leaves the KL out and says why.
+    args = _config(tmp_path, eval_on_start=True, eval_steps=1, per_device_eval_batch_size=4)
+    trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args, eval_dataset=ROWS[:4])
+    trainer.train()
+    run = tmp_path / "run"
+    info = json.loads((run / "run.json").read_text())
+    assert info["device"] == "cpu" and info["world_size"] == 1 and info["dtype"] == "float32"
+    assert info["precision"] == "fp32" and info["finished"] and info["wall_time_s"] > 0
+    assert info["groupwise_version"] not in ("", None)
+    defaults = GRPOConfig()
+    assert info["defaults"]["learning_rate"] == defaults.learning_rate  # changed: 1e-2
+    assert info["defaults"]["beta"] == defaults.beta and "model" not in info["defaults"]
+    page = build_report(run, dpi=30).read_text()
+    top = page.split('<section id="headline">')[1].split("</section>")[0]
+    # No reward is marked as correctness: the eval reward, before training and after each step.
+    assert "Held-out reward (no accuracy metric logged): <b>" in top
+    assert "before training → step 2, 3 evaluations" in top
+    assert "groupwise " + info["groupwise_version"] in top and "device cpu" in top
+    assert "kl (beta 0)" in page
+    config = page.split('<section id="config">')[1].split("<details>")[0]
+    assert f"<tr><td>learning_rate</td><td><code>{defaults.learning_rate}</code>" in config

@@ -170,6 +170,7 @@ def check_output_dir(output_dir: str | Path, resume: str | None, overwrite: bool
 RUN_ARTEFACTS = (
     *RUN_FILES,
     "rewards.json",
+    "run.json",
     "events.jsonl",
     "report.html",
     "eval.json",

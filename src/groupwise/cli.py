@@ -48,7 +48,9 @@ commands:
           accuracy before and after (--option value overrides the demo's settings)
   memory  plan the memory of a run, PPO vs GRPO side by side (groupwise memory --help);
           --measure runs one real step of each and prints predicted vs measured
-  report  write RUN_DIR/report.html: curves, warnings, config, example completions
+  report  groupwise report RUN_DIR [RUN_DIR ...]: one run: RUN_DIR/report.html (held-out
+          accuracy before -> after, curves, warnings, changed options, example completions);
+          several: one page comparing them (compare-A-vs-B.html here, or --output FILE)
 
 TRL's names work too: --model_name_or_path, --dataset_name (a data file, a saved datasets
 folder, or a hub id), --config FILE.

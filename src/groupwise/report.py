@@ -1,18 +1,21 @@
 """``groupwise report RUN_DIR``: one self-contained HTML page about a training run.
 
 Reads what the trainer writes into its output folder (``metrics.jsonl``; and when present
-``config.yaml``, ``rewards.json``, ``events.jsonl``, ``completions.jsonl``) and writes
-``RUN_DIR/report.html``:
-a summary, the run's warnings, plots (PNG, base64-embedded, made with matplotlib's Agg backend),
-the configuration and example completions. The page loads nothing from anywhere else, so it can
-be mailed or opened offline. :func:`check_in_browser` renders a report in headless Chromium and
-lists what went wrong (used by ``scripts/check_report_browser.py`` and the tests).
+``config.yaml``, ``run.json``, ``rewards.json``, ``events.jsonl``, ``completions.jsonl``) and
+writes ``RUN_DIR/report.html``: held-out accuracy before -> after first, a summary, the run's
+warnings, plots (PNG, base64-embedded, made with matplotlib's Agg backend; a series that carries
+nothing is named instead of plotted), the run's facts and changed options, and example
+completions. ``groupwise report RUN1 RUN2 ...`` writes one page comparing runs instead. The
+page loads nothing from anywhere else, so it can be mailed or opened offline.
+:func:`check_in_browser` renders a report in headless Chromium and lists what went wrong (used
+by ``scripts/check_report_browser.py`` and the tests).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import html
 import io
 import json
@@ -24,8 +27,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +67,9 @@ class RunData:
     notes: list[str] = field(default_factory=list)  # things the reader should know
     # rewards.json: [{"name", "weight", "is_correctness"}] per reward function (older runs: None)
     rewards: list[dict[str, Any]] | None = None
+    # run.json: version, device, dtype, dates, wall time, the defaults of changed options (older
+    # runs: None); see record_run_start
+    info: dict[str, Any] | None = None
 
 
 def read_jsonl(path: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
@@ -160,13 +168,17 @@ def load_run(run_dir: str | Path) -> RunData:
     if (run_dir / "rewards.json").is_file():
         rewards = read_rewards(run_dir / "rewards.json")
 
+    info = None
+    if (run_dir / RUN_INFO_FILE).is_file():
+        info = read_run_info(run_dir / RUN_INFO_FILE)
+
     events = None
     if (run_dir / "events.jsonl").is_file():
         events = read_jsonl(run_dir / "events.jsonl", notes)
     completions = None
     if (run_dir / "completions.jsonl").is_file():
         completions = read_jsonl(run_dir / "completions.jsonl", notes)
-    return RunData(run_dir, train, evals, config, events, completions, notes, rewards)
+    return RunData(run_dir, train, evals, config, events, completions, notes, rewards, info)
 
 
 def read_rewards(path: Path) -> list[dict[str, Any]]:
@@ -181,6 +193,71 @@ def read_rewards(path: Path) -> list[dict[str, Any]]:
     ):
         raise ReportError(f"{path}: expected a list of objects, each with a string 'name'")
     return records
+
+
+RUN_INFO_FILE = "run.json"
+
+
+def read_run_info(path: Path) -> dict[str, Any]:
+    """What the trainer records about a run besides its options (:func:`record_run_start`)."""
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ReportError(f"{path}: malformed JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(info, dict):
+        raise ReportError(f"{path}: expected a JSON object")
+    return info
+
+
+def _utc(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
+
+
+def _read_info_quietly(path: Path) -> dict[str, Any]:
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def record_run_start(output_dir: str | Path, facts: dict[str, Any], resumed: bool) -> float:
+    """Write ``output_dir/run.json`` as a training run starts: ``facts`` (the trainer's:
+    groupwise version, device, dtype, precision, ranks, and under ``defaults`` the default of
+    every option the run changed) with the start date. A resumed run keeps its first start
+    date and the wall time of its earlier segments. Returns the segment's start time (for
+    :func:`record_run_end`)."""
+    path = Path(output_dir) / RUN_INFO_FILE
+    earlier = _read_info_quietly(path) if resumed else {}
+    now = time.time()
+    info = {
+        **facts,
+        "started": earlier.get("started", _utc(now)),
+        "finished": None,
+        "wall_time_s": _number(earlier.get("wall_time_s")) or 0.0,
+    }
+    atomic_write_text(path, json.dumps(info, indent=1, default=str) + "\n")
+    return now
+
+
+def record_run_end(output_dir: str | Path, segment_start: float) -> None:
+    """Add the segment since ``segment_start`` to ``run.json``'s wall time and date its end
+    (also when training stops on an error: the time was spent). Never raises: the run's own
+    outcome matters more than this record."""
+    path = Path(output_dir) / RUN_INFO_FILE
+    info = _read_info_quietly(path)
+    if not info:
+        return
+    now = time.time()
+    info["wall_time_s"] = (_number(info.get("wall_time_s")) or 0.0) + (now - segment_start)
+    info["finished"] = _utc(now)
+    with contextlib.suppress(OSError):
+        atomic_write_text(path, json.dumps(info, indent=1, default=str) + "\n")
+
+
+def changed_defaults(defaults: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """The default of every option whose value in ``config`` differs from it."""
+    return {k: d for k, d in defaults.items() if k in config and config[k] != d}
 
 
 def series(
@@ -267,10 +344,106 @@ def _natural(key: str) -> tuple[Any, ...]:
 
 
 def plot_groups(run: RunData) -> list[PlotGroup]:
-    """The figures this run's metrics support, each with only the series that have data."""
-    train_keys, eval_keys = _keys(run.train), _keys(run.evals)
+    """The figures this run's metrics support, each with only the series that carry something
+    (see :func:`plot_plan`)."""
+    return plot_plan([run])[0]
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """A series left out of the plots, and why: named in one line above them."""
+
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.reason})"
+
+
+# Series that say nothing when an option turns them off, whatever the run logged: the option's
+# reason (None: the series counts) from the run's config.yaml.
+SWITCHED_OFF = {
+    # beta = 0: no reference model, so the logged KL is not computed (TRL logs 0).
+    "kl": lambda config: "beta 0" if _number(config.get("beta")) == 0 else None,
+}
+# Series every run is expected to log: when one is missing, the plots say so; optional families
+# (curriculum, tools, evaluation by difficulty, ...) just do not appear.
+EXPECTED = ("reward", "loss", "kl", "entropy", "completions/mean_length", "grad_norm")
+
+
+def plot_plan(runs: Sequence[RunData]) -> tuple[list[PlotGroup], list[Hidden]]:
+    """The figures the runs' metrics support (one run: its report; several: their comparison),
+    each with only the series that carry something, and the series left out: constant in every
+    run (a fixed learning rate), switched off by an option in every run (KL with beta 0), or an
+    expected metric no run logged."""
+    groups = candidate_groups(runs)
+    kept: list[PlotGroup] = []
+    hidden: dict[str, Hidden] = {}
+    for group in groups:
+        panels = []
+        for panel in group.panels:
+            lines, left_out = _visible_lines(runs, panel)
+            for h in left_out:
+                hidden.setdefault(h.key, h)
+            if lines:
+                panels.append(Panel(panel.ylabel, lines, panel.style, panel.logy, panel.x))
+        if panels:
+            kept.append(PlotGroup(group.id, group.title, panels, group.caption))
+    shown = {line.key for g in kept for p in g.panels for line in p.lines}
+    return kept, [h for key, h in hidden.items() if key not in shown]
+
+
+def _is_constant(values: np.ndarray) -> bool:
+    # Two or more values, all equal (to rounding): a single point is an observation, not a line.
+    return values.size >= 2 and bool(np.allclose(values, values[0], rtol=1e-9, atol=0.0))
+
+
+def _visible_lines(runs: Sequence[RunData], panel: Panel) -> tuple[list[Line], list[Hidden]]:
+    data = {}
+    for line in panel.lines:
+        per_run = []
+        for run in runs:
+            x = token_axis(run) if panel.x == "tokens" else None
+            if x is not None and not x:
+                continue  # this run did not count its tokens: nothing to plot against
+            values = series(_rows_for(run, line.key), line.key, x)[1]
+            if values.size:
+                per_run.append(values)
+        data[line.key] = per_run
+    reasons: dict[str, str] = {}
+    for line in panel.lines:
+        per_run = data[line.key]
+        rule = SWITCHED_OFF.get(line.key)
+        offs = [rule(run.config) if rule and run.config is not None else None for run in runs]
+        if offs and all(offs):
+            reasons[line.key] = str(offs[0])
+        elif not per_run:
+            if line.key in EXPECTED:
+                reasons[line.key] = "not logged"
+        elif all(_is_constant(v) for v in per_run):
+            firsts = {float(v[0]) for v in per_run}
+            reasons[line.key] = (
+                f"constant {fmt(firsts.pop())}" if len(firsts) == 1 else "constant in each run"
+            )
+    present = [line for line in panel.lines if data[line.key]]
+    hidden = [Hidden(line.key, reasons[line.key]) for line in panel.lines if line.key in reasons]
+    if panel.style == "stack":
+        # The phases only mean something stacked together: all of them, or none.
+        if any(line.key not in reasons for line in present):
+            return present, []
+        return [], hidden
+    return [line for line in present if line.key not in reasons], hidden
+
+
+def candidate_groups(runs: Sequence[RunData]) -> list[PlotGroup]:
+    """The declarative table of figures: every panel and series the runs' keys allow (one
+    table for one run or several), before :func:`plot_plan` drops what carries nothing."""
+    train_keys = _keys(row for run in runs for row in run.train)
+    eval_keys = _keys(row for run in runs for row in run.evals)
     names = _reward_names(train_keys)
-    correct = correctness_reward(names, run.rewards)
+    correct = next(
+        (c for run in runs if (c := correctness_reward(names, run.rewards)) is not None), None
+    )
     eval_scores = sorted(
         (
             k
@@ -497,22 +670,7 @@ def plot_groups(run: RunData) -> list[PlotGroup]:
             "x: completion tokens generated by training so far (compute/generated_tokens_total).",
         ),
     ]
-    tokens = token_axis(run)
-    kept = []
-    for group in groups:
-        panels = []
-        for panel in group.panels:
-            x = tokens if panel.x == "tokens" else None
-            lines = [
-                line
-                for line in panel.lines
-                if series(_rows_for(run, line.key), line.key, x)[0].size
-            ]
-            if lines and (x is None or x):
-                panels.append(Panel(panel.ylabel, lines, panel.style, panel.logy, panel.x))
-        if panels:
-            kept.append(PlotGroup(group.id, group.title, panels, group.caption))
-    return kept
+    return groups
 
 
 def _difficulty_lines(eval_keys: Sequence[str]) -> tuple[str, list[Line]] | None:
@@ -566,9 +724,34 @@ def smoothing_window(points: int) -> int:
     return window if window % 2 else window + 1
 
 
+LINESTYLES = ("-", "--", ":", "-.")
+
+
 def render_group(run: RunData, group: PlotGroup, dpi: int = 110) -> bytes:
-    """One figure as PNG bytes."""
+    """One figure of one run as PNG bytes."""
+    return figure_png(draw_group([run], group, dpi))
+
+
+def figure_png(fig: Any) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def draw_group(
+    runs: Sequence[RunData],
+    group: PlotGroup,
+    dpi: int = 110,
+    labels: Sequence[str] | None = None,
+) -> Any:
+    """One figure (a matplotlib ``Figure``). One run: a colour per series. Several (labelled
+    ``labels``): a colour per run and a line style per series, so each panel overlays the runs;
+    stacked phases become the whole step's time alone (stacks do not overlay)."""
     Figure, FigureCanvasAgg = _matplotlib()
+    from matplotlib.ticker import MaxNLocator
+
+    compare = len(runs) > 1
+    labels = list(labels) if labels is not None else [r.run_dir.name for r in runs]
     height = 0.9 + 2.2 * len(group.panels)
     fig = Figure(figsize=(8.5, height), dpi=dpi)
     FigureCanvasAgg(fig)
@@ -577,33 +760,59 @@ def render_group(run: RunData, group: PlotGroup, dpi: int = 110) -> bytes:
     axes = fig.subplots(len(group.panels), 1, sharex=True, squeeze=False)[:, 0]
     colors = [f"C{i}" for i in range(10)]
     for ax, panel in zip(axes, group.panels, strict=True):
+        lines = panel.lines
         if panel.style == "stack":
-            _draw_stack(ax, run, panel)
-        for i, line in enumerate(panel.lines):
-            if panel.style == "stack" and line.key != "time/step":
-                continue
-            x = token_axis(run) if panel.x == "tokens" else None
-            steps, values = series(_rows_for(run, line.key), line.key, x)
-            color = "black" if panel.style == "stack" else colors[i % len(colors)]
-            if panel.style == "points" or line.key.startswith("eval/"):  # sparse: mark points
-                ax.plot(steps, values, "o-", color=color, label=line.label, ms=4, lw=1.2)
-            elif panel.style in ("raw", "stack") or values.size < 8:
-                ax.plot(steps, values, color=color, label=line.label, lw=1.4)
+            if compare:
+                lines = [line for line in lines if line.key == "time/step"] or lines
             else:
-                ax.plot(steps, values, color=color, alpha=0.25, lw=0.8)
-                smooth = moving_average(values, smoothing_window(values.size))
-                ax.plot(steps, smooth, color=color, label=line.label, lw=1.6)
+                _draw_stack(ax, runs[0], panel)
+                lines = [line for line in lines if line.key == "time/step"]
+        entries = 0
+        for i, line in enumerate(lines):
+            for r, run in enumerate(runs):
+                x = token_axis(run) if panel.x == "tokens" else None
+                steps, values = series(_rows_for(run, line.key), line.key, x)
+                if not values.size:
+                    continue
+                if compare:
+                    color, dash = colors[r % len(colors)], LINESTYLES[i % len(LINESTYLES)]
+                    label = labels[r] if len(lines) == 1 else f"{labels[r]}: {line.label}"
+                else:
+                    color = "black" if panel.style == "stack" else colors[i % len(colors)]
+                    dash, label = "-", line.label
+                entries += 1
+                _draw_series(ax, panel, line, steps, values, color, dash, label)
         if panel.logy:
             ax.set_yscale("log")
         ax.set_ylabel(panel.ylabel)
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="best", fontsize=8, ncol=2 if len(panel.lines) > 4 else 1)
+        if panel.x == "step":  # steps are whole numbers: no tick at step 2.5
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(loc="best", fontsize=8, ncol=2 if entries > 4 else 1)
     axes[0].set_title(group.title, fontsize=11)
     tokens = group.panels[-1].x == "tokens"
     axes[-1].set_xlabel("completion tokens generated (cumulative)" if tokens else "step")
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()
+    return fig
+
+
+def _draw_series(
+    ax: Any,
+    panel: Panel,
+    line: Line,
+    steps: np.ndarray,
+    values: np.ndarray,
+    color: str,
+    dash: str,
+    label: str,
+) -> None:
+    if panel.style == "points" or line.key.startswith("eval/"):  # sparse: mark points
+        ax.plot(steps, values, marker="o", ls=dash, color=color, label=label, ms=4, lw=1.2)
+    elif panel.style in ("raw", "stack") or values.size < 8:
+        ax.plot(steps, values, ls=dash, color=color, label=label, lw=1.4)
+    else:
+        ax.plot(steps, values, ls=dash, color=color, alpha=0.25, lw=0.8)
+        smooth = moving_average(values, smoothing_window(values.size))
+        ax.plot(steps, smooth, ls=dash, color=color, label=label, lw=1.6)
 
 
 def _draw_stack(ax: Any, run: RunData, panel: Panel) -> None:
@@ -641,6 +850,8 @@ pre{white-space:pre-wrap;word-break:break-word;margin:0;max-height:320px;overflo
 font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,monospace}
 .prompt{background:#fff;border:1px solid #d6dae0;padding:6px;margin:4px 0}
 table.samples{width:100%}
+.headline{font-size:18px;margin:10px 0 2px}.headline.none{color:#8a5a00}
+.facts,.hidden-series{color:#5b6570;font-size:12px;margin:2px 0 8px}
 """
 
 # Runs on load: did every image decode, and did anything on the page raise? The browser check
@@ -712,6 +923,128 @@ def _window_mean(rows: Sequence[dict[str, Any]], key: str, last: bool) -> tuple[
     k = max(1, min(10, values.size // 10))
     chunk = values[-k:] if last else values[:k]
     return float(chunk.mean()), k
+
+
+# Held-out accuracy metrics, most direct first, after the correctness reward's greedy mean.
+HEADLINE_METRICS = {
+    "eval/greedy_accuracy": "held-out accuracy (greedy)",
+    "eval/accuracy": "held-out accuracy (sampled)",
+    "eval/pass@1": "held-out pass@1",
+}
+
+
+@dataclass
+class Headline:
+    """The run's held-out score at its first and last evaluation."""
+
+    key: str
+    label: str
+    first_step: int
+    first: float
+    last_step: int
+    last: float
+    evaluations: int
+    fraction: bool = True  # a share in [0, 1], shown in percent
+
+    def value(self, number: float) -> str:
+        return f"{number:.1%}" if self.fraction else fmt(number)
+
+    def change(self) -> str:
+        delta = self.last - self.first
+        return f"{100 * delta:+.1f} points" if self.fraction else f"{delta:+.4g}"
+
+
+def headline(run: RunData) -> Headline | None:
+    """Held-out accuracy before -> after from the run's evaluation records (None: the run was
+    never evaluated). The correctness reward's greedy mean first (what ``groupwise demo``
+    prints), then greedy / sampled accuracy and pass@1; with no correctness score, the eval
+    reward."""
+    names = _reward_names(_keys(run.train)) + _reward_names(_keys(run.evals), "eval/rewards/")
+    correct = correctness_reward(list(dict.fromkeys(names)), run.rewards)
+    candidates: dict[str, str] = {}
+    if correct:
+        candidates[f"eval/rewards/{correct}/mean"] = f"held-out accuracy ({correct}, greedy)"
+    candidates.update(HEADLINE_METRICS)
+    candidates["eval/reward"] = "held-out reward (no accuracy metric logged)"
+    for key, label in candidates.items():
+        steps, values = series(run.evals, key)
+        if values.size:
+            return Headline(
+                key,
+                label,
+                int(steps[0]),
+                float(values[0]),
+                int(steps[-1]),
+                float(values[-1]),
+                int(values.size),
+                key != "eval/reward",
+            )
+    return None
+
+
+def _no_evaluation(run: RunData) -> str:
+    config = run.config or {}
+    why = ""
+    if config.get("num_eval_prompts") == 0:
+        why = " (num_eval_prompts is 0)"
+    elif config.get("eval_steps") in (0, None) and config.get("eval_on_start") is False:
+        why = " (eval_steps is 0 and eval_on_start is off)"
+    return (
+        f"No held-out evaluation in this run{why}: metrics.jsonl has no eval/ records, so "
+        "there is no accuracy before and after training."
+    )
+
+
+def _headline_text(run: RunData, found: Headline | None) -> str:
+    if found is None:
+        return f'<p class="headline none">{_esc(_no_evaluation(run))}</p>'
+    label = _esc(found.label[0].upper() + found.label[1:])
+    if found.evaluations == 1:
+        return (
+            f'<p class="headline">{label}: <b>{found.value(found.last)}</b> at step '
+            f"{found.last_step} (evaluated once: no before and after)</p>"
+        )
+    before = "before training" if found.first_step == 0 else f"step {found.first_step}"
+    return (
+        f'<p class="headline">{label}: <b>{found.value(found.first)} → '
+        f"{found.value(found.last)}</b> ({found.change()}; {before} → step {found.last_step}, "
+        f"{found.evaluations} evaluations)</p>"
+    )
+
+
+def run_facts(run: RunData) -> dict[str, str]:
+    """Steps, wall time, date, version, device and dtype, as far as the run recorded them."""
+    info = run.info or {}
+    facts: dict[str, str] = {}
+    if run.train:
+        facts["steps"] = f"{run.train[-1]['step']} training steps"
+    wall = _number(info.get("wall_time_s"))
+    if wall is not None and info.get("finished"):
+        facts["wall time"] = fmt_duration(wall)
+    elif info:
+        facts["wall time"] = "not finished (running, or stopped without a clean exit)"
+    if info.get("started"):
+        facts["started"] = str(info["started"]).replace("T", " ")
+    if info.get("groupwise_version"):
+        facts["groupwise"] = str(info["groupwise_version"])
+    if info.get("device"):
+        world = _number(info.get("world_size"))
+        ranks = f" × {int(world)} ranks" if world and world > 1 else ""
+        facts["device"] = f"{info['device']}{ranks}"
+    if info.get("dtype"):
+        precision = f" ({info['precision']})" if info.get("precision") else ""
+        facts["dtype"] = f"{info['dtype']}{precision}"
+    return facts
+
+
+def _headline(run: RunData) -> str:
+    facts = run_facts(run)
+    line = " · ".join(_esc(v if k in ("steps", "wall time") else f"{k} {v}") for k, v in
+                      facts.items())  # fmt: skip
+    if not run.info:
+        line += " · " if line else ""
+        line += "no run.json (older groupwise): date, wall time, version and device not recorded"
+    return _headline_text(run, headline(run)) + f'<p class="facts">{line}</p>'
 
 
 def _summary(run: RunData) -> str:
@@ -857,12 +1190,22 @@ def _warnings(run: RunData) -> str:
     return out
 
 
-def _plots(run: RunData, groups: Sequence[PlotGroup], dpi: int) -> str:
-    if not groups:
-        return "<p>No metric has a finite value to plot.</p>"
+def _plots(
+    runs: Sequence[RunData],
+    groups: Sequence[PlotGroup],
+    hidden: Sequence[Hidden],
+    dpi: int,
+    labels: Sequence[str] | None = None,
+) -> str:
     out = []
+    if hidden:
+        listed = ", ".join(_esc(h) for h in hidden)
+        out.append(f'<p class="hidden-series">not shown: {listed}</p>')
+    if not groups:
+        return "".join(out) + "<p>No metric has a finite value that changes to plot.</p>"
     for group in groups:
-        data = base64.b64encode(render_group(run, group, dpi)).decode("ascii")
+        png = figure_png(draw_group(runs, group, dpi, labels))
+        data = base64.b64encode(png).decode("ascii")
         caption = f"<figcaption>{_esc(group.caption)}</figcaption>" if group.caption else ""
         out.append(
             f'<figure id="plot-{group.id}"><img alt="{_esc(group.title)}" '
@@ -878,10 +1221,41 @@ def _config_value(value: Any) -> str:
 
 
 def _config(run: RunData) -> str:
+    facts = run_facts(run)
+    out = ""
+    if facts:
+        rows = [[_td(_esc(k)), _td(_esc(v))] for k, v in facts.items()]
+        out += _table(None, rows, "facts")
     if run.config is None:
-        return '<p class="banner note">No config.yaml in this run.</p>'
-    rows = [[_td(_esc(k)), _td(_esc(_config_value(v)))] for k, v in run.config.items()]
-    return _table(["option", "value"], rows, "config")
+        return out + '<p class="banner note">No config.yaml in this run.</p>'
+    full = _table(
+        ["option", "value"],
+        ([_td(_esc(k)), _td(_esc(_config_value(v)))] for k, v in run.config.items()),
+        "config",
+    )
+    defaults = (run.info or {}).get("defaults")
+    if not isinstance(defaults, dict):
+        return (
+            out + '<p class="banner note">No run.json in this run (written by newer versions), '
+            "so the defaults it ran with are unknown: every option is shown.</p>" + full
+        )
+    changed = list(changed_defaults(defaults, run.config))  # both sides as they were written
+    rows = [
+        [
+            _td(_esc(k)),
+            _td(
+                f"<code>{_esc(_config_value(defaults[k]))}</code> → "
+                f"<b>{_esc(_config_value(run.config[k]))}</b>"
+            ),
+        ]
+        for k in changed
+    ]
+    out += f"<h3>Options changed from the defaults ({len(changed)})</h3>"
+    if rows:
+        out += _table(["option", "default → this run"], rows, "config-diff")
+    else:
+        out += "<p>None: the run used every default.</p>"
+    return out + f"<details><summary>All {len(run.config)} options</summary>{full}</details>"
 
 
 def _prompt_html(prompt: Any) -> str:
@@ -952,32 +1326,36 @@ def _completions(run: RunData) -> str:
     return "\n".join(out)
 
 
-def render_html(run: RunData, dpi: int = 110) -> str:
-    """The whole page as a string."""
-    groups = plot_groups(run)
-    name = run.run_dir.resolve().name or str(run.run_dir)
-    notes = "".join(f'<p class="banner note">{_esc(n)}</p>' for n in run.notes)
-    sections = [
-        ("summary", "Summary", _summary(run)),
-        ("warnings", "Warnings", _warnings(run)),
-        ("plots", "Plots", _plots(run, groups, dpi)),
-        ("config", "Configuration", _config(run)),
-        ("completions", "Example completions", _completions(run)),
-    ]
-    nav = "".join(f'<a href="#{sid}">{title}</a>' for sid, title, _ in sections)
+def _page(title: str, subtitle: str, top: str, sections: Sequence[tuple[str, str, str]]) -> str:
+    nav = "".join(f'<a href="#{sid}">{name}</a>' for sid, name, _ in sections)
     body = "\n".join(
-        f'<section id="{sid}"><h2>{title}</h2>\n{content}</section>'
-        for sid, title, content in sections
+        f'<section id="{sid}"><h2>{name}</h2>\n{content}</section>'
+        for sid, name, content in sections
     )
     return (
         "<!DOCTYPE html>\n"
-        f'<html lang="en"><head><meta charset="utf-8"><title>{REPORT_TITLE}: {_esc(name)}</title>'
+        f'<html lang="en"><head><meta charset="utf-8"><title>{REPORT_TITLE}: {_esc(title)}</title>'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<style>{CSS}</style><script>{SCRIPT}</script></head>\n"
-        f"<body><main><h1>{REPORT_TITLE}: {_esc(name)}</h1>"
-        f'<p class="sub">{_esc(run.run_dir.resolve())}</p><nav>{nav}</nav>'
-        f"{_warnings_banner(run)}{notes}\n{body}\n</main></body></html>\n"
+        f"<body><main><h1>{REPORT_TITLE}: {_esc(title)}</h1>"
+        f'<p class="sub">{_esc(subtitle)}</p>{top}<nav>{nav}</nav>\n{body}\n</main></body></html>\n'
     )
+
+
+def render_html(run: RunData, dpi: int = 110) -> str:
+    """The whole page as a string: the headline (held-out accuracy before -> after) first."""
+    groups, hidden = plot_plan([run])
+    name = run.run_dir.resolve().name or str(run.run_dir)
+    notes = "".join(f'<p class="banner note">{_esc(n)}</p>' for n in run.notes)
+    top = f'<section id="headline">{_headline(run)}</section>{_warnings_banner(run)}{notes}'
+    sections = [
+        ("summary", "Summary", _summary(run)),
+        ("warnings", "Warnings", _warnings(run)),
+        ("plots", "Plots", _plots([run], groups, hidden, dpi)),
+        ("config", "Run and configuration", _config(run)),
+        ("completions", "Example completions", _completions(run)),
+    ]
+    return _page(name, str(run.run_dir.resolve()), top, sections)
 
 
 def build_report(run_dir: str | Path, output: str | Path | None = None, dpi: int = 110) -> Path:
@@ -986,6 +1364,147 @@ def build_report(run_dir: str | Path, output: str | Path | None = None, dpi: int
     _matplotlib()  # fail before any work when the plots cannot be drawn
     target = Path(output) if output is not None else Path(run_dir) / "report.html"
     atomic_write_text(target, render_html(run, dpi))  # a reader never sees half a report
+    return target
+
+
+# ----------------------------------------------------------------------------------------------
+# Several runs side by side
+
+
+def run_labels(runs: Sequence[RunData]) -> list[str]:
+    """A short name per run for legends and columns: the folder's name, with its parent where
+    two runs share a name, and numbered where even that is not enough."""
+    paths = [run.run_dir.resolve() for run in runs]
+    labels = [p.name or str(p) for p in paths]
+    if len(set(labels)) < len(labels):
+        labels = [f"{p.parent.name}/{p.name}" for p in paths]
+    if len(set(labels)) < len(labels):
+        labels = [f"{i + 1}: {label}" for i, label in enumerate(labels)]
+    return labels
+
+
+def default_comparison_path(labels: Sequence[str], folder: str | Path = ".") -> Path:
+    """``compare-A-vs-B.html`` in ``folder``; ``-2``, ``-3``, ... where that file exists, so a
+    comparison never replaces an earlier one."""
+    stem = "compare-" + "-vs-".join(re.sub(r"[^A-Za-z0-9._-]+", "-", n) for n in labels)
+    stem = stem[:120].rstrip("-.")
+    path, n = Path(folder) / f"{stem}.html", 1
+    while path.exists():
+        n += 1
+        path = Path(folder) / f"{stem}-{n}.html"
+    return path
+
+
+def _compare_headline(runs: Sequence[RunData], labels: Sequence[str]) -> str:
+    rows = []
+    for run, label in zip(runs, labels, strict=True):
+        found = headline(run)
+        facts = run_facts(run)
+        if found is None:
+            scores = [_td("no evaluation"), _td("—", True), _td("—", True), _td("—", True)]
+        elif found.evaluations == 1:
+            last = f"{found.value(found.last)} <small>(step {found.last_step})</small>"
+            scores = [_td(_esc(found.label)), _td("—", True), _td(last, True), _td("—", True)]
+        else:
+            first = f"{found.value(found.first)} <small>(step {found.first_step})</small>"
+            last = f"<b>{found.value(found.last)}</b> <small>(step {found.last_step})</small>"
+            scores = [_td(_esc(found.label)), _td(first, True), _td(last, True)]
+            scores.append(_td(found.change(), True))
+        extra = [
+            _td(_esc(facts.get(k, "—")))
+            for k in ("steps", "wall time", "started", "groupwise", "device", "dtype")
+        ]
+        rows.append([_td(f"<b>{_esc(label)}</b>"), *scores, *extra])
+    header = ["run", "held-out metric", "before", "after", "change", "steps", "wall time",
+              "started", "groupwise", "device", "dtype"]  # fmt: skip
+    return _table(header, rows, "compare-headline")
+
+
+MISSING = object()  # an option a run's config.yaml does not have
+
+
+def config_differences(runs: Sequence[RunData]) -> dict[str, list[Any]]:
+    """Every option whose value is not the same in all runs (``MISSING`` where a run's
+    config.yaml lacks it), in the order the options first appear."""
+    keys = _keys(run.config or {} for run in runs)
+    found = {}
+    for key in keys:
+        values = [(run.config or {}).get(key, MISSING) for run in runs]
+        if any(v != values[0] for v in values[1:]):
+            found[key] = values
+    return found
+
+
+def _compare_config(runs: Sequence[RunData], labels: Sequence[str]) -> str:
+    out = ""
+    lacking = [label for run, label in zip(runs, labels, strict=True) if run.config is None]
+    if lacking:
+        out += (
+            f'<p class="banner note">No config.yaml in {_esc(", ".join(lacking))}: '
+            "its options are unknown (—).</p>"
+        )
+    differences = config_differences(runs)
+    if not differences:
+        return out + "<p>The runs used the same options.</p>"
+    rows = [
+        [_td(_esc(key))] + [_td("—" if v is MISSING else _esc(_config_value(v))) for v in values]
+        for key, values in differences.items()
+    ]
+    return out + _table(["option", *(_esc(label) for label in labels)], rows, "config-compare")
+
+
+def _compare_warnings(runs: Sequence[RunData], labels: Sequence[str]) -> str:
+    rows = []
+    for run, label in zip(runs, labels, strict=True):
+        if run.events is None:
+            text = "no events.jsonl"
+        elif not run.events:
+            text = "none"
+        else:
+            text = ", ".join(f"{g['kind']} ×{g['count']}" for g in _event_groups(run.events))
+        rows.append([_td(f"<b>{_esc(label)}</b>"), _td(_esc(text))])
+    return _table(["run", "warnings"], rows, "compare-warnings")
+
+
+def render_comparison(runs: Sequence[RunData], dpi: int = 110) -> str:
+    """One page comparing the runs: their headlines in one table, the options that differ,
+    every plot with the runs overlaid (a colour per run), and their warnings."""
+    labels = run_labels(runs)
+    groups, hidden = plot_plan(runs)
+    notes = "".join(
+        f'<p class="banner note">{_esc(label)}: {_esc(n)}</p>'
+        for run, label in zip(runs, labels, strict=True)
+        for n in run.notes
+    )
+    top = f'<section id="headline">{_compare_headline(runs, labels)}</section>{notes}'
+    sections = [
+        ("config", "Options that differ", _compare_config(runs, labels)),
+        ("plots", "Plots", _plots(runs, groups, hidden, dpi, labels)),
+        ("warnings", "Warnings", _compare_warnings(runs, labels)),
+    ]
+    title = "comparison of " + ", ".join(labels)
+    subtitle = " | ".join(str(run.run_dir.resolve()) for run in runs)
+    return _page(title, subtitle, top, sections)
+
+
+def build_comparison(
+    run_dirs: Sequence[str | Path], output: str | Path | None = None, dpi: int = 110
+) -> Path:
+    """Write one page comparing ``run_dirs`` to ``output`` (default: a new
+    ``compare-A-vs-B.html`` in the current folder, see :func:`default_comparison_path`)."""
+    seen: dict[Path, str] = {}
+    for run_dir in run_dirs:
+        resolved = Path(run_dir).resolve()
+        if resolved in seen:
+            raise ReportError(
+                f"run directory {run_dir} is given twice (also as {seen[resolved]}); "
+                "expected different runs to compare"
+            )
+        seen[resolved] = str(run_dir)
+    runs = [load_run(run_dir) for run_dir in run_dirs]
+    _matplotlib()
+    target = Path(output) if output is not None else default_comparison_path(run_labels(runs))
+    atomic_write_text(target, render_comparison(runs, dpi))
     return target
 
 
@@ -1086,24 +1605,35 @@ def check_in_browser(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``groupwise report RUN_DIR [--output FILE]``."""
+    """``groupwise report RUN_DIR [RUN_DIR ...] [--output FILE]``."""
     parser = argparse.ArgumentParser(
         prog="groupwise report",
         description="Write a self-contained HTML report (plots, warnings, config, samples) of a "
-        "training run folder.",
+        "training run folder; given several run folders, one page comparing them.",
     )
-    parser.add_argument("run_dir", help="a training output_dir (with metrics.jsonl)")
-    parser.add_argument("--output", "-o", help="the HTML file to write (RUN_DIR/report.html)")
+    parser.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="a training output_dir (with metrics.jsonl)"
+    )
+    parser.add_argument(
+        "--output",
+        "-o",
+        help="the HTML file to write (one run: RUN_DIR/report.html; several: a new "
+        "compare-A-vs-B.html in the current folder, numbered rather than replacing one)",
+    )
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 2
+    replacing = args.output is not None and Path(args.output).exists()
     try:
-        path = build_report(args.run_dir, args.output)
+        if len(args.run_dirs) == 1:
+            path = build_report(args.run_dirs[0], args.output)
+        else:
+            path = build_comparison(args.run_dirs, args.output)
     except (ReportError, OSError) as err:
         print(f"groupwise report: error: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {path}")
+    print(f"wrote {path}" + (" (replacing the file that was there)" if replacing else ""))
     return 0
 
 

@@ -70,6 +70,7 @@ from .loggers import RunLoggers
 from .models import adapter_base_name, is_peft_model, record_adapter_base
 from .monitor import TrainingMonitor
 from .policy import CheckpointMismatch, Policy, UpdateStats, optimizer_steps
+from .report import changed_defaults, record_run_end, record_run_start
 from .rewards import RewardFunc, RewardModel
 from .rollout import Rollout
 from .rollout.multiturn import conversation_logs
@@ -1006,6 +1007,8 @@ class Trainer:
             args.to_yaml(self.output_dir / "config.yaml")
             # Reward names, weights and which one is correctness, for `groupwise report`.
             self.scorer.combine.write_manifest(self.output_dir / "rewards.json")
+            # Version, device, dtype, dates, wall time and the changed options' defaults, too.
+            segment_start = record_run_start(self.output_dir, self._run_facts(), not fresh)
         if self.loggers is None and args.report_to and self.dist.is_main:
             self.loggers = RunLoggers(
                 self.output_dir,
@@ -1039,6 +1042,8 @@ class Trainer:
             self._callback("on_log", logs=dict(row))  # before on_train_end, as transformers
             self._callback("on_train_end")
         finally:
+            if self.dist.is_main:
+                record_run_end(self.output_dir, segment_start)
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
             if self.loggers is not None:
@@ -1065,6 +1070,23 @@ class Trainer:
             "train_steps_per_second": round(steps / seconds, 3),
             "train_loss": sum(losses) / len(losses) if losses else math.nan,
             "epoch": self.state.epoch,
+        }
+
+    def _run_facts(self) -> dict[str, Any]:
+        """What ``run.json`` records besides dates (``groupwise report`` shows it)."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            release = version("groupwise")
+        except PackageNotFoundError:  # a source checkout that was never installed
+            release = "unknown"
+        return {
+            "groupwise_version": release,
+            "device": str(self.device),
+            "world_size": self.dist.world_size,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "precision": self.precision.name,
+            "defaults": changed_defaults(GRPOConfig().to_dict(), self.args.to_dict()),
         }
 
     def _train_loop(self) -> None:
