@@ -11,6 +11,7 @@ import random
 import re
 import shutil
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from groupwise import report
-from groupwise.report import ReportError, build_report, check_in_browser, main
+from groupwise.report import ReportError, build_report, check_in_browser, main, panels
 
 STEPS = 30
 # The figures a full run without a curriculum must have, and the extra ones with a curriculum.
@@ -737,7 +738,7 @@ def test_configuration_as_changes_from_defaults_with_run_facts(tmp_path):
 
 def test_run_info_keeps_first_start_and_adds_up_wall_time(tmp_path, monkeypatch):
     clock = iter([1000.0, 1010.5, 2000.0, 2004.0])
-    monkeypatch.setattr(report.time, "time", lambda: next(clock))
+    monkeypatch.setattr(report.record.time, "time", lambda: next(clock))
     start = report.record_run_start(tmp_path, {"device": "cpu"}, resumed=False)
     report.record_run_end(tmp_path, start)
     first = json.loads((tmp_path / "run.json").read_text())
@@ -873,3 +874,169 @@ def test_browser_renders_comparison_cleanly(compared, tmp_path):
     _, a, b = compared
     path = report.build_comparison([a, b], tmp_path / "c.html", dpi=40)
     assert check_in_browser(path) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# The table of figures
+
+STYLES = {"smooth", "raw", "points", "stack"}
+# One value per placeholder of the table, for a synthetic run that logs every series.
+SAMPLE = {
+    "reward": "accuracy_reward",
+    "correct": "accuracy_reward",
+    "bin": "0",
+    "score": "pass@1",
+    "level": "easy",
+    "difficulty_metric": "pass@1",
+}
+
+
+def _table_series():
+    for figure in panels.FIGURES:
+        for panel in figure.panels:
+            for spec in panel.series:
+                yield figure, panel, spec
+
+
+def _sample_key(template: str) -> str:
+    for name, value in SAMPLE.items():
+        template = template.replace("{" + name + "}", value)
+    return template
+
+
+def test_the_table_of_figures_is_well_formed():
+    ids = [figure.id for figure in panels.FIGURES]
+    assert len(ids) == len(set(ids))
+    placeholders = set(panels.EACH) | set(panels.CHOSEN)
+    assert set(SAMPLE) == placeholders
+    for figure in panels.FIGURES:
+        assert figure.panels and set(figure.needs) <= set(panels.CHOSEN), figure.id
+        for text in [figure.title, *(panel.ylabel for panel in figure.panels)]:
+            assert set(panels.placeholders(text)) <= set(figure.needs), (figure.id, text)
+        # The panels of a figure share its x axis (and draw_group labels it from the last one).
+        assert len({panel.x for panel in figure.panels}) == 1, figure.id
+        keys = [spec.key for panel in figure.panels for spec in panel.series]
+        assert len(keys) == len(set(keys)), figure.id
+        for panel in figure.panels:
+            assert panel.series and panel.style in STYLES, (figure.id, panel.ylabel)
+            assert panel.x in ("step", "tokens"), (figure.id, panel.ylabel)
+            if panel.style == "stack":  # the phases stack up to the whole step's time
+                assert "time/step" in [spec.key for spec in panel.series], figure.id
+    for figure, _, spec in _table_series():
+        names = panels.placeholders(spec.key)
+        assert set(names) <= placeholders, (figure.id, spec.key)
+        assert sum(name in panels.EACH for name in names) <= 1, (figure.id, spec.key)
+        assert set(panels.placeholders(spec.label)) <= set(names), (figure.id, spec.label)
+        # A label override picks one value of a series repeated per logged name.
+        assert not spec.labels or any(name in panels.EACH for name in names), spec.key
+    for key in set(panels.SWITCHED_OFF) | set(panels.EXPECTED):
+        assert key in {spec.key for _, _, spec in _table_series()}, key
+
+
+def test_every_series_of_the_table_is_a_metric_the_trainer_logs():
+    # A renamed metric fails here rather than silently vanishing from the report: every fixed
+    # key is a string literal of the trainer's sources (eval/ keys: the evaluation's names,
+    # which the trainer prefixes), and the fixed part of a repeated one appears in them.
+    src = Path(report.__file__).parents[1]
+    source = "\n".join(
+        p.read_text(encoding="utf-8")
+        for p in src.rglob("*.py")
+        if p.relative_to(src).parts[0] != "report"
+    )
+    missing = []
+    for figure, _, spec in _table_series():
+        key = spec.key.removeprefix("eval/")
+        if not panels.placeholders(key):
+            found = f'"{key}"' in source
+        else:
+            fixed = [part for part in re.split(r"\{\w+\}", key) if part]
+            found = all(part in source for part in fixed)
+        if not found:
+            missing.append(f"{figure.id}: {spec.key}")
+    assert missing == []
+
+
+def test_every_figure_of_the_table_renders(tmp_path):
+    # A synthetic run that logs every series of the table (values that change, so none is
+    # hidden as constant): every figure is planned, with every series, and draws.
+    keys = list(dict.fromkeys(_sample_key(spec.key) for _, _, spec in _table_series()))
+    train_keys = [k for k in keys if not k.startswith("eval/")]
+    eval_keys = [k for k in keys if k.startswith("eval/")]
+    rows = []
+    for step in range(13):
+        if step:
+            row = {"step": step, "compute/generated_tokens_total": 100.0 * step}
+            row.update({k: (step * (i + 2)) % 7 + step / 10 for i, k in enumerate(train_keys)})
+            rows.append(row)
+        if step % 4 == 0:
+            rows.append({"step": step, **{k: step / (i + 20) for i, k in enumerate(eval_keys)}})
+    run = _write_metrics(tmp_path / "all", rows)
+    flagged = [{"name": "accuracy_reward", "weight": 1.0, "is_correctness": True}]
+    (run / "rewards.json").write_text(json.dumps(flagged))
+    data = report.load_run(run)
+    groups, hidden = report.plot_plan([data])
+    assert [g.id for g in groups] == [figure.id for figure in panels.FIGURES]
+    assert hidden == []
+    shown = {line.key: line.label for g in groups for p in g.panels for line in p.lines}
+    assert set(shown) == set(keys)
+    assert shown["curriculum/weight_bin_0"] == "bin 0 (hardest)"
+    assert [g.title for g in groups if g.id == "accuracy"] == ["Accuracy (accuracy_reward)"]
+    for group in groups:
+        fig = report.draw_group([data], group, dpi=20)
+        assert len(fig.axes) == len(group.panels), group.id
+        assert report.figure_png(fig)[:8] == b"\x89PNG\r\n\x1a\n", group.id
+
+
+def test_table_placeholders_expand_per_logged_name_in_order(tmp_path):
+    # Reward components keep the order they were logged in; bins and eval scores sort by
+    # number (bin 10 after bin 2, pass@16 after pass@2); the difficulty plot takes pass@1.
+    rows = [
+        {
+            "step": s,
+            "reward": s,
+            "rewards/zeta/mean": s,
+            "rewards/alpha/mean": 2 * s,
+            "curriculum/weight_bin_10": s,
+            "curriculum/weight_bin_2": -s,
+        }
+        for s in range(1, 5)
+    ]
+    rows.append(
+        {
+            "step": 4,
+            "eval/pass@16": 0.5,
+            "eval/pass@2": 0.25,
+            "eval/difficulty_b/pass@1": 0.5,
+            "eval/difficulty_a/pass@1": 0.25,
+            "eval/difficulty_a/accuracy": 0.125,
+        }
+    )
+    data = report.load_run(_write_metrics(tmp_path / "order", rows))
+    groups = {g.id: g for g in report.candidate_groups([data])}
+    assert [line.label for line in groups["reward"].panels[0].lines] == ["total", "zeta", "alpha"]
+    assert [line.label for line in groups["curriculum_weights"].panels[0].lines] == [
+        "bin 2",
+        "bin 10",
+    ]
+    assert [line.key for line in groups["eval"].panels[0].lines] == [
+        "eval/reward",
+        "eval/pass@2",
+        "eval/pass@16",
+    ]
+    difficulty = groups["eval_difficulty"].panels[0]
+    assert difficulty.ylabel == "pass@1"
+    assert [line.label for line in difficulty.lines] == ["difficulty a", "difficulty b"]
+    assert "accuracy" not in groups  # no correctness reward: no accuracy figure
+
+
+def test_importing_the_report_leaves_matplotlib_unloaded():
+    # The trainer imports report.record at start-up; matplotlib loads only to draw.
+    code = (
+        "import sys\n"
+        "import groupwise.report.record\n"
+        "import groupwise.report\n"
+        "print('LOADED', 'matplotlib' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "LOADED False" in result.stdout

@@ -270,8 +270,9 @@ def _imports(path: Path) -> set[str]:
 
 # Layers, bottom to top: a module may import from its own layer and the ones below.
 LAYERS = [
-    {"core", "logprobs", "data", "models", "monitor", "loggers", "report", "files",
-     "memory.plan", "errors", "imports", "console"},
+    {"core", "logprobs", "data", "models", "monitor", "loggers", "files", "memory.plan",
+     "errors", "imports", "console", "report", "report.record", "report.load", "report.panels",
+     "report.plot", "report.html", "report.compare", "report.browser"},
     {"distributed", "rollout", "rewards", "batching", "tools", "precision", "reference"},
     {"curriculum", "tasks", "evaluation", "sampler"},
     {"config", "trl_compat"},
@@ -301,3 +302,29 @@ def test_imports_only_run_downward():
             if _layer(target) > _layer(module):
                 upward.append(f"{module} -> {target}")
     assert upward == []
+
+
+# Inside the report package, bottom to top: the trainer imports report.record (run.json), which
+# needs none of the reading, the table of figures, the plotting or the pages.
+REPORT_PARTS = ["report.record", "report.load", "report.panels", "report.plot", "report.html",
+                "report.compare", "report.browser", "report"]  # fmt: skip
+
+
+def _report_part(module: str) -> int:
+    for depth in range(module.count(".") + 1, 0, -1):
+        prefix = ".".join(module.split(".")[:depth])
+        if prefix in REPORT_PARTS:
+            return REPORT_PARTS.index(prefix)
+    raise AssertionError(f"{module} is in no part of the report; add it to REPORT_PARTS")
+
+
+def test_report_parts_import_only_earlier_parts():
+    upward = []
+    for path in (SRC / "report").glob("*.py"):
+        module = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        module = module.removesuffix(".__init__").removesuffix(".__main__")
+        for target in _imports(path):
+            if target.split(".")[0] == "report" and _report_part(target) > _report_part(module):
+                upward.append(f"{module} -> {target}")
+    assert upward == []
+    assert _imports(SRC / "report" / "record.py") == {"files"}

@@ -70,7 +70,7 @@ from .loggers import RunLoggers
 from .models import adapter_base_name, is_peft_model, record_adapter_base
 from .monitor import TrainingMonitor
 from .policy import CheckpointMismatch, Policy, UpdateStats, optimizer_steps
-from .report import changed_defaults, record_run_end, record_run_start
+from .report.record import changed_defaults, record_run_end, record_run_start
 from .rewards import RewardFunc, RewardModel
 from .rollout import Rollout
 from .rollout.multiturn import conversation_logs
