@@ -63,9 +63,11 @@ class TargetToken:
         return [sum(t == self.target for t in ids) / len(ids) for ids in completion_ids]
 
 
-class StepBeforeCurriculumRework(GRPOTrainer):
-    """GRPOTrainer.train_step as it was before the curriculum rework (commit 9879567), verbatim: the
-    reference that steps_per_generation and dynamic sampling, when off, must reproduce bitwise."""
+class PlainStepTrainer(GRPOTrainer):
+    """The GRPO step in its plainest form: plan, generate, score, advantages, ``num_iterations``
+    passes over one prepared batch, observe; no mini-batches per generation, no dynamic sampling,
+    no top-up. The reference that steps_per_generation and dynamic sampling, when off, must
+    reproduce bitwise."""
 
     def train_step(self):
         timer = PhaseTimer()

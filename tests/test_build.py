@@ -178,7 +178,8 @@ def test_the_config_does_not_import_the_tasks_or_the_rewards():
 
 
 def test_the_import_check_sees_relative_and_guarded_imports(tmp_path):
-    # The checker itself must catch the forms the old registry used.
+    # A registry can hide a dependency behind TYPE_CHECKING or inside a function: the checker
+    # must see relative imports in both places.
     sample = tmp_path / "registry.py"
     sample.write_text(
         "from typing import TYPE_CHECKING\n"

@@ -1,6 +1,6 @@
 """DAPO dynamic sampling (groupwise.dynamic): the informative-group test by hand, selection and
 trimming, the loop on the real trainer (uniform groups never reach the loss, the cap), default
-off is today's step, exact resume, and 2 ranks against one process."""
+off is the plain step, exact resume, and 2 ranks against one process."""
 
 import json
 import math
@@ -10,9 +10,8 @@ import textwrap
 import pytest
 import torch
 
-from conftest import StepBeforeCurriculumRework
+from conftest import PlainStepTrainer
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.build import Scores
 from groupwise.config import ConfigError
 from groupwise.curriculum import Plan, PromptBatch
 from groupwise.dynamic import (
@@ -25,6 +24,7 @@ from groupwise.dynamic import (
 )
 from groupwise.rollout import Rollout
 from groupwise.run import PhaseTimer
+from groupwise.scoring import Scores
 
 # ----------------------------------------------------------------------------------------------
 # Pure helpers, by hand
@@ -333,14 +333,14 @@ def _same_weights(a, b):
         assert torch.equal(p, q), name
 
 
-def test_default_off_is_todays_step_bitwise(tmp_path):
-    today = StepBeforeCurriculumRework("tiny-random", [correct, shaped], ROWS,
-                       args=_args(tmp_path / "a", dynamic_sampling=False))  # fmt: skip
-    now = GRPOTrainer("tiny-random", [correct, shaped], ROWS,
-                      args=_args(tmp_path / "b", dynamic_sampling=False))  # fmt: skip
-    today.train(), now.train()
-    a, b = today.log_history, now.log_history
-    _same_weights(today, now)
+def test_off_is_the_plain_step_bitwise(tmp_path):
+    plain = PlainStepTrainer("tiny-random", [correct, shaped], ROWS,
+                             args=_args(tmp_path / "a", dynamic_sampling=False))  # fmt: skip
+    trainer = GRPOTrainer("tiny-random", [correct, shaped], ROWS,
+                          args=_args(tmp_path / "b", dynamic_sampling=False))  # fmt: skip
+    plain.train(), trainer.train()
+    a, b = plain.log_history, trainer.log_history
+    _same_weights(plain, trainer)
     assert _untimed(a) == _untimed(b) and not any(k.startswith("dynamic/") for k in b[0])
 
 

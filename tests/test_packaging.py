@@ -38,8 +38,8 @@ GPU_ONLY_EXTRAS = ("vllm",)
 PLATFORM = "x86_64-manylinux_2_28"
 PYTHONS = ("3.11", "3.12")
 
-# pyproject.toml's requirements before they became ranges: exact pins on torch 2.13.0 and
-# transformers 5.23.0, both outside what vLLM 0.33.0 accepts.
+# Exact pins on torch 2.13.0 and transformers 5.23.0, both outside what vLLM 0.33.0 accepts: the
+# co-install check must reject them, or it would pass any requirement list.
 EXACT_PINS = [
     "torch==2.13.0",
     "transformers==5.23.0",
@@ -272,13 +272,13 @@ def test_declared_requirements_coinstall_with_vllm(index, scratch, python):
 
 def test_exact_pins_conflict_with_vllm(index, scratch):
     result = resolve(EXACT_PINS + [VLLM], PYTHONS[0], scratch)
-    assert result.returncode != 0, "the former exact pins resolved next to vLLM"
+    assert result.returncode != 0, "exact pins outside vLLM's ranges resolved next to it"
     assert "torch==2.13.0" in result.stderr and "vllm==0.33.0" in result.stderr, result.stderr
 
 
 def test_a_transformers_pin_outside_vllms_range_is_reported(index, scratch):
-    # The check names each conflict, not only the first: with torch a range, transformers'
-    # former pin is the one left.
+    # The check names each conflict, not only the first: with torch a range, a transformers pin
+    # outside vLLM's range is the one left.
     requirements = [
         "transformers==5.23.0" if canonicalize_name(r.name) == "transformers" else str(r)
         for r in declared(user_extras())

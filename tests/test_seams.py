@@ -268,17 +268,26 @@ def _imports(path: Path) -> set[str]:
     return {f for f in found if f}
 
 
-# Layers, bottom to top: a module may import from its own layer and the ones below.
+# Layers, bottom to top: a module may import from its own layer and the ones below. The error
+# types sit under everything; the TRL option names under the config that translates them; the
+# reward functions under the engines (rewards score text, never a Rollout) and scoring above
+# both, joining a rollout's completions to the rows' columns.
 LAYERS = [
-    {"core", "logprobs", "data", "models", "monitor", "loggers", "files", "memory.plan",
-     "errors", "imports", "console", "report", "report.record", "report.load", "report.panels",
-     "report.plot", "report.html", "report.compare", "report.browser"},
-    {"distributed", "rollout", "rewards", "batching", "tools", "precision", "reference"},
+    {"errors"},
+    {"imports", "files", "console", "trl_compat"},
+    {"core", "logprobs", "data", "models", "monitor", "loggers", "report", "memory.plan",
+     "report.record", "report.load", "report.panels", "report.plot", "report.html",
+     "report.compare", "report.browser"},
+    {"rewards"},
+    {"distributed", "tools", "precision", "reference"},
+    {"rollout", "batching"},
+    {"scoring"},
     {"curriculum", "tasks", "evaluation", "sampler"},
-    {"config", "trl_compat"},
+    {"dynamic", "topup"},
+    {"config"},
     {"policy", "checkpoint"},
     {"build"},
-    {"run", "dynamic", "topup"},
+    {"run"},
     {"trainer", "ppo"},
     {"memory", "cli", "__init__", "__main__"},
 ]  # fmt: skip

@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from conftest import StepBeforeCurriculumRework
+from conftest import PlainStepTrainer
 from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
 from groupwise.batching import minibatch_prompts, select_prompts
 from groupwise.config import ConfigError
@@ -136,7 +136,7 @@ def test_equal_prompt_weighting_is_eq_17_by_hand():
     batch = PromptBatch([7, 9], slice(0, 2), [{}, {}], [[1], [1]])
     rollout = _rollout([0, 0, 1, 1, 1, 1, 1, 1], 2)
     plan = Plan(batch, [2, 6], [1.0, 1.0])
-    assert plan.row_weights(rollout) is None  # rollouts: today's row mean
+    assert plan.row_weights(rollout) is None  # prompt_weighting="rollouts": the plain row mean
     weights = plan.row_weights(rollout, "equal")
     assert weights.tolist() == pytest.approx([2.0] * 2 + [2 / 3] * 6)
     advantages = torch.tensor([3.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 6.0])
@@ -183,10 +183,10 @@ def test_one_definition_of_informative_serves_metric_dynamic_sampling_and_curric
     from types import SimpleNamespace
 
     from groupwise import core, dynamic, run, topup
-    from groupwise.build import Scores
     from groupwise.config import GRPOConfig
     from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum
     from groupwise.distributed import DistributedContext
+    from groupwise.scoring import Scores
 
     assert dynamic.informative_groups is core.informative_groups
     assert topup.informative_groups is core.informative_groups
@@ -234,7 +234,7 @@ def test_verl_throughput_by_hand():
 
 
 # ----------------------------------------------------------------------------------------------
-# The default is the step as it was
+# The default is the plain step
 
 
 @pytest.mark.parametrize(
@@ -245,17 +245,16 @@ def test_verl_throughput_by_hand():
         dict(curriculum="rollout_gdro", rollout_min=2, rollout_max=6, steps_per_generation=1),
     ],
 )
-def test_default_reproduces_the_previous_step_bitwise(tmp_path, extra):
-    new = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "a", **extra))
-    old = StepBeforeCurriculumRework(
-        "tiny-random", _reward, ROWS, args=_args(tmp_path / "b", **extra)
-    )
-    new.train(), old.train()
-    new_logs, old_logs = new.log_history, old.log_history
-    assert [_without_timing(r) for r in new_logs] == [_without_timing(r) for r in old_logs]
-    for (name, p), q in zip(new.model.named_parameters(), old.model.parameters(), strict=True):
+def test_default_reproduces_the_plain_step_bitwise(tmp_path, extra):
+    trainer = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "a", **extra))
+    plain = PlainStepTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "b", **extra))
+    trainer.train(), plain.train()
+    logs, plain_logs = trainer.log_history, plain.log_history
+    assert [_without_timing(r) for r in logs] == [_without_timing(r) for r in plain_logs]
+    params = zip(trainer.model.named_parameters(), plain.model.parameters(), strict=True)
+    for (name, p), q in params:
         assert torch.equal(p, q), name
-    assert new.optimizer.state_dict()["state"][0]["step"] == 2 * new.args.num_iterations
+    assert trainer.optimizer.state_dict()["state"][0]["step"] == 2 * trainer.args.num_iterations
 
 
 # ----------------------------------------------------------------------------------------------

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from groupwise.build import Scores
 from groupwise.config import ConfigError, GRPOConfig
 from groupwise.curriculum import Plan, PromptBatch
 from groupwise.rollout import Rollout
+from groupwise.scoring import Scores
 from groupwise.topup import TopUp, first_round, next_round
 from test_select import ROWS, _parity
 from test_select import _args as select_args

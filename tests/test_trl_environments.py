@@ -10,8 +10,8 @@ import torch
 from conftest import tiny_config
 from groupwise import GRPOTrainer
 from groupwise.config import ConfigError
-from groupwise.rewards.combine import score_rollout
 from groupwise.rollout.multiturn import with_observation
+from groupwise.scoring import score_rollout
 from groupwise.tools.calls import ToolCall, format_tool_call
 from groupwise.tools.environment import (
     PLACEHOLDER_PROMPT,

@@ -32,11 +32,9 @@ Options come from the run's config, so one YAML file describes the whole reward.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
 import functools
 import importlib.util
-import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -55,10 +53,10 @@ from .imports import import_callable, is_import_spec
 from .models import is_peft_model, load_model_and_tokenizer
 from .policy import Policy, apply_lora
 from .precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
-from .rewards import RewardFunc, correctness_index, reward_func_name
-from .rewards.combine import RewardScorer, score_rollout
-from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams, eos_token_ids
+from .rewards import RewardFunc, reward_func_name
+from .rollout import HFEngine, RolloutEngine, SamplingParams, eos_token_ids
 from .rollout.multiturn import MultiTurnEngine, TurnLimits
+from .scoring import RolloutScorer
 from .tools import ENVIRONMENTS, Environment, ToolBox, ToolEnvironment, resolve_tools
 from .tools.calls import TOOL_CALL_CLOSE
 from .tools.environment import (
@@ -328,88 +326,6 @@ def reward_model(
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=args.trust_remote_code)
     name = Path(str(path).rstrip("/\\")).name if path else type(model).__name__
     return RewardModel(model, tokenizer, device=device, name=name)
-
-
-@dataclass
-class Scores:
-    """A rollout's rewards: the weighted total [N] (NaN where every function returned None),
-    each function's [N, F] (NaN for None), and the correctness score [N]: the column of the
-    reward that declares correctness, or the total when none does."""
-
-    rewards: torch.Tensor
-    per_func: torch.Tensor
-    correctness: torch.Tensor
-    # Columns reward functions logged with TRL's log_extra, one value per completion.
-    extra: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
-
-
-class RolloutScorer:
-    """The run's reward functions, called on a rollout with the dataset rows' columns."""
-
-    def __init__(self, funcs: Sequence[RewardFunc], weights: Sequence[float], **kwargs: Any):
-        self.funcs = list(funcs)
-        self.names = [reward_func_name(f) for f in self.funcs]
-        self.combine = RewardScorer(self.funcs, list(weights), **kwargs)
-        # The first function that declares itself the correctness signal (``is_correctness``):
-        # the curriculum's "correct", the monitor's accuracy.
-        self.correctness_index = correctness_index(self.funcs)
-
-    @property
-    def correctness_name(self) -> str | None:
-        j = self.correctness_index
-        return self.names[j] if j is not None else None
-
-    def __call__(self, rows: Sequence[dict[str, Any]], rollout: Rollout) -> Scores:
-        rewards, per_func = score_rollout(self.combine, rows, rollout)
-        j = self.correctness_index
-        correctness = per_func[:, j] if j is not None else rewards
-        return Scores(rewards, per_func, correctness, dict(self.combine.last_extra))
-
-    def state_dict(self) -> dict[str, Any]:
-        stats = {}
-        for name, func in zip(self.names, self.funcs, strict=True):
-            value = getattr(func, "stats", None)
-            if dataclasses.is_dataclass(value) and not isinstance(value, type):
-                stats[name] = dataclasses.asdict(value)
-            elif isinstance(value, dict):
-                stats[name] = dict(value)
-        errors = {k: dict(v) for k, v in self.combine.error_counts.items()}
-        return {"reward_errors": errors, "reward_stats": stats}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name, counts in state.get("reward_errors", {}).items():
-            self.combine.error_counts[name] = type(self.combine.error_counts[name])(counts)
-        for name, func in zip(self.names, self.funcs, strict=True):
-            saved = state.get("reward_stats", {}).get(name)
-            current = getattr(func, "stats", None)
-            if saved is None or current is None:
-                continue
-            if isinstance(current, dict):
-                current.update(saved)
-            else:
-                for key, value in saved.items():
-                    setattr(current, key, value)
-
-    def logs(self, per_func: torch.Tensor) -> dict[str, float]:
-        """Per reward function: mean, std, fraction None, errors and the function's own
-        counters (remote failures, sandbox timeouts, ...)."""
-        logs: dict[str, float] = {}
-        errors = self.combine.error_summary()
-        for j, name in enumerate(self.names):
-            column = per_func[:, j]
-            valid = column[~torch.isnan(column)]
-            logs[f"rewards/{name}/mean"] = float(valid.mean()) if valid.numel() else math.nan
-            logs[f"rewards/{name}/std"] = float(valid.std()) if valid.numel() > 1 else 0.0
-            logs[f"rewards/{name}/frac_none"] = 1.0 - valid.numel() / max(column.numel(), 1)
-            logs[f"rewards/{name}/errors"] = errors[name]
-            stats = getattr(self.funcs[j], "stats", None)
-            if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
-                stats = dataclasses.asdict(stats)
-            if isinstance(stats, dict):
-                for key, value in stats.items():
-                    if isinstance(value, (int, float)) and not isinstance(value, bool):
-                        logs[f"rewards/{name}/{key}"] = float(value)
-        return logs
 
 
 def build_scorer(

@@ -17,7 +17,7 @@ from .config import (
     parse_cli_overrides,
     unused_dir,
 )
-from .errors import DataError, OutputDirError, UserError, cli_style
+from .errors import DataError, OutputDirError, UserError, cli_style, first_line
 
 # Only light modules are imported here: torch and transformers take seconds to import, and
 # `groupwise --help` or a mistyped option needs neither. Each command imports what it uses.
@@ -162,7 +162,7 @@ def _arithmetic(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
 
 def _task_rows(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
     from .build import GUESS_TASK, default_reward_names
-    from .data import TASKS
+    from .tasks import TASKS, build_task
 
     if _is_data_file(args.task):
         if not os.path.exists(args.task):
@@ -187,12 +187,7 @@ def _task_rows(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
             guess_number_dataset(args.num_eval_prompts, "eval") if args.num_eval_prompts else None
         )
         return train, evals
-    try:
-        from .tasks import TASKS as BUILTIN_TASKS
-        from .tasks import build_task
-    except ImportError:
-        BUILTIN_TASKS, build_task = TASKS, None
-    if build_task is not None and args.task in BUILTIN_TASKS:
+    if args.task in TASKS:
         train = build_task(
             args.task, args.num_train_prompts, "train", seed=args.seed, few_shot=args.few_shot
         )
@@ -207,7 +202,7 @@ def _task_rows(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
         check_reward_columns(train, default_reward_names(args), f"task={args.task!r}")
         return train, evals
     raise ConfigError(
-        f"task={args.task!r} is neither a built-in task {sorted(BUILTIN_TASKS)} nor a data file "
+        f"task={args.task!r} is neither a built-in task {sorted(TASKS)} nor a data file "
         "(.jsonl, .json, .csv, .parquet, or a saved datasets folder)"
     )
 
@@ -287,7 +282,7 @@ def _hub_rows(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
     try:
         loaded = datasets.load_dataset(name)
     except Exception as err:  # noqa: BLE001 - network, missing dataset, bad config: all named
-        text = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+        text = first_line(err)
         raise DataError(
             f"task={name!r} is no local file or folder, and loading it from the Hugging Face "
             f"hub failed ({type(err).__name__}: {text}); {local}"
@@ -436,18 +431,17 @@ def _config_from_argv(argv: list[str], base: dict[str, Any] | None = None) -> GR
 def run_train(args: GRPOConfig) -> dict[str, float]:
     from .build import default_reward_names
     from .checkpoint import check_output_dir
+    from .ppo import PPOTrainer
+    from .trainer import GRPOTrainer
 
-    if args.algorithm == "ppo":
-        from .ppo import PPOTrainer as GRPOTrainer
-    else:
-        from .trainer import GRPOTrainer
+    trainer_class = PPOTrainer if args.algorithm == "ppo" else GRPOTrainer
 
     # Everything checkable without the model is checked first (a model can take minutes).
     # Without an output_dir the trainer names a new folder (the same on every rank).
     if args.output_dir is not None:
         check_output_dir(args.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir)
     train, evals = build_datasets(args)
-    trainer = GRPOTrainer(
+    trainer = trainer_class(
         args.model, default_reward_names(args), train, args=args, eval_dataset=evals
     )
     trainer.train_dataset = apply_long_prompt_policy(train, trainer.tokenizer, args)

@@ -761,5 +761,3 @@ def count_long_prompts(
     (with ``long_prompts: truncate`` the trainer cuts their start)."""
     return sum(len(_prompt_token_ids(row["prompt"], tokenizer)) > max_prompt_length for row in rows)
 
-
-TASKS = ("arithmetic",)

@@ -35,11 +35,11 @@ import torch
 from torch import Tensor
 
 from .batching import pick
-from .build import Scores
 from .core import informative_groups
 from .curriculum import Plan, PromptBatch
 from .distributed import DistributedContext, all_gather_objects
 from .rollout import Rollout
+from .scoring import Scores
 
 
 class Draw(NamedTuple):

@@ -34,6 +34,14 @@ def option(cli: str, python: str) -> str:
     return cli if _CLI_STYLE.get() else python
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message (its ``repr`` when the message is empty): a library's
+    exception quoted inside one of these errors' one-paragraph messages, without its traceback
+    or the pages of detail some libraries append."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else repr(err)
+
+
 class UserError(Exception):
     """An error the user can fix; the message says what and where."""
 

@@ -43,8 +43,9 @@ from .core import pass_at_k
 from .data import tokenize_prompts
 from .files import atomic_write_text
 from .rewards.basic import correctness_index
-from .rewards.combine import RewardScorer, score_rollout
+from .rewards.combine import RewardScorer
 from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams
+from .scoring import score_rollout
 
 DEFAULT_THRESHOLD = 1.0 - 1e-6
 

@@ -32,7 +32,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from .errors import ModelLoadError
+from .errors import ModelLoadError, first_line
 from .files import atomic_write_text
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -347,7 +347,7 @@ def load_model_and_tokenizer(
             model = AutoModelForCausalLM.from_pretrained(name_or_path, **placement, **trust)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(name_or_path, **trust)
         except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+            reason = first_line(err)
             if not trust_remote_code and "trust_remote_code" in str(err):
                 raise ModelLoadError(
                     f"model {name_or_path!r} could not be loaded: {reason} It runs its own Python "

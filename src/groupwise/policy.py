@@ -53,6 +53,7 @@ from .distributed import (
     max_over_ranks,
     shard_fsdp,
 )
+from .errors import first_line
 from .logprobs import completion_logprobs
 from .precision import Precision
 from .reference import Reference
@@ -738,7 +739,7 @@ class Policy(Trainable):
             try:
                 weights.update(load_file(file))
             except Exception as err:  # noqa: BLE001 - a damaged file is named, not traced
-                message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+                message = first_line(err)
                 raise CheckpointMismatch(
                     f"{file.name} cannot be read ({type(err).__name__}: {message}): the file is "
                     "damaged; resume from an earlier checkpoint, or start over"

@@ -41,7 +41,6 @@ from transformers.trainer_utils import TrainOutput
 from . import checkpoint as ckpt
 from . import console
 from .build import (
-    Scores,
     build_engine,
     build_interaction,
     build_model,
@@ -64,7 +63,7 @@ from .distributed import (
     init_distributed,
     reduce_metrics,
 )
-from .errors import option
+from .errors import first_line, option
 from .files import atomic_write_text, staged_files
 from .loggers import RunLoggers
 from .models import adapter_base_name, is_peft_model, record_adapter_base
@@ -75,6 +74,7 @@ from .rewards import RewardFunc, RewardModel
 from .rollout import Rollout
 from .rollout.multiturn import conversation_logs
 from .sampler import PromptBatches
+from .scoring import Scores
 
 
 def _model_name(model: Any, args: GRPOConfig) -> str:
@@ -84,11 +84,6 @@ def _model_name(model: Any, args: GRPOConfig) -> str:
         return model
     name = getattr(getattr(model, "config", None), "name_or_path", None)
     return str(name) if name else str(args.model)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else repr(err)
 
 
 def seed_everything(seed: int) -> None:
@@ -880,7 +875,7 @@ class Trainer:
         except Exception as err:  # noqa: BLE001 - any unreadable file is named, not traced
             raise ckpt.CheckpointError(
                 f"checkpoint {path}: {ckpt.STATE_FILE} cannot be read ({type(err).__name__}: "
-                f"{_first_line(err)}); resume from an earlier checkpoint, or start over"
+                f"{first_line(err)}); resume from an earlier checkpoint, or start over"
             ) from err
         ckpt.check_resume_config(state["config"], self.args.to_dict(), path)
         try:
@@ -890,7 +885,7 @@ class Trainer:
         except (OSError, ValueError, RuntimeError, SafetensorError) as err:
             raise ckpt.CheckpointError(
                 f"checkpoint {path}: the model weights cannot be read ({type(err).__name__}: "
-                f"{_first_line(err)}); resume from an earlier checkpoint, or start over"
+                f"{first_line(err)}); resume from an earlier checkpoint, or start over"
             ) from err
         self.engine.sync(self.policy.model)  # an engine with its own weights (static, vLLM)
         self.policy.load_optimizer_state_dict(state["optimizer"])

@@ -30,13 +30,13 @@ from typing import Any
 
 import torch
 
-from .build import Scores
 from .core import informative_groups
 from .curriculum import Plan, PromptBatch
 from .distributed import DistributedContext
 from .dynamic import Draw, Group, _joined, _pad_right, join_groups, split_groups
 from .errors import ConfigError
 from .rollout import Rollout
+from .scoring import Scores
 
 # A round's generation: (prompt ids, counts, rows) -> the rollout and its scores.
 RollOut = Callable[[list[list[int]], list[int], list[dict[str, Any]]], tuple[Rollout, Scores]]

@@ -2,7 +2,7 @@
 
     prompts  -> the curriculum's plan: rollouts and weight per prompt  (curriculum/)
              -> generate the completions                                (rollout/: an engine)
-             -> score with every reward function                        (build.RolloutScorer)
+             -> score with every reward function                        (scoring.RolloutScorer)
              -> group-relative advantages                               (core.group_advantages)
              -> mini-batches of whole groups (steps_per_generation), old log-probs (when
                 several, or mu > 1) and reference log-probs (beta > 0)  (policy.prepare_generation)
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .build import Scores, build_curriculum
+from .build import build_curriculum
 from .curriculum import Outcome
 from .distributed import global_group_advantages
 from .dynamic import Draw, DynamicSampling
@@ -26,6 +26,7 @@ from .policy import GRPOLoss
 from .rollout import Rollout
 from .run import PhaseTimer, Trainer
 from .sampler import PromptSampler
+from .scoring import Scores
 from .topup import TopUp
 
 __all__ = ["GRPOTrainer", "PromptSampler"]

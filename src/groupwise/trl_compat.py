@@ -30,6 +30,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from .errors import ConfigError
+
 
 class IgnoredOptionsWarning(UserWarning):
     """TRL options that were accepted but have no effect in groupwise."""
@@ -231,8 +233,6 @@ def _refuse_training_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     returned (to be reported as ignored), any other value is refused naming the option."""
     import yaml
 
-    from .config import ConfigError
-
     off = {}
     for name in sorted(set(kwargs) & set(TRL_REFUSED)):
         value = kwargs.pop(name)
@@ -250,8 +250,6 @@ def _refuse_training_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 def _generation_kwargs(kwargs: dict[str, Any]) -> None:
     """TRL's ``generation_kwargs``: the sampling keys groupwise's engines apply override the
     matching options (as in TRL); any other key is refused, naming it."""
-    from .config import ConfigError
-
     extra = kwargs.pop("generation_kwargs", None) or {}
     if not isinstance(extra, dict):
         raise ConfigError(f"generation_kwargs must be a mapping, got {extra!r}")
@@ -273,8 +271,6 @@ def _generation_kwargs(kwargs: dict[str, Any]) -> None:
 
 def _set(kwargs: dict[str, Any], name: str, value: Any, because: str) -> None:
     """``kwargs[name] = value`` unless the caller set ``name`` to something else."""
-    from .config import ConfigError
-
     if name in kwargs and kwargs[name] != value:
         raise ConfigError(
             f"{because} means {name}={value!r}, but {name}={kwargs[name]!r} was also given"
@@ -285,8 +281,6 @@ def _set(kwargs: dict[str, Any], name: str, value: Any, because: str) -> None:
 def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``GRPOConfig`` keyword arguments with TRL names translated (see the module docstring),
     and the ignored ones ``{name: value}`` taken out."""
-    from .config import ConfigError
-
     kwargs = dict(kwargs)
     ignored = {name: kwargs.pop(name) for name in sorted(kwargs) if name in TRL_IGNORED}
     ignored.update(_refuse_training_options(kwargs))

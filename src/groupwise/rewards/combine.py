@@ -28,15 +28,12 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..files import atomic_write_text
 from .basic import RewardFunc, correctness_index, reward_func_name
-
-if TYPE_CHECKING:
-    from ..rollout import Rollout
 
 logger = logging.getLogger("groupwise.rewards")
 
@@ -374,37 +371,3 @@ class RewardScorer:
         """:meth:`manifest` as JSON at ``path`` (the run's ``rewards.json``, which ``groupwise
         report`` reads), written atomically (:func:`groupwise.files.atomic_write_text`)."""
         atomic_write_text(path, json.dumps(self.manifest(), indent=1) + "\n")
-
-
-def score_rollout(
-    scorer: RewardScorer, rows: Sequence[dict[str, Any]], rollout: Rollout
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Score a rollout's completions with TRL's call convention: prompts and completions
-    (conversational when the prompts are: for a multi-turn rollout the whole conversation after
-    the prompt, assistant turns and tool / environment messages, so the built-in rewards read
-    the last message), ``completion_ids``, every dataset column by name (the union of the rows'
-    keys; a row without a column passes None) and, for a multi-turn rollout, ``env_state``
-    (each conversation's final environment state)."""
-    from ..data import is_conversational
-
-    group_ids = rollout.group_ids.tolist()
-    prompts = [rows[g]["prompt"] for g in group_ids]
-    completions: list[Any]
-    if not is_conversational(rows[0]["prompt"]):
-        completions = list(rollout.texts)
-    elif rollout.conversations is not None:
-        completions = [[dict(m) for m in c] for c in rollout.conversations]
-    else:
-        completions = [[{"role": "assistant", "content": t}] for t in rollout.texts]
-    keys = list(dict.fromkeys(k for row in rows for k in row if k != "prompt"))
-    columns = {key: [rows[g].get(key) for g in group_ids] for key in keys}
-    if rollout.env_states is not None:
-        columns["env_state"] = list(rollout.env_states)
-        if any("environment" in state for state in rollout.env_states):
-            # TRL's environment_factory: each rollout's environment instance (TRL's keyword)
-            columns["environments"] = [s.get("environment") for s in rollout.env_states]
-    completion_ids = [
-        row[: int(n)].tolist()
-        for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)
-    ]
-    return scorer(prompts, completions, completion_ids, **columns)
