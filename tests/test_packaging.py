@@ -1,5 +1,6 @@
 """Packaging: pyproject.toml declares ranges, constraints/cpu.txt pins one tested point inside
-them, and the declared requirements co-install with vLLM.
+them, the declared requirements co-install with vLLM, and the wheel holds the files groupwise
+runs rather than imports (the sandbox launcher, the task data).
 
 The co-install check resolves with uv from package metadata alone, for Linux x86_64 whatever
 machine runs it: uv reads a wheel's METADATA with HTTP range requests where the index serves no
@@ -10,10 +11,13 @@ downloads whole wheels (about 1.9 GB for this resolution), and with fast-deps it
 """
 
 import importlib.metadata
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -286,3 +290,48 @@ def test_a_transformers_pin_outside_vllms_range_is_reported(index, scratch):
     result = resolve(requirements + [VLLM], PYTHONS[0], scratch)
     assert result.returncode != 0, "transformers==5.23.0 resolved next to vLLM"
     assert "transformers==5.23.0" in result.stderr and "<5.21.0" in result.stderr, result.stderr
+
+
+SANDBOX_MODULES = ("__init__", "launcher", "info", "process", "uids", "execute", "probe", "program")
+SANDBOX_CHECK = """
+import json, groupwise.sandbox as s
+info = s.sandbox_info()
+out = None if info.error else s.run_program("print(6 * 7)").stdout
+print(json.dumps({"module": s.__file__, "launcher": s.LAUNCHER, "error": info.error, "out": out}))
+"""
+
+
+def test_the_wheel_ships_the_sandbox_launcher_and_the_sandbox_runs_from_it(tmp_path):
+    # The launcher is a file the sandbox interpreter runs by path, never imported by the trainer:
+    # it must be in the wheel, and the sandbox must work from an installed copy.
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(
+        ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+    )
+    command = "from setuptools import build_meta; print(build_meta.build_wheel('dist'))"
+    build = subprocess.run(
+        [sys.executable, "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    wheel = tmp_path / "dist" / build.stdout.split()[-1]
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        archive.extractall(site)
+    assert {f"groupwise/sandbox/{m}.py" for m in SANDBOX_MODULES} <= names
+    assert "groupwise/tasks/python_problems.jsonl" in names
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the sandbox runs on Linux only")
+    check = subprocess.run(
+        [sys.executable, "-c", SANDBOX_CHECK],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stderr[-3000:]
+    found = json.loads(check.stdout.splitlines()[-1])
+    assert found["module"] == str(site / "groupwise" / "sandbox" / "__init__.py")
+    assert found["launcher"] == str((site / "groupwise" / "sandbox" / "launcher.py").resolve())
+    if found["error"]:
+        pytest.skip(f"no sandbox on this machine: {found['error']}")
+    assert found["out"] == "42\n"

@@ -1,4 +1,5 @@
-"""Tests for the sandboxed code-execution reward (groupwise.rewards.code).
+"""Tests for the sandboxed code-execution reward (groupwise.rewards.code) and the sandbox it runs
+the code in (groupwise.sandbox).
 
 Security tests pair every attack with a control test that legitimately passes, so a broken
 sandbox that runs nothing cannot look like a successful defence (expected reward 0.5, not 0).
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from groupwise.rewards import code as sandbox
+from groupwise import sandbox
 from groupwise.rewards.code import (
     SandboxUnavailableError,
     code_reward,
@@ -61,12 +62,12 @@ def without(info: sandbox.SandboxInfo, flag: int, what: str) -> sandbox.SandboxI
 
 def run_with(used: sandbox.SandboxInfo, code: str, tests, timeout_s=5.0, **limits):
     limits = {"memory_mb": 512, "max_output_bytes": 1_000_000, "max_processes": 32, **limits}
-    return sandbox._run(code, parse_tests(tests), used, timeout_s=timeout_s, **limits)
+    return sandbox.run_parsed(code, parse_tests(tests), used, timeout_s=timeout_s, **limits)
 
 
 def sandbox_processes() -> list[int]:
     """Pids of processes running the sandbox launcher (any uid, any leftover of a run)."""
-    marker = b"groupwise sandbox setup failed"
+    marker = os.fsencode(sandbox.LAUNCHER)
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -82,7 +83,7 @@ def sandbox_processes() -> list[int]:
 def sandbox_uid_processes(info: sandbox.SandboxInfo) -> list[int]:
     if not info.root:
         return []
-    owners = sandbox._process_uids(include_zombies=False)  # zombies wait for the host's init
+    owners = sandbox.process.process_uids(include_zombies=False)  # zombies wait for the host's init
     return [pid for pid, uid in owners.items() if uid in info.uids]
 
 
@@ -170,9 +171,9 @@ def test_parse_tests_rejects_malformed_values(bad):
 
 
 def test_output_normalisation_ignores_trailing_whitespace_only():
-    assert sandbox._normalise_output("1 2  \r\n3\n\n\n") == sandbox._normalise_output("1 2\n3")
-    assert sandbox._normalise_output("1\n2") != sandbox._normalise_output("1 2")
-    assert sandbox._normalise_output("\n1") != sandbox._normalise_output("1")
+    assert sandbox.normalise_output("1 2  \r\n3\n\n\n") == sandbox.normalise_output("1 2\n3")
+    assert sandbox.normalise_output("1\n2") != sandbox.normalise_output("1 2")
+    assert sandbox.normalise_output("\n1") != sandbox.normalise_output("1")
 
 
 def test_reward_names_and_validation():
@@ -189,7 +190,7 @@ def test_missing_tests_give_none_without_running_anything(monkeypatch):
     def explode(*args, **kwargs):
         raise AssertionError("the sandbox must not run for rows without tests")
 
-    monkeypatch.setattr(sandbox, "_run", explode)
+    monkeypatch.setattr(sandbox, "run_parsed", explode)
     completions = [fenced(DOUBLE)] * 4
     assert code_reward([""] * 4, completions, tests=[None, "", [], "  "]) == [None] * 4
     assert code_reward([""] * 4, completions) == [None] * 4  # no tests column at all
@@ -385,7 +386,7 @@ def test_printed_results_cannot_be_forged(info, pid_namespace):
 
 def test_sandbox_that_cannot_start_scores_none_or_raises(info, monkeypatch):
     broken = dataclasses.replace(info, python="/bin/false")
-    result = sandbox._run(
+    result = sandbox.run_parsed(
         DOUBLE,
         parse_tests(DOUBLE_TESTS),
         broken,
@@ -395,10 +396,10 @@ def test_sandbox_that_cannot_start_scores_none_or_raises(info, monkeypatch):
         max_processes=8,
     )
     assert result.setup_failed and result.passed == 0
-    monkeypatch.setattr(sandbox, "_info", broken)
+    monkeypatch.setattr(sandbox.probe, "_info", broken)
     with pytest.raises(SandboxUnavailableError):
         code_reward([""], [fenced(DOUBLE)], tests=[DOUBLE_TESTS])
-    monkeypatch.setattr(sandbox, "_info", dataclasses.replace(info, error="no sandbox"))
+    monkeypatch.setattr(sandbox.probe, "_info", dataclasses.replace(info, error="no sandbox"))
     with pytest.raises(SandboxUnavailableError):
         run_tests(DOUBLE, DOUBLE_TESTS)
 
@@ -548,7 +549,7 @@ def test_no_network_connection_to_localhost(info, mode):
             "try:\n    import _socket\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit"
         )
     try:
-        result = sandbox._run(
+        result = sandbox.run_parsed(
             code,
             parse_tests(tests),
             used,

@@ -278,6 +278,7 @@ LAYERS = [
     {"core", "logprobs", "data", "models", "monitor", "loggers", "report", "memory.plan",
      "report.record", "report.load", "report.panels", "report.plot", "report.html",
      "report.compare", "report.browser"},
+    {"sandbox"},
     {"rewards"},
     {"distributed", "tools", "precision", "reference"},
     {"rollout", "batching"},
@@ -337,3 +338,30 @@ def test_report_parts_import_only_earlier_parts():
                 upward.append(f"{module} -> {target}")
     assert upward == []
     assert _imports(SRC / "report" / "record.py") == {"files"}
+
+
+def _package_imports(package: str) -> dict[str, set[str]]:
+    """module -> the groupwise modules it imports, for every module of ``package``."""
+    found = {}
+    for path in (SRC / package).rglob("*.py"):
+        module = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        found[module] = _imports(path)
+    return found
+
+
+def _within(target: str, package: str) -> bool:
+    return target == package or target.startswith(package + ".")
+
+
+def test_the_sandbox_stands_alone_below_tools_and_rewards():
+    # The python tool and the code reward share groupwise.sandbox: neither imports the other,
+    # and the sandbox imports nothing else from groupwise (its launcher nothing at all).
+    sandbox = _package_imports("sandbox")
+    assert "sandbox.launcher" in sandbox and "sandbox.probe" in sandbox
+    assert sandbox["sandbox.launcher"] == set()
+    outside = {m: t for m, ts in sandbox.items() for t in ts if not _within(t, "sandbox")}
+    assert outside == {}
+    tools, rewards = _package_imports("tools"), _package_imports("rewards")
+    assert [f"{m} -> {t}" for m, ts in tools.items() for t in ts if _within(t, "rewards")] == []
+    assert [f"{m} -> {t}" for m, ts in rewards.items() for t in ts if _within(t, "tools")] == []
+    assert "sandbox" in tools["tools.builtin"] and "sandbox" in rewards["rewards.code"]

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from groupwise import sandbox
 from groupwise.config import ConfigError
 from groupwise.data import is_eval_problem
-from groupwise.rewards import code as sandbox
 from groupwise.tools import (
     BUILTIN_TOOLS,
     ENVIRONMENTS,

@@ -2,7 +2,7 @@
 
 Both are ``trusted`` (run in the trainer's process by :class:`~groupwise.tools.ToolBox`): the
 calculator only walks an arithmetic syntax tree under size limits, ``python`` runs the code in
-the code-reward sandbox (see :mod:`groupwise.rewards.code`), which enforces its own limits.
+the sandbox the code reward also uses (:mod:`groupwise.sandbox`), which enforces its own limits.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..imports import import_callable, is_import_spec
+from ..sandbox import run_program
 from .schema import tool_name
 
 MAX_EXPRESSION_CHARS = 200
@@ -117,8 +118,6 @@ def python(code: str) -> str:
     Args:
         code: The program's source code; print the values you want to see.
     """
-    from ..rewards.code import run_program  # the sandbox probe only runs when the tool does
-
     result = run_program(code, timeout_s=PYTHON_TIMEOUT_S)
     if result.status == "setup_failed":
         raise RuntimeError(result.stderr)  # not the program's fault: reported as a tool error

@@ -1,0 +1,279 @@
+"""Running code in the sandbox, given what the probe found: one launcher process per job, its
+rlimits and uid lease, and the two test modes (assert tests in one process, reported on a side
+channel; stdin/stdout cases in one process each, on a shared wall-clock budget)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import secrets
+import time
+from typing import Any
+
+from .info import (
+    CLONE_NEWNET,
+    MAX_FILE_BYTES,
+    MAX_OPEN_FILES,
+    SandboxInfo,
+    SandboxUnavailableError,
+)
+from .process import Output, spawn, user_task_count, workdir
+from .uids import shared_pool
+
+# Tests as the launcher takes them: ("asserts", ((kind, source), ...)) with kind "test" or
+# "setup", or ("io", ((stdin, expected_stdout), ...)).
+ParsedTests = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxResult:
+    """Outcome of running one piece of code against one set of tests.
+
+    ``passed``/``total``: tests passed / run. ``timed_out``: the wall-clock budget ran out.
+    ``error``: the first reason something failed (None when every test passed).
+    ``output_truncated``: the output limit was hit and the sandbox killed. ``setup_failed``: the
+    sandbox itself could not be started, the code never ran (scores None, not 0).
+    """
+
+    passed: int
+    total: int
+    timed_out: bool = False
+    error: str | None = None
+    output_truncated: bool = False
+    setup_failed: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def fraction(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    @property
+    def all_passed(self) -> bool:
+        return self.total > 0 and self.passed == self.total
+
+
+def check_limits(
+    timeout_s: float, memory_mb: float, max_output_bytes: int, max_processes: int
+) -> None:
+    """Raise ``ValueError`` naming the first limit out of range."""
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if not memory_mb >= 64:
+        raise ValueError(f"memory_mb must be >= 64 (the interpreter needs it), got {memory_mb}")
+    if max_output_bytes < 1024:
+        raise ValueError(f"max_output_bytes must be >= 1024, got {max_output_bytes}")
+    if max_processes < 1:
+        raise ValueError(f"max_processes must be >= 1, got {max_processes}")
+
+
+def sandbox_once(
+    info: SandboxInfo,
+    job: dict[str, Any],
+    *,
+    deadline: float,
+    memory_mb: float,
+    max_output_bytes: int,
+    max_processes: int,
+) -> tuple[Output, bool, str, str]:
+    """Run one sandbox process; (output, ready, stderr text without the marker, nonce)."""
+    nonce = secrets.token_hex(16)
+    remaining = max(deadline - time.monotonic(), 0.001)
+    cpu = max(1, math.ceil(remaining))
+    memory = int(memory_mb * 1024 * 1024)
+    if info.root:
+        nproc = max_processes
+    else:  # RLIMIT_NPROC counts every task of the user, the trainer's threads included
+        nproc = user_task_count(os.getuid()) + max_processes + 3
+    rlimits = [
+        ("RLIMIT_CPU", cpu, cpu + 1),
+        ("RLIMIT_AS", memory, memory),
+        ("RLIMIT_NPROC", nproc, nproc),
+        ("RLIMIT_FSIZE", MAX_FILE_BYTES, MAX_FILE_BYTES),
+        ("RLIMIT_NOFILE", MAX_OPEN_FILES, MAX_OPEN_FILES),
+        ("RLIMIT_CORE", 0, 0),
+    ]
+    if info.root:
+        pool = shared_pool()
+        if pool is None:
+            raise SandboxUnavailableError("the sandbox uid pool is not initialised")
+        lease: contextlib.AbstractContextManager[int | None] = pool.lease()
+    else:
+        lease = contextlib.nullcontext(None)
+    with lease as uid, workdir(uid) as path:
+        payload = {
+            **job,
+            "nonce": nonce,
+            "flags": info.unshare_flags,
+            "masks": list(info.masked_dirs),
+            "workdir": path,
+            "disk_bytes": MAX_FILE_BYTES,
+            "uid": uid,
+            "rlimits": rlimits,
+            "block_network": not info.unshare_flags & CLONE_NEWNET,
+        }
+        # Without a PID namespace, processes that left the process group are hunted down: by
+        # uid when we run as root, else by the tag on their command line (best effort). With
+        # one, the uid is still checked after a kill: the namespace dies asynchronously.
+        assert info.python is not None
+        out = spawn(
+            info.python,
+            payload,
+            path,
+            deadline=deadline,
+            limit=max_output_bytes,
+            sweep_uid=uid,
+            sweep_tagged=uid is None and not info.pid_namespace,
+            sweep_only_if_killed=info.pid_namespace,
+        )
+    marker = f"{nonce} READY\n".encode()
+    ready = out.stderr.startswith(marker)
+    stderr = out.stderr[len(marker) :] if ready else out.stderr
+    return out, ready, stderr.decode("utf-8", "replace"), nonce
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def setup_error(out: Output, stderr: str) -> str:
+    """Why a sandbox that never reported ready did not start."""
+    if out.timed_out:
+        return "the sandbox did not start before the deadline"
+    detail = _last_line(stderr) or f"launcher exit status {out.returncode}"
+    return f"the sandbox did not start: {detail}"
+
+
+def _died(out: Output, stderr: str) -> str:
+    code = out.returncode
+    how = f"killed by signal {code - 128}" if code is not None and code > 128 else f"status {code}"
+    tail = _last_line(stderr)
+    return f"solution process died ({how})" + (f": {tail}" if tail else "")
+
+
+def normalise_output(text: str) -> list[str]:
+    """Lines of ``text`` without trailing whitespace, ``\\r\\n`` ends or trailing blank lines."""
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def _run_asserts(
+    code: str, items: tuple[tuple[str, str], ...], info: SandboxInfo, deadline: float, **limits
+) -> SandboxResult:
+    total = sum(1 for kind, _ in items if kind == "test")
+    job = {"mode": "asserts", "code": code, "tests": [list(item) for item in items]}
+    out, ready, stderr, nonce = sandbox_once(info, job, deadline=deadline, **limits)
+    if not ready:
+        return SandboxResult(0, total, setup_failed=True, error=setup_error(out, stderr))
+    verdicts: dict[int, bool] = {}
+    failures: dict[int, str] = {}
+    setup_errors: list[str] = []
+    done = False
+    for line in out.stdout.decode("utf-8", "replace").splitlines():
+        head, _, rest = line.partition(" ")
+        if head != nonce:
+            continue
+        if rest == "DONE":
+            done = True
+        elif rest.startswith("SETUP "):
+            setup_errors.append(rest[len("SETUP ") :])
+        else:
+            index, _, tail = rest.partition(" ")
+            verdict, _, message = tail.partition(" ")
+            if not index.isdigit() or int(index) >= total or verdict not in ("P", "F"):
+                continue
+            i = int(index)
+            verdicts[i] = verdicts.get(i, True) and verdict == "P"  # any failure wins
+            if verdict == "F":
+                failures.setdefault(i, message or "failed")
+    passed = sum(verdicts.values())
+    error = None
+    if passed < total:
+        if out.timed_out:
+            error = "timed out"
+        elif out.truncated:
+            error = f"output limit of {limits['max_output_bytes']} bytes exceeded"
+        elif not done:
+            error = _died(out, stderr)
+        elif setup_errors:
+            error = f"solution raised {setup_errors[0]}"
+        else:
+            first = min(failures) if failures else 0
+            error = f"test {first}: {failures.get(first, 'no result')}"
+    return SandboxResult(
+        passed, total, timed_out=out.timed_out, error=error, output_truncated=out.truncated
+    )
+
+
+def _run_io(
+    code: str, cases: tuple[tuple[str, str], ...], info: SandboxInfo, deadline: float, **limits
+) -> SandboxResult:
+    passed = 0
+    errors: list[str] = []
+    timed_out = truncated = False
+    for i, (stdin, expected) in enumerate(cases):
+        if time.monotonic() >= deadline:
+            timed_out = True
+            errors.append(f"case {i}: timed out (budget spent)")
+            break
+        job = {"mode": "io", "code": code, "stdin": stdin}
+        out, ready, stderr, _ = sandbox_once(info, job, deadline=deadline, **limits)
+        if not ready:
+            return SandboxResult(
+                passed, len(cases), setup_failed=True, error=setup_error(out, stderr)
+            )
+        if out.timed_out:
+            timed_out = True
+            errors.append(f"case {i}: timed out")
+            break
+        if out.truncated:
+            truncated = True
+            errors.append(f"case {i}: output limit of {limits['max_output_bytes']} bytes exceeded")
+        elif out.returncode != 0:
+            errors.append(f"case {i}: " + _died(out, stderr))
+        elif normalise_output(out.stdout.decode("utf-8", "replace")) == normalise_output(
+            expected
+        ):
+            passed += 1
+        else:
+            errors.append(f"case {i}: wrong answer")
+    return SandboxResult(
+        passed,
+        len(cases),
+        timed_out=timed_out,
+        error=errors[0] if errors and passed < len(cases) else None,
+        output_truncated=truncated,
+    )
+
+
+def run_parsed(
+    code: str,
+    parsed: ParsedTests,
+    info: SandboxInfo,
+    *,
+    timeout_s: float,
+    memory_mb: float,
+    max_output_bytes: int,
+    max_processes: int,
+) -> SandboxResult:
+    """Run ``code`` against already parsed tests in the sandbox ``info`` describes.
+
+    ``timeout_s`` is the wall-clock budget for all the tests. Raises
+    :class:`SandboxUnavailableError` when ``info`` says no sandbox can be built.
+    """
+    if info.error or info.python is None:
+        raise SandboxUnavailableError(f"no code sandbox on this machine: {info.error}")
+    start = time.monotonic()
+    limits = {
+        "memory_mb": memory_mb,
+        "max_output_bytes": max_output_bytes,
+        "max_processes": max_processes,
+    }
+    mode, items = parsed
+    runner = _run_asserts if mode == "asserts" else _run_io
+    result = runner(code, items, info, start + timeout_s, **limits)
+    return dataclasses.replace(result, duration_s=time.monotonic() - start)

@@ -1,0 +1,150 @@
+"""Detection, once per process: which interpreter the sandbox runs, whether the trainer is root
+(and which uids are free), and which namespaces this machine lets the sandbox create."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+from .execute import run_parsed
+from .info import (
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUSER,
+    SANDBOX_PATH,
+    SandboxInfo,
+)
+from .process import spawn, workdir
+from .uids import candidate_uids, init_pool
+
+logger = logging.getLogger("groupwise.sandbox")
+
+_info_lock = threading.Lock()
+_info: SandboxInfo | None = None
+
+
+def sandbox_info() -> SandboxInfo:
+    """Detect (once, then cached) which isolation layers this machine allows."""
+    global _info
+    with _info_lock:
+        if _info is None:
+            _info = _detect()
+            if _info.error:
+                logger.warning("code sandbox unavailable: %s", _info.error)
+            else:
+                logger.info("code sandbox: %s", _info.summary())
+        return _info
+
+
+def _python_candidates() -> list[str]:
+    override = os.environ.get("GROUPWISE_SANDBOX_PYTHON")
+    if override:
+        return [override]
+    found = [os.path.realpath(sys.executable)] if sys.executable else []
+    system = shutil.which("python3", path=SANDBOX_PATH)
+    if system:
+        found.append(os.path.realpath(system))
+    return list(dict.fromkeys(found))
+
+
+def _masked_dirs() -> tuple[str, ...]:
+    found = []
+    for path in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", tempfile.gettempdir()):
+        real = os.path.realpath(path)
+        try:
+            st = os.stat(real)
+        except OSError:
+            continue
+        if os.path.isdir(real) and st.st_mode & 0o002 and real != "/":
+            found.append(real)
+    return tuple(dict.fromkeys(found))
+
+
+def _probe_namespaces(python: str, root: bool) -> tuple[int, str] | None:
+    """(CLONE flags to use, interpreter version), or None if the interpreter does not run."""
+    if root:
+        candidates = [
+            ("net", CLONE_NEWNET),
+            ("pid", CLONE_NEWPID),
+            ("mnt", CLONE_NEWNS),
+            ("ipc", CLONE_NEWIPC),
+        ]
+    else:
+        candidates = [
+            ("user", CLONE_NEWUSER),
+            ("net", CLONE_NEWUSER | CLONE_NEWNET),
+            ("pid", CLONE_NEWUSER | CLONE_NEWPID),
+            ("mnt", CLONE_NEWUSER | CLONE_NEWNS),
+            ("ipc", CLONE_NEWUSER | CLONE_NEWIPC),
+        ]
+    nonce = secrets.token_hex(16)
+    payload = {"probe": True, "candidates": candidates, "nonce": nonce}
+    with workdir(None) as path:
+        payload["workdir"] = path
+        out = spawn(python, payload, path, deadline=time.monotonic() + 20.0, limit=65536)
+    for line in out.stdout.decode("utf-8", "replace").splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == nonce and parts[1] == "PROBE":
+            ok = set(parts[2].split(","))
+            names = {name: flag for name, flag in candidates}
+            if not root:
+                if "user" not in ok:
+                    return 0, parts[3]
+                names = {k: v & ~CLONE_NEWUSER for k, v in names.items()}
+                flags = CLONE_NEWUSER
+            else:
+                flags = 0
+            for name in ok & set(names):
+                flags |= names[name]
+            return flags, parts[3]
+    return None
+
+
+def _detect() -> SandboxInfo:
+    if not sys.platform.startswith("linux"):
+        return SandboxInfo(error=f"the code sandbox needs Linux, not {sys.platform}")
+    root = os.geteuid() == 0
+    uids = candidate_uids() if root else ()
+    if root and not uids:
+        return SandboxInfo(root=True, error="no free uid for the sandbox (all in use)")
+    errors = []
+    for python in _python_candidates():
+        probed = _probe_namespaces(python, root)
+        if probed is None:
+            errors.append(f"{python}: does not start")
+            continue
+        flags, version = probed
+        if root:
+            init_pool(uids)
+        # A layer the probe accepted may still fail in the full setup: drop mount, then all.
+        ladder = dict.fromkeys([flags, flags & ~CLONE_NEWNS, 0])
+        for attempt in ladder:
+            info = SandboxInfo(
+                python=python,
+                python_version=version,
+                root=root,
+                uids=uids,
+                unshare_flags=attempt,
+                masked_dirs=_masked_dirs() if attempt & CLONE_NEWNS else (),
+            )
+            check = run_parsed(
+                "import json, math, collections, re, itertools\nvalue = json.loads('[1, 2]')",
+                ("asserts", (("test", "assert value == [1, 2]"),)),
+                info,
+                timeout_s=20.0,
+                memory_mb=512,
+                max_output_bytes=65536,
+                max_processes=32,
+            )
+            if check.passed == 1:
+                return info
+            errors.append(f"{python} (namespaces {attempt:#x}): {check.error}")
+    return SandboxInfo(root=root, uids=uids, error="; ".join(errors) or "no Python interpreter")

@@ -1,0 +1,247 @@
+"""Process control on the trainer's side: start the launcher, read its output under a byte limit
+and a deadline, and kill what a run leaves behind (its process group, every process of a sandbox
+uid, or processes carrying the run's tag on their command line)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import marshal
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .info import SANDBOX_PATH
+
+logger = logging.getLogger("groupwise.sandbox")
+
+# The program the sandbox interpreter runs; a file of this package, so it ships in the wheel.
+LAUNCHER = str(Path(__file__).resolve().with_name("launcher.py"))
+TAG_PREFIX = "groupwise-sandbox-"
+_READ_CHUNK = 65536
+
+
+def process_uids(include_zombies: bool = True) -> dict[int, int]:
+    """pid -> real uid of every visible process (zombies only if ``include_zombies``)."""
+    result = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"State:") and not include_zombies:
+                        if line.split()[1] in (b"Z", b"X"):
+                            break
+                    elif line.startswith(b"Uid:"):
+                        result[int(entry)] = int(line.split()[1])
+                        break
+        except OSError:
+            continue
+    return result
+
+
+def user_task_count(uid: int) -> int:
+    """Tasks (threads) owned by ``uid``: what RLIMIT_NPROC counts."""
+    count = 0
+    for pid, owner in process_uids().items():
+        if owner == uid:
+            try:
+                count += len(os.listdir(f"/proc/{pid}/task"))
+            except OSError:
+                count += 1
+    return count
+
+
+@contextlib.contextmanager
+def workdir(uid: int | None) -> Iterator[str]:
+    """A fresh private directory (owned by ``uid`` when given), removed afterwards."""
+    path = tempfile.mkdtemp(prefix="groupwise-sandbox-")
+    try:
+        if uid is not None:
+            os.chown(path, uid, uid)
+        yield path
+    finally:
+        _remove_tree(path)
+
+
+def _remove_tree(path: str) -> None:
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError:  # e.g. directories the sandbox made unreadable (same user, not root)
+        for root, dirs, _ in os.walk(path):
+            for name in dirs:
+                with contextlib.suppress(OSError):
+                    os.chmod(os.path.join(root, name), 0o700, follow_symlinks=False)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclasses.dataclass
+class Output:
+    """What one launcher process printed and how it ended (``returncode`` None: never started)."""
+
+    stdout: bytes
+    stderr: bytes
+    returncode: int | None
+    timed_out: bool
+    truncated: bool
+
+
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` (our child) has exited, without reaping it (its pgid stays reserved)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _kill_until_gone(find: Callable[[], list[int]]) -> bool:
+    """SIGKILL what ``find`` returns until it returns nothing (True) or 50 rounds pass (False)."""
+    for _ in range(50):
+        victims = find()
+        if not victims:
+            return True
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+    return False
+
+
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process of a sandbox uid (for processes that left the process group)."""
+
+    def find() -> list[int]:
+        return [pid for pid, owner in process_uids(False).items() if owner == uid]
+
+    if not _kill_until_gone(find):
+        logger.warning("processes of sandbox uid %d survived 50 kill rounds", uid)
+
+
+def kill_tagged(tag: str) -> None:
+    """SIGKILL our processes whose command line carries ``tag`` (non-root, no PID namespace)."""
+    needle, me = tag.encode(), os.getpid()
+
+    def find() -> list[int]:
+        victims = []
+        for pid, owner in process_uids(False).items():
+            if owner != os.getuid() or pid == me:
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if needle in f.read():
+                        victims.append(pid)
+            except OSError:
+                continue
+        return victims
+
+    _kill_until_gone(find)
+
+
+def spawn(
+    python: str,
+    payload: dict[str, Any],
+    workdir: str,
+    *,
+    deadline: float,
+    limit: int,
+    sweep_uid: int | None = None,
+    sweep_tagged: bool = False,
+    sweep_only_if_killed: bool = False,
+) -> Output:
+    """Start the launcher with ``payload``, read at most ``limit`` bytes, kill at ``deadline``.
+
+    After the run the process group is killed; ``sweep_uid`` also kills every process of that
+    uid (always, or with ``sweep_only_if_killed`` only after a kill), ``sweep_tagged`` every
+    process of ours whose command line carries the run's tag.
+    """
+    payload.update(parent=os.getpid(), euid=os.geteuid(), egid=os.getegid())
+    data = marshal.dumps(payload, 4)
+    fd = os.open(
+        os.path.join(workdir, ".payload"),
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+    )
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    tag = f"{TAG_PREFIX}{secrets.token_hex(8)}"  # marks the run's processes, not secret
+    try:
+        proc = subprocess.Popen(
+            [python, "-I", "-S", LAUNCHER, tag],
+            cwd=workdir,
+            env={"PATH": SANDBOX_PATH},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        message = f"cannot start {python}: {exc}".encode()
+        return Output(b"", message, None, timed_out=False, truncated=False)
+    assert proc.stdout is not None and proc.stderr is not None
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    buffers = {out_fd: bytearray(), err_fd: bytearray()}
+    total = 0
+    timed_out = truncated = False
+    exited_at: float | None = None
+    try:
+        with selectors.DefaultSelector() as selector:
+            for fileno in buffers:
+                selector.register(fileno, selectors.EVENT_READ)
+            while selector.get_map():
+                now = time.monotonic()
+                if now >= deadline:
+                    timed_out = True
+                    break
+                events = selector.select(timeout=min(deadline - now, 0.2))
+                for key, _ in events:
+                    chunk = os.read(key.fd, _READ_CHUNK)
+                    if not chunk:
+                        selector.unregister(key.fd)
+                        continue
+                    buffers[key.fd] += chunk[: max(limit - total, 0)]
+                    total += len(chunk)
+                if total > limit:
+                    truncated = True
+                    break
+                if not events and _exited(proc.pid):
+                    # The launcher is gone but something still holds the pipes open.
+                    if exited_at is None:
+                        exited_at = now
+                        kill_group(proc.pid)
+                    elif now - exited_at > 0.5:
+                        break
+    finally:
+        kill_group(proc.pid)  # the leader is not reaped yet, so its pgid cannot be reused
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+        killed = timed_out or truncated or exited_at is not None
+        if sweep_uid is not None and (killed or not sweep_only_if_killed):
+            kill_uid(sweep_uid)  # also waits for processes still dying from the kill
+        if sweep_tagged:
+            kill_tagged(tag)
+    return Output(
+        stdout=bytes(buffers[out_fd]),
+        stderr=bytes(buffers[err_fd]),
+        returncode=proc.returncode,
+        timed_out=timed_out,
+        truncated=truncated,
+    )
