@@ -271,7 +271,10 @@ def _imports(path: Path) -> set[str]:
 # Layers, bottom to top: a module may import from its own layer and the ones below.
 LAYERS = [
     {"core", "logprobs", "data", "models", "monitor", "loggers", "report", "files",
-     "memory.plan", "errors", "imports", "console"},
+     "memory.plan", "errors", "imports", "console",
+     # the curricula's pure parts: numpy / torch math and the typed options, no run machinery
+     "curriculum.bins", "curriculum.adversary", "curriculum.allocation",
+     "curriculum.diagnostics", "curriculum.options"},
     {"distributed", "rollout", "rewards", "batching", "tools", "precision", "reference"},
     {"curriculum", "tasks", "evaluation", "sampler"},
     {"config", "trl_compat"},
