@@ -277,7 +277,10 @@ LAYERS = [
     {"imports", "files", "console", "trl_compat"},
     {"core", "logprobs", "data", "models", "monitor", "loggers", "report", "memory.plan",
      "report.record", "report.load", "report.panels", "report.plot", "report.html",
-     "report.compare", "report.browser"},
+     "report.compare", "report.browser",
+     # the curricula's pure parts: numpy / torch math and the typed options, no run machinery
+     "curriculum.bins", "curriculum.adversary", "curriculum.allocation",
+     "curriculum.diagnostics", "curriculum.options"},
     {"sandbox"},
     {"rewards"},
     {"distributed", "tools", "precision", "reference"},

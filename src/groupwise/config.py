@@ -450,7 +450,8 @@ class GRPOConfig:
         return self.warmup_steps or math.ceil(self.warmup_ratio * total_steps)
 
     def _validate_select(self) -> None:
-        """The ``select_*`` options (curriculum: select), each error naming its option."""
+        """How the ``select_*`` options combine with the rest of the run, each error naming its
+        option (their own ranges: :class:`~groupwise.curriculum.options.SelectOptions`)."""
         if (
             self.curriculum == "select"
             and self.select_equal_prompt_weight
@@ -476,33 +477,6 @@ class GRPOConfig:
             raise ConfigError(
                 f"select_top_up_first must be >= 2 (a group of one has no variance), got "
                 f"{self.select_top_up_first}"
-            )
-        if self.select_oversample is not None and self.select_oversample < 1:
-            raise ConfigError(f"select_oversample must be >= 1, got {self.select_oversample}")
-        for name in ("select_keep", "select_keep_floor"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if not 0.0 < self.select_discount <= 1.0:
-            raise ConfigError(f"select_discount must be in (0, 1], got {self.select_discount}")
-        if self.select_prior_strength <= 0:
-            raise ConfigError(
-                f"select_prior_strength must be > 0, got {self.select_prior_strength}"
-            )
-        if self.select_retry_half_life <= 0:
-            raise ConfigError(
-                f"select_retry_half_life must be > 0 skips, got {self.select_retry_half_life}"
-            )
-        if not 0.0 <= self.select_uniform_mix <= 1.0:
-            raise ConfigError(
-                f"select_uniform_mix must be in [0, 1], got {self.select_uniform_mix}"
-            )
-        if self.curriculum == "select" and not (
-            1 <= self.rollout_min <= self.num_generations <= self.rollout_max
-        ):
-            raise ConfigError(
-                "curriculum=select needs 1 <= rollout_min <= num_generations (the mean group "
-                f"size) <= rollout_max, got {self.rollout_min}, {self.num_generations}, "
-                f"{self.rollout_max}"
             )
 
     def _validate_numbers(self) -> None:
@@ -611,16 +585,7 @@ class GRPOConfig:
             ROLLOUT_CORRECTION_MODES,
             SCALE_MODES,
         )
-        from .curriculum import CURRICULA
-        from .curriculum.gdro import (
-            ALLOCATORS,
-            ARM_CHOICES,
-            CLASSIFIER_SIGNALS,
-            MU_UPDATES,
-            PROMPT_SIGNALS,
-            UNSEEN_MODES,
-            VARIANCE_MODES,
-        )
+        from .curriculum import CURRICULA, GDROOptions, SelectOptions
 
         choices = {
             "loss_type": tuple(LOSSES),
@@ -631,15 +596,6 @@ class GRPOConfig:
             "dtype": ("auto", "float32", "bfloat16"),
             "on_invalid_rows": ("error", "skip"),
             "curriculum": tuple(CURRICULA),
-            "rollout_allocator": ALLOCATORS,
-            "rollout_variance": VARIANCE_MODES,
-            "rollout_arm_choice": ARM_CHOICES,
-            "rollout_mu_update": MU_UPDATES,
-            "gdro_signal": PROMPT_SIGNALS,
-            "gdro_classifier_signal": CLASSIFIER_SIGNALS,
-            "gdro_unseen": UNSEEN_MODES,
-            "select_allocator": ("knapsack", "sqrt", "uniform"),
-            "select_rule": ("best_k", "legacy"),
             "long_prompts": ("truncate", "skip", "error"),
             "algorithm": ("grpo", "ppo"),
             "logprob_impl": ("chunked", "naive"),
@@ -753,46 +709,10 @@ class GRPOConfig:
             )
         self._validate_generation_batch()
         self._validate_vllm()
-        if self.curriculum == "rollout_gdro" and not (
-            1 <= self.rollout_min <= self.num_generations <= self.rollout_max
-        ):
-            raise ConfigError(
-                "rollout_gdro needs 1 <= rollout_min <= num_generations (the mean budget) <= "
-                f"rollout_max, got {self.rollout_min}, {self.num_generations}, {self.rollout_max}"
-            )
         self._validate_select()
-        if self.curriculum != "none" and self.gdro_signal == "failure_rate":
-            if self.gdro_share_normalize:
-                raise ConfigError(
-                    "gdro_signal=failure_rate with gdro_share_normalize=true ranks bins by "
-                    "rarity, not difficulty (a mean failure rate divided by the bin's share, "
-                    "which is largest for the rarest bin); set gdro_share_normalize: false, or "
-                    "use gdro_signal: pg_loss"
-                )
-        if self.gdro_bin_edges is not None:
-            edges = self.gdro_bin_edges
-            outside = [e for e in edges if not 0.0 < e < 1.0]
-            if outside:
-                raise ConfigError(
-                    f"gdro_bin_edges {edges}: {outside} outside (0, 1); each edge is an accuracy "
-                    "strictly between 0 and 1, e.g. [0.25, 0.5, 0.75]"
-                )
-            unsorted = [(a, b) for a, b in zip(edges, edges[1:], strict=False) if a >= b]
-            if unsorted:
-                a, b = unsorted[0]
-                raise ConfigError(
-                    f"gdro_bin_edges {edges} must be strictly increasing ({a} is followed by "
-                    f"{b}), e.g. {sorted(set(edges))}"
-                )
-        if self.gdro_num_bins < 1:
-            raise ConfigError(f"gdro_num_bins must be >= 1, got {self.gdro_num_bins}")
-        if self.gdro_window < 0:
-            raise ConfigError(f"gdro_window must be >= 0 (0: all history), got {self.gdro_window}")
-        if self.rollout_variance_prior < 0:
-            raise ConfigError(
-                "rollout_variance_prior must be >= 0 (pseudo-rollouts), "
-                f"got {self.rollout_variance_prior}"
-            )
+        # The curricula's own options validate themselves (each error names its option).
+        GDROOptions.from_config(self)
+        SelectOptions.from_config(self)
         for name in ("rollout_correction_clip_min", "rollout_correction_clip_max"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 or null, got {getattr(self, name)}")

@@ -1,10 +1,21 @@
-"""Curricula: the protocol (:mod:`.base`), the GDRO curricula (:mod:`.gdro`) and predictive
-selection with adaptive group size (:mod:`.select`).
+"""Curricula: the protocol (:mod:`.base`), the GDRO curricula (:mod:`.gdro`, built from the
+difficulty classifier :mod:`.bins`, the adversaries :mod:`.adversary`, the square-root law
+:mod:`.allocation` and :mod:`.diagnostics`) and predictive selection with adaptive group size
+(:mod:`.select`); their typed options are in :mod:`.options`.
 
-``CURRICULA`` maps the ``curriculum`` option to a class with ``from_options(options, dist)``;
-adding a curriculum is one module here and one line below.
+``CURRICULA`` maps the ``curriculum`` option to a class with ``from_options(options, dist)``
+(``options``: the run's ``GRPOConfig.to_dict()``); adding a curriculum is one module here and one
+line below.
 """
 
+from .adversary import (
+    PromptGDRO,
+    RolloutGDRO,
+    best_response_arm,
+    exact_budget_arms,
+    sample_exact_budget_arms,
+)
+from .allocation import shrunk_rate, sqrt_allocation
 from .base import (
     Curriculum,
     GlobalBatchCurriculum,
@@ -14,24 +25,10 @@ from .base import (
     Plan,
     PromptBatch,
 )
-from .gdro import (
-    DifficultyClassifier,
-    GDROCurriculum,
-    PromptGDRO,
-    PromptGDROCurriculum,
-    RolloutGDRO,
-    RolloutGDROCurriculum,
-    best_response_arm,
-    bin_of,
-    default_edges,
-    exact_budget_arms,
-    lead_lag,
-    sample_exact_budget_arms,
-    shrunk_rate,
-    sqrt_allocation,
-    variance_proxy,
-    weighted_standard_error,
-)
+from .bins import DifficultyClassifier, bin_of, default_edges
+from .diagnostics import lead_lag, variance_proxy, weighted_standard_error
+from .gdro import GDROCurriculum, PromptGDROCurriculum, RolloutGDROCurriculum
+from .options import GDROOptions, SelectOptions
 from .select import (
     SelectCurriculum,
     best_k,
@@ -55,6 +52,7 @@ __all__ = [
     "Curriculum",
     "DifficultyClassifier",
     "GDROCurriculum",
+    "GDROOptions",
     "GlobalBatchCurriculum",
     "GlobalRows",
     "NoCurriculum",
@@ -66,6 +64,7 @@ __all__ = [
     "RolloutGDRO",
     "RolloutGDROCurriculum",
     "SelectCurriculum",
+    "SelectOptions",
     "best_k",
     "best_response_arm",
     "bin_of",

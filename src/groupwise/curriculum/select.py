@@ -33,7 +33,7 @@ The method, per step (every rank runs it on the same global draw with the same s
 2. :meth:`SelectCurriculum.plan`: group sizes n_i in [n_min, n_max] with sum n_i = count * G
    exactly: ``knapsack`` (:func:`knapsack_allocation`, greedy on the concave expected
    informative-group value, optimal for unit costs), ``sqrt`` (the square-root law on the posterior
-   E[p(1 - p)], :func:`groupwise.curriculum.gdro.sqrt_allocation`) or ``uniform``. With
+   E[p(1 - p)], :func:`groupwise.curriculum.allocation.sqrt_allocation`) or ``uniform``. With
    ``equal_prompt_weight`` each prompt's policy term is weighted G / n_i, so a prompt's weight in
    the loss does not grow with its group size (a row mean weights prompts ∝ n).
 3. :meth:`SelectCurriculum.observe_global`: every rank's rows; each prompt's evidence is
@@ -61,11 +61,12 @@ import torch
 
 from ..core import informative_groups
 from ..distributed import DistributedContext
+from .allocation import sqrt_allocation
 from .base import GlobalBatchCurriculum, GlobalRows, Plan, PromptBatch
-from .gdro import sqrt_allocation
+from .options import SELECT_ALLOCATORS as ALLOCATORS
+from .options import SELECT_RULES as RULES
+from .options import SelectOptions
 
-ALLOCATORS = ("knapsack", "sqrt", "uniform")
-RULES = ("best_k", "legacy")
 # Candidates per prompt slot when ``oversample`` is not given: best_k gains up to about 4 (its
 # keep rule keeps it exploring); legacy's proportional draw was run at 2.
 DEFAULT_OVERSAMPLE = {"best_k": 4, "legacy": 2}
@@ -301,28 +302,29 @@ class SelectCurriculum(GlobalBatchCurriculum):
 
     @classmethod
     def from_options(
-        cls, options: Mapping[str, Any], dist: DistributedContext | None = None
+        cls, options: SelectOptions | Any, dist: DistributedContext | None = None
     ) -> SelectCurriculum:
-        """From a run's options: the ``select_*`` fields, ``rollout_min``/``rollout_max`` as the
-        group size bounds, ``num_generations`` as the mean group size, ``gdro_correct_threshold``
-        and ``seed`` (the same on every rank)."""
-        o = options
+        """From a run's options: a :class:`~.options.SelectOptions`, or a ``GRPOConfig`` (or its
+        ``to_dict()``) read into one (validated, errors naming the option): the ``select_*``
+        fields, ``rollout_min``/``rollout_max`` as the group size bounds, ``num_generations`` as
+        the mean group size, ``gdro_correct_threshold`` and ``seed`` (the same on every rank)."""
+        o = options if isinstance(options, SelectOptions) else SelectOptions.from_config(options)
         return cls(
-            num_generations=o["num_generations"],
-            n_min=o["rollout_min"],
-            n_max=o["rollout_max"],
-            rule=o["select_rule"],
-            oversample=o["select_oversample"],
-            keep=o["select_keep"],
-            keep_floor=o["select_keep_floor"],
-            discount=o["select_discount"],
-            prior_strength=o["select_prior_strength"],
-            retry_half_life=o["select_retry_half_life"],
-            uniform_mix=o["select_uniform_mix"],
-            allocator=o["select_allocator"],
-            equal_prompt_weight=o["select_equal_prompt_weight"],
-            correct_threshold=o["gdro_correct_threshold"],
-            seed=o["seed"],
+            num_generations=o.num_generations,
+            n_min=o.rollout_min,
+            n_max=o.rollout_max,
+            rule=o.select_rule,
+            oversample=o.select_oversample,
+            keep=o.select_keep,
+            keep_floor=o.select_keep_floor,
+            discount=o.select_discount,
+            prior_strength=o.select_prior_strength,
+            retry_half_life=o.select_retry_half_life,
+            uniform_mix=o.select_uniform_mix,
+            allocator=o.select_allocator,
+            equal_prompt_weight=o.select_equal_prompt_weight,
+            correct_threshold=o.gdro_correct_threshold,
+            seed=o.seed,
             dist=dist,
         )
 
