@@ -67,7 +67,14 @@ def option_reference() -> str:
     return "\n\n".join(parts) + "\n"
 
 
+DOCS_PAGE = re.compile(r"\bdocs/(?P<page>[\w-]+)\.md\b")
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    if MARKER in markdown:
-        return markdown.replace(MARKER, option_reference())
-    return markdown
+    if MARKER not in markdown:
+        return markdown
+    # The comments name pages as docs/x.md (they are read in the source too); on the site that
+    # is a link, which the strict build checks. The div lets docs/css/extra.css style the tables.
+    reference = DOCS_PAGE.sub(r"[\g<page>](\g<page>.md)", option_reference())
+    wrapped = f'<div class="option-reference" markdown>\n\n{reference}\n</div>'
+    return markdown.replace(MARKER, wrapped)

@@ -161,7 +161,9 @@ class GRPOConfig:
     sync_ref_model: bool = False
     ref_model_mixup_alpha: float = 0.6  # sync_ref_model: weight of the policy in the mix
     ref_model_sync_steps: int = 512  # sync_ref_model: optimizer steps between updates
-    scale_rewards: str = "group"  # group | batch | none
+    # group | batch (the batch's std) | none (Dr. GRPO: no std division); TRL's true / false
+    # mean group / none
+    scale_rewards: str = "group"
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
     mask_truncated_completions: bool = False  # DAPO overlong filtering
     # How prompts weigh in the loss when they have different numbers of rollouts
