@@ -392,6 +392,8 @@ def test_the_site_builds_strictly_with_the_generated_reference(tmp_path):
     missing = [n for n in GRPOConfig.field_names() if f"<code>{n}</code>" not in options]
     assert not missing, missing
     assert "option reference: generated" not in options  # the marker was replaced
+    # A comment's "docs/tools.md" is a link on the site (checked by the strict build).
+    assert '<a href="tools.html">tools</a>' in options
 
 
 def test_the_strict_build_fails_on_a_page_left_out_and_on_a_broken_link(tmp_path):
