@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint browser bench bench-speed bench-roofline bench-memory bench-curriculum bench-curriculum-tiny trl-suite clean
+.PHONY: setup demo test lint browser docs bench bench-speed bench-roofline bench-memory bench-curriculum bench-curriculum-tiny trl-suite clean
 
 # Exact versions of everything setup installs (pyproject.toml declares ranges).
 CONSTRAINTS := constraints/cpu.txt
@@ -40,8 +40,14 @@ browser:
 	    echo "note: could not install chromium; the report's browser check will be skipped"; \
 	  else echo "note: chromium is not installed; the report's browser check will be skipped"; fi; }
 
+# The documentation site, in site/ (open site/index.html). --strict makes a broken link, a missing
+# anchor or a page left out of the nav an error; the option reference is generated from
+# GRPOConfig while it builds (scripts/mkdocs_hooks.py).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 # pytest exits 5 when it collected no tests: that is a failure here, CI must execute tests.
-test: lint browser
+test: lint browser docs
 	$(PY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
@@ -90,4 +96,4 @@ trl-suite:
 	PYTHONPATH=$(CURDIR)/src VENV=$(TRL_WORK)/venv RUNS=groupwise GW_SELECT=all bash $(TRL_SUITE)/run.sh . $(TRL_WORK)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache src/*.egg-info
+	rm -rf $(VENV) runs site .pytest_cache .ruff_cache src/*.egg-info

@@ -12,8 +12,13 @@ Fast: no model is loaded; only groupwise's modules are imported.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 import pkgutil
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -241,12 +246,14 @@ def test_history_pattern_catches_what_it_should():
         assert not HISTORY_TEXT.search(text), text
 
 
-def test_readme_examples_say_what_they_do():
-    """The README's first command says tiny-random cannot learn; its Python example uses the
-    demo's learning rate (the README reports that 2e-5 collapsed the entropy)."""
+@pytest.mark.parametrize("page", ["README.md", "docs/quickstart.md"])
+def test_readme_examples_say_what_they_do(page):
+    """The first command of the README (and of the quickstart, which carries the same section)
+    says tiny-random cannot learn; the Python example uses the demo's learning rate (the
+    quickstart reports that 2e-5 collapsed the entropy)."""
     from groupwise.cli import DEMO_CONFIG
 
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / page).read_text(encoding="utf-8")
     use_it = readme[readme.index("## Use it") :]
     block = use_it[: use_it.index("```", use_it.index("```bash") + 3)]
     first = block.index("groupwise train --model tiny-random")
@@ -255,3 +262,160 @@ def test_readme_examples_say_what_they_do():
     snippet = snippet[: snippet.index("```", 3)]
     rate = re.search(r"learning_rate=([0-9.e-]+)", snippet)
     assert rate is not None and float(rate.group(1)) == DEMO_CONFIG["learning_rate"]
+
+
+def test_the_demo_learning_rate_claim_is_where_the_examples_point():
+    # The reason given for 1e-5 lives in the quickstart's demo section.
+    quickstart = (ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    demo = quickstart[quickstart.index("## What the demo does") :]
+    assert "2e-5 collapsed the policy's entropy" in demo
+
+
+# --- the documentation site ----------------------------------------------------------------------
+
+DOCS = ROOT / "docs"
+MKDOCS = ROOT / "mkdocs.yml"
+LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")
+HOOKS = ROOT / "scripts" / "mkdocs_hooks.py"
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", HOOKS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _nav_pages(node) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, list):
+        return [page for item in node for page in _nav_pages(item)]
+    if isinstance(node, dict):
+        return [page for value in node.values() for page in _nav_pages(value)]
+    return []
+
+
+def _anchors(path: Path) -> set[str]:
+    """The heading ids MkDocs gives a page (Python-Markdown's toc slugify, as mkdocs.yml uses)."""
+    from markdown.extensions.toc import slugify
+
+    text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.M | re.S)
+    headings = re.findall(r"^#{1,6}\s+(.+?)\s*$", text, re.M)
+    return {slugify(re.sub(r"[`*]", "", h), "-") for h in headings}
+
+
+def test_every_readme_link_to_the_docs_resolves():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = [m["target"] for m in LINK.finditer(readme) if m["target"].startswith("docs/")]
+    # The README is short and points into the docs for everything else: a dozen pages at least.
+    assert len({t.split("#")[0] for t in targets}) >= 12, targets
+    broken = []
+    for target in targets:
+        file, _, anchor = target.partition("#")
+        if not (ROOT / file).is_file():
+            broken.append(f"{target}: no such file")
+        elif anchor and anchor not in _anchors(ROOT / file):
+            broken.append(f"{target}: no heading with that id in {file}")
+    assert not broken, broken
+
+
+def test_anchor_reader_knows_mkdocs_ids():
+    # The id MkDocs gave this heading in a build (checked in the built concepts.html).
+    assert "batch-arithmetic-generation-batch-mini-batches-optimizer-steps" in _anchors(
+        DOCS / "concepts.md"
+    )
+
+
+def test_the_nav_lists_every_page_and_only_pages_that_exist():
+    import yaml
+
+    config = yaml.safe_load(MKDOCS.read_text(encoding="utf-8"))
+    nav = _nav_pages(config["nav"])
+    pages = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
+    assert sorted(nav) == pages, (
+        f"in docs/ but not in the nav: {sorted(set(pages) - set(nav))}; "
+        f"in the nav but not in docs/: {sorted(set(nav) - set(pages))}; "
+        f"listed twice: {sorted({p for p in nav if nav.count(p) > 1})}"
+    )
+    assert config["hooks"] == ["scripts/mkdocs_hooks.py"]
+
+
+def test_the_option_reference_is_generated_from_every_field():
+    from groupwise.config import GRPOConfig, option_help
+
+    hooks = _hooks()
+    page = (DOCS / "options.md").read_text(encoding="utf-8")
+    assert page.count(hooks.MARKER) == 1, "docs/options.md lost the generated reference's marker"
+    sections = hooks.option_sections()
+    listed = [name for _, fields in sections for name in fields]
+    assert listed == list(GRPOConfig.field_names())  # each field once, in source order
+    assert [title.split(" (")[0] for title, _ in sections][:4] == [
+        "model and data", "tools and environments", "algorithm", "GRPO"
+    ]  # fmt: skip
+    reference = hooks.option_reference()
+    meanings = option_help()
+    for name in listed:
+        rows = [line for line in reference.splitlines() if line.startswith(f"| `{name}` |")]
+        assert len(rows) == 1, name
+        assert meanings[name].replace("|", "\\|") in rows[0], (name, rows[0])
+    beta = next(line for line in reference.splitlines() if line.startswith("| `beta` |"))
+    assert beta == "| `beta` | `0.04` | KL coefficient; 0 loads no reference model at all |"
+    # A "|" in a meaning would split its row into extra cells.
+    assert "| `on_invalid_rows` | `error` | file tasks: error \\| skip" in reference
+    assert reference.count("\n## ") + reference.startswith("## ") == len(sections)
+
+
+def _docs_build_command(site: Path, config: Path | None = None) -> list[str]:
+    """`make docs`'s mkdocs command as the Makefile spells it (so its flags cannot drift from
+    what this test checks), writing to ``site``, optionally from another config file."""
+    recipe = re.search(r"^docs:.*\n\t(?P<line>.*)$", (ROOT / "Makefile").read_text(), re.M)
+    assert recipe, "Makefile has no docs target"
+    args = recipe["line"].split("/bin/mkdocs ", 1)[1].split()
+    assert args[:2] == ["build", "--strict"] and "--quiet" not in args, args  # quiet hides warnings
+    args[args.index("--site-dir") + 1] = str(site)
+    return [sys.executable, "-m", "mkdocs", *args, *(["-f", str(config)] if config else [])]
+
+
+def _build(command: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_the_site_builds_strictly_with_the_generated_reference(tmp_path):
+    pytest.importorskip("mkdocs", reason="mkdocs is installed by make setup (the test extra)")
+    from groupwise.config import GRPOConfig
+
+    build = _build(_docs_build_command(tmp_path / "site"))
+    assert build.returncode == 0, build.stderr[-3000:]
+    options = (tmp_path / "site" / "options.html").read_text(encoding="utf-8")
+    missing = [n for n in GRPOConfig.field_names() if f"<code>{n}</code>" not in options]
+    assert not missing, missing
+    assert "option reference: generated" not in options  # the marker was replaced
+    # A comment's "docs/tools.md" is a link on the site (checked by the strict build).
+    assert '<a href="tools.html">tools</a>' in options
+
+
+def test_the_strict_build_fails_on_a_page_left_out_and_on_a_broken_link(tmp_path):
+    pytest.importorskip("mkdocs", reason="mkdocs is installed by make setup (the test extra)")
+    import yaml
+
+    config = yaml.safe_load(MKDOCS.read_text(encoding="utf-8"))
+    config["docs_dir"] = str(DOCS)
+    config["hooks"] = [str(ROOT / h) for h in config["hooks"]]
+    nav = [page for page in config["nav"] if page != {"Option reference": "options.md"}]
+    left_out = dict(config, nav=nav)
+    assert left_out["nav"] != config["nav"]
+    path = tmp_path / "left_out.yml"
+    path.write_text(yaml.safe_dump(left_out), encoding="utf-8")
+    build = _build(_docs_build_command(tmp_path / "a", path))
+    assert build.returncode != 0 and "options.md" in build.stderr, build.stderr[-3000:]
+
+    docs = tmp_path / "docs"
+    shutil.copytree(DOCS, docs)
+    with open(docs / "index.md", "a", encoding="utf-8") as f:
+        f.write("\nSee [the missing page](no-such-page.md).\n")
+    path = tmp_path / "broken.yml"
+    path.write_text(yaml.safe_dump(dict(config, docs_dir=str(docs))), encoding="utf-8")
+    build = _build(_docs_build_command(tmp_path / "b", path))
+    assert build.returncode != 0 and "no-such-page.md" in build.stderr, build.stderr[-3000:]

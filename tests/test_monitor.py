@@ -56,7 +56,7 @@ def test_zero_std_fires_after_n_consecutive_steps():
     assert (w.step, w.kind) == (5, "zero_std")
     assert "nothing is being learned" in w.message and "curriculum=select" in w.message
     assert "dynamic_sampling=true" in w.message and "Easier prompts" in w.message
-    # rollout_gdro buys about 1.00-1.04x informative groups (README), so it is not advised.
+    # rollout_gdro buys about 1.00-1.04x informative groups (docs/benchmarks.md): not advised.
     assert "rollout_gdro" not in w.message
     assert "0.95" in w.message and "5 steps" in w.message
 

@@ -60,7 +60,7 @@ train options worth knowing: --resume (continue from the newest checkpoint in ou
 --overwrite_output_dir (start over in a folder that holds an earlier run), --debug (tracebacks),
 --algorithm ppo (the actor-critic baseline), --use_peft true (LoRA), --report_to tensorboard
 
-precision (README "Precision"): on a bf16 GPU the default is fp32 weights and AdamW state with
+precision (docs/gpu.md): on a bf16 GPU the default is fp32 weights and AdamW state with
 bf16 autocast for forward, backward and generation (--bf16_autocast auto; TRL's --bf16 true means
 the same); on CPU, fp32 throughout. --dtype bfloat16 stores the trained weights in bf16 with no
 fp32 master copy: less memory, but updates below ~1/512 of a weight are lost (it warns).
@@ -71,7 +71,7 @@ e.g. groupwise train --model tiny-random --task arithmetic --max_steps 5 --outpu
 """
 
 # The demo's settings: measured to raise held-out greedy accuracy well within 15 minutes on a
-# 2-core CPU (README has the numbers).
+# 2-core CPU (docs/quickstart.md has the numbers).
 DEMO_CONFIG: dict[str, Any] = {
     "model": "smollm2-135m-instruct",
     "task": "arithmetic",

@@ -111,7 +111,7 @@ class GRPOConfig:
     code_timeout: float = 5.0  # code / code_binary: wall-clock seconds per completion
     remote_timeout: float = 10.0  # remote:URL: seconds per request
 
-    # --- tools and environments (multi-turn rollouts; README "Tools and environments") ------
+    # --- tools and environments (multi-turn rollouts; docs/tools.md) ---------------------
     # Tools the model may call: built-in names (calculator, python) or module:function paths.
     # GRPOTrainer(tools=[fn]) adds Python functions. None and no environment: single-turn.
     tools: list[str] | None = None
@@ -129,8 +129,8 @@ class GRPOConfig:
     num_generations: int = 8  # G: completions per prompt
     per_device_train_batch_size: int = 8  # completions per micro-batch (TRL's meaning)
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
-    # One generation batch, several optimizer steps (TRL's names and meanings; README "Batch
-    # arithmetic"). steps_per_generation: micro-batches (of per_device_train_batch_size
+    # One generation batch, several optimizer steps (TRL's names and meanings; docs/concepts.md
+    # "Batch arithmetic"). steps_per_generation: micro-batches (of per_device_train_batch_size
     # completions, per rank) per generation batch; None: gradient_accumulation_steps, i.e. one
     # optimizer step per generation. generation_batch_size: completions per generation batch
     # over all ranks (= per_device_train_batch_size * ranks * steps_per_generation). At most one
@@ -142,7 +142,7 @@ class GRPOConfig:
     epsilon: float = 0.2  # lower clip
     # upper clip (DAPO clip-higher); None: same as epsilon, except cispo: 5.0 (its weight cap)
     epsilon_high: float | None = None
-    # grpo | bnpo | dapo | dr_grpo | cispo | luspo | sapo | vespo (README "Loss variants")
+    # grpo | bnpo | dapo | dr_grpo | cispo | luspo | sapo | vespo (docs/concepts.md "Loss variants")
     loss_type: str = "grpo"
     # Two-sided clipping (INTELLECT-2; TRL's delta): the unclipped ratio is capped at delta,
     # which bounds a negative-advantage token's loss (None: off; advised > 1 + epsilon_high).
@@ -161,7 +161,9 @@ class GRPOConfig:
     sync_ref_model: bool = False
     ref_model_mixup_alpha: float = 0.6  # sync_ref_model: weight of the policy in the mix
     ref_model_sync_steps: int = 512  # sync_ref_model: optimizer steps between updates
-    scale_rewards: str = "group"  # group | batch | none
+    # group | batch (the batch's std) | none (Dr. GRPO: no std division); TRL's true / false
+    # mean group / none
+    scale_rewards: str = "group"
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
     mask_truncated_completions: bool = False  # DAPO overlong filtering
     # How prompts weigh in the loss when they have different numbers of rollouts
@@ -233,8 +235,9 @@ class GRPOConfig:
     # not move without information; default) | expected (mean arm under the bandit
     # probabilities, the earlier rule: drifts up) | realized (eq. 21 as written: stays at 0)
     rollout_mu_update: str = "best_response"
-    # Predictive selection with adaptive group size (curriculum: select; README). Group sizes
-    # are rollout_min..rollout_max around num_generations; correct: gdro_correct_threshold.
+    # Predictive selection with adaptive group size (curriculum: select; docs/curriculum.md).
+    # Group sizes are rollout_min..rollout_max around num_generations; correct:
+    # gdro_correct_threshold.
     # best_k: GRESO's keep rule (a prompt whose last z groups were all alike stays a candidate
     # with probability max(select_keep^z, select_keep_floor)), then the candidates with the
     # largest predicted chance of an informative group. legacy: the earlier proportional draw
@@ -251,7 +254,7 @@ class GRPOConfig:
     select_equal_prompt_weight: bool = True  # weight num_generations / n_i per prompt
     # Sequential top-up within a step (Reinforce-Ada): roll out select_top_up_first per prompt,
     # then spend the rest of the step's planned rollouts on groups still all-correct or
-    # all-wrong, select_top_up_first more each per round, up to rollout_max (README).
+    # all-wrong, select_top_up_first more each per round, up to rollout_max (docs/curriculum.md).
     select_top_up: bool = False
     select_top_up_first: int = 2  # top-up: rollouts per prompt in the first round (>= 2)
 
@@ -271,11 +274,12 @@ class GRPOConfig:
     # extra keyword arguments of the tokenizer's apply_chat_template for conversational
     # prompts, e.g. {enable_thinking: false} for Qwen3 (TRL's name)
     chat_template_kwargs: dict[str, Any] | None = None
-    # Rollout engine (README "Rollout engines"): hf (the Hugging Face forward on the policy's
-    # own weights) | static (a lean Llama-family decoder on its own copy of the weights, bf16
-    # with generation_dtype: bfloat16, refreshed after every optimizer step; the fast one on a
-    # CPU) | vllm (a colocated vLLM with its own weights, synced after every optimizer step; pip
-    # install "groupwise[vllm]", a CUDA GPU). TRL's use_vllm=True is generation_engine: vllm.
+    # Rollout engine (docs/speed-memory.md "Rollout engines"): hf (the Hugging Face forward on
+    # the policy's own weights) | static (a lean Llama-family decoder on its own copy of the
+    # weights, bf16 with generation_dtype: bfloat16, refreshed after every optimizer step; the
+    # fast one on a CPU) | vllm (a colocated vLLM with its own weights, synced after every
+    # optimizer step; pip install "groupwise[vllm]", a CUDA GPU). TRL's use_vllm=True is
+    # generation_engine: vllm.
     generation_engine: str = "hf"
     # static engine: compile its decode step with torch.compile. None = auto: on a GPU, when
     # the run has at least static_compile_min_steps steps (a short run never waits for the
@@ -302,7 +306,7 @@ class GRPOConfig:
     adam_epsilon: float = 1e-8  # AdamW epsilon
     max_grad_norm: float = 1.0  # clip the global gradient norm to this
     # steps of the run, each one generation batch (more than one optimizer step when
-    # steps_per_generation > gradient_accumulation_steps; README 'Batch arithmetic');
+    # steps_per_generation > gradient_accumulation_steps; docs/concepts.md 'Batch arithmetic');
     # -1: from num_train_epochs (TRL's meaning)
     max_steps: int = 100
     # max_steps=-1: passes over train_dataset; steps = ceil(epochs * rows / prompts per step)
@@ -311,7 +315,7 @@ class GRPOConfig:
 
     # --- runtime --------------------------------------------------------------------------
     device: str = "auto"  # auto | cpu | cuda
-    # The weights' dtype (README "Precision"). auto: fp32 trained weights everywhere (with LoRA
+    # The weights' dtype (docs/gpu.md). auto: fp32 trained weights everywhere (with LoRA
     # on a bf16 GPU the frozen base in bf16) | float32 | bfloat16: pure bf16 weights and AdamW
     # state, no fp32 master copy (loses small updates; warns).
     dtype: str = "auto"
@@ -861,7 +865,7 @@ class GRPOConfig:
             hint += "."
         return ConfigError(
             f"{source}: unknown option {name!r}{hint} Every option with its meaning: "
-            "`groupwise train --help` (TRL's names: README 'Coming from TRL')"
+            "`groupwise train --help` (TRL's names: docs/trl.md)"
         )
 
     @classmethod

@@ -259,7 +259,8 @@ class TrainingMonitor:
             "Easier prompts (a task or mix the model solves some of the time) help most; "
             "dynamic_sampling=true (drop those groups, draw more prompts), curriculum=select "
             "(pick prompts likely to give mixed groups: 1.1-1.3x informative groups per rollout "
-            "in README's simulation) and a larger num_generations spend the rollouts better."
+            "in the simulation in docs/benchmarks.md) and a larger num_generations spend the "
+            "rollouts better."
         )
 
     def _entropy(self, logs: dict[str, Any], step: int) -> str | None:

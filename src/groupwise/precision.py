@@ -1,7 +1,7 @@
 """A run's numerics: the dtype the weights are stored and updated in, bf16 autocast for the
 forward and backward passes, the numerics of generation, and TF32 matmuls on CUDA.
 
-The modes (README "Precision"), as the options resolve them:
+The modes (docs/gpu.md), as the options resolve them:
 
 ==================  ===========================  ========  ============  ===============  ==========
 mode                options                      weights   fwd / bwd     AdamW state      TRL / HF

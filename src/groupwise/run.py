@@ -215,7 +215,7 @@ class Trainer:
     ``optimizers`` (only ``(None, None)``). TRL's positional order ``(model, reward_funcs, args,
     train_dataset)`` works too.
 
-    Multi-turn rollouts (README "Tools and environments"): ``tools``, typed and documented Python
+    Multi-turn rollouts (docs/tools.md): ``tools``, typed and documented Python
     functions (or built-in names) the model may call, as TRL's ``tools``; or
     ``environment_factory``, a callable returning one :class:`groupwise.tools.Environment` per
     conversation (``reset(row)``, ``step(message)``, ``state()``)."""
@@ -279,7 +279,7 @@ class Trainer:
         self.device = resolve_device(args.device)
         if self.device.type == "cuda" and self.dist.enabled:
             self.device = torch.device("cuda", self.dist.local_rank)
-        # fp32 weights with bf16 autocast on a bf16 GPU, fp32 on CPU (README "Precision").
+        # fp32 weights with bf16 autocast on a bf16 GPU, fp32 on CPU (docs/gpu.md).
         self.precision = resolve_run_precision(args, self.device)
         self.dtype = self.precision.weights
         given = model

@@ -363,6 +363,6 @@ def normalise_report_to(value: Any) -> list[str] | None:
 def ignored_message(ignored: dict[str, Any]) -> str:
     listed = ", ".join(f"{name}={value!r}" for name, value in ignored.items())
     return (
-        f"groupwise accepted these TRL options but ignores them (no meaning here; README "
-        f"'Coming from TRL'): {listed}"
+        f"groupwise accepted these TRL options but ignores them (no meaning here; "
+        f"docs/trl.md): {listed}"
     )
