@@ -47,3 +47,26 @@ def test_atomic_save_leaves_nothing_on_failure(tmp_path):
         pass
     assert not target.exists()
     assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_an_architecture_without_sdpa_loads_with_eager_attention(tmp_path, tokenizer, caplog):
+    # Gemma2 has no SDPA kernel in transformers: the default attn_implementation ("sdpa") must
+    # not make it unloadable; it falls back to eager, as transformers' own default does.
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from groupwise.models import load_model_and_tokenizer
+
+    config = Gemma2Config(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+    )  # fmt: skip
+    Gemma2ForCausalLM(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with caplog.at_level("WARNING", logger="groupwise.models"):
+        model, _ = load_model_and_tokenizer(str(tmp_path), attn_implementation="sdpa")
+    assert model.config._attn_implementation == "eager"
+    assert "no SDPA attention" in caplog.text
+    # An explicit eager request loads without the note.
+    caplog.clear()
+    model, _ = load_model_and_tokenizer(str(tmp_path), attn_implementation="eager")
+    assert model.config._attn_implementation == "eager" and caplog.text == ""

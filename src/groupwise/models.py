@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -37,6 +38,8 @@ from .files import atomic_write_text
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-random")
+
+logger = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -295,6 +298,28 @@ def broken_weight_file(folder: str | Path) -> tuple[Path, str] | None:
     return None
 
 
+def _from_pretrained_with_attention(
+    name_or_path: str, placement: dict[str, Any], trust: dict[str, Any]
+) -> PreTrainedModel:
+    """``from_pretrained``; an architecture without an SDPA kernel (Gemma2, GPT-OSS, ...) asked
+    for ``sdpa``, the default, is loaded with ``eager`` attention instead, as transformers does
+    when no implementation is named, and the switch is logged."""
+    try:
+        return AutoModelForCausalLM.from_pretrained(name_or_path, **placement, **trust)
+    except ValueError as err:
+        no_sdpa = "scaled_dot_product_attention" in str(err) and "support" in str(err)
+        if placement.get("attn_implementation") != "sdpa" or not no_sdpa:
+            raise
+    logger.warning(
+        "model %r has no SDPA attention in transformers; loading it with attn_implementation="
+        "'eager' (set attn_implementation to silence this)",
+        name_or_path,
+    )
+    return AutoModelForCausalLM.from_pretrained(
+        name_or_path, **{**placement, "attn_implementation": "eager"}, **trust
+    )
+
+
 def load_model_and_tokenizer(
     name_or_path: str | PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase | None = None,
@@ -344,7 +369,7 @@ def load_model_and_tokenizer(
         check_model_name(name_or_path)
         trust = {"trust_remote_code": trust_remote_code}
         try:
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, **placement, **trust)
+            model = _from_pretrained_with_attention(name_or_path, placement, trust)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(name_or_path, **trust)
         except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
             reason = first_line(err)
