@@ -40,7 +40,7 @@ run in parts). Model weights go to ``--work`` (default ``runs/curriculum-work``)
 from their fixed random seeds when absent.
 
     python benchmarks/curriculum.py pilot              # about 20 minutes after the warm start
-    python benchmarks/curriculum.py run --seeds 1-16   # about 25 minutes per seed pair
+    python benchmarks/curriculum.py run --seeds 1-16   # roughly 25 minutes per seed pair (estimate)
     python benchmarks/curriculum.py report             # the tables from what has finished
 """
 
