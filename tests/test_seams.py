@@ -284,6 +284,7 @@ LAYERS = [
     {"sandbox"},
     {"rewards"},
     {"distributed", "tools", "precision", "reference"},
+    {"entropy"},
     {"rollout", "batching"},
     {"scoring"},
     {"curriculum", "tasks", "evaluation", "sampler"},

@@ -266,8 +266,6 @@ def test_repetition_penalty_is_refused_with_tools(tmp_path):
 @pytest.mark.parametrize(
     "option, value",
     [
-        ("entropy_coef", 0.01),
-        ("use_adaptive_entropy", True),
         ("off_policy_mask_threshold", 0.5),
         ("multi_objective_aggregation", "normalize_then_sum"),
         ("neftune_noise_alpha", 5.0),
@@ -282,9 +280,9 @@ def test_trl_options_that_change_training_are_refused_by_name(option, value):
 
 
 def test_trl_options_at_their_off_value_are_accepted_and_reported():
-    with pytest.warns(UserWarning, match="entropy_coef=0.0"):
-        args = GRPOConfig(entropy_coef=0.0, off_policy_mask_threshold=None)
-    assert set(args.trl_ignored) == {"entropy_coef", "off_policy_mask_threshold"}
+    with pytest.warns(UserWarning, match="load_best_model_at_end=False"):
+        args = GRPOConfig(load_best_model_at_end=False, neftune_noise_alpha=None)
+    assert set(args.trl_ignored) == {"load_best_model_at_end", "neftune_noise_alpha"}
 
 
 def test_vllm_importance_sampling_options_are_rollout_correction():

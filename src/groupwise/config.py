@@ -156,6 +156,16 @@ class GRPOConfig:
     # Train the policy term only on the tokens whose entropy is in the top rho share of the
     # micro-batch's ("Beyond the 80/20 Rule"; TRL's name; 1.0: every token, 0.2 advised).
     top_entropy_quantile: float = 1.0
+    # Entropy bonus: loss = policy loss - entropy_coef * mean token entropy, the same for every
+    # loss_type (TRL's names; 0: no bonus). With use_adaptive_entropy (Skywork-OR1) it is the
+    # starting coefficient, raised by entropy_coef_delta after each optimizer step whose
+    # entropy is at or below entropy_target, lowered otherwise, applied only while at or below.
+    entropy_coef: float = 0.0
+    use_adaptive_entropy: bool = False  # adapt entropy_coef to keep entropy near entropy_target
+    entropy_target: float = 0.2  # use_adaptive_entropy: target mean token entropy (nats)
+    entropy_coef_delta: float = 0.005  # use_adaptive_entropy: change per optimizer step
+    entropy_coef_min: float = 0.0  # use_adaptive_entropy: lower bound of the coefficient
+    entropy_coef_max: float = 1.0  # use_adaptive_entropy: upper bound of the coefficient
     # TR-DPO's reference update (TRL's names): every ref_model_sync_steps optimizer steps,
     # ref = alpha * policy + (1 - alpha) * ref with alpha = ref_model_mixup_alpha (beta > 0).
     sync_ref_model: bool = False
@@ -532,7 +542,8 @@ class GRPOConfig:
         return CISPO_DEFAULT_CAP if self.loss_type == "cispo" else self.epsilon
 
     def _validate_loss_options(self) -> None:
-        """delta, the sapo / vespo shapes, top_entropy_quantile and the reference sync."""
+        """delta, the sapo / vespo shapes, top_entropy_quantile, the entropy bonus and the
+        reference sync."""
         clipped = ("grpo", "bnpo", "dapo", "dr_grpo", "luspo")
         if self.delta is not None:
             if self.loss_type not in clipped:
@@ -557,6 +568,24 @@ class GRPOConfig:
             raise ConfigError(
                 f"top_entropy_quantile must be in [0, 1], got {self.top_entropy_quantile}"
             )
+        if not math.isfinite(self.entropy_coef):
+            raise ConfigError(f"entropy_coef must be a finite number, got {self.entropy_coef}")
+        if self.use_adaptive_entropy:
+            if self.entropy_coef_delta < 0:
+                raise ConfigError(
+                    f"entropy_coef_delta must be >= 0, got {self.entropy_coef_delta}"
+                )
+            if not self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max:
+                raise ConfigError(
+                    "use_adaptive_entropy needs entropy_coef_min <= entropy_coef <= "
+                    f"entropy_coef_max, got {self.entropy_coef_min} <= {self.entropy_coef} <= "
+                    f"{self.entropy_coef_max}"
+                )
+            if self.entropy_target < 0:
+                raise ConfigError(
+                    f"entropy_target is a mean token entropy in nats, >= 0; got "
+                    f"{self.entropy_target}"
+                )
         if not 0.0 <= self.ref_model_mixup_alpha <= 1.0:
             raise ConfigError(
                 f"ref_model_mixup_alpha must be in [0, 1], got {self.ref_model_mixup_alpha}"

@@ -9,6 +9,9 @@ temperature T:
     log p(y) = z_y - logsumexp(z)                                                          (2)
     entropy = logsumexp(z) - sum_v p_v z_v                                                 (3)
 
+The entropy is differentiated only when asked (``entropy_grad``: an entropy bonus in the loss);
+otherwise it is a detached by-product for logging and the top-entropy token mask.
+
 Three implementations (``impl``):
 
 - ``"chunked"`` (default): :class:`ChunkedLMHeadLogprob`, a custom autograd function that applies
@@ -18,6 +21,7 @@ Three implementations (``impl``):
       d log p(y) / dz = onehot(y) - p                                                     (4)
       dz / dx = (1 - tanh^2(x / c)) / T        (1 / T without a cap)                      (5)
       grad_h = g_x W,   grad_W = sum over chunks of g_x^T h,   grad_b = sum of g_x         (6)
+      d entropy / dz = -p * (log p + entropy)                                              (7)
 
   with g_x the upstream gradient chained through (4) and (5). Neither pass holds more than
   [chunk_size x V] logits (the approach of Liger's fused linear cross-entropy, Unsloth and
@@ -84,14 +88,16 @@ def _scale_logits_(
 
 
 class ChunkedLMHeadLogprob(torch.autograd.Function):
-    """log p(target) (Eq. 2) and the entropy (Eq. 3, not differentiated) of softmax(z), z from
-    Eq. 1, for hidden rows [M, H], without ever holding more than [chunk_size, V] logits.
+    """log p(target) (Eq. 2) and the entropy (Eq. 3) of softmax(z), z from Eq. 1, for hidden
+    rows [M, H], without ever holding more than [chunk_size, V] logits.
 
-    ``apply(hidden, targets, weight, bias, temperature, softcap, chunk_size)`` with
-    ``weight`` [V, H] (for tied embeddings, the embedding matrix: autograd adds both
+    ``apply(hidden, targets, weight, bias, temperature, softcap, chunk_size, entropy_grad)``
+    with ``weight`` [V, H] (for tied embeddings, the embedding matrix: autograd adds both
     gradients), ``bias`` [V] or None. Returns (logp [M], entropy [M]) in fp32 (fp64 for fp64
-    inputs). Saves only the inputs and logsumexp(z) [M] for the backward pass; gradients for
-    inputs that do not require them (e.g. a frozen head under LoRA) are not computed.
+    inputs); the entropy is differentiable (Eq. 7) only with ``entropy_grad``. Saves only the
+    inputs, logsumexp(z) [M] and (with ``entropy_grad``) the entropy [M] for the backward;
+    gradients for inputs that do not require them (e.g. a frozen head under LoRA) are not
+    computed.
     """
 
     @staticmethod
@@ -104,6 +110,7 @@ class ChunkedLMHeadLogprob(torch.autograd.Function):
         temperature: float,
         softcap: float | None,
         chunk_size: int,
+        entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n_rows = hidden.shape[0]
         math_dtype = _math_dtype(weight.dtype)
@@ -124,9 +131,13 @@ class ChunkedLMHeadLogprob(torch.autograd.Function):
             logp[rows] = z.gather(-1, targets[rows, None]).squeeze(-1) - chunk_log_z  # Eq. 2
             entropy[rows] = chunk_log_z - exps.mul_(z).sum(-1) / total  # Eq. 3
             del raw, z, exps  # free this chunk's [chunk, V] buffers before the next is made
-        ctx.save_for_backward(hidden, targets, weight, bias, log_z)
+        # The entropy is kept only when its gradient (Eq. 7) will be needed.
+        kept_entropy = entropy if entropy_grad else None
+        ctx.save_for_backward(hidden, targets, weight, bias, log_z, kept_entropy)
         ctx.temperature, ctx.softcap, ctx.chunk_size = temperature, softcap, chunk_size
-        ctx.mark_non_differentiable(entropy)
+        ctx.entropy_grad = entropy_grad
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
@@ -136,8 +147,10 @@ class ChunkedLMHeadLogprob(torch.autograd.Function):
         grad_logp: torch.Tensor,
         grad_entropy: torch.Tensor | None,
     ) -> tuple[torch.Tensor | None, ...]:
-        hidden, targets, weight, bias, log_z = ctx.saved_tensors
+        hidden, targets, weight, bias, log_z, entropy = ctx.saved_tensors
         need_hidden, _, need_weight, need_bias = ctx.needs_input_grad[:4]
+        if not ctx.entropy_grad:
+            grad_entropy = None
         math_dtype = log_z.dtype
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         # Head gradients are sums over all chunks: accumulate in (at least) fp32, cast at the end.
@@ -151,7 +164,17 @@ class ChunkedLMHeadLogprob(torch.autograd.Function):
             # Eq. 4 times the upstream gradient g and Eq. 5's 1 / T, in place over z:
             # g_z = (g / T) * (onehot(y) - p),  p = exp(z - log Z).
             g = g / ctx.temperature
-            g_z = z.sub_(log_z[rows, None]).exp_().mul_(-g[:, None])
+            log_p = z.sub_(log_z[rows, None])
+            if grad_entropy is None:
+                g_z = log_p.exp_().mul_(-g[:, None])
+            else:
+                # Plus Eq. 7 times its upstream gradient g_H (and 1 / T):
+                # g_z = -p * (g + g_H * (log p + H)), then + g at the target.
+                g_h = grad_entropy[rows].to(math_dtype) / ctx.temperature
+                p = log_p.exp()
+                factor = log_p.add_(entropy[rows, None]).mul_(g_h[:, None]).add_(g[:, None])
+                g_z = p.mul_(factor).neg_()
+                del factor
             g_z.scatter_add_(-1, targets[rows, None], g[:, None])
             if tanh is not None:  # Eq. 5: the cap's derivative 1 - tanh^2(x / c)
                 g_z.mul_(tanh.square_().neg_().add_(1.0))
@@ -171,7 +194,7 @@ class ChunkedLMHeadLogprob(torch.autograd.Function):
             grad_weight = grad_weight.to(weight.dtype)
         if grad_bias is not None:
             grad_bias = grad_bias.to(bias.dtype)
-        return grad_hidden, None, grad_weight, grad_bias, None, None, None
+        return grad_hidden, None, grad_weight, grad_bias, None, None, None, None
 
 
 def _is_plain_linear(head: torch.nn.Module) -> bool:
@@ -203,12 +226,13 @@ def _token_logprobs_and_entropy(
     lm_head: torch.nn.Module,
     temperature: float,
     softcap: float | None,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eqs. 2 and 3 for [M, H] rows through the head module (``"checkpoint"`` path)."""
     logits, _ = _scale_logits(lm_head(hidden), temperature, softcap)
     log_z = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - log_z
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         probs = torch.exp(logits - log_z[:, None])
         entropy = log_z - (probs * logits).sum(-1)
     return logp, entropy
@@ -221,12 +245,13 @@ def _naive_logprobs_and_entropy(
     lm_head: torch.nn.Module,
     temperature: float,
     softcap: float | None,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eqs. 2 and 3 from full [N, T, V] logits at every completion position (``"naive"``)."""
     logits, _ = _scale_logits(lm_head(hidden), temperature, softcap)
     log_probs = torch.log_softmax(logits, dim=-1)
     logp = log_probs.gather(-1, completion_ids[..., None]).squeeze(-1)
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(log_probs.exp() * log_probs).sum(-1)
     padding = ~completion_mask.bool()
     return logp.masked_fill(padding, 0.0), entropy.masked_fill(padding, 0.0)
@@ -250,9 +275,10 @@ def completion_logprobs(
     chunk_size: int = 512,
     group_size: int = 1,
     impl: str = "chunked",
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs [N, T] of ``completion_ids`` under ``model`` (0 at masked positions) and the
-    per-token entropy [N, T] (detached).
+    per-token entropy [N, T] (0 at masked positions; detached unless ``entropy_grad``).
 
     prompt_ids/prompt_mask: [N / group_size, Lp], left-padded; row r of the completions belongs
     to prompt r // group_size. completion_ids/mask: [N, T], right-padded. Logits are divided by
@@ -317,7 +343,7 @@ def completion_logprobs(
 
     if impl == "naive":
         return _naive_logprobs_and_entropy(
-            hidden, completion_ids, completion_mask, lm_head, temperature, softcap
+            hidden, completion_ids, completion_mask, lm_head, temperature, softcap, entropy_grad
         )
     # LM head + log-softmax only at unmasked completion positions, chunk by chunk.
     select = completion_mask.bool()
@@ -335,7 +361,7 @@ def completion_logprobs(
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             logp, entropy = ChunkedLMHeadLogprob.apply(
                 rows_hidden.to(weight.dtype), targets, weight, lm_head.bias, temperature,
-                softcap, chunk_size,
+                softcap, chunk_size, entropy_grad,
             )  # fmt: skip
     else:
         logp_parts, entropy_parts = [], []
@@ -349,6 +375,7 @@ def completion_logprobs(
                     lm_head,
                     temperature,
                     softcap,
+                    entropy_grad,
                     use_reentrant=False,
                 )
             else:
@@ -357,7 +384,8 @@ def completion_logprobs(
             entropy_parts.append(entropy)
         logp, entropy = torch.cat(logp_parts), torch.cat(entropy_parts)
     logprobs = logprobs.masked_scatter(select, logp.to(out_dtype))
-    entropies = entropies.masked_scatter(select, entropy.detach().to(out_dtype))
+    entropy = entropy if entropy_grad else entropy.detach()
+    entropies = entropies.masked_scatter(select, entropy.to(out_dtype))
     return logprobs, entropies
 
 

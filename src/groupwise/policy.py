@@ -53,6 +53,7 @@ from .distributed import (
     max_over_ranks,
     shard_fsdp,
 )
+from .entropy import EntropyControl, entropy_bonus
 from .errors import first_line
 from .logprobs import completion_logprobs
 from .precision import Precision
@@ -225,20 +226,23 @@ class MicroBatch:
     correction: Tensor | None  # [n, T] or [n, 1] rollout-correction weights
     row_weights: Tensor | None  # [n] a curriculum's weights
     counts: BatchCounts
-    entropy: Tensor | None = None  # [n, T] the policy's token entropies (no grad) this pass
+    # [n, T] the policy's token entropies this pass (with grad only for an entropy bonus)
+    entropy: Tensor | None = None
 
 
 @dataclass
 class LossTerms:
     """A loss's answer for one micro-batch: the loss (with grad), its ``weight`` in the global
     batch's loss (a float or a 0-d tensor), metrics (0-d detached tensors or floats, weighted
-    like the loss when logged; read once per pass) and the per-completion policy term a
-    curriculum reads ([n], no grad; None if the loss has none)."""
+    like the loss when logged; read once per pass), the per-completion policy term a
+    curriculum reads ([n], no grad; None if the loss has none) and ``bonus``, a term already in
+    the global batch's units, added after the weight (the entropy bonus; None without)."""
 
     loss: Tensor
     weight: float | Tensor
     metrics: dict[str, float | Tensor]
     sequence_loss: Tensor | None = None
+    bonus: Tensor | None = None
 
 
 @dataclass
@@ -419,12 +423,16 @@ class Policy(Trainable):
         )
 
     def logprobs(
-        self, rollout: Rollout, rows: Tensor, model: PreTrainedModel | None = None
+        self,
+        rollout: Rollout,
+        rows: Tensor,
+        model: PreTrainedModel | None = None,
+        entropy_grad: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """Log-probs and entropies [n, T] of the completions ``rows`` (row indices into the
-        rollout) under ``model`` (default: the policy). The forward runs on the rows' own longest
-        completion (padding trimmed per micro-batch); the results are padded back to the
-        rollout's width T with zeros."""
+        rollout) under ``model`` (default: the policy); the entropies carry a gradient only with
+        ``entropy_grad``. The forward runs on the rows' own longest completion (padding trimmed
+        per micro-batch); the results are padded back to the rollout's width T with zeros."""
         model = self.model if model is None else model
         completion_ids, completion_mask, width = trimmed_completions(rollout, rows)
         # Share the prompt forward across the rows of a prompt: whole groups, or a micro-batch
@@ -466,6 +474,7 @@ class Policy(Trainable):
                 chunk_size=self.args.logprob_chunk_size,
                 group_size=group_size,
                 impl=self.args.logprob_impl,
+                entropy_grad=entropy_grad,
             )
         pad = (0, rollout.completion_ids.shape[1] - width)
         return torch.nn.functional.pad(logps, pad), torch.nn.functional.pad(entropy, pad)
@@ -597,11 +606,13 @@ class Policy(Trainable):
         """One optimizer pass over the prepared batch: the loss of every micro-batch, weighted
         so their sum is the global batch's loss, accumulated, clipped and stepped. ``also``:
         other networks the loss trains (the PPO critic), stepped together. A NaN/inf loss or
-        gradient on any rank skips the step on every rank, and the remaining passes."""
+        gradient on any rank skips the step on every rank, and the remaining passes. A loss with
+        an entropy bonus gets differentiable entropies and is told when the step is taken."""
         stats = inputs.stats
         if stats.skipped:
             return stats
         networks = [self, *also]
+        entropy_grad = bool(getattr(loss, "entropy_grad", False))
         for net in networks:
             net.zero_grad()
         rollout, first = inputs.rollout, stats.passes == 0
@@ -623,19 +634,25 @@ class Policy(Trainable):
                     (logps.sum() * 0.0).backward()
                     continue
                 with self.autocast():
-                    logps, entropy = self.logprobs(rollout, rows)
+                    logps, entropy = self.logprobs(rollout, rows, entropy_grad=entropy_grad)
                 if first and rollout.sampling_logprobs is not None:
                     inputs.correction[k] = self._rollout_correction(inputs, k, logps.detach())
                 mb = inputs.micro_batch(k, self.device)
-                mb.entropy = entropy.detach()
+                mb.entropy = entropy
                 terms = loss(logps, mb)
+                objective = terms.loss * terms.weight
+                if terms.bonus is not None:
+                    objective = objective + terms.bonus
                 # A non-finite loss still goes through backward: its NaN gradients make every
                 # rank skip the update together (no rank may leave the all-reduce).
-                nonfinite = nonfinite | ~torch.isfinite(terms.loss.detach())
-                (terms.loss * terms.weight).backward()
+                nonfinite = nonfinite | ~torch.isfinite(objective.detach())
+                objective.backward()
             share = terms.weight / inputs.passes
             for key, value in {"loss": terms.loss.detach(), **terms.metrics}.items():
                 sums[key] = sums.get(key, 0.0) + value * share
+            if terms.bonus is not None:  # loss = policy_loss + bonus (Eq. 1 of entropy.py)
+                sums["policy_loss"] = sums.get("policy_loss", 0.0) + terms.loss.detach() * share
+                sums["loss"] = sums["loss"] + terms.bonus.detach() / inputs.passes
             entropy_sum = entropy_sum + (entropy.detach() * mb.mask).sum()
             if terms.sequence_loss is not None:
                 sequence_parts.append((rows, terms.sequence_loss.detach().float()))
@@ -661,6 +678,9 @@ class Policy(Trainable):
             # A NaN/inf loss or gradient: skip the update so the weights stay good; the run
             # logs the event and stops after max_bad_steps in a row.
             net.zero_grad() if stats.skipped else net.step()
+        after_step = getattr(loss, "after_optimizer_step", None)
+        if after_step is not None:
+            after_step(self.dist)
         return stats
 
     def _rollout_correction(self, inputs: PolicyInputs, k: int, current: Tensor) -> Tensor | None:
@@ -768,12 +788,39 @@ class GRPOLoss:
     """The GRPO objective of one micro-batch: the registered variant ``loss_type``
     (:func:`groupwise.core.policy_loss`) with the run's clip, KL and GSPO options, its share of the
     global batch (:meth:`~groupwise.core.LossVariant.share`), and the per-completion policy term
-    with unweighted advantages (:func:`groupwise.core.sequence_surrogate`, GDRO's signal)."""
+    with unweighted advantages (:func:`groupwise.core.sequence_surrogate`, GDRO's signal), and
+    the entropy bonus when the run has one (:mod:`groupwise.entropy`)."""
 
     def __init__(self, args: GRPOConfig) -> None:
         self.args, self.variant = args, get_loss(args.loss_type)
         self.epsilon_high = args.effective_epsilon_high
         self.variant_options = loss_variant_options(args)
+        self.entropy = EntropyControl.from_args(args)
+
+    @property
+    def entropy_grad(self) -> bool:
+        """Whether the entropies must carry a gradient (only the bonus differentiates them;
+        otherwise they stay detached, saving the softmax graph's memory)."""
+        return self.entropy is not None
+
+    def after_optimizer_step(self, dist: DistributedContext) -> None:
+        if self.entropy is not None:
+            self.entropy.step(dist)
+
+    def logs(self, stats: UpdateStats) -> dict[str, float]:
+        """With an entropy bonus, TRL's ``policy_loss`` (the loss without the bonus) and
+        ``entropy_coef`` (after this step's update); nothing otherwise."""
+        if self.entropy is None:
+            return {}
+        return {"policy_loss": stats.sums.get("policy_loss", 0.0), **self.entropy.logs()}
+
+    def state_dict(self) -> dict[str, float] | None:
+        """The adapted entropy coefficient travels in checkpoints (None: nothing to keep)."""
+        return None if self.entropy is None else self.entropy.state_dict()
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        if self.entropy is not None:
+            self.entropy.load_state_dict(state)
 
     def __call__(self, logps: Tensor, mb: MicroBatch) -> LossTerms:
         args = self.args
@@ -789,7 +836,9 @@ class GRPOLoss:
         if args.top_entropy_quantile < 1.0:
             if mb.entropy is None:
                 raise ValueError("top_entropy_quantile needs the policy's token entropies")
-            token_mask = high_entropy_mask(mb.entropy, mb.mask, args.top_entropy_quantile)
+            token_mask = high_entropy_mask(
+                mb.entropy.detach(), mb.mask, args.top_entropy_quantile
+            )
         loss, metrics = policy_loss(
             logps,
             mb.old_logprobs,
@@ -805,7 +854,18 @@ class GRPOLoss:
         )
         weight = self.variant.share(len(mb.rows), mb.mask.sum(), mb.counts)
         signal = sequence_surrogate(logps, mb.old_logprobs, mb.advantages, mb.mask, **options)
-        return LossTerms(loss, weight, metrics, signal)
+        bonus = None
+        if self.entropy is not None:
+            assert mb.entropy is not None
+            # Eq. 1 of groupwise.entropy: this micro-batch's token mean of H, weighted by its
+            # share of the global batch's completion tokens, over the tokens the policy term
+            # trains on.
+            keep = mb.mask if token_mask is None else mb.mask * token_mask.to(mb.mask.dtype)
+            tokens = mb.mask.sum() / mb.counts.tokens * mb.counts.world_size
+            mean_entropy = entropy_bonus(mb.entropy, keep, tokens)
+            bonus = -self.entropy.applied * mean_entropy
+            self.entropy.observe(mb.entropy, keep)
+        return LossTerms(loss, weight, metrics, signal, bonus)
 
 
 def loss_variant_options(args: GRPOConfig) -> dict[str, float]:

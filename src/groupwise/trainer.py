@@ -48,7 +48,14 @@ class GRPOTrainer(Trainer):
         self.top_up = TopUp.from_args(self.args, self.dist, pad)  # Reinforce-Ada
 
     def components(self) -> dict[str, Any]:
-        return {**super().components(), "dynamic_sampling": self.dynamic}
+        return {**super().components(), "dynamic_sampling": self.dynamic, "loss": self.loss}
+
+    @property
+    def entropy_coef(self) -> float:
+        """The entropy bonus's coefficient now (TRL's attribute; adapted each optimizer step
+        with ``use_adaptive_entropy``)."""
+        control = self.loss.entropy
+        return self.args.entropy_coef if control is None else control.coef
 
     def draw(self, timer: PhaseTimer) -> Draw:
         """One prompt batch, planned, generated and scored (DAPO's dynamic sampling draws
@@ -102,5 +109,5 @@ class GRPOTrainer(Trainer):
         )
         curriculum_logs = self.curriculum.observe(plan, outcome)
         self.keep_batch(batch.rows, rollout, scores, advantages, plan)
-        logs = {**self.dynamic.logs, **self.top_up.logs}
+        logs = {**self.dynamic.logs, **self.top_up.logs, **self.loss.logs(stats)}
         return self.step_logs(rollout, scores, stats, timer, curriculum_logs, logs)
