@@ -76,7 +76,7 @@ class PlainStepTrainer(GRPOTrainer):
         rollout = self.engine.generate(batch.prompt_ids, plan.local_counts)
         timer.mark("generation")
         scores = self.scorer(batch.rows, rollout)
-        advantages = self.advantages(scores.rewards, rollout.group_ids)
+        advantages = self.advantages(scores, rollout.group_ids)
         timer.mark("scoring")
         inputs = self.policy.prepare(rollout, advantages, plan.row_weights(rollout))
         for _ in range(self.args.num_iterations):

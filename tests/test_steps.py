@@ -359,7 +359,7 @@ def test_old_logprobs_are_the_sampling_policys(tmp_path):
     batch = trainer.prompts.next()
     rollout = trainer.engine.generate(batch.prompt_ids, 4)
     scores = trainer.scorer(batch.rows, rollout)
-    advantages = trainer.advantages(scores.rewards, rollout.group_ids)
+    advantages = trainer.advantages(scores, rollout.group_ids)
     sampler = copy.deepcopy(trainer.model)
     generation = trainer.policy.prepare_generation(rollout, advantages)
     assert len(generation.inputs) == 2

@@ -14,7 +14,14 @@ from conftest import TargetToken
 from conftest import tiny_config as _config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.config import ConfigError
-from groupwise.core import BatchCounts, high_entropy_mask, policy_loss, vespo_weights
+from groupwise.core import (
+    BatchCounts,
+    batch_normalize,
+    high_entropy_mask,
+    normalize_then_sum,
+    policy_loss,
+    vespo_weights,
+)
 from groupwise.policy import GRPOLoss, MicroBatch
 from groupwise.reference import mix_weights
 
@@ -267,11 +274,9 @@ def test_repetition_penalty_is_refused_with_tools(tmp_path):
     "option, value",
     [
         ("off_policy_mask_threshold", 0.5),
-        ("multi_objective_aggregation", "normalize_then_sum"),
         ("neftune_noise_alpha", 5.0),
         ("disable_dropout", True),
         ("lr_scheduler_kwargs", {"min_lr": 1e-7}),
-        ("use_bias_correction_kl", True),
     ],
 )
 def test_trl_options_that_change_training_are_refused_by_name(option, value):
@@ -370,3 +375,87 @@ def test_shuffle_dataset_false_draws_the_prompts_in_dataset_order(tmp_path):
     trainer = GRPOTrainer("tiny-random", TargetToken(), rows, args=args)
     assert [r["prompt"] for r in trainer.prompts.next().rows] == ["Say 0", "Say 1"]
     assert GRPOConfig(shuffle_dataset=None).shuffle_dataset is True  # TRL's None: the default
+
+
+# ----------------------------------------------------------------------------------------------
+# use_bias_correction_kl
+
+
+def test_bias_corrected_kl_by_hand():
+    # One token, A = 0 (only the KL term), beta = 1: logp = -1, old = -1.5, ref = -1.2.
+    # rho = e^0.5; k3 = e^-0.2 + 0.2 - 1 = 0.0187308. Plain: loss k3, d/dlogp = 1 - e^-0.2.
+    # Corrected (TRL): loss rho * k3, d/dlogp = rho * (1 - e^-0.2) + rho * k3 = rho * 0.2.
+    rho, k3 = math.exp(0.5), math.exp(-0.2) + 0.2 - 1
+    for corrected, value, grad in ((False, k3, 1 - math.exp(-0.2)), (True, rho * k3, rho * 0.2)):
+        logp = torch.tensor([[-1.0]], dtype=torch.float64, requires_grad=True)
+        loss, metrics = policy_loss(
+            logp, torch.tensor([[-1.5]], dtype=torch.float64),
+            torch.tensor([[-1.2]], dtype=torch.float64), torch.zeros(1, dtype=torch.float64),
+            torch.ones(1, 1), beta=1.0, kl_ratio_correction=corrected,
+        )  # fmt: skip
+        loss.backward()
+        assert loss.item() == pytest.approx(value, rel=1e-9)
+        assert logp.grad.item() == pytest.approx(grad, rel=1e-9)
+        assert metrics["kl"].item() == pytest.approx(k3, rel=1e-9)  # the logged KL is k3
+
+
+def test_bias_corrected_kl_trains(tmp_path):
+    args = _config(tmp_path, beta=0.1, use_bias_correction_kl=True, max_steps=1)
+    trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+# ----------------------------------------------------------------------------------------------
+# multi_objective_aggregation
+
+
+def _bessel(values):
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def test_normalize_then_sum_by_hand():
+    # Two functions, weights [1, 0.5]; groups {0, 1, 2} and {3, 4}; function 2 returned None on
+    # row 4. Group 0: f1 = [1, 0, 0] (mean 1/3, std sqrt(1/3)), f2 = [0, 2, 4] (mean 2, std 2).
+    # Group 1: f1 constant, f2 one valid value: both normalise to 0.
+    nan = float("nan")
+    per_func = torch.tensor([[1.0, 0.0], [0.0, 2.0], [0.0, 4.0], [1.0, 0.0], [1.0, nan]])
+    group_ids = torch.tensor([0, 0, 0, 1, 1])
+    weights = torch.tensor([1.0, 0.5])
+    eps = 1e-4
+    m1, s1 = _bessel([1.0, 0.0, 0.0])
+    m2, s2 = _bessel([0.0, 2.0, 4.0])
+    expected = [
+        (f1 - m1) / (s1 + eps) + 0.5 * (f2 - m2) / (s2 + eps)
+        for f1, f2 in ((1.0, 0.0), (0.0, 2.0), (0.0, 4.0))
+    ] + [0.0, 0.0]
+    summed = normalize_then_sum(per_func, group_ids, weights)
+    torch.testing.assert_close(summed, torch.tensor(expected))
+    mean, std = _bessel(expected)
+    advantages = batch_normalize(summed)
+    by_hand = [(v - mean) / (std + eps) for v in expected]
+    torch.testing.assert_close(advantages, torch.tensor(by_hand))
+    # A row where every function returned None: NaN sum, advantage 0.
+    per_func[4] = nan
+    assert math.isnan(normalize_then_sum(per_func, group_ids, weights)[4].item())
+    assert batch_normalize(normalize_then_sum(per_func, group_ids, weights))[4].item() == 0.0
+
+
+def test_normalize_then_sum_trains_and_logs_the_weighted_reward(tmp_path):
+    # TRL's check: with weights [0.7, 0.3] and constant rewards 1 and 0, the logged reward is
+    # the weighted sum 0.7 (the aggregation changes the advantages, not the logged reward).
+    def one(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    def zero(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    args = _config(tmp_path, multi_objective_aggregation="normalize_then_sum",
+                   reward_weights=[0.7, 0.3], max_steps=1)  # fmt: skip
+    trainer = GRPOTrainer("tiny-random", [one, zero], ROWS, args=args)
+    trainer.train()
+    assert trainer.log_history[-1]["reward"] == pytest.approx(0.7)
+    with pytest.raises(ConfigError, match="multi_objective_aggregation"):
+        GRPOConfig(multi_objective_aggregation="sum")

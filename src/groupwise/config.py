@@ -174,6 +174,13 @@ class GRPOConfig:
     # group | batch (the batch's std) | none (Dr. GRPO: no std division); TRL's true / false
     # mean group / none
     scale_rewards: str = "group"
+    # Multiply the KL term's k3 by the importance ratio pi_theta / pi_old (TRL's name): k3 is
+    # unbiased for samples of pi_theta, and the completions came from pi_old (beta > 0)
+    use_bias_correction_kl: bool = False
+    # Several reward functions: sum_then_normalize (the weighted sum, then the group advantage)
+    # or normalize_then_sum (TRL: each function normalised in its group, the weighted sum, then
+    # normalised over the batch; scale_rewards is not used then)
+    multi_objective_aggregation: str = "sum_then_normalize"
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
     mask_truncated_completions: bool = False  # DAPO overlong filtering
     # How prompts weigh in the loss when they have different numbers of rollouts
@@ -613,6 +620,7 @@ class GRPOConfig:
         # Choices that name a registered component are read from its registry, so a variant
         # registered before the config is made is valid here too.
         from .core import (
+            AGGREGATIONS,
             IMPORTANCE_SAMPLING_LEVELS,
             LOSSES,
             ROLLOUT_CORRECTION_MODES,
@@ -623,6 +631,7 @@ class GRPOConfig:
         choices = {
             "loss_type": tuple(LOSSES),
             "scale_rewards": SCALE_MODES,
+            "multi_objective_aggregation": AGGREGATIONS,
             "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
             "lr_scheduler_type": ("constant", "linear", "cosine"),
             "device": ("auto", "cpu", "cuda"),

@@ -128,6 +128,45 @@ def group_advantages(
     return torch.where(no_signal, 0.0, adv)
 
 
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+def normalize_then_sum(
+    per_func: Tensor, group_ids: Tensor, weights: Tensor, eps: float = 1e-4
+) -> Tensor:
+    """TRL's ``multi_objective_aggregation="normalize_then_sum"``, first half: each reward
+    function's rewards normalised within their group, ``(r_ik - mean_g r_k) / (std_g r_k +
+    eps)`` (Bessel std, NaN left out; 0 in a group with fewer than two valid values), then the
+    weighted sum over functions, ``sum_k w_k r'_ik``, so that no function dominates by its
+    scale. [N, F] -> [N]; NaN where every function returned None. Feed the result to
+    :func:`batch_normalize`."""
+    if per_func.dim() != 2 or per_func.shape[1] != weights.numel():
+        raise ValueError(
+            f"per_func must be [N, F] with F = {weights.numel()} weights, got "
+            f"{tuple(per_func.shape)}"
+        )
+    columns = []
+    for k in range(per_func.shape[1]):
+        s = _group_stats(per_func[:, k], group_ids)
+        inverse = s["inverse"]
+        columns.append((s["r"] - s["mean"][inverse]) / (s["std"][inverse] + eps))
+    normalised = torch.stack(columns, dim=1)
+    total = torch.nansum(normalised * weights.to(normalised.dtype), dim=1)
+    return torch.where(torch.isnan(per_func).all(dim=1), float("nan"), total)
+
+
+def batch_normalize(rewards: Tensor, eps: float = 1e-4) -> Tensor:
+    """``(r - mean) / (std + eps)`` over the whole batch (Bessel std; NaN rewards left out of
+    the statistics and given 0): the advantage of ``normalize_then_sum`` (TRL)."""
+    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+    valid = ~torch.isnan(r)
+    n = valid.sum()
+    mean = torch.where(valid, r, 0.0).sum() / n.clamp(min=1)
+    sq = torch.where(valid, (r - mean) ** 2, 0.0).sum()
+    std = torch.where(n > 1, (sq / (n - 1).clamp(min=1)).sqrt(), 0.0)
+    return torch.where(valid, (r - mean) / (std + eps), 0.0)
+
+
 def group_reward_std(rewards: Tensor, group_ids: Tensor) -> Tensor:
     """Per-element Bessel std of the non-NaN rewards of its group, for logging.
 
@@ -607,6 +646,7 @@ def policy_loss(
     row_weights: Tensor | None = None,
     token_mask: Tensor | None = None,
     variant_options: dict[str, Any] | None = None,
+    kl_ratio_correction: bool = False,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped GRPO surrogate loss (to minimise) plus no-grad metrics (0-d tensors).
 
@@ -649,6 +689,9 @@ def policy_loss(
         variant_options: keyword options of the variant's token loss: ``delta`` (two-sided
             clipping), sapo's ``temperature_pos`` / ``temperature_neg``, vespo's ``k_pos``,
             ``lambda_pos``, ``k_neg``, ``lambda_neg``.
+        kl_ratio_correction: multiply each token's k3 by the importance ratio rho (with its
+            gradient; TRL's ``use_bias_correction_kl``): k3 estimates KL under pi_theta's
+            samples, and the completions came from pi_old. The logged ``"kl"`` stays k3.
 
     Returns:
         ``(loss, metrics)``. metrics are python floats: ``"kl"`` (mean k3 over unmasked tokens;
@@ -721,7 +764,7 @@ def policy_loss(
     if ref_logprobs is not None:
         kl = kl_k3(torch.where(keep, logprobs, 0.0), torch.where(keep, ref_logprobs, 0.0))
         if beta > 0:
-            per_token = per_token + beta * kl
+            per_token = per_token + beta * (kl * ratio if kl_ratio_correction else kl)
 
     token_sum = torch.where(keep, per_token, 0.0)
     loss = variant.reduce(token_sum, keep, max_completion_length)

@@ -194,6 +194,23 @@ def global_group_advantages(
     return advantages[start : start + len(rewards)]
 
 
+def global_normalize_then_sum(
+    per_func: torch.Tensor, group_ids: torch.Tensor, weights: torch.Tensor, ctx: DistributedContext
+) -> torch.Tensor:
+    """TRL's ``normalize_then_sum`` advantages of this rank's rows: per-function group
+    normalisation (groups are local), the weighted sum, then normalisation over the global
+    batch, every rank's sums gathered (core.normalize_then_sum, core.batch_normalize)."""
+    from .core import batch_normalize, normalize_then_sum
+
+    summed = normalize_then_sum(per_func, group_ids, weights)
+    if not ctx.enabled:
+        return batch_normalize(summed)
+    gathered = all_gather_objects(summed.tolist(), ctx)
+    start = sum(len(part) for part in gathered[: ctx.rank])
+    everyone = torch.tensor([v for part in gathered for v in part], dtype=summed.dtype)
+    return batch_normalize(everyone)[start : start + len(summed)]
+
+
 def barrier(ctx: DistributedContext) -> None:
     if ctx.enabled:
         dist.barrier()

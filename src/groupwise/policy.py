@@ -850,6 +850,7 @@ class GRPOLoss:
             rollout_weights=mb.correction,
             row_weights=mb.row_weights,
             token_mask=token_mask,
+            kl_ratio_correction=args.use_bias_correction_kl,
             **options,
         )
         weight = self.variant.share(len(mb.rows), mb.mask.sum(), mb.counts)

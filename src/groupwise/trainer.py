@@ -20,7 +20,7 @@ import torch
 
 from .build import build_curriculum
 from .curriculum import Outcome
-from .distributed import global_group_advantages
+from .distributed import global_group_advantages, global_normalize_then_sum
 from .dynamic import Draw, DynamicSampling
 from .policy import GRPOLoss
 from .rollout import Rollout
@@ -87,16 +87,23 @@ class GRPOTrainer(Trainer):
         spent["informative_groups"] += int(dropped.get("dynamic/trimmed_groups", 0))
         return spent
 
-    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-        """A_i = (r_i - mean(group)) / (std + eps), DeepSeekMath Sec. 4.1.2 (``scale_rewards``)."""
-        return global_group_advantages(rewards, group_ids.cpu(), self.args.scale_rewards, self.dist)
+    def advantages(self, scores: Scores, group_ids: torch.Tensor) -> torch.Tensor:
+        """A_i = (r_i - mean(group)) / (std + eps), DeepSeekMath Sec. 4.1.2 (``scale_rewards``);
+        with ``multi_objective_aggregation: normalize_then_sum`` each reward function is
+        normalised in its group before the weighted sum, then the sum over the batch (TRL)."""
+        if self.args.multi_objective_aggregation == "normalize_then_sum":
+            weights = self.scorer.combine.weights
+            return global_normalize_then_sum(scores.per_func, group_ids.cpu(), weights, self.dist)
+        return global_group_advantages(
+            scores.rewards, group_ids.cpu(), self.args.scale_rewards, self.dist
+        )
 
     def train_step(self) -> dict[str, float]:
         """Generate, score and update once; returns this step's metrics."""
         timer = PhaseTimer(self.device)
         # q ~ D, plan, o_i ~ pi_old(.|q), r_i (dynamic_sampling: until enough informative groups)
         batch, plan, rollout, scores = self.dynamic.collect(lambda: self.draw(timer))
-        advantages = self.advantages(scores.rewards, rollout.group_ids)  # A_i
+        advantages = self.advantages(scores, rollout.group_ids)  # A_i
         timer.mark("scoring")
         weights = plan.row_weights(rollout, self.args.prompt_weighting)  # w_q (GDRO eqs. 16-17)
         generation = self.policy.prepare_generation(rollout, advantages, weights)

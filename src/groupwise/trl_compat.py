@@ -168,18 +168,10 @@ TRL_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "disable_dropout": ((False,), "dropout stays as the model configures it"),
     "load_best_model_at_end": ((False,), "the final weights are the last step's"),
     "lr_scheduler_kwargs": ((None, {}), "the schedules (constant, linear, cosine) take no options"),
-    "multi_objective_aggregation": (
-        ("sum_then_normalize",),
-        "rewards are summed (with reward_weights) and then normalised per group",
-    ),
     "neftune_noise_alpha": ((None,), "no NEFTune noise is added to the embeddings"),
     "off_policy_mask_threshold": ((None,), "there is no off-policy sequence mask"),
     "optim_args": ((None, ""), "AdamW is configured by adam_beta1, adam_beta2, adam_epsilon"),
     "optim_target_modules": ((None,), "every trainable parameter gets the same AdamW"),
-    "use_bias_correction_kl": (
-        (False,),
-        "the KL term is the k3 estimate itself, not multiplied by the importance ratio",
-    ),
     "vllm_structured_outputs_regex": ((None,), "generation is never constrained by a regex"),
 }
 
