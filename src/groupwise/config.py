@@ -387,6 +387,9 @@ class GRPOConfig:
     eval_strategy: str = "steps"  # steps (every eval_steps) | epoch | no (none during training)
     per_device_eval_batch_size: int = 64  # prompts per generation batch of evaluate()
     eval_num_generations: int = 0  # groupwise eval: samples per prompt (0: greedy only)
+    # evaluate() also reports TRL's eval_loss: the GRPO objective, without an update, on
+    # num_generations samples of each evaluation prompt (it costs that many samples per prompt)
+    eval_loss: bool = True
     eval_ks: list[int] | None = None  # groupwise eval: k of pass@k (None: 1, 2, 4, ..., n)
     eval_output: str | None = None  # groupwise eval: JSON file (None: OUTPUT_DIR/eval.json)
     compare_model: str | None = None  # groupwise eval: second model, paired difference + 95% CI

@@ -584,6 +584,29 @@ class Policy(Trainable):
             rows.append(index)
         return GenerationBatch(rollout, rows, parts)
 
+    def loss_value(
+        self, rollout: Rollout, advantages: Tensor, loss: Callable[[Tensor, MicroBatch], LossTerms]
+    ) -> float:
+        """The objective of a batch without gradients or an update (TRL's ``eval_loss``): every
+        micro-batch's loss weighted as in :meth:`update`, on-policy (pi_old = pi_theta), summed
+        over ranks into the global batch's loss. Every rank calls it (one all-reduce)."""
+        inputs = self.prepare(rollout, advantages, need_old=False)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        # FSDP: the full weights are gathered once, so the forwards hold no collective.
+        with torch.no_grad(), self.autocast(), self.full_weights():
+            for k, rows in enumerate(inputs.micro_batches):
+                logps, entropy = self.logprobs(rollout, rows)
+                mb = inputs.micro_batch(k, self.device)
+                mb.entropy = entropy
+                terms = loss(logps, mb)
+                value = terms.loss * terms.weight
+                if terms.bonus is not None:
+                    value = value + terms.bonus
+                total = total + value.double()
+        # Each rank's share carries the world size (as DDP's gradient mean expects): the mean
+        # over ranks is the global batch's loss.
+        return float(all_reduce_sum(total, self.dist)) / self.dist.world_size
+
     def train_generation(
         self, batch: GenerationBatch, loss: Callable[[Tensor, MicroBatch], LossTerms]
     ) -> UpdateStats:
@@ -865,7 +888,8 @@ class GRPOLoss:
             tokens = mb.mask.sum() / mb.counts.tokens * mb.counts.world_size
             mean_entropy = entropy_bonus(mb.entropy, keep, tokens)
             bonus = -self.entropy.applied * mean_entropy
-            self.entropy.observe(mb.entropy, keep)
+            if torch.is_grad_enabled():  # a training pass: evaluation never moves the control
+                self.entropy.observe(mb.entropy, keep)
         return LossTerms(loss, weight, metrics, signal, bonus)
 
 

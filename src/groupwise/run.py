@@ -658,18 +658,30 @@ class Trainer:
             merged: dict[str, float] = {}
             for name, part in dataset.items():
                 for key, value in self.evaluate(part, batch_size, greedy).items():
-                    merged[f"eval/{name}/{key.removeprefix('eval/')}"] = value
+                    if key == "eval_loss":  # TRL's name for a set of a dict
+                        merged[f"eval_{name}_loss"] = value
+                    else:
+                        merged[f"eval/{name}/{key.removeprefix('eval/')}"] = value
             return merged
         self._check_eval_dataset(dataset, "eval_dataset")
         combine = self.scorer.combine
         # log_metric values of training steps stay apart from this evaluation's
         training, combine.pending_metrics = combine.pending_metrics, {}
         try:
-            result = self._evaluate(materialize(dataset), batch_size, greedy)
+            rows = materialize(dataset)
+            result = self._evaluate(rows, batch_size, greedy)
+            size = batch_size or self.args.per_device_eval_batch_size
+            result.update(self.evaluation_loss(rows, size))
             result.update({f"eval/{k}": v for k, v in combine.take_metrics().items()})
         finally:
             combine.pending_metrics = training
         return result
+
+    def evaluation_loss(
+        self, rows: Sequence[dict[str, Any]], batch_size: int
+    ) -> dict[str, float]:
+        """TRL's ``eval_loss`` of the evaluation rows, where the algorithm has one (GRPO)."""
+        return {}
 
     def _evaluate(
         self, dataset: Sequence[dict[str, Any]], batch_size: int | None, greedy: bool

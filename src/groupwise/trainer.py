@@ -14,6 +14,7 @@ Everything else (the loop, logging, evaluation, checkpoints) is the run's (:mod:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -86,6 +87,41 @@ class GRPOTrainer(Trainer):
         spent["groups"] += int(dropped.get("dynamic/dropped_groups", 0))
         spent["informative_groups"] += int(dropped.get("dynamic/trimmed_groups", 0))
         return spent
+
+    def evaluation_loss(
+        self, rows: Sequence[Mapping[str, Any]], batch_size: int
+    ) -> dict[str, float]:
+        """TRL's ``eval_loss``: the GRPO objective, without an update, on ``num_generations``
+        samples of each evaluation prompt (the training sampling options, from a generator of
+        its own so that training's sampling is untouched), advantages from their own rewards,
+        averaged over batches of ``batch_size`` prompts. On-policy the ratio is 1, so with
+        group-centred advantages it is mostly the KL term (beta > 0) and the entropy bonus."""
+        if not self.args.eval_loss or not rows:
+            return {}
+        from .data import tokenize_prompts
+        from .evaluation import prompt_render
+
+        args = self.args
+        seed = args.seed + self.dist.rank
+        generator = torch.Generator(device=self.generator.device).manual_seed(seed)
+        losses = []
+        self.model.eval()
+        try:
+            for begin in range(0, len(rows), batch_size):
+                batch = [rows[i] for i in range(begin, min(begin + batch_size, len(rows)))]
+                prompts = [r["prompt"] for r in batch]
+                render = prompt_render(self.engine)
+                ids = tokenize_prompts(prompts, self.tokenizer, args.max_prompt_length, render)
+                with self.policy.full_weights():  # FSDP: generation calls the unwrapped model
+                    rollout = self.engine.generate(
+                        ids, args.num_generations, generator=generator, rows=batch
+                    )
+                scores = self.scorer(batch, rollout)
+                advantages = self.advantages(scores, rollout.group_ids)
+                losses.append(self.policy.loss_value(rollout, advantages, self.loss))
+        finally:
+            self.model.train()
+        return {"eval_loss": sum(losses) / len(losses)}
 
     def advantages(self, scores: Scores, group_ids: torch.Tensor) -> torch.Tensor:
         """A_i = (r_i - mean(group)) / (std + eps), DeepSeekMath Sec. 4.1.2 (``scale_rewards``);
