@@ -19,6 +19,7 @@ from groupwise.core import (
     batch_normalize,
     high_entropy_mask,
     normalize_then_sum,
+    off_policy_sequence_mask,
     policy_loss,
     vespo_weights,
 )
@@ -273,7 +274,6 @@ def test_repetition_penalty_is_refused_with_tools(tmp_path):
 @pytest.mark.parametrize(
     "option, value",
     [
-        ("off_policy_mask_threshold", 0.5),
         ("neftune_noise_alpha", 5.0),
         ("disable_dropout", True),
         ("lr_scheduler_kwargs", {"min_lr": 1e-7}),
@@ -459,3 +459,62 @@ def test_normalize_then_sum_trains_and_logs_the_weighted_reward(tmp_path):
     assert trainer.log_history[-1]["reward"] == pytest.approx(0.7)
     with pytest.raises(ConfigError, match="multi_objective_aggregation"):
         GRPOConfig(multi_objective_aggregation="sum")
+
+
+# ----------------------------------------------------------------------------------------------
+# off_policy_mask_threshold (DeepSeek-V3.2's off-policy sequence mask)
+
+
+def test_off_policy_sequence_mask_by_hand():
+    # Mean log(pi_sampler / pi_theta) over each row's unmasked tokens, delta = 1:
+    # row 0: A > 0, KL 2 -> keep; row 1: A < 0, KL 0.5 -> keep; row 2: A < 0, KL 2 -> drop;
+    # row 3: A < 0, tokens 2 (KL 2, 2) and padding (huge values ignored) -> drop;
+    # row 4: A < 0, one NaN token (counts 0) and one 1.5: mean 0.75 -> keep.
+    nan = float("nan")
+    sampling = torch.zeros(5, 3)
+    logps = torch.tensor([[-2.0] * 3, [-0.5] * 3, [-2.0] * 3, [-2.0, -2.0, 1e4], [nan, -1.5, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 0]])
+    advantages = torch.tensor([1.0, -1.0, -1.0, -1.0, -1.0])
+    keep = off_policy_sequence_mask(advantages, logps, sampling, mask, 1.0)
+    assert keep.tolist() == [True, True, False, False, True]
+
+
+def test_trl_helper_methods_on_the_trainer():
+    mask = torch.ones(3, 4)
+    logps = torch.zeros(3, 4)
+    logps[0], logps[1], logps[2] = -2.0, -0.5, -2.0
+    out = GRPOTrainer.get_off_policy_mask(
+        torch.tensor([[1.0], [-1.0], [-1.0]]), logps, torch.zeros(3, 4), mask, 1.0
+    )
+    torch.testing.assert_close(out, torch.tensor([[1.0], [1.0], [0.0]]))
+    # threshold is the quantile (1 - top_entropy_quantile): 0.8 keeps the top 20% of the 10
+    # unmasked tokens, the entropies 0.9 and 1.0 (1.1 and 1.2 are padding).
+    entropies = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], [0.7, 0.8, 0.9, 1.0, 1.1, 1.2]])
+    emask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    kept = GRPOTrainer.get_high_entropy_mask(None, entropies, emask, 0.8)
+    assert kept.nonzero().tolist() == [[1, 2], [1, 3]]
+
+
+def test_the_off_policy_mask_drops_a_stale_negative_sequence_from_the_policy_term():
+    # pi_old = 0 per token; row 0 (A = -1) has moved to logp -2 (mean KL 2 > 0.5): dropped, no
+    # gradient; row 1 (A = +1) at the same distance: kept.
+    args = GRPOConfig(beta=0.0, off_policy_mask_threshold=0.5)
+    logp = torch.full((2, 2), -2.0, requires_grad=True)
+    mb = MicroBatch(
+        rows=torch.tensor([0, 1]), mask=torch.ones(2, 2), advantages=torch.tensor([-1.0, 1.0]),
+        old_logprobs=torch.zeros(2, 2), ref_logprobs=None, correction=None, row_weights=None,
+        counts=BatchCounts(rows=2, tokens=torch.tensor(4.0), micro_batches=1),
+    )  # fmt: skip
+    GRPOLoss(args)(logp, mb).loss.backward()
+    assert logp.grad[0].abs().sum().item() == 0.0
+    assert logp.grad[1].abs().sum().item() > 0.0
+
+
+def test_off_policy_mask_trains_and_is_checked(tmp_path):
+    args = _config(tmp_path, off_policy_mask_threshold=0.5, num_iterations=2, max_steps=1)
+    trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    with pytest.raises(ConfigError, match="off_policy_mask_threshold"):
+        GRPOConfig(off_policy_mask_threshold=-1.0)

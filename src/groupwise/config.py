@@ -177,6 +177,10 @@ class GRPOConfig:
     # Multiply the KL term's k3 by the importance ratio pi_theta / pi_old (TRL's name): k3 is
     # unbiased for samples of pi_theta, and the completions came from pi_old (beta > 0)
     use_bias_correction_kl: bool = False
+    # DeepSeek-V3.2's off-policy sequence mask (TRL's name; None: off): a completion with a
+    # negative advantage whose mean log(pi_sampler / pi_theta) exceeds this is left out of the
+    # policy term (e.g. 0.5)
+    off_policy_mask_threshold: float | None = None
     # Several reward functions: sum_then_normalize (the weighted sum, then the group advantage)
     # or normalize_then_sum (TRL: each function normalised in its group, the weighted sum, then
     # normalised over the batch; scale_rewards is not used then)
@@ -577,6 +581,12 @@ class GRPOConfig:
         if not 0.0 <= self.top_entropy_quantile <= 1.0:
             raise ConfigError(
                 f"top_entropy_quantile must be in [0, 1], got {self.top_entropy_quantile}"
+            )
+        threshold = self.off_policy_mask_threshold
+        if threshold is not None and not (math.isfinite(threshold) and threshold >= 0):
+            raise ConfigError(
+                "off_policy_mask_threshold is a mean log-ratio bound (delta of DeepSeek-V3.2 "
+                f"Eq. 9), a number >= 0 such as 0.5, or None (off); got {threshold}"
             )
         if not math.isfinite(self.entropy_coef):
             raise ConfigError(f"entropy_coef must be a finite number, got {self.entropy_coef}")

@@ -629,6 +629,24 @@ def high_entropy_mask(entropies: Tensor, mask: Tensor, quantile: float) -> Tenso
     return (entropies >= threshold) & keep
 
 
+def off_policy_sequence_mask(
+    advantages: Tensor,
+    logprobs: Tensor,
+    sampling_logprobs: Tensor,
+    mask: Tensor,
+    threshold: float,
+) -> Tensor:
+    """DeepSeek-V3.2's off-policy sequence masking (arXiv 2512.02556, Eq. 9; TRL's
+    ``off_policy_mask_threshold`` delta): sequence i is dropped from the policy term when
+    ``A_i < 0`` and its mean token ``log pi_sampling - log pi_theta`` (a forward-KL estimate of
+    how far the policy has moved from the sampler, over its unmasked tokens) exceeds delta;
+    kept otherwise. Tokens the sampler could not score (NaN) count 0. [B] bool, no grad."""
+    log_ratio = torch.nan_to_num(sampling_logprobs - logprobs.detach(), nan=0.0)
+    keep = mask.to(log_ratio.dtype)
+    mean_kl = (log_ratio * keep).sum(1) / keep.sum(1).clamp(min=1)
+    return (advantages.reshape(-1) >= 0) | (mean_kl <= threshold)
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor | None,

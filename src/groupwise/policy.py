@@ -40,6 +40,7 @@ from .core import (
     BatchCounts,
     get_loss,
     high_entropy_mask,
+    off_policy_sequence_mask,
     policy_loss,
     rollout_correction_weights,
     sequence_surrogate,
@@ -228,6 +229,8 @@ class MicroBatch:
     counts: BatchCounts
     # [n, T] the policy's token entropies this pass (with grad only for an entropy bonus)
     entropy: Tensor | None = None
+    # [n, T] the sampler's own log-probs (vLLM, bf16 generation), None when it gave none
+    sampling_logprobs: Tensor | None = None
 
 
 @dataclass
@@ -294,6 +297,11 @@ class PolicyInputs:
             correction=self.correction[k],
             row_weights=None if self.row_weights is None else self.row_weights[rows].to(device),
             counts=self.counts,
+            sampling_logprobs=(
+                None
+                if self.rollout.sampling_logprobs is None
+                else self.rollout.sampling_logprobs[rows].to(device)
+            ),
         )
 
 
@@ -855,13 +863,23 @@ class GRPOLoss:
             importance_sampling_level=args.importance_sampling_level,
             variant_options=self.variant_options,
         )
-        token_mask = None
+        entropy_mask = None
         if args.top_entropy_quantile < 1.0:
             if mb.entropy is None:
                 raise ValueError("top_entropy_quantile needs the policy's token entropies")
-            token_mask = high_entropy_mask(
+            entropy_mask = high_entropy_mask(
                 mb.entropy.detach(), mb.mask, args.top_entropy_quantile
             )
+        token_mask = entropy_mask
+        if args.off_policy_mask_threshold is not None:
+            # Measured against the sampler: its own log-probs when it gave them, else pi_old
+            # (on-policy: the policy itself, so nothing is dropped).
+            sampler = mb.sampling_logprobs if mb.sampling_logprobs is not None else mb.old_logprobs
+            sampler = logps.detach() if sampler is None else sampler
+            keep_rows = off_policy_sequence_mask(
+                mb.advantages, logps, sampler, mb.mask, args.off_policy_mask_threshold
+            )[:, None].expand_as(mb.mask)
+            token_mask = keep_rows if token_mask is None else token_mask & keep_rows
         loss, metrics = policy_loss(
             logps,
             mb.old_logprobs,
@@ -882,9 +900,10 @@ class GRPOLoss:
         if self.entropy is not None:
             assert mb.entropy is not None
             # Eq. 1 of groupwise.entropy: this micro-batch's token mean of H, weighted by its
-            # share of the global batch's completion tokens, over the tokens the policy term
-            # trains on.
-            keep = mb.mask if token_mask is None else mb.mask * token_mask.to(mb.mask.dtype)
+            # share of the global batch's completion tokens, over the completion tokens (the
+            # high-entropy ones with top_entropy_quantile; the off-policy mask does not apply,
+            # as in TRL).
+            keep = mb.mask if entropy_mask is None else mb.mask * entropy_mask.to(mb.mask.dtype)
             tokens = mb.mask.sum() / mb.counts.tokens * mb.counts.world_size
             mean_entropy = entropy_bonus(mb.entropy, keep, tokens)
             bonus = -self.entropy.applied * mean_entropy

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .build import build_curriculum
+from .core import high_entropy_mask, off_policy_sequence_mask
 from .curriculum import Outcome
 from .distributed import global_group_advantages, global_normalize_then_sum
 from .dynamic import Draw, DynamicSampling
@@ -50,6 +51,29 @@ class GRPOTrainer(Trainer):
 
     def components(self) -> dict[str, Any]:
         return {**super().components(), "dynamic_sampling": self.dynamic, "loss": self.loss}
+
+    def get_high_entropy_mask(
+        self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float
+    ) -> torch.Tensor:
+        """TRL's helper: the tokens whose entropy is at or above the ``threshold`` quantile of
+        the unmasked tokens' entropies (``threshold = 1 - top_entropy_quantile``); this process's
+        tokens (core.high_entropy_mask)."""
+        return high_entropy_mask(entropies, mask, 1.0 - threshold)
+
+    @staticmethod
+    def get_off_policy_mask(
+        advantages: torch.Tensor,
+        per_token_logps: torch.Tensor,
+        sampling_per_token_logps: torch.Tensor,
+        mask: torch.Tensor,
+        off_policy_threshold: float,
+    ) -> torch.Tensor:
+        """TRL's helper: DeepSeek-V3.2's off-policy sequence mask as a [B, 1] tensor of 1.0 (keep)
+        and 0.0 (drop), in the mask's dtype (core.off_policy_sequence_mask)."""
+        keep = off_policy_sequence_mask(
+            advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
+        )
+        return keep.to(mask.dtype).unsqueeze(1)
 
     @property
     def entropy_coef(self) -> float:

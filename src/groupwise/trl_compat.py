@@ -169,7 +169,6 @@ TRL_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "load_best_model_at_end": ((False,), "the final weights are the last step's"),
     "lr_scheduler_kwargs": ((None, {}), "the schedules (constant, linear, cosine) take no options"),
     "neftune_noise_alpha": ((None,), "no NEFTune noise is added to the embeddings"),
-    "off_policy_mask_threshold": ((None,), "there is no off-policy sequence mask"),
     "optim_args": ((None, ""), "AdamW is configured by adam_beta1, adam_beta2, adam_epsilon"),
     "optim_target_modules": ((None,), "every trainable parameter gets the same AdamW"),
     "vllm_structured_outputs_regex": ((None,), "generation is never constrained by a regex"),
