@@ -275,7 +275,8 @@ def _imports(path: Path) -> set[str]:
 LAYERS = [
     {"errors"},
     {"imports", "files", "console", "trl_compat"},
-    {"core", "logprobs", "data", "models", "monitor", "loggers", "report", "memory.plan",
+    {"core", "logprobs", "data", "data_files", "data_rows", "prompts", "models", "monitor",
+     "loggers", "report", "memory.plan",
      "report.record", "report.load", "report.panels", "report.plot", "report.html",
      "report.compare", "report.browser",
      # the curricula's pure parts: numpy / torch math and the typed options, no run machinery
