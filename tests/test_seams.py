@@ -276,7 +276,7 @@ LAYERS = [
     {"errors"},
     {"imports", "files", "console", "trl_compat"},
     {"core", "logprobs", "data", "data_files", "data_rows", "prompts", "models", "monitor",
-     "loggers", "report", "memory.plan",
+     "loggers", "report", "memory.plan", "memory.shapes", "memory.units", "memory.table",
      "report.record", "report.load", "report.panels", "report.plot", "report.html",
      "report.compare", "report.browser",
      # the curricula's pure parts: numpy / torch math and the typed options, no run machinery
