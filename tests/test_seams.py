@@ -283,7 +283,8 @@ LAYERS = [
      "curriculum.bins", "curriculum.adversary", "curriculum.allocation",
      "curriculum.diagnostics", "curriculum.options"},
     {"sandbox"},
-    {"rewards"},
+    {"rewards", "rewards.math", "rewards.math.extract", "rewards.math.normalize",
+     "rewards.math.verify", "rewards.math.worker", "rewards.math.reward"},
     {"distributed", "tools", "precision", "reference"},
     {"rollout", "batching"},
     {"scoring"},
@@ -294,7 +295,8 @@ LAYERS = [
     {"build"},
     {"run"},
     {"trainer", "ppo"},
-    {"memory", "cli", "__init__", "__main__"},
+    {"memory", "cli", "cli.args", "cli.rows", "cli.train", "cli.evaluate", "cli.chat",
+     "__init__", "__main__"},
 ]  # fmt: skip
 
 
