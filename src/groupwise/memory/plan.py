@@ -120,6 +120,24 @@ ROW_ORDER = (
 GENERATION_PHASE = frozenset({KV_CACHE})
 UPDATE_PHASE = frozenset({POLICY_GRADS, POLICY_ACTS, LOGITS, CRITIC_GRADS, CRITIC_ACTS})
 
+# What each row holds, as the table notes it ({...}: filled in from the options).
+ROW_NOTES = {
+    POLICY_WEIGHTS: "every parameter, {dtype}",
+    POLICY_GRADS: "trained parameters, {dtype}",
+    POLICY_MASTER: "trained parameters, 4 B",
+    POLICY_OPTIM: "{optimizer}",
+    POLICY_ACTS: "saved for backward, one micro-batch{shared}",
+    LOGITS: "{logits}",
+    KV_CACHE: "generation phase only",
+    REF_WEIGHTS: "{reference}",
+    RM_WEIGHTS: "frozen",
+    CRITIC_WEIGHTS: "backbone + value head",
+    CRITIC_GRADS: "",
+    CRITIC_MASTER: "",
+    CRITIC_OPTIM: "",
+    CRITIC_ACTS: "trained with the policy",
+}
+
 
 # ------------------------------------------------------------------------------------------------
 # Options and the per-component formulas (all pure)

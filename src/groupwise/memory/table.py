@@ -6,22 +6,9 @@ from __future__ import annotations
 import textwrap
 
 from .plan import (
-    CRITIC_ACTS,
-    CRITIC_GRADS,
-    CRITIC_MASTER,
-    CRITIC_OPTIM,
-    CRITIC_WEIGHTS,
     DTYPE_BYTES,
-    KV_CACHE,
-    LOGITS,
-    POLICY_ACTS,
-    POLICY_GRADS,
-    POLICY_MASTER,
-    POLICY_OPTIM,
-    POLICY_WEIGHTS,
     QUOTED_NOTE,
-    REF_WEIGHTS,
-    RM_WEIGHTS,
+    ROW_NOTES,
     ROW_ORDER,
     MemoryPlan,
     quoted_trained_only,
@@ -60,24 +47,6 @@ def quoted_lines(params: int, dtype: str) -> list[str]:
         f"{grpo16 / ppo16:.2f}), {human_bytes(grpo16_rule)} with rule rewards "
         f"(ratio {grpo16_rule / (ppo16 - copy):.2f} against PPO without a reward model)",
     ]
-
-
-_NOTES = {
-    POLICY_WEIGHTS: "every parameter, {dtype}",
-    POLICY_GRADS: "trained parameters, {dtype}",
-    POLICY_MASTER: "trained parameters, 4 B",
-    POLICY_OPTIM: "{optimizer}",
-    POLICY_ACTS: "saved for backward, one micro-batch{shared}",
-    LOGITS: "{logits}",
-    KV_CACHE: "generation phase only",
-    REF_WEIGHTS: "{reference}",
-    RM_WEIGHTS: "frozen",
-    CRITIC_WEIGHTS: "backbone + value head",
-    CRITIC_GRADS: "",
-    CRITIC_MASTER: "",
-    CRITIC_OPTIM: "",
-    CRITIC_ACTS: "trained with the policy",
-}
 
 
 def _settings_lines(plan: MemoryPlan) -> list[str]:
@@ -161,7 +130,7 @@ def format_table(plan: MemoryPlan) -> str:
 
     for name in names:
         note = plan.missing.get(name) or (
-            _NOTES.get(name, "").format(**notes) if plan.accounting == "full" else ""
+            ROW_NOTES.get(name, "").format(**notes) if plan.accounting == "full" else ""
         )
         ppo = cell(plan.ppo.get(name), name, plan.ppo)
         grpo = "-" if name.startswith("critic") else cell(plan.grpo.get(name), name, plan.grpo)
