@@ -170,3 +170,19 @@ def test_manifest_names_weights_and_the_one_correctness_reward(tmp_path):
     scorer.write_manifest(path)
     assert json.loads(path.read_text()) == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rewards.json"]  # no temporary left
+
+
+def test_a_nan_reward_and_a_short_extra_column_are_each_warned_about_once(caplog):
+    def nan_and_short_column(prompts, completions, log_extra, **kwargs):
+        log_extra("short", ["only one"])  # 1 value for 4 completions: left out of the log
+        return [float("nan"), 1.0, 1.0, 1.0]
+
+    scorer = RewardScorer([nan_and_short_column])
+    with caplog.at_level(logging.WARNING, logger="groupwise.rewards"):
+        for _ in range(3):
+            scorer(PROMPTS, COMPLETIONS)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("returned NaN for completion 0" in m for m in messages) == 1, messages
+    assert sum("log_extra('short', ...) received 1 values" in m for m in messages) == 1, messages
+    assert scorer.nan_counts["nan_and_short_column"] == 3  # counted every time, logged once
+    assert scorer.last_extra == {}

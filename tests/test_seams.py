@@ -275,14 +275,16 @@ def _imports(path: Path) -> set[str]:
 LAYERS = [
     {"errors"},
     {"imports", "files", "console", "trl_compat"},
-    {"core", "logprobs", "data", "models", "monitor", "loggers", "report", "memory.plan",
+    {"core", "logprobs", "data", "data_files", "data_rows", "prompts", "models", "monitor",
+     "loggers", "report", "memory.plan", "memory.shapes", "memory.units", "memory.table",
      "report.record", "report.load", "report.panels", "report.plot", "report.html",
      "report.compare", "report.browser",
      # the curricula's pure parts: numpy / torch math and the typed options, no run machinery
      "curriculum.bins", "curriculum.adversary", "curriculum.allocation",
      "curriculum.diagnostics", "curriculum.options"},
     {"sandbox"},
-    {"rewards"},
+    {"rewards", "rewards.math", "rewards.math.extract", "rewards.math.normalize",
+     "rewards.math.verify", "rewards.math.worker", "rewards.math.reward"},
     {"distributed", "tools", "precision", "reference"},
     {"entropy"},
     {"rollout", "batching"},
@@ -294,7 +296,8 @@ LAYERS = [
     {"build"},
     {"run"},
     {"trainer", "ppo"},
-    {"memory", "cli", "__init__", "__main__"},
+    {"memory", "cli", "cli.args", "cli.rows", "cli.train", "cli.evaluate", "cli.chat",
+     "__init__", "__main__"},
 ]  # fmt: skip
 
 

@@ -4,24 +4,25 @@
 
 The package, in three layers, each importing only the ones before it:
 
-- :mod:`groupwise.memory.plan`: the planner proper, pure arithmetic (no torch, no trainers).
-  Its docstring says exactly what is counted (weights, gradients, master weights, optimizer
-  states, activations, logits, KV cache; the peak total) and how the often-quoted 112 vs 56 GB
-  for 7B are reproduced (``--accounting quoted``).
+- the planner proper, pure arithmetic (no torch, no trainers): :mod:`groupwise.memory.shapes`
+  (model shapes and parameter counts), :mod:`groupwise.memory.plan` (the options and the bytes
+  of each component; its docstring says exactly what is counted: weights, gradients, master
+  weights, optimizer states, activations, logits, KV cache, the peak total, and how the
+  often-quoted 112 vs 56 GB for 7B are reproduced with ``--accounting quoted``) and
+  :mod:`groupwise.memory.table` (the printed table), with :mod:`groupwise.memory.units`.
 - :mod:`groupwise.memory.measure`: ``--measure``, real training steps of each algorithm in a
   fresh subprocess, the measured peak next to the plan for the same settings; the only part
   that imports the trainers (lazily, in the child).
 - :mod:`groupwise.memory.cli`: the command line (``groupwise memory``, ``python -m
   groupwise.memory``, and the ``--_child`` entry of the measurement's subprocesses).
 
-Every public name of the three is re-exported here (``from groupwise.memory import ...``).
+Every public name of them is re-exported here (``from groupwise.memory import ...``).
 """
 
 from .cli import build_parser, main, options_from_args, parse_count
 from .measure import format_measurement, ppo_available, run_measurement
 from .plan import (
     ACCOUNTINGS,
-    BUILTIN_SHAPES,
     CRITIC_ACTS,
     CRITIC_GRADS,
     CRITIC_MASTER,
@@ -31,7 +32,6 @@ from .plan import (
     GENERATION_PHASE,
     KV_CACHE,
     LOGITS,
-    LORA_TARGETS,
     OPTIMIZERS,
     POLICY_ACTS,
     POLICY_GRADS,
@@ -46,14 +46,8 @@ from .plan import (
     UPDATE_PHASE,
     MemoryOptions,
     MemoryPlan,
-    MemoryPlanError,
-    ModelShape,
     activation_bytes,
     critic_split,
-    format_table,
-    human_bytes,
-    human_count,
-    infer_intermediate,
     kv_cache_bytes,
     layer_activation_values,
     logits_bytes,
@@ -61,13 +55,24 @@ from .plan import (
     missing_rows,
     plan_grpo,
     plan_ppo,
-    quoted_lines,
     quoted_trained_only,
     quoted_weights_only,
-    resolve_model_shape,
-    shape_from_hf_config,
     total_bytes,
     trained_bytes_per_param,
+)
+from .shapes import (
+    BUILTIN_SHAPES,
+    LORA_TARGETS,
+    MemoryPlanError,
+    ModelShape,
+    infer_intermediate,
+    resolve_model_shape,
+    shape_from_hf_config,
+)
+from .table import format_table, quoted_lines
+from .units import (
+    human_bytes,
+    human_count,
 )
 
 __all__ = [

@@ -3,7 +3,7 @@
 ``groupwise memory [CONFIG.yaml] [--model NAME | --params 7e9 --layers ..] [--json] [--measure]``
 
 Options: command line over a YAML config's values over :class:`groupwise.config.GRPOConfig`'s
-defaults. Prints :func:`~groupwise.memory.plan.format_table` or, with ``--json``, the plan's
+defaults. Prints :func:`~groupwise.memory.table.format_table` or, with ``--json``, the plan's
 JSON; ``--measure`` adds :mod:`groupwise.memory.measure`'s results. The hidden ``--_child SPEC``
 is the entry of a measurement's subprocess.
 """
@@ -33,14 +33,16 @@ from .plan import (
     OPTIMIZERS,
     PRECISIONS,
     MemoryOptions,
+    make_plan,
+)
+from .shapes import (
     MemoryPlanError,
     ModelShape,
     _flags,
-    format_table,
     infer_intermediate,
-    make_plan,
     resolve_model_shape,
 )
+from .table import format_table
 
 
 class _ArgError(Exception):

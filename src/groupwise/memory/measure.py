@@ -25,12 +25,12 @@ from typing import Any
 
 from .plan import (
     MemoryOptions,
-    human_bytes,
     plan_grpo,
     plan_ppo,
-    shape_from_hf_config,
     total_bytes,
 )
+from .shapes import shape_from_hf_config
+from .units import human_bytes
 
 _RESULT_MARK = "GROUPWISE_MEMORY_RESULT "
 

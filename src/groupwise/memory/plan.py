@@ -1,9 +1,11 @@
 """The memory planner proper: pure arithmetic, bytes for PPO and GRPO side by side.
 
-Model shapes, the options, the per-component formulas, the rows of each algorithm, the
-peak total, the ``--accounting`` modes, the ``--json`` structure (:meth:`MemoryPlan.to_json`)
-and the table. Nothing here imports torch or the trainers (the real steps of ``--measure``
-live in :mod:`groupwise.memory.measure`, the command line in :mod:`groupwise.memory.cli`).
+The options, the per-component formulas, the rows of each algorithm, the peak total, the
+``--accounting`` modes and the ``--json`` structure (:meth:`MemoryPlan.to_json`). The model
+shapes they read are in :mod:`groupwise.memory.shapes`, the printed table in
+:mod:`groupwise.memory.table`. Nothing here imports torch or the trainers (the real steps of
+``--measure`` live in :mod:`groupwise.memory.measure`, the command line in
+:mod:`groupwise.memory.cli`).
 
 What is counted (``--accounting full``, the default), per network, for a LLaMA-style decoder
 with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size):
@@ -72,18 +74,23 @@ trained, reference and reward model frozen) is 252 GB vs GRPO's 140 GB, ratio 0.
 
 from __future__ import annotations
 
-import json
-import textwrap
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
+
+# The shapes and units by their names here too (``from groupwise.memory.plan import ...``).
+from .shapes import BUILTIN_SHAPES as BUILTIN_SHAPES
+from .shapes import LORA_TARGETS as LORA_TARGETS
+from .shapes import MemoryPlanError, ModelShape, _flags
+from .shapes import infer_intermediate as infer_intermediate
+from .shapes import resolve_model_shape as resolve_model_shape
+from .shapes import shape_from_hf_config as shape_from_hf_config
+from .units import human_bytes as human_bytes
+from .units import human_count as human_count
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 OPTIMIZERS = ("adamw", "adamw8bit", "sgd")
 PRECISIONS = ("mixed", "pure")
 ACCOUNTINGS = ("full", "quoted", "weights-only")
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 QUOTED_NOTE = (
     "PPO keeps four networks (actor, frozen reference, frozen reward model, critic), 'roughly "
     "112 GB before activations' for 7B in fp16; GRPO, without the critic, 'roughly 56 GB'"
@@ -113,189 +120,23 @@ ROW_ORDER = (
 GENERATION_PHASE = frozenset({KV_CACHE})
 UPDATE_PHASE = frozenset({POLICY_GRADS, POLICY_ACTS, LOGITS, CRITIC_GRADS, CRITIC_ACTS})
 
-
-class MemoryPlanError(ValueError):
-    """A bad option for the planner: the message names the option."""
-
-
-# ------------------------------------------------------------------------------------------------
-# Model shapes
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """A LLaMA-style decoder: embeddings, ``layers`` x (RMSNorm, GQA attention, RMSNorm, SwiGLU
-    MLP), final RMSNorm, LM head (tied to the embeddings or not). Any field may be None when only
-    a parameter count is known (``--params``); ``params`` then overrides the computed count."""
-
-    name: str = "custom"
-    hidden: int | None = None
-    layers: int | None = None
-    heads: int | None = None
-    kv_heads: int | None = None  # None: same as heads (multi-head attention)
-    intermediate: int | None = None
-    vocab: int | None = None
-    head_dim: int | None = None  # None: hidden // heads
-    tie_embeddings: bool = False
-    attention_bias: bool = False  # q, k, v biases (Qwen2)
-    params: int | None = None  # explicit parameter count, e.g. --params 7e9
-    note: str = ""  # e.g. how a missing shape was inferred
-
-    @property
-    def head_size(self) -> int:
-        if self.head_dim is not None:
-            return self.head_dim
-        return self.hidden // self.heads
-
-    @property
-    def q_dim(self) -> int:
-        return self.heads * self.head_size
-
-    @property
-    def kv_dim(self) -> int:
-        return (self.kv_heads if self.kv_heads is not None else self.heads) * self.head_size
-
-    def missing(self, *names: str) -> list[str]:
-        """Which of the named shape fields are unknown."""
-        return [n for n in names if getattr(self, n) is None]
-
-    @property
-    def has_layer_shapes(self) -> bool:
-        return not self.missing("hidden", "layers", "heads", "intermediate")
-
-    def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """(d_in, d_out) of every linear layer inside one decoder block."""
-        h, i = self.hidden, self.intermediate
-        return {
-            "q_proj": (h, self.q_dim),
-            "k_proj": (h, self.kv_dim),
-            "v_proj": (h, self.kv_dim),
-            "o_proj": (self.q_dim, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-
-    def computed_params(self) -> int:
-        """Parameter count from the shapes alone (needs every shape field)."""
-        missing = self.missing("hidden", "layers", "heads", "intermediate", "vocab")
-        if missing:
-            raise MemoryPlanError(f"the parameter count needs {_flags(missing)}")
-        h = self.hidden
-        block = sum(d_in * d_out for d_in, d_out in self.linear_shapes().values()) + 2 * h
-        if self.attention_bias:
-            block += self.q_dim + 2 * self.kv_dim
-        embed = self.vocab * h
-        return embed + self.layers * block + h + (0 if self.tie_embeddings else embed)
-
-    def num_params(self) -> int:
-        return self.params if self.params is not None else self.computed_params()
-
-    def lm_head_params(self) -> int:
-        """Parameters only the LM head holds (0 when tied: the embedding stays for the input)."""
-        if self.tie_embeddings or self.vocab is None or self.hidden is None:
-            return 0
-        return self.vocab * self.hidden
-
-    def lora_params(self, rank: int, targets: Sequence[str] | None = None) -> int:
-        """Trainable LoRA parameters: rank x (d_in + d_out) per targeted linear, every layer."""
-        if not self.has_layer_shapes:
-            missing = self.missing("hidden", "layers", "heads", "intermediate")
-            raise MemoryPlanError(f"--lora_r needs the layer shapes: give {_flags(missing)}")
-        shapes = self.linear_shapes()
-        chosen = list(LORA_TARGETS if not targets or "all-linear" in targets else targets)
-        unknown = [t for t in chosen if t not in shapes]
-        if unknown:
-            raise MemoryPlanError(
-                f"--lora_targets: unknown module(s) {unknown}; "
-                f"expected some of {list(LORA_TARGETS)}"
-            )
-        return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in chosen)
-
-    def describe(self) -> str:
-        parts = [f"{self.name}: {human_count(self.num_params())} parameters"]
-        if self.params is not None and not self.missing("hidden", "layers", "heads", "vocab"):
-            try:
-                parts[0] += f" (shapes give {human_count(self.computed_params())})"
-            except MemoryPlanError:
-                pass
-        if self.layers is not None and self.hidden is not None:
-            detail = f"{self.layers} layers, hidden {self.hidden}"
-            if self.heads is not None:
-                detail += f", {self.heads} heads / {self.kv_heads or self.heads} KV heads"
-                detail += f" of {self.head_size}"
-            if self.intermediate is not None:
-                detail += f", MLP {self.intermediate}"
-            if self.vocab is not None:
-                detail += f", vocab {self.vocab}"
-            detail += ", tied embeddings" if self.tie_embeddings else ""
-            parts.append(detail)
-        if self.note:
-            parts.append(self.note)
-        return "; ".join(parts)
-
-
-# The built-in models' shapes, so that planning never loads weights (tests check both against
-# the real models: tiny_random_model() and SmolLM2-135M-Instruct's config.json).
-BUILTIN_SHAPES = {
-    "tiny-random": ModelShape(
-        name="tiny-random", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
-        vocab=49152, tie_embeddings=True,
-    ),
-    "smollm2-135m-instruct": ModelShape(
-        name="smollm2-135m-instruct", hidden=576, layers=30, heads=9, kv_heads=3,
-        intermediate=1536, vocab=49152, head_dim=64, tie_embeddings=True,
-    ),
-}  # fmt: skip
-
-
-def shape_from_hf_config(config: dict[str, Any], name: str = "custom") -> ModelShape:
-    """A ModelShape from a Hugging Face ``config.json`` mapping (multimodal: its text_config)."""
-    if isinstance(config.get("text_config"), dict):
-        config = {**config["text_config"], **{k: v for k, v in config.items() if k == "name"}}
-    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-    missing = [k for k in required + ("vocab_size",) if config.get(k) is None]
-    if missing:
-        raise MemoryPlanError(f"model {name!r}: config.json lacks {missing}")
-    return ModelShape(
-        name=name,
-        hidden=int(config["hidden_size"]),
-        layers=int(config["num_hidden_layers"]),
-        heads=int(config["num_attention_heads"]),
-        kv_heads=int(config.get("num_key_value_heads") or config["num_attention_heads"]),
-        intermediate=int(config["intermediate_size"]),
-        vocab=int(config["vocab_size"]),
-        head_dim=int(config["head_dim"]) if config.get("head_dim") else None,
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(config.get("attention_bias", False)),
-    )
-
-
-def infer_intermediate(shape: ModelShape) -> ModelShape:
-    """Fill in the MLP width from --params when every other shape is known: the SwiGLU MLP's
-    3 x hidden x intermediate per layer is what the attention, embeddings and norms leave."""
-    if shape.params is None or shape.missing("hidden", "layers", "heads", "vocab"):
-        return shape
-    without_mlp = replace(shape, intermediate=0, params=None).computed_params()
-    width = round((shape.params - without_mlp) / (3 * shape.hidden * shape.layers))
-    if width < 1:
-        return shape
-    return replace(shape, intermediate=width, note=f"MLP width {width} inferred from --params")
-
-
-def resolve_model_shape(model: str) -> ModelShape:
-    """Shape of a built-in model name or of a local Hugging Face model folder (config.json)."""
-    if model in BUILTIN_SHAPES:
-        return BUILTIN_SHAPES[model]
-    path = Path(model)
-    config_file = path / "config.json" if path.is_dir() else path
-    if config_file.name == "config.json" and config_file.exists():
-        with open(config_file, encoding="utf-8") as handle:
-            return shape_from_hf_config(json.load(handle), name=str(model))
-    raise MemoryPlanError(
-        f"--model {model!r} is neither a built-in model {sorted(BUILTIN_SHAPES)} nor a local "
-        "folder with a config.json (or give --params/--layers/--hidden/...)"
-    )
+# What each row holds, as the table notes it ({...}: filled in from the options).
+ROW_NOTES = {
+    POLICY_WEIGHTS: "every parameter, {dtype}",
+    POLICY_GRADS: "trained parameters, {dtype}",
+    POLICY_MASTER: "trained parameters, 4 B",
+    POLICY_OPTIM: "{optimizer}",
+    POLICY_ACTS: "saved for backward, one micro-batch{shared}",
+    LOGITS: "{logits}",
+    KV_CACHE: "generation phase only",
+    REF_WEIGHTS: "{reference}",
+    RM_WEIGHTS: "frozen",
+    CRITIC_WEIGHTS: "backbone + value head",
+    CRITIC_GRADS: "",
+    CRITIC_MASTER: "",
+    CRITIC_OPTIM: "",
+    CRITIC_ACTS: "trained with the policy",
+}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -531,10 +372,6 @@ def missing_rows(shape: ModelShape) -> dict[str, str]:
     return notes
 
 
-def _flags(names: Sequence[str]) -> str:
-    return "/".join("--" + n for n in names)
-
-
 # ------------------------------------------------------------------------------------------------
 # The accountings behind the often-quoted 7B figures
 
@@ -559,38 +396,8 @@ def quoted_trained_only(params: int, dtype_bytes: int) -> dict[str, dict[str, in
     }
 
 
-def quoted_lines(params: int, dtype: str) -> list[str]:
-    """The reconciliation of the often-quoted figures, for this parameter count and dtype."""
-    width = DTYPE_BYTES[dtype]
-    copy = params * width
-    weights = quoted_weights_only(params, width)
-    trained = quoted_trained_only(params, width)
-    usual = 16 * params  # mixed precision: 2 + 2 + 4 + 4 + 4 bytes per trained parameter
-    backbone = params  # the critic ~ the policy at this level of accounting
-    ppo16 = usual + 16 * backbone + 2 * copy
-    grpo16, grpo16_rule = usual + 2 * copy, usual + copy
-    return [
-        f"The often-quoted figures ({QUOTED_NOTE}), for {human_count(params)} parameters in "
-        f"{dtype}:",
-        f"  one model copy, weights only ({width} B/param): {human_bytes(copy)}",
-        f"  weights only: PPO 4 copies {human_bytes(sum(weights['ppo'].values()))}, GRPO 3 copies "
-        f"(actor, reference, reward model) {human_bytes(sum(weights['grpo'].values()))}"
-        "   [--accounting weights-only]",
-        f"  trained networks at {4 * width} B/param (weights, gradients, Adam m and v all in "
-        f"{dtype}), frozen ones not counted: PPO actor + critic "
-        f"{human_bytes(sum(trained['ppo'].values()))}, GRPO actor "
-        f"{human_bytes(sum(trained['grpo'].values()))}, ratio 0.50   [--accounting quoted; "
-        "the only accounting tried that gives 112 vs 56 GB exactly for 7B fp16]",
-        f"  the usual 16 B per trained parameter (mixed precision) is {human_bytes(usual)} for "
-        f"one trained network alone: PPO (actor + critic trained, reference and reward model "
-        f"frozen) {human_bytes(ppo16)} vs GRPO {human_bytes(grpo16)} (ratio "
-        f"{grpo16 / ppo16:.2f}), {human_bytes(grpo16_rule)} with rule rewards "
-        f"(ratio {grpo16_rule / (ppo16 - copy):.2f} against PPO without a reward model)",
-    ]
-
-
 # ------------------------------------------------------------------------------------------------
-# The plan and its presentation
+# The plan
 
 
 @dataclass
@@ -657,150 +464,10 @@ def make_plan(shape: ModelShape, opts: MemoryOptions, accounting: str = "full") 
     return plan
 
 
-def human_bytes(n: float) -> str:
-    """Decimal units (GB = 1e9 bytes), as model sizes are quoted (7B x 2 B = 14 GB)."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
+def __getattr__(name: str) -> Any:
+    """The table (:mod:`.table`, which imports this module) by its names here too."""
+    if name in ("format_table", "quoted_lines"):
+        from . import table
 
-
-def human_count(n: float) -> str:
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f}".rstrip("0").rstrip(".") + unit
-    return str(int(n))
-
-
-_NOTES = {
-    POLICY_WEIGHTS: "every parameter, {dtype}",
-    POLICY_GRADS: "trained parameters, {dtype}",
-    POLICY_MASTER: "trained parameters, 4 B",
-    POLICY_OPTIM: "{optimizer}",
-    POLICY_ACTS: "saved for backward, one micro-batch{shared}",
-    LOGITS: "{logits}",
-    KV_CACHE: "generation phase only",
-    REF_WEIGHTS: "{reference}",
-    RM_WEIGHTS: "frozen",
-    CRITIC_WEIGHTS: "backbone + value head",
-    CRITIC_GRADS: "",
-    CRITIC_MASTER: "",
-    CRITIC_OPTIM: "",
-    CRITIC_ACTS: "trained with the policy",
-}
-
-
-def _settings_lines(plan: MemoryPlan) -> list[str]:
-    o = plan.options
-    per = trained_bytes_per_param(o)
-    precision = (f"{o.dtype}, {o.precision} precision" if DTYPE_BYTES[o.dtype] < 4 else "fp32") + (
-        f": per trained parameter {per['weights']} B weights + {per['gradients']} B gradients + "
-        f"{per['master']} B fp32 master + {per['optimizer']} B {o.optimizer} states = "
-        f"{sum(per.values())} B"
-    )
-    tuning = (
-        f"LoRA r={o.lora_r} on {','.join(o.lora_targets or LORA_TARGETS)} "
-        f"({human_count(plan.shape.lora_params(o.lora_r, o.lora_targets))} trainable)"
-        if o.lora_r
-        else "full fine-tuning"
-    )
-    return [
-        f"groupwise memory plan: {plan.shape.describe()}",
-        f"  {precision}; {tuning}",
-        f"  {o.batch} completions per micro-batch x {o.grad_accum} accumulation, group size "
-        f"{o.group_size}, prompt {o.prompt_len} + completion {o.completion_len} tokens, "
-        f"{o.logprob_impl} log-probs"
-        + (f" ({o.logprob_chunk_size} tokens per chunk)" if o.logprob_impl == "chunked" else "")
-        + (", gradient checkpointing" if o.gradient_checkpointing else ", no checkpointing"),
-        f"  beta {o.beta:g}"
-        + (" (no reference model)" if o.beta == 0 else "")
-        + (
-            f", reward model of {human_count(o.reward_model_params)} parameters"
-            if o.reward_model_params
-            else ", rule rewards (no reward model)"
-        ),
-    ]
-
-
-def format_table(plan: MemoryPlan) -> str:
-    """Side-by-side PPO | GRPO table in human units, with totals and the GRPO/PPO ratio."""
-    o = plan.options
-    lines: list[str] = []
-    if plan.accounting == "full":
-        for line in _settings_lines(plan):
-            lines.append(textwrap.fill(line, 100, subsequent_indent="    "))
-    else:
-        what = (
-            "trained networks only, each at weights + gradients + Adam m, v in "
-            f"{o.dtype}; frozen networks not counted (reproduces the quoted 112 vs 56 GB)"
-            if plan.accounting == "quoted"
-            else f"weights only, one {o.dtype} copy per network (reward model as large as the "
-            "policy, as the quoted figures assume)"
-        )
-        lines += [
-            f"groupwise memory plan ({plan.accounting} accounting): {plan.shape.describe()}",
-            f"  {what}",
-        ]
-    notes = {
-        "dtype": o.dtype,
-        "optimizer": {
-            "adamw": "AdamW m and v",
-            "adamw8bit": "8-bit AdamW m and v",
-            "sgd": "",
-        }[o.optimizer],
-        "logits": f"{o.logprob_impl} log-probs",
-        "shared": (
-            "; a group's prompt encoded once"
-            if o.share_prompt and not o.gradient_checkpointing and o.batch % o.group_size == 0
-            else ""
-        ),
-        "reference": "adapter-disabled base, no copy" if o.lora_r else "frozen copy",
-    }
-    present = {**plan.ppo, **plan.grpo, **plan.missing}
-    names = list(present)
-    if plan.accounting == "full":
-        names = [k for k in ROW_ORDER if k in present] + [k for k in names if k not in ROW_ORDER]
-    width = max(len(n) for n in names + ["peak total", *plan.alternatives]) + 2
-    lines.append("")
-    lines.append(f"{'component':<{width}}{'PPO':>12}{'GRPO':>12}   note")
-
-    def cell(value: int | None, row: str, table: dict[str, int]) -> str:
-        if row in plan.missing and row not in table:
-            return "?"
-        return "-" if value is None else human_bytes(value)
-
-    for name in names:
-        note = plan.missing.get(name) or (
-            _NOTES.get(name, "").format(**notes) if plan.accounting == "full" else ""
-        )
-        ppo = cell(plan.ppo.get(name), name, plan.ppo)
-        grpo = "-" if name.startswith("critic") else cell(plan.grpo.get(name), name, plan.grpo)
-        lines.append(f"{name:<{width}}{ppo:>12}{grpo:>12}   {note}".rstrip())
-    lines.append("-" * (width + 24))
-    lines.append(
-        f"{'peak total':<{width}}{human_bytes(plan.ppo_total):>12}"
-        f"{human_bytes(plan.grpo_total):>12}"
-    )
-    lines.append(f"{'GRPO / PPO':<{width}}{'':>12}{plan.ratio:>12.2f}")
-    if plan.accounting == "full":
-        lines.append(
-            textwrap.fill(
-                "peak = resident (weights, master weights, optimizer states) + max(generation: "
-                "KV cache, update: gradients + activations + logits); GB = 1e9 bytes",
-                100,
-            )
-        )
-        if plan.missing:
-            lines.append("'?': not in the totals, " + "; ".join(sorted(set(plan.missing.values()))))
-    if plan.alternatives:
-        lines.append("")
-        lines.append("not in the totals (the other choice of each option):")
-        for name, (ppo, grpo) in plan.alternatives.items():
-            ppo_s = human_bytes(ppo) if ppo is not None else "-"
-            grpo_s = human_bytes(grpo) if grpo is not None else "-"
-            lines.append(f"{name:<{width}}{ppo_s:>12}{grpo_s:>12}")
-    if plan.accounting == "full":
-        lines.append("")
-        for line in quoted_lines(plan.shape.num_params(), o.dtype):
-            lines.append(textwrap.fill(line, 100, subsequent_indent="    "))
-    return "\n".join(lines)
+        return getattr(table, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,6 +38,14 @@ from .basic import RewardFunc, correctness_index, reward_func_name
 logger = logging.getLogger("groupwise.rewards")
 
 
+def _warn_once(seen: set[str], key: str, message: str, *args: Any) -> None:
+    """Log ``message % args`` as a warning unless ``key`` is already in ``seen`` (then add it):
+    a problem of every batch would otherwise be repeated at every step."""
+    if key not in seen:
+        seen.add(key)
+        logger.warning(message, *args)
+
+
 class RewardFunctionError(RuntimeError):
     """A reward function failed or broke its contract; the message names the function."""
 
@@ -123,14 +131,14 @@ class RewardScorer:
                 )
             if math.isnan(number):
                 self.nan_counts[name] += 1
-                if name not in self._nan_logged:
-                    self._nan_logged.add(name)
-                    logger.warning(
-                        "reward function %r returned NaN for completion %d; NaN counts as None "
-                        "(not applicable), return None for that instead (logged once)",
-                        name,
-                        i,
-                    )
+                _warn_once(
+                    self._nan_logged,
+                    name,
+                    "reward function %r returned NaN for completion %d; NaN counts as None "
+                    "(not applicable), return None for that instead (logged once)",
+                    name,
+                    i,
+                )
             checked.append(None if math.isnan(number) else number)
         return checked
 
@@ -238,9 +246,10 @@ class RewardScorer:
         for column, values in extra.items():
             if len(values) == n:
                 kept[column] = values
-            elif column not in self._extra_logged:
-                self._extra_logged.add(column)
-                logger.warning(
+            else:
+                _warn_once(
+                    self._extra_logged,
+                    column,
                     "log_extra(%r, ...) received %d values for a batch of %d completions; the "
                     "column is left out of the completions log (logged once)",
                     column,
