@@ -291,7 +291,9 @@ LAYERS = [
     {"config"},
     {"policy", "checkpoint"},
     {"build"},
-    {"run"},
+    # the trainer's services; then Trainer with its loop and TRL surface, which name it in hints
+    {"run.datasets", "run.metrics", "run.records", "run.checkpoints", "run.evaluate"},
+    {"run", "run.loop", "run.trl_api"},
     {"trainer", "ppo"},
     {"memory", "cli", "__init__", "__main__"},
 ]  # fmt: skip
