@@ -534,7 +534,7 @@ def test_rollout_gdro_sampling_is_seeded_and_resumes_exactly():
     first = make()
     head = advance(first, 3)
     buffer = io.BytesIO()
-    torch.save(plain(first.state_dict()), buffer)  # as run.py saves it
+    torch.save(plain(first.state_dict()), buffer)  # as Trainer.state_dict saves it
     buffer.seek(0)
     resumed = make()
     resumed.generator.manual_seed(123)  # overwritten by the checkpoint
@@ -625,7 +625,7 @@ def test_curriculum_state_round_trip_and_identical_ranks():
         straight = run(rank0, 6)
         head = run(rank1, 2)
         buffer = io.BytesIO()
-        torch.save(plain(rank1.state_dict()), buffer)  # as run.py saves it
+        torch.save(plain(rank1.state_dict()), buffer)  # as Trainer.state_dict saves it
         buffer.seek(0)
         resumed = RolloutGDROCurriculum(**kwargs)
         resumed.load_state_dict(torch.load(buffer, weights_only=True))

@@ -235,13 +235,13 @@ def test_uniform_groups_never_reach_the_loss(tmp_path):
     answers = [str(i) for batch in drawn for i in batch]
     informative = [a for a in answers if a not in UNIFORM]
     assert len(informative) >= 2 and len(drawn) >= 2 or len(drawn) == 1
-    kept = [row["answer"] for row in trainer._last_batch[0]]
+    kept = [row["answer"] for row in trainer.records.last_batch[0]]
     assert kept == informative[:2]  # the first two informative groups, in draw order
     assert prepared[-1].completion_ids.shape[0] == 8  # 2 groups x 4
     assert sorted(r for mb in rows_seen for r in mb) == list(range(8))
     # The update saw only informative groups: every group's correctness varies.
-    correctness = trainer._last_batch[3][:, 0]
-    assert informative_groups(correctness, trainer._last_batch[5]).all()
+    correctness = trainer.records.last_batch[3][:, 0]
+    assert informative_groups(correctness, trainer.records.last_batch[5]).all()
     zero = sum(a in UNIFORM for a in answers)
     assert logs["dynamic/gen_batches"] == len(drawn)
     assert logs["dynamic/zero_variance_groups"] == zero
@@ -315,7 +315,7 @@ def test_no_cap_draws_until_the_target_is_reached(tmp_path):
     prepared, _ = _recording(trainer)
     log = trainer.train_step()
     assert log["dynamic/kept_groups"] == 2 and log["dynamic/capped"] == 0.0
-    assert sorted(row["answer"] for row in trainer._last_batch[0]) == ["1", "2"]
+    assert sorted(row["answer"] for row in trainer.records.last_batch[0]) == ["1", "2"]
     assert log["dynamic/gen_batches"] >= 1 and prepared[0].completion_ids.shape[0] == 8
     drawn = 12 * (trainer.prompts.sampler.epoch - 1) + 12 - len(trainer.prompts.sampler.order)
     assert drawn == 2 * log["dynamic/gen_batches"]
@@ -444,7 +444,7 @@ SCRIPT = textwrap.dedent(
     history = []
     for _ in range(steps):
         history.append(trainer.train_step())
-        history[-1]["kept"] = [r["answer"] for r in trainer._last_batch[0]]
+        history[-1]["kept"] = [r["answer"] for r in trainer.records.last_batch[0]]
     # FSDP: gather each shard into the full tensor (a collective: every rank calls it).
     params = {n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
               for n, p in trainer.model.named_parameters()}

@@ -20,7 +20,7 @@ from groupwise.core import equal_prompt_factors, informative_groups, policy_loss
 from groupwise.curriculum import CURRICULA, Curriculum, Plan, PromptBatch
 from groupwise.curriculum.gdro import PromptGDROCurriculum
 from groupwise.rollout import Rollout
-from groupwise.run import sequence_tokens, verl_throughput
+from groupwise.run.metrics import sequence_tokens, verl_throughput
 
 ROWS = [{"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1)} for i in range(12)]
 TIMING_KEYS = ("time/", "tokens_per_second", "generation_tokens_per_second", "perf/throughput")

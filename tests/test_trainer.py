@@ -458,3 +458,25 @@ def test_a_run_records_run_json_and_its_report_leads_with_held_out_accuracy(tmp_
     assert "kl (beta 0)" in page
     config = page.split('<section id="config">')[1].split("<details>")[0]
     assert f"<tr><td>learning_rate</td><td><code>{defaults.learning_rate}</code>" in config
+
+
+def test_the_loop_cadence_by_hand():
+    from groupwise.run.loop import Cadence
+
+    # logging_steps=3 of max_steps=10: every third step and the last; completions every 4;
+    # eval_steps=4: steps 4 and 8 in the loop (step 10's evaluation follows the loop, as would
+    # step 12's at max_steps=12); save_steps=5: 5 and 10.
+    cadence = Cadence(GRPOConfig(max_steps=10, logging_steps=3, log_completions_steps=4,
+                                 eval_steps=4, save_steps=5))  # fmt: skip
+    steps = range(1, 11)
+    assert [s for s in steps if cadence.log(s)] == [3, 6, 9, 10]
+    assert [s for s in steps if cadence.log_completions(s)] == [4, 8]
+    assert [s for s in steps if cadence.evaluate(s)] == [4, 8]
+    assert [s for s in steps if cadence.save(s)] == [5, 10]
+    assert cadence.evaluates()
+    cadence.args.max_steps = 8  # read at each step: a change counts at once
+    assert [s for s in range(1, 9) if cadence.evaluate(s)] == [4]
+    never = Cadence(GRPOConfig(max_steps=4, eval_steps=0, save_steps=0, log_completions_steps=0))
+    assert not any(never.evaluate(s) or never.save(s) or never.log_completions(s)
+                   for s in range(1, 5))  # fmt: skip
+    assert not never.evaluates()

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError
-from .errors import OutputDirError, UserError, option
+from .errors import OutputDirError, UserError, first_line, option
 from .files import fsync_dir
 
 PREFIX = "checkpoint-"
@@ -328,6 +328,20 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
                 "with --resume_from_checkpoint PATH, or start over"
             )
     return manifest
+
+
+def read_training_state(path: str | Path) -> dict[str, Any]:
+    """The ``training_state.pt`` of checkpoint ``path``, after :func:`verify_checkpoint`; a
+    file that cannot be read is a CheckpointError naming it."""
+    path = Path(path)
+    verify_checkpoint(path)
+    try:
+        return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unreadable file is named, not traced
+        raise CheckpointError(
+            f"checkpoint {path}: {STATE_FILE} cannot be read ({type(err).__name__}: "
+            f"{first_line(err)}); resume from an earlier checkpoint, or start over"
+        ) from err
 
 
 def rotate_checkpoints(output_dir: str | Path, keep: int | None) -> list[Path]:
