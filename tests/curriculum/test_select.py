@@ -432,7 +432,7 @@ def _simulation():
     import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "curriculum_sim.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "curriculum_sim.py"
     spec = importlib.util.spec_from_file_location("curriculum_sim", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["curriculum_sim"] = module  # its dataclass looks its module up
