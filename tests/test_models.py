@@ -46,6 +46,17 @@ def test_the_cached_tiny_model_is_a_fresh_build_and_each_caller_owns_its_copy():
     assert torch.equal(eager.lm_head.weight, fresh.lm_head.weight)
 
 
+def test_a_tiny_model_asked_for_on_the_meta_device_is_not_cached(monkeypatch):
+    monkeypatch.setattr(models, "_TINY_RANDOM", {})
+    with torch.device("meta"):
+        skeleton = tiny_random_model(seed=0)
+    assert {p.device.type for p in skeleton.parameters()} == {"meta"}
+    assert models._TINY_RANDOM == {}
+    model = tiny_random_model(seed=0)
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert torch.equal(model.lm_head.weight, build_tiny_random_model(seed=0).lm_head.weight)
+
+
 def test_the_tiny_model_is_built_once_per_process_for_the_same_arguments(monkeypatch):
     calls = []
     real = models.build_tiny_random_model

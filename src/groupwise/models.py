@@ -154,6 +154,10 @@ def tiny_random_model(
 ) -> LlamaForCausalLM:
     """A seeded random Llama (about 3.5M parameters, most in the tied embedding): a deep copy of
     the one built per process for these arguments (the same weights a fresh build gives)."""
+    if torch.get_default_device().type != "cpu":
+        # Inside a ``with torch.device(...)`` block (meta, for the shapes alone) the model is
+        # built there, uncached, as the block asks.
+        return build_tiny_random_model(seed, vocab_size, attn_implementation)
     key = (seed, vocab_size, attn_implementation)
     if key not in _TINY_RANDOM:
         _TINY_RANDOM[key] = build_tiny_random_model(seed, vocab_size, attn_implementation)
