@@ -71,6 +71,15 @@ def test_the_tiny_model_is_built_once_per_process_for_the_same_arguments(monkeyp
     tiny_random_model(seed=7, vocab_size=64)
     tiny_random_model(seed=8, vocab_size=64)
     assert calls == [(7, 64, None), (8, 64, None)]
+    # Built under another default dtype, the model is built again, in that dtype.
+    torch.set_default_dtype(torch.float64)
+    try:
+        wide = tiny_random_model(seed=7, vocab_size=64)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert calls[-1] == (7, 64, None) and len(calls) == 3
+    assert wide.lm_head.weight.dtype == torch.float64
+    assert tiny_random_model(seed=7, vocab_size=64).lm_head.weight.dtype == torch.float32
 
 
 def test_the_tokenizer_is_read_once_per_process_and_each_caller_owns_its_copy(

@@ -92,7 +92,7 @@ def _atomic_save(target: Path, write) -> None:
 # time reading the 49k-token tokenizer and initialising the 49k-row embedding again. Callers get
 # a deep copy, so one caller's training or tokenizer settings never reach another.
 _TOKENIZERS: dict[tuple[str, int], PreTrainedTokenizerBase] = {}
-_TINY_RANDOM: dict[tuple[int, int, str | None], LlamaForCausalLM] = {}
+_TINY_RANDOM: dict[tuple[int, int, str | None, torch.dtype], LlamaForCausalLM] = {}
 
 
 def smollm2_tokenizer() -> PreTrainedTokenizerBase:
@@ -158,7 +158,8 @@ def tiny_random_model(
         # Inside a ``with torch.device(...)`` block (meta, for the shapes alone) the model is
         # built there, uncached, as the block asks.
         return build_tiny_random_model(seed, vocab_size, attn_implementation)
-    key = (seed, vocab_size, attn_implementation)
+    # The default dtype is what the build's weights are created in.
+    key = (seed, vocab_size, attn_implementation, torch.get_default_dtype())
     if key not in _TINY_RANDOM:
         _TINY_RANDOM[key] = build_tiny_random_model(seed, vocab_size, attn_implementation)
     return copy.deepcopy(_TINY_RANDOM[key])
