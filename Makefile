@@ -1,11 +1,12 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up .venv and fine-tune SmolLM2-135M-Instruct with GRPO on the CPU
 #   make test   set up .venv, lint, and run the test suite
+# (make test-fast runs the suite without the slow subprocess tests, after setup alone.)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint browser docs bench bench-speed bench-roofline bench-memory bench-curriculum bench-curriculum-tiny trl-suite clean
+.PHONY: setup demo test test-fast lint browser docs bench bench-speed bench-roofline bench-memory bench-curriculum bench-curriculum-tiny trl-suite clean
 
 # Exact versions of everything setup installs (pyproject.toml declares ranges).
 CONSTRAINTS := constraints/cpu.txt
@@ -47,8 +48,15 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 # pytest exits 5 when it collected no tests: that is a failure here, CI must execute tests.
+# --durations=25 lists the slowest tests at the end of the run.
 test: lint browser docs
-	$(PY) -m pytest -q; rc=$$?; \
+	$(PY) -m pytest -q --durations=25; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+# The suite without the tests marked slow (subprocess training: torchrun, SIGKILL resume), for
+# a quick check while editing; `make test` runs everything.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 bench: setup

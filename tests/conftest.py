@@ -46,6 +46,27 @@ def tiny_config(tmp_path, **overrides) -> GRPOConfig:
     return GRPOConfig(**values)
 
 
+def select_config(tmp_path, **overrides) -> GRPOConfig:
+    """``tiny_config`` with ``curriculum="select"`` for SELECT_ROWS: 3 steps of 3 prompts x 4
+    rollouts (group sizes 2 to 8, 2 candidates drawn per slot), a checkpoint every 2 steps."""
+    select = dict(
+        max_steps=3, per_device_train_batch_size=12, max_completion_length=3, save_steps=2,
+        curriculum="select", rollout_min=2, rollout_max=8, select_oversample=2,
+    )  # fmt: skip
+    return tiny_config(tmp_path, **{**select, **overrides})
+
+
+SELECT_ROWS = [
+    {"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1), "difficulty": i % 3}
+    for i in range(12)
+]
+
+
+def first_token_parity(prompts, completions, completion_ids, **kwargs):
+    """1 when a completion's first token id is even, else 0."""
+    return [1.0 if ids[0] % 2 == 0 else 0.0 for ids in completion_ids]
+
+
 class TargetToken:
     """Reward = fraction of completion tokens equal to a target token: the most frequent token
     of the first batch scored (deterministic under the seed), so the signal starts non-zero and

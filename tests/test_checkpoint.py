@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise import checkpoint as ckpt
 from groupwise.config import ConfigError
@@ -116,21 +117,8 @@ def _reward(completions, answer, **kwargs):
 
 
 def _args(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(
-        model="tiny-random",
-        max_steps=4,
-        learning_rate=1e-2,
-        beta=0.04,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=5,
-        output_dir=str(tmp_path / "run"),
-        disable_tqdm=True,
-        seed=0,
-        save_steps=2,
-    )
-    values.update(overrides)
-    return GRPOConfig(**values)
+    run = {"max_steps": 4, "beta": 0.04, "max_completion_length": 5, "save_steps": 2}
+    return tiny_config(tmp_path, **{**run, **overrides})
 
 
 def test_checkpoint_holds_everything_and_resume_refuses_changed_config(tmp_path):

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import PlainStepTrainer
+from conftest import PlainStepTrainer, tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.config import ConfigError
 from groupwise.curriculum import Plan, PromptBatch
@@ -192,12 +192,8 @@ def shaped(completions, completion_ids, **kwargs):
 
 
 def _args(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(model="tiny-random", max_steps=2, learning_rate=1e-2, beta=0.04,
-                  num_generations=4, per_device_train_batch_size=8, max_completion_length=5,
-                  output_dir=str(tmp_path / "run"), disable_tqdm=True, seed=0,
-                  dynamic_sampling=True)  # fmt: skip
-    values.update(overrides)
-    return GRPOConfig(**values)
+    run = {"beta": 0.04, "max_completion_length": 5, "dynamic_sampling": True}
+    return tiny_config(tmp_path, **{**run, **overrides})
 
 
 def _recording(trainer):

@@ -218,14 +218,49 @@ def test_inserted_tokens_get_no_gradient_and_leave_the_loss_unchanged(tmp_path):
     assert appended_stats.entropy_sum == pytest.approx(plain_stats.entropy_sum, rel=1e-5)
 
 
+class RecordingEngine:
+    """Wraps an engine and keeps every rollout it returns."""
+
+    def __init__(self, inner):
+        self.inner, self.rollouts = inner, []
+
+    def generate(self, *args, **kwargs):
+        self.rollouts.append(self.inner.generate(*args, **kwargs))
+        return self.rollouts[-1]
+
+    def sync(self, policy):
+        self.inner.sync(policy)
+
+
 def test_a_wrapping_engine_needs_no_trainer_change(tmp_path):
-    trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=_config(tmp_path))
-    trainer.engine = AppendingEngine(trainer.engine)
+    target, scored = TargetToken(), []
+
+    def reward(prompts, completions, completion_ids, **kwargs):
+        scored.append(completion_ids)
+        return target(prompts, completions, completion_ids, **kwargs)
+
+    trainer = GRPOTrainer("tiny-random", reward, ROWS, args=_config(tmp_path))
+    written = RecordingEngine(trainer.engine)  # what the policy wrote
+    served = RecordingEngine(AppendingEngine(written))  # what the trainer received
+    trainer.engine = served
     trainer.train()
     logs = trainer.log_history
     assert len(logs) == 2 and all(torch.isfinite(torch.tensor(log["loss"])) for log in logs)
-    # The completion is 2 tokens longer than what the policy wrote, in every row.
-    assert trainer.completion_records()  # the run's services read the wrapped rollout
+    assert len(written.rollouts) == len(served.rollouts) == len(scored) == 2
+    # The completion is 2 tokens longer than what the policy wrote, in every row, and the
+    # run's services read the wrapped rollout: the reward sees the inserted tokens at the end
+    # of every completion, the logged lengths count them, the loss mask leaves them out.
+    steps = zip(written.rollouts, served.rollouts, scored, logs, strict=True)
+    for policy, wrapped, ids, log in steps:
+        lengths = policy.lengths.tolist()
+        assert len(lengths) == len(ids) == 8
+        assert wrapped.lengths.tolist() == [n + 2 for n in lengths]
+        assert wrapped.loss_mask.sum(dim=1).tolist() == lengths
+        for row, n in zip(ids, lengths, strict=True):
+            assert len(row) == n + 2 and list(row[n:]) == [7, 8]
+        assert log["completions/mean_length"] == pytest.approx(sum(lengths) / 8 + 2)
+    records = trainer.completion_records()
+    assert sum(len(r["completions"]) for r in records) == 8
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from conftest import PlainStepTrainer
+from conftest import PlainStepTrainer, tiny_config
 from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
 from groupwise.batching import minibatch_prompts, select_prompts
 from groupwise.config import ConfigError
@@ -31,11 +31,7 @@ def _reward(completions, answer, **kwargs):
 
 
 def _args(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(model="tiny-random", max_steps=2, learning_rate=1e-2, beta=0.04,
-                  num_generations=4, per_device_train_batch_size=8, max_completion_length=5,
-                  output_dir=str(tmp_path / "run"), disable_tqdm=True, seed=0)  # fmt: skip
-    values.update(overrides)
-    return GRPOConfig(**values)
+    return tiny_config(tmp_path, **{"beta": 0.04, "max_completion_length": 5, **overrides})
 
 
 def _without_timing(row: dict) -> dict:

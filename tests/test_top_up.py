@@ -7,13 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import SELECT_ROWS, first_token_parity, select_config
 from groupwise.config import ConfigError, GRPOConfig
 from groupwise.curriculum import Plan, PromptBatch
 from groupwise.rollout import Rollout
 from groupwise.scoring import Scores
 from groupwise.topup import TopUp, first_round, next_round
-from test_select import ROWS, _parity
-from test_select import _args as select_args
 
 # --- the allocation, by hand ---------------------------------------------------------------------
 
@@ -139,8 +138,8 @@ def test_collect_stops_at_the_budget_and_at_the_max():
 # --- end to end ---------------------------------------------------------------------------------
 
 def _args(tmp_path, **overrides):
-    """test_select's end-to-end options, with the top-up on."""
-    return select_args(tmp_path, **{"select_top_up": True, **overrides})
+    """The select curriculum's end-to-end options (conftest.select_config), top-up on."""
+    return select_config(tmp_path, **{"select_top_up": True, **overrides})
 
 
 class _Recording(TopUp):
@@ -163,7 +162,7 @@ class _Recording(TopUp):
 def test_training_run_tops_up_uniform_groups_within_the_budget(tmp_path):
     from groupwise import GRPOTrainer
 
-    trainer = GRPOTrainer("tiny-random", _parity, ROWS, args=_args(tmp_path))
+    trainer = GRPOTrainer("tiny-random", first_token_parity, SELECT_ROWS, args=_args(tmp_path))
     recording = _Recording(True, 2, 8, trainer.top_up.pad_token_id)
     recording.steps = []
     trainer.top_up = recording
@@ -212,11 +211,12 @@ def _split(values, counts):
 def test_resume_with_top_up_is_exact(tmp_path):
     from groupwise import GRPOTrainer
 
-    full = GRPOTrainer("tiny-random", _parity, ROWS, args=_args(tmp_path / "a", max_steps=4))
+    args = _args(tmp_path / "a", max_steps=4)
+    full = GRPOTrainer("tiny-random", first_token_parity, SELECT_ROWS, args=args)
     full.train()
     start = str(tmp_path / "a" / "run" / "checkpoint-2")
     args = _args(tmp_path / "b", max_steps=4, resume_from_checkpoint=start)
-    rest = GRPOTrainer("tiny-random", _parity, ROWS, args=args)
+    rest = GRPOTrainer("tiny-random", first_token_parity, SELECT_ROWS, args=args)
     rest.train()
     assert rest.curriculum.state_dict() == full.curriculum.state_dict()
     for (name, p), q in zip(full.model.named_parameters(), rest.model.parameters(), strict=True):

@@ -88,7 +88,12 @@ def test_built_in_names_stay_built_in(tmp_path):
 
 
 def test_a_string_that_is_no_reward_is_named(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads the variable once, at import: without this the hub id below is
+    # looked up online, with retries (about 45 s where no network is reachable).
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     args = tiny_config(tmp_path)
     with pytest.raises(ConfigError, match="unknown reward function 'formatt'.*did you mean"):
         GRPOTrainer("tiny-random", "formatt", ROWS, args=args)

@@ -184,12 +184,19 @@ def test_top_entropy_quantile_trains_only_on_the_kept_tokens():
 
 
 def test_top_entropy_quantile_trains(tmp_path):
-    args = _config(tmp_path, top_entropy_quantile=0.2, max_steps=1)
+    args = _config(tmp_path / "kept", top_entropy_quantile=0.2, max_steps=1)
     trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p)]
     assert changed
+    # The same step on every token (quantile 1.0, the default: same seed, same rollouts) moves
+    # the weights elsewhere: the quantile reached the trainer's update.
+    args = _config(tmp_path / "every", top_entropy_quantile=1.0, max_steps=1)
+    every = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
+    every.train()
+    params = dict(every.model.named_parameters())
+    assert any(not torch.equal(params[n], p) for n, p in trainer.model.named_parameters())
 
 
 # ----------------------------------------------------------------------------------------------

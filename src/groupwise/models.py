@@ -11,6 +11,7 @@ Anything else is treated as a local path (or hub id) for ``AutoModelForCausalLM.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib.util
 import json
@@ -86,14 +87,29 @@ def _atomic_save(target: Path, write) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+# Process-level caches of the built-in tiny model and tokenizer: a test suite builds dozens of
+# trainers on ``tiny-random`` in one process, and each build would otherwise spend most of its
+# time reading the 49k-token tokenizer and initialising the 49k-row embedding again. Callers get
+# a deep copy, so one caller's training or tokenizer settings never reach another.
+_TOKENIZERS: dict[tuple[str, int], PreTrainedTokenizerBase] = {}
+_TINY_RANDOM: dict[tuple[int, int, str | None, torch.dtype], LlamaForCausalLM] = {}
+
+
 def smollm2_tokenizer() -> PreTrainedTokenizerBase:
-    """The SmolLM2 tokenizer (with its chat template), read from the GGUF once and cached."""
+    """The SmolLM2 tokenizer (with its chat template), read from the GGUF once and cached on
+    disk; a fresh copy each call (the files are read once per process)."""
     target = cache_dir() / "tokenizers" / "smollm2"
-    if not (target / "tokenizer_config.json").exists():
+    config = target / "tokenizer_config.json"
+    if not config.exists():
         folder = _smollm2_gguf_dir()
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
         _atomic_save(target, tok.save_pretrained)
-    return AutoTokenizer.from_pretrained(target)
+    # Keyed by folder and modification time: another cache folder, or one converted again,
+    # is read afresh.
+    key = (str(target), config.stat().st_mtime_ns)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = AutoTokenizer.from_pretrained(target)
+    return copy.deepcopy(_TOKENIZERS[key])
 
 
 def smollm2_path() -> Path:
@@ -136,7 +152,23 @@ def smollm2_path() -> Path:
 def tiny_random_model(
     seed: int = 0, vocab_size: int = 49152, attn_implementation: str | None = None
 ) -> LlamaForCausalLM:
-    """A seeded random Llama (about 3.5M parameters, most in the tied embedding)."""
+    """A seeded random Llama (about 3.5M parameters, most in the tied embedding): a deep copy of
+    the one built per process for these arguments (the same weights a fresh build gives)."""
+    if torch.get_default_device().type != "cpu":
+        # Inside a ``with torch.device(...)`` block (meta, for the shapes alone) the model is
+        # built there, uncached, as the block asks.
+        return build_tiny_random_model(seed, vocab_size, attn_implementation)
+    # The default dtype is what the build's weights are created in.
+    key = (seed, vocab_size, attn_implementation, torch.get_default_dtype())
+    if key not in _TINY_RANDOM:
+        _TINY_RANDOM[key] = build_tiny_random_model(seed, vocab_size, attn_implementation)
+    return copy.deepcopy(_TINY_RANDOM[key])
+
+
+def build_tiny_random_model(
+    seed: int = 0, vocab_size: int = 49152, attn_implementation: str | None = None
+) -> LlamaForCausalLM:
+    """``tiny_random_model`` built afresh, without the process-level cache."""
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=64,

@@ -1,7 +1,7 @@
 """The colocated vLLM engine (groupwise.rollout.vllm) on the fake vllm module (tests/fake_vllm.py):
 how it builds the LLM, the requests it makes, sleep mode, the per-layer weight push (LoRA merged
 out of place in fp32), the options and their refusals, and a GRPOTrainer run on it. The engine
-contract itself (rows, masks, log-probs, sync) is tests/test_engine_contract.py."""
+contract itself (rows, masks, log-probs, sync) is tests/rollout/test_engine_contract.py."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from groupwise.rewards.code import (
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DOUBLE = "def double(x):\n    return 2 * x\n"
 DOUBLE_TESTS = ["assert double(2) == 4", "assert double(-1) == -2"]
 OK = "def ok():\n    return True\n"

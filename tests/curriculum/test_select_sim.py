@@ -15,7 +15,7 @@ a random step of sd ``rw``. Held-out accuracy: 400 fresh offsets per level.
   rollouts to reach a held-out accuracy of 0.55.
 
 Run as a script for the table over 10 seeds:
-``PYTHONPATH=src python tests/test_select_sim.py [regime] [seeds]``.
+``PYTHONPATH=src python tests/curriculum/test_select_sim.py [regime] [seeds]``.
 """
 
 from __future__ import annotations

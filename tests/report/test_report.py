@@ -534,7 +534,7 @@ def test_browser_check_catches_foreign_page(tmp_path):
 
 
 def test_check_script_exit_codes(tmp_path, monkeypatch, capsys):
-    script = Path(__file__).resolve().parents[1] / "scripts" / "check_report_browser.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "check_report_browser.py"
     spec = importlib.util.spec_from_file_location("check_report_browser", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

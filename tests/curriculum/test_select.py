@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import SELECT_ROWS, first_token_parity, select_config
 from groupwise import checkpoint as ckpt
 from groupwise.config import ConfigError, GRPOConfig
 from groupwise.curriculum import CURRICULA, GlobalRows, PromptBatch, SelectCurriculum
@@ -431,7 +432,7 @@ def _simulation():
     import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "curriculum_sim.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "curriculum_sim.py"
     spec = importlib.util.spec_from_file_location("curriculum_sim", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["curriculum_sim"] = module  # its dataclass looks its module up
@@ -454,31 +455,12 @@ def test_simulation_select_beats_uniform_on_informative_groups_per_rollout():
 
 # --- end to end ---------------------------------------------------------------------------------
 
-ROWS = [
-    {"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1), "difficulty": i % 3}
-    for i in range(12)
-]
-
-
-def _parity(prompts, completions, completion_ids, **kwargs):
-    return [1.0 if ids[0] % 2 == 0 else 0.0 for ids in completion_ids]
-
-
-def _args(tmp_path, **overrides):
-    values = dict(
-        model="tiny-random", max_steps=3, learning_rate=1e-2, beta=0.0, num_generations=4,
-        per_device_train_batch_size=12, max_completion_length=3, output_dir=str(tmp_path / "run"),
-        disable_tqdm=True, seed=0, save_steps=2, curriculum="select", rollout_min=2,
-        rollout_max=8, select_oversample=2,
-    )  # fmt: skip
-    values.update(overrides)
-    return GRPOConfig(**values)
-
 
 def test_training_run_with_select_trains_and_resumes_exactly(tmp_path):
     from groupwise import GRPOTrainer
 
-    full = GRPOTrainer("tiny-random", _parity, ROWS, args=_args(tmp_path / "a"))
+    args = select_config(tmp_path / "a")
+    full = GRPOTrainer("tiny-random", first_token_parity, SELECT_ROWS, args=args)
     full.train()
     logs = full.log_history
     for log in logs:  # 3 prompts x 4 rollouts every step, 3 candidates skipped
@@ -490,9 +472,8 @@ def test_training_run_with_select_trains_and_resumes_exactly(tmp_path):
     assert len(full.curriculum.evidence) >= 6 and full.curriculum.step == 3
     # Resume from the full run's checkpoint-2 (written mid-run) into a new folder.
     start = str(tmp_path / "a" / "run" / "checkpoint-2")
-    rest = GRPOTrainer(
-        "tiny-random", _parity, ROWS, args=_args(tmp_path / "b", resume_from_checkpoint=start)
-    )
+    args = select_config(tmp_path / "b", resume_from_checkpoint=start)
+    rest = GRPOTrainer("tiny-random", first_token_parity, SELECT_ROWS, args=args)
     rest.train()
     assert rest.curriculum.state_dict() == full.curriculum.state_dict()
     for (name, p), q in zip(full.model.named_parameters(), rest.model.parameters(), strict=True):
@@ -517,8 +498,8 @@ LEGACY_RUN = [
 def test_training_run_with_the_legacy_rule_reproduces_the_earlier_run(tmp_path):
     from groupwise import GRPOTrainer
 
-    args = _args(tmp_path, select_rule="legacy", save_steps=100)
-    trainer = GRPOTrainer("tiny-random", _parity, ROWS, args=args)
+    args = select_config(tmp_path, select_rule="legacy", save_steps=100)
+    trainer = GRPOTrainer("tiny-random", first_token_parity, SELECT_ROWS, args=args)
     keys = ("group_size_min", "group_size_max", "informative_predicted",
             "predicted_informative_chosen", "predicted_informative_skipped")  # fmt: skip
     trainer.train()
