@@ -78,7 +78,8 @@ __all__ = [
 
 
 class Policy(PolicyUpdate):
-    """The language model being trained, its reference, and the update.
+    """The language model being trained, its reference and its forwards; the update is
+    :class:`~groupwise.update.PolicyUpdate`'s.
 
     Data parallel (torchrun): with ``data_parallel: ddp`` the training forward goes through
     DistributedDataParallel (constructing it broadcasts rank 0's parameters); with ``fsdp`` the

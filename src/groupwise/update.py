@@ -139,20 +139,26 @@ class PolicyUpdate(Trainable):
     device: torch.device
 
     def autocast(self) -> contextlib.AbstractContextManager:
+        """The training forward's numerics."""
         raise NotImplementedError
 
     def full_weights(self) -> contextlib.AbstractContextManager:
+        """The block inside which no-grad forwards of the policy run."""
         raise NotImplementedError
 
     def logprobs(
-        self, rollout: Rollout, rows: Tensor, model: PreTrainedModel | None = None, **kw: bool
-    ) -> tuple[Tensor, Tensor]:
+        self, rollout: Rollout, rows: Tensor, model: PreTrainedModel | None = None,
+        entropy_grad: bool = False,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """Log-probs and entropies [n, T] of the completions ``rows`` of ``rollout``."""
         raise NotImplementedError
 
     def reference_logprobs(self, rollout: Rollout, rows: Tensor) -> Tensor:
+        """Log-probs [n, T] under the frozen reference (inside :meth:`reference_weights`)."""
         raise NotImplementedError
 
     def reference_weights(self) -> contextlib.AbstractContextManager:
+        """The block inside which :meth:`reference_logprobs` runs."""
         raise NotImplementedError
 
     def micro_batches(self, rollout: Rollout) -> list[Tensor]:
