@@ -55,29 +55,6 @@ def importance_ratio(
     return torch.exp(log_ratio)
 
 
-def sequence_surrogate(
-    logprobs: Tensor, old_logprobs: Tensor | None, advantages: Tensor, mask: Tensor, *,
-    loss_type: str = "grpo", epsilon_low: float = 0.2, epsilon_high: float = 0.2,
-    importance_sampling_level: str = "token", variant_options: dict[str, Any] | None = None,
-) -> Tensor:  # fmt: skip
-    """Per completion, the mean over its tokens of the variant's policy term (no KL, no
-    rollout correction, no gradient): [B]. GDRO's adversary signal, eqs. 5-6 with the
-    unweighted advantages (on-policy and for the clipped surrogate: -A_i)."""
-    with torch.no_grad():
-        keep = mask.bool()
-        old = logprobs if old_logprobs is None else old_logprobs
-        ratio = importance_ratio(logprobs, old, keep, importance_sampling_level)
-        adv = advantages.to(ratio.dtype).unsqueeze(1)
-        batch, length = logprobs.shape
-        variant = get_loss(loss_type)
-        per_token = variant.token_loss(
-            logprobs, ratio, adv, epsilon_low, epsilon_high,
-            **_token_options(variant, variant_options, keep),
-        )  # fmt: skip
-        per_token = torch.where(keep, per_token.expand(batch, length), 0.0)
-        return per_token.sum(1) / keep.sum(1).clamp(min=1)
-
-
 def _token_options(
     variant: LossVariant, options: dict[str, Any] | None, keep: Tensor
 ) -> dict[str, Any]:
@@ -285,6 +262,29 @@ def policy_loss(
         "ratio_mean",
     )
     return loss, dict(zip(keys, values, strict=True))
+
+
+def sequence_surrogate(
+    logprobs: Tensor, old_logprobs: Tensor | None, advantages: Tensor, mask: Tensor, *,
+    loss_type: str = "grpo", epsilon_low: float = 0.2, epsilon_high: float = 0.2,
+    importance_sampling_level: str = "token", variant_options: dict[str, Any] | None = None,
+) -> Tensor:  # fmt: skip
+    """Per completion, the mean over its tokens of the variant's policy term (no KL, no
+    rollout correction, no gradient): [B]. GDRO's adversary signal, eqs. 5-6 with the
+    unweighted advantages (on-policy and for the clipped surrogate: -A_i)."""
+    with torch.no_grad():
+        keep = mask.bool()
+        old = logprobs if old_logprobs is None else old_logprobs
+        ratio = importance_ratio(logprobs, old, keep, importance_sampling_level)
+        adv = advantages.to(ratio.dtype).unsqueeze(1)
+        batch, length = logprobs.shape
+        variant = get_loss(loss_type)
+        per_token = variant.token_loss(
+            logprobs, ratio, adv, epsilon_low, epsilon_high,
+            **_token_options(variant, variant_options, keep),
+        )  # fmt: skip
+        per_token = torch.where(keep, per_token.expand(batch, length), 0.0)
+        return per_token.sum(1) / keep.sum(1).clamp(min=1)
 
 
 # ----------------------------------------------------------------------------------------------
