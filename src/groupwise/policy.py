@@ -36,7 +36,7 @@ from .distributed import (
     fsdp_full_weights,
     shard_fsdp,
 )
-from .grpo_loss import GRPOLoss, loss_variant_options, policy_loss
+from .grpo_loss import GRPOLoss, loss_variant_options
 from .logprobs import completion_logprobs
 from .policy_weights import CheckpointMismatch, tied_parameter_names
 from .precision import Precision
@@ -72,7 +72,6 @@ __all__ = [
     "lr_factor",
     "merge_stats",
     "optimizer_steps",
-    "policy_loss",
     "tied_parameter_names",
 ]
 
