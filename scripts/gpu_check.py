@@ -650,7 +650,7 @@ def vllm_option() -> tuple[dict[str, Any] | None, str]:
 
 
 def check_generation(ns, model: Path, scratch: Path) -> dict:
-    """Tokens/s of the engine the trainer builds (build.build_engine), on 8 prompts of 48-62
+    """Tokens/s of the engine the trainer builds (build_rollout.build_engine), on 8 prompts of 48-62
     tokens x 8 completions each, after a short warm-up (kernels, allocator)."""
     from groupwise import GRPOTrainer
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-import groupwise.policy as policy_module
+import groupwise.grpo_loss as grpo_loss_module
 from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.checkpoint import TrainingStopped
@@ -23,7 +23,7 @@ def _args(tmp_path, **overrides) -> GRPOConfig:
 
 
 def _nan_on_steps(monkeypatch, trainer, steps):
-    real = policy_module.policy_loss
+    real = grpo_loss_module.policy_loss
 
     def policy_loss(*args, **kwargs):
         loss, metrics = real(*args, **kwargs)
@@ -31,7 +31,7 @@ def _nan_on_steps(monkeypatch, trainer, steps):
             loss = loss * float("nan")
         return loss, metrics
 
-    monkeypatch.setattr(policy_module, "policy_loss", policy_loss)
+    monkeypatch.setattr(grpo_loss_module, "policy_loss", policy_loss)
 
 
 def _events(tmp_path):

@@ -325,8 +325,8 @@ def _imports(path: Path) -> set[str]:
 LAYERS = [
     {"errors"},
     {"imports", "files", "console", "trl_compat"},
-    {"core", "logprobs", "data", "data_files", "data_rows", "prompts", "models", "monitor",
-     "loggers", "report", "memory.plan", "memory.shapes", "memory.units", "memory.table",
+    {"advantages", "losses", "logprobs", "data", "data_files", "data_rows", "prompts", "models",
+     "monitor", "loggers", "report", "memory.plan", "memory.shapes", "memory.units", "memory.table",
      "report.record", "report.load", "report.panels", "report.plot", "report.html",
      "report.compare", "report.browser",
      # the curricula's pure parts: numpy / torch math and the typed options, no run machinery
@@ -335,14 +335,20 @@ LAYERS = [
     {"sandbox"},
     {"rewards", "rewards.math", "rewards.math.extract", "rewards.math.normalize",
      "rewards.math.verify", "rewards.math.worker", "rewards.math.reward"},
-    {"distributed", "tools", "precision", "reference"},
+    {"distributed", "tools", "precision", "reference", "policy_weights"},
     {"entropy"},
     {"rollout", "batching"},
     {"scoring"},
     {"curriculum", "tasks", "evaluation", "sampler"},
     {"dynamic", "topup"},
     {"config"},
-    {"policy", "checkpoint"},
+    # the policy's parts, bottom to top: the trained network, its micro-batched update (any
+    # loss), the GRPO loss; core re-exports the math of advantages, losses and grpo_loss
+    {"trainable"},
+    {"update"},
+    {"grpo_loss"},
+    {"policy", "checkpoint", "core"},
+    {"build_rollout"},
     {"build"},
     # the trainer's services; then Trainer with its loop and TRL surface, which name it in hints
     {"run.datasets", "run.metrics", "run.records", "run.checkpoints", "run.evaluate"},

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "ConfigError": ".config",
     "GRPOConfig": ".config",
-    "group_advantages": ".core",
-    "kl_k3": ".core",
-    "pass_at_k": ".core",
-    "policy_loss": ".core",
+    "group_advantages": ".advantages",
+    "kl_k3": ".grpo_loss",
+    "pass_at_k": ".advantages",
+    "policy_loss": ".grpo_loss",
     "PPOTrainer": ".ppo",
     "accuracy_reward": ".rewards",
     "format_reward": ".rewards",
@@ -21,8 +21,9 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
+    from .advantages import group_advantages, pass_at_k
     from .config import ConfigError, GRPOConfig
-    from .core import group_advantages, kl_k3, pass_at_k, policy_loss
+    from .grpo_loss import kl_k3, policy_loss
     from .ppo import PPOTrainer
     from .rewards import accuracy_reward, format_reward
     from .trainer import GRPOTrainer

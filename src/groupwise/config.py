@@ -43,8 +43,8 @@ PPO_MULTI_TURN = (
 # Rollout engines (generation_engine): hf = the Hugging Face / torch engine on the policy's own
 # weights (rollout/hf.py); static = a lean Llama-family decoder with its own copy of the weights
 # and a static KV cache (rollout/static.py); vllm = a colocated vLLM engine with its own copy of
-# the weights (rollout/vllm.py). build.build_engine dispatches on the name; a new engine adds its
-# name here and its branch there.
+# the weights (rollout/vllm.py). build_rollout.build_engine dispatches on the name; a new engine
+# adds its name here and its branch there.
 GENERATION_ENGINES: tuple[str, ...] = ("hf", "static", "vllm")
 
 STATIC_MULTI_TURN = (
@@ -358,7 +358,7 @@ class GRPOConfig:
     # generation only (faster decoding where the hardware has bf16), the update stays in dtype.
     generation_dtype: str = "auto"
     # When generation numerics differ from the trainer's, weight the surrogate by
-    # pi_old / pi_rollout (core.rollout_correction_weights; TRL: vllm_importance_sampling_*).
+    # pi_old / pi_rollout (losses.rollout_correction_weights; TRL: vllm_importance_sampling_*).
     rollout_correction: bool = True
     rollout_correction_mode: str = "sequence_mask"  # token|sequence _truncate|_mask
     rollout_correction_clip_min: float | None = None  # lower bound of the weight (None: none)
@@ -632,14 +632,9 @@ class GRPOConfig:
         self._validate_numbers()
         # Choices that name a registered component are read from its registry, so a variant
         # registered before the config is made is valid here too.
-        from .core import (
-            AGGREGATIONS,
-            IMPORTANCE_SAMPLING_LEVELS,
-            LOSSES,
-            ROLLOUT_CORRECTION_MODES,
-            SCALE_MODES,
-        )
+        from .advantages import AGGREGATIONS, SCALE_MODES
         from .curriculum import CURRICULA, GDROOptions, SelectOptions
+        from .losses import IMPORTANCE_SAMPLING_LEVELS, LOSSES, ROLLOUT_CORRECTION_MODES
 
         choices = {
             "loss_type": tuple(LOSSES),

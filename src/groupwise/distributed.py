@@ -173,10 +173,10 @@ def reduce_metrics(logs: dict[str, float], ctx: DistributedContext) -> dict[str,
 def global_group_advantages(
     rewards: torch.Tensor, group_ids: torch.Tensor, scale: str, ctx: DistributedContext
 ) -> torch.Tensor:
-    """Group-relative advantages (core.group_advantages) of this rank's rows. Groups never
+    """Group-relative advantages (advantages.group_advantages) of this rank's rows. Groups never
     straddle ranks, so group statistics are local; ``scale="batch"`` divides by the std of the
     global batch, every rank's rewards gathered."""
-    from .core import group_advantages
+    from .advantages import group_advantages
 
     if not (ctx.enabled and scale == "batch"):
         return group_advantages(rewards, group_ids, scale=scale)
@@ -199,8 +199,9 @@ def global_normalize_then_sum(
 ) -> torch.Tensor:
     """TRL's ``normalize_then_sum`` advantages of this rank's rows: per-function group
     normalisation (groups are local), the weighted sum, then normalisation over the global
-    batch, every rank's sums gathered (core.normalize_then_sum, core.batch_normalize)."""
-    from .core import batch_normalize, normalize_then_sum
+    batch, every rank's sums gathered (advantages.normalize_then_sum,
+    advantages.batch_normalize)."""
+    from .advantages import batch_normalize, normalize_then_sum
 
     summed = normalize_then_sum(per_func, group_ids, weights)
     if not ctx.enabled:

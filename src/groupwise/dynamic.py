@@ -34,8 +34,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from .advantages import informative_groups
 from .batching import pick
-from .core import informative_groups
 from .curriculum import Plan, PromptBatch
 from .distributed import DistributedContext, all_gather_objects
 from .rollout import Rollout

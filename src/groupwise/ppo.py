@@ -19,7 +19,7 @@ The math is in pure functions (:func:`token_rewards`, :func:`gae_advantages`,
 :func:`masked_whiten`, :func:`value_loss`, :func:`ppo_policy_loss`,
 :func:`explained_variance`); :class:`PPOTrainer` only wires them to models: it is built from
 the same pieces as the GRPO trainer (:class:`~groupwise.run.Trainer`), and its critic is a second
-trained network (:class:`~groupwise.policy.Trainable`) stepped with the policy.
+trained network (:class:`~groupwise.trainable.Trainable`) stepped with the policy.
 """
 
 from __future__ import annotations
@@ -38,13 +38,14 @@ from transformers import PreTrainedModel
 
 from .batching import scatter_rows, trimmed_completions
 from .config import PPO_MULTI_TURN, ConfigError, GRPOConfig
-from .core import get_loss, masked_mean, policy_loss
 from .distributed import DistributedContext
 from .files import staged_files
+from .grpo_loss import policy_loss
+from .losses import LossTerms, MicroBatch, get_loss, masked_mean
 from .models import load_model_and_tokenizer
-from .policy import LossTerms, MicroBatch, Trainable
 from .rollout import Rollout
 from .run import PhaseTimer, Trainer
+from .trainable import Trainable
 
 CRITIC_DIR = "critic"
 CRITIC_WEIGHTS = "model.safetensors"
@@ -189,7 +190,7 @@ def ppo_policy_loss(
 
         loss = mean_t -min(rho_t A_t, clip(rho_t, 1 - eps_low, 1 + eps_high) A_t)
 
-    ``core.policy_loss`` takes one advantage per sequence; broadcasting would give every token
+    ``grpo_loss.policy_loss`` takes one advantage per sequence; broadcasting would give every token
     the same A. So each token is passed to it as a sequence of length 1 ([B*T, 1] log-probs, [B*T]
     advantages) with ``loss_type="dapo"`` (sum over tokens / number of tokens): exactly the
     formula above, with GRPO's clip code and metrics. beta = 0: PPO's KL is in the reward;

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .core import informative_groups
+from .advantages import informative_groups
 from .curriculum import Plan, PromptBatch
 from .distributed import DistributedContext
 from .dynamic import Draw, Group, _joined, _pad_right, join_groups, split_groups

@@ -3,10 +3,10 @@
     prompts  -> the curriculum's plan: rollouts and weight per prompt  (curriculum/)
              -> generate the completions                                (rollout/: an engine)
              -> score with every reward function                        (scoring.RolloutScorer)
-             -> group-relative advantages                               (core.group_advantages)
+             -> group-relative advantages                  (advantages.group_advantages)
              -> mini-batches of whole groups (steps_per_generation), old log-probs (when
-                several, or mu > 1) and reference log-probs (beta > 0)  (policy.prepare_generation)
-             -> mu passes, one optimizer step per mini-batch each      (policy.train_generation)
+                several, or mu > 1) and reference log-probs (beta > 0)  (update.prepare_generation)
+             -> mu passes, one optimizer step per mini-batch each      (update.train_generation)
              -> the curriculum observes the outcome
 
 Everything else (the loop, logging, evaluation, checkpoints) is the run's (:mod:`groupwise.run`).
@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from .build import build_curriculum
-from .core import high_entropy_mask, off_policy_sequence_mask
 from .curriculum import Outcome
 from .distributed import global_group_advantages, global_normalize_then_sum
 from .dynamic import Draw, DynamicSampling
+from .grpo_loss import high_entropy_mask, off_policy_sequence_mask
 from .policy import GRPOLoss
 from .rollout import Rollout
 from .run import PhaseTimer, Trainer
@@ -57,7 +57,7 @@ class GRPOTrainer(Trainer):
     ) -> torch.Tensor:
         """TRL's helper: the tokens whose entropy is at or above the ``threshold`` quantile of
         the unmasked tokens' entropies (``threshold = 1 - top_entropy_quantile``); this process's
-        tokens (core.high_entropy_mask)."""
+        tokens (grpo_loss.high_entropy_mask)."""
         return high_entropy_mask(entropies, mask, 1.0 - threshold)
 
     @staticmethod
@@ -69,7 +69,7 @@ class GRPOTrainer(Trainer):
         off_policy_threshold: float,
     ) -> torch.Tensor:
         """TRL's helper: DeepSeek-V3.2's off-policy sequence mask as a [B, 1] tensor of 1.0 (keep)
-        and 0.0 (drop), in the mask's dtype (core.off_policy_sequence_mask)."""
+        and 0.0 (drop), in the mask's dtype (grpo_loss.off_policy_sequence_mask)."""
         keep = off_policy_sequence_mask(
             advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
         )

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..core import equal_prompt_factors
+from ..advantages import equal_prompt_factors
 from ..distributed import DistributedContext, concat_over_ranks
 from ..rollout import Rollout
 
@@ -56,8 +56,8 @@ class Plan:
     ) -> torch.Tensor | None:
         """Per row of this rank's rollout, its prompt's weight; None when every weight is 1.
         ``prompt_weighting="equal"`` multiplies it by GDRO eq. 17's ``mean(n) / n_x`` (the
-        global batch's counts, :func:`groupwise.core.equal_prompt_factors`), so a prompt weighs
-        the same whatever its number of rollouts."""
+        global batch's counts, :func:`groupwise.advantages.equal_prompt_factors`), so a prompt
+        weighs the same whatever its number of rollouts."""
         mine = self.weights[self.batch.mine]
         if prompt_weighting == "equal":
             factors = equal_prompt_factors(self.counts)[self.batch.mine]
@@ -71,8 +71,8 @@ class Plan:
 class Outcome:
     """What one step produced on this rank: per row, the correctness score (the reward that
     declares correctness, NaN when not applicable), the total reward and the policy term the
-    loss variant assigned (:func:`groupwise.core.sequence_surrogate`); ``skipped`` when the update
-    was not applied (a NaN/inf step), which a curriculum does not learn from."""
+    loss variant assigned (:func:`groupwise.grpo_loss.sequence_surrogate`); ``skipped`` when
+    the update was not applied (a NaN/inf step), which a curriculum does not learn from."""
 
     rollout: Rollout
     correctness: torch.Tensor

@@ -66,7 +66,7 @@ class GDROCurriculum(GlobalBatchCurriculum):
 
     Prompt-GDRO's signal (``prompt_signal``): ``pg_loss``, the paper's per-response clipped
     policy loss (eqs. 5-6, unweighted advantages; the loss variant's
-    :func:`~groupwise.core.sequence_surrogate`), or ``failure_rate``, 1 - correct per rollout.
+    :func:`~groupwise.grpo_loss.sequence_surrogate`), or ``failure_rate``, 1 - correct per rollout.
     With one optimisation pass per batch the former is -A_i, whose mean over every group and
     so every bin is exactly 0, which leaves all bin weights equal (algorithms.md 1.1 [obs]).
     ``failure_rate`` with share normalisation is refused: dividing a mean by the bin's share

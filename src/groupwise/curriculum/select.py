@@ -17,9 +17,9 @@ The method, per step (every rank runs it on the same global draw with the same s
    (:func:`informative_probability`). ``rule``:
 
    - ``best_k`` (default): GRESO's keep rule first. A candidate whose last z groups were all
-     alike (:func:`groupwise.core.informative_groups` false) stays a candidate with probability
-     ``max(keep^z, keep_floor)`` (:func:`keep_probability`; 1 at z = 0). That random keep is the
-     exploration: a prompt is never skipped for good, and a prompt whose groups turned
+     alike (:func:`groupwise.advantages.informative_groups` false) stays a candidate with
+     probability ``max(keep^z, keep_floor)`` (:func:`keep_probability`; 1 at z = 0). That random
+     keep is the exploration: a prompt is never skipped for good, and a prompt whose groups turned
      informative again is back at z = 0. Of the candidates kept, the ``count`` with the largest
      ``P_inf`` are rolled out (:func:`best_k`); when too few were kept, the best of the others
      fill up. Ties are broken by a seeded random order.
@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core import informative_groups
+from ..advantages import informative_groups
 from ..distributed import DistributedContext
 from .allocation import sqrt_allocation
 from .base import GlobalBatchCurriculum, GlobalRows, Plan, PromptBatch
