@@ -50,7 +50,10 @@ class GRPOTrainer(Trainer):
         self.top_up = TopUp.from_args(self.args, self.dist, pad)  # Reinforce-Ada
 
     def components(self) -> dict[str, Any]:
-        return {**super().components(), "dynamic_sampling": self.dynamic, "loss": self.loss}
+        parts = {**super().components(), "dynamic_sampling": self.dynamic}
+        if hasattr(self.loss, "state_dict"):  # any callable may stand in for GRPOLoss
+            parts["loss"] = self.loss
+        return parts
 
     def get_high_entropy_mask(
         self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float
@@ -79,7 +82,7 @@ class GRPOTrainer(Trainer):
     def entropy_coef(self) -> float:
         """The entropy bonus's coefficient now (TRL's attribute; adapted each optimizer step
         with ``use_adaptive_entropy``)."""
-        control = self.loss.entropy
+        control = getattr(self.loss, "entropy", None)
         return self.args.entropy_coef if control is None else control.coef
 
     def draw(self, timer: PhaseTimer) -> Draw:
@@ -176,5 +179,6 @@ class GRPOTrainer(Trainer):
         )
         curriculum_logs = self.curriculum.observe(plan, outcome)
         self.keep_batch(batch.rows, rollout, scores, advantages, plan)
-        logs = {**self.dynamic.logs, **self.top_up.logs, **self.loss.logs(stats)}
+        loss_logs = self.loss.logs(stats) if hasattr(self.loss, "logs") else {}
+        logs = {**self.dynamic.logs, **self.top_up.logs, **loss_logs}
         return self.step_logs(rollout, scores, stats, timer, curriculum_logs, logs)
