@@ -34,6 +34,7 @@ package's (:func:`task_reward_func` returns them by name; each is marked ``is_co
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable
 from typing import Any
@@ -68,8 +69,34 @@ _REWARD_FUNCS = {
     "mixed": ["format", "task"],
 }
 
+# Loaded on first use ("module:function", relative to this package): a task's dependencies
+# (reasoning-gym, the code sandbox) are imported only by runs that use it.
+_DATASETS = {
+    "countdown": ".countdown:countdown_dataset",
+    "python": ".python_tasks:python_dataset",
+}
+_TASK_REWARDS = {
+    "countdown": ".countdown:countdown_reward",
+    "reasoning_gym": ".reasoning_gym_tasks:reasoning_gym_reward",
+    "task": ".mixed:task_reward",
+}
+# The correctness reward of each task's rows (mixed.task_reward routes rows by it).
+CORRECTNESS_REWARDS = {
+    "arithmetic": "..rewards.math:accuracy_reward",
+    "gsm": "..rewards.math:accuracy_reward",
+    "countdown": _TASK_REWARDS["countdown"],
+    "logic": _TASK_REWARDS["reasoning_gym"],
+    "python": "..rewards.code:code_reward",
+}
+
 _ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def _lazy(ref: str) -> Callable[..., Any]:
+    """The function ``module:function`` names, importing its module relative to this package."""
+    module, _, function = ref.partition(":")
+    return getattr(importlib.import_module(module, __name__), function)
 
 
 def check_split(split: str) -> bool:
@@ -171,14 +198,6 @@ def build_task(
         for row in rows:
             row["task"] = "arithmetic"
         return rows
-    if name == "countdown":
-        from .countdown import countdown_dataset
-
-        return countdown_dataset(num_problems, split, seed, difficulty, few_shot)
-    if name == "python":
-        from .python_tasks import python_dataset
-
-        return python_dataset(num_problems, split, seed, difficulty, few_shot)
     if name in ("gsm", "logic"):
         from .reasoning_gym_tasks import reasoning_gym_dataset
 
@@ -187,6 +206,8 @@ def build_task(
         from .mixed import mixed_dataset
 
         return mixed_dataset(num_problems, split, seed, few_shot=few_shot)
+    if name in _DATASETS:  # (num_problems, split, seed, difficulty, few_shot)
+        return _lazy(_DATASETS[name])(num_problems, split, seed, difficulty, few_shot)
     raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
 
 
@@ -199,19 +220,9 @@ def task_reward_funcs(name: str) -> list[str]:
 
 def task_reward_func(name: str) -> Callable[..., list[float | None]]:
     """This package's reward functions by name: ``countdown``, ``reasoning_gym``, ``task``."""
-    if name == "countdown":
-        from .countdown import countdown_reward
-
-        return countdown_reward
-    if name == "reasoning_gym":
-        from .reasoning_gym_tasks import reasoning_gym_reward
-
-        return reasoning_gym_reward
-    if name == "task":
-        from .mixed import task_reward
-
-        return task_reward
-    raise ValueError(f"unknown task reward {name!r}; choose from countdown, reasoning_gym, task")
+    if name not in _TASK_REWARDS:
+        raise ValueError(f"unknown task reward {name!r}; choose from {', '.join(_TASK_REWARDS)}")
+    return _lazy(_TASK_REWARDS[name])
 
 
 __all__ = [

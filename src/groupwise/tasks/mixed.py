@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import TaskSizeError
-from . import LEVELS, build_task, check_split
+from . import CORRECTNESS_REWARDS, LEVELS, _lazy, build_task, check_split
 
 MIXED_TASKS = ("arithmetic", "countdown", "gsm", "logic", "python")
 MAX_RANK = 6
@@ -102,23 +102,9 @@ def mixed_dataset(
 
 
 def _reward_for(task: Any) -> Any:
-    if task in ("arithmetic", "gsm"):
-        from ..rewards.math import accuracy_reward
-
-        return accuracy_reward
-    if task == "countdown":
-        from .countdown import countdown_reward
-
-        return countdown_reward
-    if task == "logic":
-        from .reasoning_gym_tasks import reasoning_gym_reward
-
-        return reasoning_gym_reward
-    if task == "python":
-        from ..rewards.code import code_reward
-
-        return code_reward
-    return None
+    """The correctness reward of ``task``'s rows; None for a task without one here."""
+    ref = CORRECTNESS_REWARDS.get(task)
+    return _lazy(ref) if ref is not None else None
 
 
 def task_reward(
