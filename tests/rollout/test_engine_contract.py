@@ -242,3 +242,20 @@ def test_after_an_optimizer_step_and_sync_generation_follows_the_new_policy(make
             assert torch.equal(pushed[name], param.detach()), name
     if case.resets is not None:
         assert case.resets() == resets + 1
+
+
+@pytest.mark.parametrize(
+    ("prompts", "counts", "message"),
+    [
+        (PROMPTS, [3, 1], r"need one count >= 1 per prompt, got \[3, 1\]"),
+        (PROMPTS, [3, 0, 4], r"need one count >= 1 per prompt, got \[3, 0, 4\]"),
+        (PROMPTS, 0, "need one count >= 1 per prompt, got 0"),
+        ([[5, 7], []], 2, "empty prompt: every prompt must have at least one token"),
+    ],
+)
+def test_every_engine_refuses_a_missing_count_or_an_empty_prompt_alike(
+    make, model, prompts, counts, message
+):
+    engine = make(model, SamplingParams(max_completion_length=MAX_NEW)).engine
+    with pytest.raises(ValueError, match=message):
+        engine.generate(prompts, counts)

@@ -91,6 +91,17 @@ Gen = torch.Generator | None  # None: the engine's own generator
 Rows = Sequence[Mapping[str, Any]] | None  # the prompts' dataset rows (environments reset)
 
 
+def per_prompt_counts(prompts: PromptIds, counts: Counts) -> list[int]:
+    """One rollout count per prompt (``counts`` is one for every prompt, or one per prompt);
+    ValueError for a missing or non-positive count or an empty prompt."""
+    per_prompt = [counts] * len(prompts) if isinstance(counts, int) else list(counts)
+    if len(per_prompt) != len(prompts) or any(c < 1 for c in per_prompt):
+        raise ValueError(f"need one count >= 1 per prompt, got {counts}")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt: every prompt must have at least one token")
+    return per_prompt
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """Samples completions from the current policy.

@@ -18,7 +18,16 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
+from .base import (
+    Counts,
+    Gen,
+    Params,
+    PromptIds,
+    Rollout,
+    Rows,
+    SamplingParams,
+    per_prompt_counts,
+)
 
 
 def seen_tokens(ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -189,13 +198,7 @@ def generate(
     was drawn from, after top-k / top-p, :func:`token_logprobs`), which the trainer compares with
     its own when the sampler runs different numerics (bf16 generation)."""
     n_prompts = len(prompt_token_ids)
-    counts = (
-        [num_generations] * n_prompts if isinstance(num_generations, int) else list(num_generations)
-    )
-    if len(counts) != n_prompts or any(c < 1 for c in counts):
-        raise ValueError(f"need one count >= 1 per prompt, got {num_generations}")
-    if any(len(p) == 0 for p in prompt_token_ids):
-        raise ValueError("empty prompt: every prompt must have at least one token")
+    counts = per_prompt_counts(prompt_token_ids, num_generations)
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)

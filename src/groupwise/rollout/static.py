@@ -40,7 +40,16 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
+from .base import (
+    Counts,
+    Gen,
+    Params,
+    PromptIds,
+    Rollout,
+    Rows,
+    SamplingParams,
+    per_prompt_counts,
+)
 from .hf import (
     eos_token_ids,
     finish_rollout,
@@ -451,15 +460,7 @@ class StaticEngine:
         generator: torch.Generator | None,
     ) -> Rollout:
         n_prompts = len(prompts)
-        counts = (
-            [num_generations] * n_prompts
-            if isinstance(num_generations, int)
-            else list(num_generations)
-        )
-        if len(counts) != n_prompts or any(c < 1 for c in counts):
-            raise ValueError(f"need one count >= 1 per prompt, got {num_generations}")
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("empty prompt: every prompt must have at least one token")
+        counts = per_prompt_counts(prompts, num_generations)
         w, device = self.decoder, self._device
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)

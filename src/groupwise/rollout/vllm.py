@@ -52,7 +52,16 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..errors import ConfigError
-from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
+from .base import (
+    Counts,
+    Gen,
+    Params,
+    PromptIds,
+    Rollout,
+    Rows,
+    SamplingParams,
+    per_prompt_counts,
+)
 from .hf import left_pad
 from .weights import checkpoint_weights
 
@@ -177,11 +186,7 @@ class VLLMEngine:
         fast sampling kernels; an explicit ``generator`` (evaluation) seeds each request from it
         instead, so such calls are reproducible. ``rows`` are not needed."""
         prompts = [list(map(int, p)) for p in prompt_ids]
-        counts = [counts] * len(prompts) if isinstance(counts, int) else list(counts)
-        if len(counts) != len(prompts) or any(c < 1 for c in counts):
-            raise ValueError(f"need one count >= 1 per prompt, got {counts}")
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("empty prompt: every prompt must have at least one token")
+        counts = per_prompt_counts(prompts, counts)
         params = params if params is not None else self.params
         seeds: list[int | None] = [None] * len(prompts)
         if generator is not None:
