@@ -98,3 +98,14 @@ def test_sampling_logprobs_match_the_trainers_logprobs(hybrid_model, tokenizer):
             out.completion_mask, temperature=0.7, group_size=2,
         )  # fmt: skip
     torch.testing.assert_close(out.sampling_logprobs, trainer_logps, atol=1e-4, rtol=1e-4)
+
+
+def test_multi_turn_refuses_recurrent_models(hybrid_model):
+    # Rows waiting for others decode masked padding mid-sequence, which a recurrent state
+    # would absorb: the multi-turn engine names the model and refuses it.
+    from groupwise.errors import ConfigError
+    from groupwise.rollout.multiturn import _prefill
+
+    ids = torch.tensor([[5, 6, 7]])
+    with pytest.raises(ConfigError, match="multi-turn rollouts do not support NemotronH"):
+        _prefill(hybrid_model, ids, torch.ones_like(ids))
