@@ -1,5 +1,6 @@
 """Tests for groupwise.config: defaults, typed loading from dicts/YAML/CLI strings, validation."""
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -402,3 +403,30 @@ def test_cli_overrides_feed_from_dict():
     assert config.reward_funcs == ["format"]
     assert config.reward_weights == [2.0]
     assert config.few_shot is True
+
+
+def test_the_options_given_are_recorded(tmp_path):
+    # is_set tells an option given at its default value from one left at its default.
+    assert not GRPOConfig().is_set("max_steps")
+    assert GRPOConfig(max_steps=100).is_set("max_steps")
+    assert GRPOConfig("tiny-random").is_set("model")  # positional, too
+    assert GRPOConfig(num_train_epochs=2).is_set("max_steps")  # TRL: max_steps=-1 (epochs)
+    path = tmp_path / "c.yaml"
+    path.write_text("max_steps: 100\n")
+    assert GRPOConfig.from_yaml(path).is_set("max_steps")
+    path.write_text("beta: 0.0\n")
+    from_file = GRPOConfig.from_yaml(path, {"seed": "3"})
+    assert (from_file.is_set("beta"), from_file.is_set("seed")) == (True, True)
+    assert not from_file.is_set("max_steps")
+    cli = GRPOConfig.from_dict(parse_cli_overrides(["--max_steps", "100"]), "command line")
+    assert cli.is_set("max_steps")
+    assert "explicit_options" not in cli.to_dict()  # never in config.yaml
+    # Copies: replace() adds the names it changes; for_dataset() goes through it.
+    copied = from_file.replace(seed=4)
+    assert copied.is_set("seed") and copied.is_set("beta") and not copied.is_set("max_steps")
+    epochs = GRPOConfig(num_train_epochs=1, save_strategy="epoch", per_device_train_batch_size=8)
+    resolved = epochs.for_dataset(num_rows=4)
+    assert resolved is not epochs and resolved.is_set("save_steps")
+    assert not resolved.is_set("beta")
+    # dataclasses.replace passes every field back: its copy counts them all as given.
+    assert dataclasses.replace(from_file).is_set("max_steps")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from groupwise import GRPOTrainer
+from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.config import ConfigError
 from groupwise.rollout.multiturn import with_observation
 from groupwise.scoring import score_rollout
@@ -207,3 +207,28 @@ def test_environments_column_reaches_reward_functions():
 
     score_rollout(RewardScorer([reward]), [{"prompt": "p"}], Rollout())
     assert seen["environments"] == ["e0", "e1"]
+
+
+def test_environment_owned_data_requires_max_steps(tmp_path):
+    # TRL's test_environment_owned_data_requires_max_steps: without train_dataset there is no
+    # dataset to count epochs over, so max_steps must be given, even at its default value.
+    class Guess:
+        def reset(self, **kwargs):
+            return "Guess the word."
+
+        def get_reward(self) -> float:
+            return 1.0
+
+    unset = GRPOConfig(output_dir=str(tmp_path / "a"), model="tiny-random")
+    assert unset.max_steps == 100 and not unset.is_set("max_steps")
+    with pytest.raises(ConfigError, match=r"max_steps must be set.*max_steps=100 \(default\)"):
+        GRPOTrainer("tiny-random", args=unset, environment_factory=Guess)
+    epochs = GRPOConfig(output_dir=str(tmp_path / "b"), num_train_epochs=2)  # max_steps=-1
+    with pytest.raises(ConfigError, match=r"max_steps must be set.*max_steps=-1"):
+        GRPOTrainer("tiny-random", args=epochs, environment_factory=Guess)
+    given = GRPOConfig(output_dir=str(tmp_path / "c"), max_steps=100)
+    trainer = GRPOTrainer("tiny-random", args=given, environment_factory=Guess)
+    assert trainer.args.max_steps == 100
+    # With a dataset the default stays a default: nothing to refuse.
+    rows = [{"prompt": "Say a word"}] * 8
+    GRPOTrainer("tiny-random", args=unset, train_dataset=rows, environment_factory=Guess)

@@ -5,6 +5,7 @@ worked by hand from TRL's definitions (trl/trainer/grpo_trainer.py, ``_compute_l
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -257,10 +258,42 @@ def test_sampling_options_reach_the_engine(tmp_path):
 def test_generation_kwargs_set_the_sampling_options_and_refuse_the_rest():
     args = GRPOConfig(top_k=10, generation_kwargs={"do_sample": True, "top_k": 50, "min_p": 0.1})
     assert (args.top_k, args.min_p) == (50, 0.1)  # generation_kwargs win, as in TRL
-    with pytest.raises(ConfigError, match=r"generation_kwargs\['num_beams'\]"):
-        GRPOConfig(generation_kwargs={"num_beams": 2})
     with pytest.raises(ConfigError, match=r"generation_kwargs\['do_sample'\]"):
         GRPOConfig(generation_kwargs={"do_sample": False})
+
+
+def test_generation_kwargs_keep_the_generate_options_and_refuse_the_rest():
+    # TRL's test_train_with_generation_kwargs: the sampling keys set the options, the
+    # GenerationConfig options beyond them stay for generate().
+    kwargs = {"do_sample": True, "top_k": 50, "num_beams": 2, "length_penalty": -0.1}
+    args = GRPOConfig(generation_kwargs=kwargs)
+    assert args.top_k == 50
+    assert args.generation_kwargs == {"num_beams": 2, "length_penalty": -0.1}
+    assert GRPOConfig(generation_kwargs={"top_p": 0.9}).generation_kwargs is None
+    # A copy (dataclasses.replace passes the stored generation_kwargs back) keeps them.
+    assert dataclasses.replace(args).generation_kwargs == args.generation_kwargs
+    with pytest.raises(ConfigError, match=r"generation_kwargs\['beams'\].*GenerationConfig"):
+        GRPOConfig(generation_kwargs={"beams": 2})
+    with pytest.raises(ConfigError, match=r"generation_kwargs\['num_return_sequences'\]"):
+        GRPOConfig(generation_kwargs={"num_return_sequences": 4})
+    with pytest.raises(ConfigError, match="generation_engine: hf.*'static'"):
+        GRPOConfig(generation_kwargs={"num_beams": 2}, generation_engine="static")
+    with pytest.raises(ConfigError, match="num_beams.*tools or an environment"):
+        GRPOConfig(generation_kwargs={"num_beams": 2}, tools=["calculator"])
+    with pytest.raises(ConfigError, match="num_beams.*generation_dtype: bfloat16"):
+        GRPOConfig(generation_kwargs={"num_beams": 2}, generation_dtype="bfloat16")
+    from_yaml = GRPOConfig.from_dict({"generation_kwargs": "{num_beams: 2, top_p: 0.5}"})
+    assert (from_yaml.generation_kwargs, from_yaml.top_p) == ({"num_beams": 2}, 0.5)
+
+
+def test_beam_search_trains(tmp_path):
+    beams = {"num_beams": 2, "length_penalty": -0.1}
+    args = _config(tmp_path, max_steps=1, generation_kwargs=beams)
+    trainer = GRPOTrainer("tiny-random", TargetToken(), [{"prompt": "Say a word"}] * 8, args=args)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert math.isfinite(trainer.log_history[-1]["loss"])
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
 
 
 def test_repetition_penalty_is_refused_with_tools(tmp_path):

@@ -140,7 +140,8 @@ def environment_dataset(
     """The training rows. Without ``train_dataset``, a TRL environment that owns the data
     (its reset() returns the prompt) gets one step's worth of empty prompts, cycled for
     ``max_steps`` steps (as TRL); several environments need rows naming theirs. Rows without
-    a prompt get the empty one."""
+    a prompt get the empty one. ``max_steps`` must then be given (``args.is_set``): there is
+    no dataset for epochs to count over."""
     if dataset is None:
         if environments is None:
             raise ConfigError(
@@ -152,6 +153,15 @@ def environment_dataset(
                 "a dict environment_factory (several environments) requires a `train_dataset` "
                 "with an 'environment' column naming each row's environment; or pass a single "
                 "environment factory"
+            )
+        if not args.is_set("max_steps") or args.max_steps == -1:
+            # No dataset to count epochs over: the environment serves prompts for as long as
+            # training asks, so the length must be given (TRL refuses the same).
+            got = f"max_steps={args.max_steps}" + ("" if args.is_set("max_steps") else " (default)")
+            raise ConfigError(
+                f"max_steps must be set (>= 1) when the environment owns the data (an "
+                f"environment_factory without train_dataset); got {got}. There is no dataset "
+                "for num_train_epochs to count over: give max_steps=N"
             )
         return [
             {"prompt": [dict(m) for m in PLACEHOLDER_PROMPT]} for _ in range(args.prompts_per_step)
@@ -216,6 +226,7 @@ def _build_engine(
     forward's numerics. With bf16 generation alone (``generation_dtype: bfloat16``, an fp32
     update) it generates under bf16 autocast and records its log-probs, which turns rollout
     correction on. With tools or an environment (``interaction``) the multi-turn engine wraps it.
+    With ``generation_kwargs`` it generates through transformers' ``generate()``.
 
     ``static``: the lean decoder on its own weight copy (:mod:`groupwise.rollout.static`), which
     always records its log-probs (its numerics are not the trainer's, bit for bit).
@@ -228,6 +239,12 @@ def _build_engine(
         raise ConfigError(
             f"repetition_penalty={args.repetition_penalty} is not supported with tools or an "
             "environment (the multi-turn engine does not apply it); leave it at 1.0"
+        )
+    if interaction is not None and args.generation_kwargs:
+        raise ConfigError(
+            f"generation_kwargs ({', '.join(sorted(args.generation_kwargs))}) are not supported "
+            "with tools or an environment: multi-turn rollouts decode token by token to stop at "
+            "tool calls and insert their replies, which transformers' generate() does not do"
         )
     if args.generation_engine == "vllm":
         if interaction is not None:
@@ -249,6 +266,7 @@ def _build_engine(
         numerics=numerics,
         weights=policy.full_weights,
         records_logprobs=precision.generation_only,
+        generate_kwargs=args.generation_kwargs,
     )
     return with_interaction(engine, args, interaction)
 

@@ -295,6 +295,11 @@ class GRPOConfig:
     # extra keyword arguments of the tokenizer's apply_chat_template for conversational
     # prompts, e.g. {enable_thinking: false} for Qwen3 (TRL's name)
     chat_template_kwargs: dict[str, Any] | None = None
+    # transformers GenerationConfig options the token-by-token sampler does not implement,
+    # e.g. {num_beams: 2, length_penalty: -0.1} (what TRL's generation_kwargs passes beyond the
+    # sampling options, which set temperature, top_p, ... above): the hf engine then generates
+    # with model.generate(), without sampler log-probs (hf engine only, single-turn)
+    generation_kwargs: dict[str, Any] | None = None
     # Rollout engine (docs/speed-memory.md "Rollout engines"): hf (the Hugging Face forward on
     # the policy's own weights) | static (a lean Llama-family decoder on its own copy of the
     # weights, bf16 with generation_dtype: bfloat16, refreshed after every optimizer step; the
@@ -468,14 +473,51 @@ class GRPOConfig:
                 changes[steps] = 0
         if not changes:
             return self
-        resolved = dataclasses.replace(self, **changes)
-        resolved.trl_ignored = dict(self.trl_ignored)
-        return resolved
+        return self.replace(**changes)
+
+    def replace(self, **changes: Any) -> GRPOConfig:
+        """A copy with ``changes`` (``dataclasses.replace``) that keeps what the copy's values
+        cannot tell: the ignored TRL options (unreported again) and :attr:`explicit_options`,
+        plus the names changed. ``dataclasses.replace`` itself passes every field, so its copy
+        counts every option as given."""
+        copied = dataclasses.replace(self, **changes)
+        copied.trl_ignored = dict(self.trl_ignored)
+        copied.explicit_options = self.explicit_options | frozenset(changes)
+        return copied
+
+    def is_set(self, name: str) -> bool:
+        """Whether option ``name`` was given (to ``GRPOConfig(...)``, in the YAML file or on
+        the command line, or by :meth:`replace`) rather than left at its default."""
+        return name in self.explicit_options
 
     def warmup_steps_for(self, total_steps: int) -> int:
         """Warmup steps of a schedule of ``total_steps``: warmup_steps, else
         ceil(warmup_ratio * total_steps) (TrainingArguments.get_warmup_steps)."""
         return self.warmup_steps or math.ceil(self.warmup_ratio * total_steps)
+
+    def _validate_generation_kwargs(self) -> None:
+        """generation_kwargs are options of transformers' generate(), which only the hf engine
+        calls, and only for single-turn rollouts."""
+        keys = ", ".join(sorted(self.generation_kwargs or {}))
+        if self.generation_engine != "hf":
+            raise ConfigError(
+                f"generation_kwargs ({keys}) need generation_engine: hf, got "
+                f"{self.generation_engine!r}: only the hf engine can hand them to transformers' "
+                "generate(); the static and vllm engines sample with temperature, top_p, top_k, "
+                "min_p and repetition_penalty only"
+            )
+        if self.tools or self.environment:
+            raise ConfigError(
+                f"generation_kwargs ({keys}) are not supported with tools or an environment: "
+                "multi-turn rollouts decode token by token to stop at tool calls and insert "
+                "their replies, which transformers' generate() does not do"
+            )
+        if self.generation_dtype == "bfloat16":
+            raise ConfigError(
+                f"generation_kwargs ({keys}) are not supported with generation_dtype: "
+                "bfloat16: its rollout correction needs the sampler's log-probs, which "
+                "transformers' generate() (beam search) does not record"
+            )
 
     def _validate_select(self) -> None:
         """How the ``select_*`` options combine with the rest of the run, each error naming its
@@ -842,6 +884,8 @@ class GRPOConfig:
             )
         if self.generation_engine == "static" and (self.tools or self.environment):
             raise ConfigError(STATIC_MULTI_TURN)
+        if self.generation_kwargs:
+            self._validate_generation_kwargs()
         if self.generation_engine != "vllm":
             return
         if self.vllm_mode == "server":
@@ -998,6 +1042,7 @@ def world_size_from_env() -> int:
 
 _generated_init = GRPOConfig.__init__
 _FIELDS = frozenset(GRPOConfig.field_names())
+_FIELDS_IN_ORDER = tuple(GRPOConfig.field_names())
 
 
 def _init(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
@@ -1009,6 +1054,10 @@ def _init(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
     kwargs, ignored = translate_trl_options(kwargs)
     _generated_init(self, *args, **kwargs)
     self.trl_ignored = ignored
+    # Which options were given, not defaulted (GRPOConfig.is_set): e.g. max_steps, which an
+    # environment that owns its data requires. Not a field: to_dict() and config.yaml never
+    # see it.
+    self.explicit_options = frozenset(_FIELDS_IN_ORDER[: len(args)]) | frozenset(kwargs)
     if ignored:
         warnings.warn(ignored_message(ignored), IgnoredOptionsWarning, stacklevel=2)
 

@@ -46,6 +46,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.modules import module as nn_module
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
 IMPLS = ("chunked", "checkpoint", "naive")
 
@@ -264,6 +265,12 @@ def _trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, tor
     return ids[:, start:], mask[:, start:]
 
 
+def has_recurrent_state(cache: Cache) -> bool:
+    """Whether ``cache`` holds recurrent layers (Mamba / linear attention: a conv and SSM state
+    per row instead of per-token keys and values), as hybrid models such as Nemotron-H have."""
+    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
+
+
 def completion_logprobs(
     model: PreTrainedModel,
     prompt_ids: torch.Tensor,
@@ -301,6 +308,13 @@ def completion_logprobs(
     prompt_len = prompt_ids.shape[1]
     prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
 
+    cache = DynamicCache(config=model.config)
+    if group_size > 1 and has_recurrent_state(cache):
+        # A recurrent (Mamba) state cannot be shared by repeating it and then continued with
+        # gradients through it as a KV cache is: each row encodes its own prompt.
+        prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
+        group_size = 1
     if group_size == 1:
         ids = torch.cat([prompt_ids, completion_ids], dim=1)
         mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
@@ -311,7 +325,6 @@ def completion_logprobs(
         # The hidden state at position p predicts token p + 1.
         hidden = hidden[:, prompt_len - 1 : prompt_len - 1 + width]
     else:
-        cache = DynamicCache()
         out = decoder(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,

@@ -46,7 +46,6 @@ TRL_TRANSLATED: dict[str, Any] = {
     "optim": str,
     "max_tool_calling_iterations": int | None,  # tool rounds: max_turns = N + 1
     "use_vllm": bool,  # True: generation_engine = "vllm"
-    "generation_kwargs": dict[str, Any] | None,  # its sampling keys set those options
     "vllm_importance_sampling_correction": bool,  # rollout_correction
     "vllm_importance_sampling_mode": str,  # rollout_correction_mode
     "vllm_importance_sampling_clip_max": float | None,  # rollout_correction_clip_max
@@ -183,6 +182,21 @@ GENERATION_KWARGS = {
     "repetition_penalty": "repetition_penalty",
 }
 
+# generate() options the hf engine sets itself, each with why a generation_kwargs value for it
+# is refused.
+ENGINE_OWNED = {
+    "num_return_sequences": "each completion is its own row; num_generations sets the group",
+    "max_length": "max_completion_length (TRL: max_new_tokens) bounds the completion",
+    "eos_token_id": "a completion ends at the tokenizer's and the model's EOS ids",
+    "pad_token_id": "completions are padded with the tokenizer's pad_token_id",
+    "return_dict_in_generate": "the engine reads only the token ids generate() returns",
+    "output_scores": "the engine reads only the token ids generate() returns",
+    "output_logits": "the engine reads only the token ids generate() returns",
+    "output_attentions": "the engine reads only the token ids generate() returns",
+    "output_hidden_states": "the engine reads only the token ids generate() returns",
+    "stop_strings": "a completion ends at EOS (a stop string would end it without one)",
+}
+
 # TRL's vLLM importance-sampling options: groupwise's rollout correction (every engine whose
 # numerics differ from the trainer's, vLLM included).
 _ROLLOUT_CORRECTION = {
@@ -233,25 +247,55 @@ def _refuse_training_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _generation_kwargs(kwargs: dict[str, Any]) -> None:
-    """TRL's ``generation_kwargs``: the sampling keys groupwise's engines apply override the
-    matching options (as in TRL); any other key is refused, naming it."""
+    """TRL's ``generation_kwargs`` (options of transformers' ``generate()``): the sampling keys
+    the engines apply set the matching options (overriding them, as in TRL); ``do_sample=True``
+    is what groupwise does anyway; the other ``GenerationConfig`` options stay in
+    ``generation_kwargs``, which the hf engine hands to ``generate()``. A key that is no
+    ``GenerationConfig`` option, or one the engine sets itself, is refused, naming it."""
     extra = kwargs.pop("generation_kwargs", None) or {}
     if not isinstance(extra, dict):
         raise ConfigError(f"generation_kwargs must be a mapping, got {extra!r}")
+    rest: dict[str, Any] = {}
     for key, value in extra.items():
         if key in GENERATION_KWARGS:
             kwargs[GENERATION_KWARGS[key]] = value
-        elif key == "do_sample" and value:
-            continue  # groupwise always samples its groups
+        elif key == "do_sample":
+            if not value:
+                raise ConfigError(
+                    f"generation_kwargs['do_sample']={value!r} is not supported: a group's "
+                    "completions must be sampled to differ (GRPO compares them); for greedy "
+                    "decoding set temperature=0"
+                )
         elif key == "max_new_tokens" or key == "max_tokens":
             kwargs["max_completion_length"] = value
-        else:
+        elif key in ENGINE_OWNED:
             raise ConfigError(
-                f"generation_kwargs[{key!r}]={value!r} is not supported: groupwise's engines "
-                f"sample token by token with {', '.join(GENERATION_KWARGS)} (and do_sample=True, "
-                "max_new_tokens); beam search, length penalties and other generate() options "
-                "would change what is sampled and are not applied"
+                f"generation_kwargs[{key!r}]={value!r} is not supported: {ENGINE_OWNED[key]}"
             )
+        else:
+            rest[key] = value
+    if rest:
+        _check_generation_config(rest)
+        kwargs["generation_kwargs"] = rest
+
+
+def _check_generation_config(options: dict[str, Any]) -> None:
+    """Every key a ``transformers.GenerationConfig`` option and the values accepted by its
+    ``validate()``."""
+    from transformers import GenerationConfig
+
+    known = set(GenerationConfig().to_dict()) - {"transformers_version"}
+    for key, value in options.items():
+        if key not in known:
+            raise ConfigError(
+                f"generation_kwargs[{key!r}]={value!r} is not supported: {key!r} is not an "
+                "option of transformers' GenerationConfig (generate() would not apply it); the "
+                f"sampling keys are {', '.join(GENERATION_KWARGS)}"
+            )
+    try:
+        GenerationConfig(**options).validate()
+    except ValueError as err:
+        raise ConfigError(f"generation_kwargs {options!r}: {err}") from None
 
 
 def _set(kwargs: dict[str, Any], name: str, value: Any, because: str) -> None:

@@ -13,11 +13,14 @@ on a 2-core CPU with a 49k vocabulary) and instead inverts the CDF with ``search
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import Cache
 
+from ..logprobs import has_recurrent_state
 from .base import (
     Counts,
     Gen,
@@ -158,17 +161,42 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
     return ids, mask
 
 
+def select_cache_rows(cache: Cache, index: torch.Tensor) -> None:
+    """Keep (or repeat) the batch rows ``index`` of ``cache``, in place. transformers'
+    ``batch_select_indices`` moves only keys and values, so a cache with recurrent layers is
+    gathered with ``reorder_cache`` (beam search's reordering, which every layer type
+    implements, recurrent states included)."""
+    if has_recurrent_state(cache):
+        cache.reorder_cache(index)
+    else:
+        cache.batch_select_indices(index)
+
+
+def repeat_cache_rows(cache: Cache, rows: int, repeats: int) -> None:
+    """Repeat each of the ``rows`` batch rows of ``cache`` ``repeats`` times (row i becomes
+    rows i * repeats ... i * repeats + repeats - 1), in place; see :func:`select_cache_rows`."""
+    if has_recurrent_state(cache):
+        cache.reorder_cache(torch.arange(rows).repeat_interleave(repeats))
+    else:
+        cache.batch_repeat_interleave(repeats)
+
+
 def prefill(
     model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
     """Encode left-padded sequences in one forward: the last position's logits [B, V], the KV
-    cache, and the position of each row's next token [B]."""
+    cache, and the position of each row's next token [B].
+
+    The cache is built from the model's config, as ``generate()`` builds it, so that hybrid
+    models get their recurrent layers (an empty ``DynamicCache()`` holds attention layers only;
+    their Mamba mixers then fail on the missing layers). Their left padding is masked by the
+    model itself, as under ``generate()``."""
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions,
-        past_key_values=DynamicCache(),
+        past_key_values=DynamicCache(config=model.config),
         use_cache=True,
         logits_to_keep=1,
     )
@@ -216,9 +244,9 @@ def generate(
         logits, cache, next_pos = prefill(model, prompt_ids, prompt_mask)
         # 2. Share the prompt cache across the group: row r belongs to prompt row_prompt[r].
         if isinstance(num_generations, int):
-            cache.batch_repeat_interleave(num_generations)
+            repeat_cache_rows(cache, n_prompts, num_generations)
         else:
-            cache.batch_select_indices(row_prompt)
+            select_cache_rows(cache, row_prompt)
         logits, attn, next_pos = logits[row_prompt], prompt_mask[row_prompt], next_pos[row_prompt]
         seen = None  # the repetition penalty's history: prompt, then completion tokens
         if params.repetition_penalty != 1.0:
@@ -254,7 +282,7 @@ def generate(
                 # Drop finished rows from the batch and the cache: compute follows the live set.
                 live, token, attn, next_pos = live[keep], token[keep], attn[keep], next_pos[keep]
                 seen = None if seen is None else seen[keep]
-                cache.batch_select_indices(keep)
+                select_cache_rows(cache, keep)
             if t == max_new - 1:
                 break
             attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
@@ -273,6 +301,82 @@ def generate(
 
     return finish_rollout(
         tokenizer, prompt_ids, prompt_mask, row_prompt, tokens, lengths, finished, token_logps
+    )
+
+
+@torch.no_grad()
+def generate_with_transformers(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_token_ids: list[list[int]],
+    num_generations: int | list[int],
+    params: SamplingParams,
+    generate_kwargs: Mapping[str, Any],
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    """The completions of :func:`generate`, decoded by transformers' ``model.generate`` with
+    ``generate_kwargs`` (``GenerationConfig`` options the token loop does not implement: beam
+    search, length penalty, ...), as TRL's transformers path does.
+
+    Every completion is one row of the batch (each prompt repeated for its group, one returned
+    sequence per row, as TRL batches them), so beam search keeps its best beam per completion.
+    The engine's own options hold: ``max_completion_length``, the sampling parameters (passed
+    explicitly, so the model's ``generation_config`` defaults do not replace them), the EOS ids
+    and padding. ``generate`` draws from torch's global generator; it is seeded from
+    ``generator`` inside a forked RNG state, so a seeded engine stays reproducible and the
+    global state is untouched. No sampler log-probs: beam search does not draw each token from
+    one per-token distribution."""
+    counts = per_prompt_counts(prompt_token_ids, num_generations)
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    eos_ids = eos_token_ids(model, tokenizer)
+    prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    row_prompt = torch.arange(len(counts), device=device).repeat_interleave(
+        torch.tensor(counts, device=device)
+    )
+    options: dict[str, Any] = {
+        "max_new_tokens": params.max_completion_length,
+        "do_sample": not params.greedy,
+        "repetition_penalty": params.repetition_penalty,
+        "eos_token_id": eos_ids,
+        "pad_token_id": pad_id,
+        "num_return_sequences": 1,
+        "return_dict_in_generate": False,
+    }
+    if not params.greedy:  # top_k 0, top_p 1 and min_p 0 are "off" for generate() too
+        options.update(
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            min_p=params.min_p,
+        )
+    options.update(generate_kwargs)
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator).item())
+    devices = [device] if device.type == "cuda" else []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            sequences = model.generate(
+                input_ids=prompt_ids[row_prompt],
+                attention_mask=prompt_mask[row_prompt],
+                **options,
+            )
+    finally:
+        model.train(was_training)
+    tokens = sequences[:, prompt_ids.shape[1] :]
+    if tokens.shape[1] == 0:  # max_completion_length 0 cannot happen; keep one padding column
+        tokens = tokens.new_full((tokens.shape[0], 1), pad_id)
+    # A completion ends at its first EOS (generate pads after it, often with the EOS id itself);
+    # one without EOS ran to max_new_tokens.
+    is_eos = torch.isin(tokens, torch.tensor(eos_ids, device=tokens.device))
+    finished = is_eos.any(dim=1)
+    first_eos = is_eos.long().argmax(dim=1)
+    lengths = torch.where(finished, first_eos + 1, torch.full_like(first_eos, tokens.shape[1]))
+    return finish_rollout(
+        tokenizer, prompt_ids, prompt_mask, row_prompt, tokens, lengths, finished, None
     )
 
 
@@ -321,7 +425,9 @@ class HFEngine:
     ``numerics`` wraps every generation: bf16 autocast when generation runs in other numerics
     than the update (``generation_dtype: bfloat16``), in which case ``records_logprobs`` makes the
     rollout carry the sampler's log-probs (rollout correction keys on them). ``weights`` wraps it
-    too: under FSDP2 it gathers the full weights around the plain Hugging Face call."""
+    too: under FSDP2 it gathers the full weights around the plain Hugging Face call.
+    ``generate_kwargs`` (TRL's ``generation_kwargs`` beyond the sampling options) route every
+    generation through transformers' ``generate()`` (:func:`generate_with_transformers`)."""
 
     def __init__(
         self,
@@ -333,11 +439,18 @@ class HFEngine:
         numerics: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         records_logprobs: bool = False,
+        generate_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        if generate_kwargs and records_logprobs:
+            raise ValueError(
+                "generate_kwargs: transformers' generate() records no sampler log-probs, which "
+                "records_logprobs asks for"
+            )
         self.model, self.tokenizer = model, tokenizer
         self.params, self.generator = params, generator
         self.numerics, self.weights = numerics, weights
         self.records_logprobs = records_logprobs
+        self.generate_kwargs = dict(generate_kwargs or {})
 
     def generate(
         self,
@@ -353,14 +466,26 @@ class HFEngine:
         # repeated instead of gathered (cheaper, and the same numbers either way).
         if not isinstance(counts, int) and len(set(counts)) == 1:
             counts = int(counts[0])
+        params = params if params is not None else self.params
+        generator = generator if generator is not None else self.generator
         with self.numerics(), self.weights():
+            if self.generate_kwargs:
+                return generate_with_transformers(
+                    self.model,
+                    self.tokenizer,
+                    [list(p) for p in prompt_ids],
+                    counts if isinstance(counts, int) else list(counts),
+                    params,
+                    self.generate_kwargs,
+                    generator,
+                )
             return generate(
                 self.model,
                 self.tokenizer,
                 [list(p) for p in prompt_ids],
                 counts if isinstance(counts, int) else list(counts),
-                params if params is not None else self.params,
-                generator if generator is not None else self.generator,
+                params,
+                generator,
                 return_logprobs=self.records_logprobs,
             )
 

@@ -35,7 +35,16 @@ from ..errors import ConfigError
 from ..tools.environment import PLACEHOLDER_PROMPT, EnvironmentFactories
 from ..tools.prompting import prompt_text_with_tools
 from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
-from .hf import HFEngine, eos_token_ids, left_pad, prefill, sample_next_token, token_logprobs
+from .hf import (
+    HFEngine,
+    eos_token_ids,
+    has_recurrent_state,
+    left_pad,
+    prefill,
+    sample_next_token,
+    select_cache_rows,
+    token_logprobs,
+)
 
 if TYPE_CHECKING:  # the protocol lives with the tools (groupwise.tools.environment)
     from ..tools import Environment
@@ -263,7 +272,7 @@ def converse(
                     live, writing, token = live[index], writing[index], token[index]
                     attn, next_pos = attn[index], next_pos[index]
                     if keep:
-                        cache.batch_select_indices(index)
+                        select_cache_rows(cache, index)
                 if not keep or not bool(writing.any()):
                     break
                 attn = torch.cat([attn, writing.long()[:, None]], dim=1)
@@ -307,8 +316,16 @@ def _prefill(
     """:func:`~groupwise.rollout.hf.prefill`, plus the attention mask; with ``rows``, batch row
     i continues sequence rows[i]."""
     logits, cache, next_pos = prefill(model, ids, mask)
+    if has_recurrent_state(cache):
+        # Rows waiting for others decode masked padding and tool replies are inserted
+        # left-padded: attention skips masked positions, a recurrent (Mamba) state does not.
+        raise ConfigError(
+            f"multi-turn rollouts do not support {type(model).__name__}: its cache holds "
+            "recurrent (Mamba / linear-attention) layers, which masked padding in the middle of "
+            "a sequence would change; use a model with attention layers only"
+        )
     if rows is not None:
-        cache.batch_select_indices(rows)
+        select_cache_rows(cache, rows)
         logits, mask, next_pos = logits[rows], mask[rows], next_pos[rows]
     return logits, cache, mask, next_pos
 

@@ -12,7 +12,6 @@ constructor's TRL forms (positional order, ``peft_config``, ``optimizers``).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -80,16 +79,13 @@ def with_peft_config(args: GRPOConfig, peft_config: Any) -> GRPOConfig:
         recorded = None
     else:
         recorded = [targets] if isinstance(targets, str) else sorted(targets)
-    resolved = dataclasses.replace(
-        args,
+    return args.replace(
         use_peft=True,
         lora_r=int(peft_config.r),
         lora_alpha=int(peft_config.lora_alpha),
         lora_dropout=float(getattr(peft_config, "lora_dropout", 0.0)),
         lora_target_modules=recorded,
     )
-    resolved.trl_ignored = dict(args.trl_ignored)
-    return resolved
 
 
 class CallbackHandler:
@@ -145,9 +141,7 @@ class TRLSurface:
         ``args.resume_from_checkpoint`` (None keeps it)."""
         if resume_from_checkpoint is not None:
             value = ckpt.resume_argument(resume_from_checkpoint, self.output_dir)
-            ignored = dict(self.args.trl_ignored)
-            self.args = dataclasses.replace(self.args, resume_from_checkpoint=value)
-            self.args.trl_ignored = ignored
+            self.args = self.args.replace(resume_from_checkpoint=value)
         metrics = TrainingLoop(self).run()
         if self.args.use_peft and self.args.save_merged_model and self.dist.is_main:
             merged = copy.deepcopy(self.model).merge_and_unload()
