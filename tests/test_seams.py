@@ -331,7 +331,9 @@ LAYERS = [
      "report.compare", "report.browser",
      # the curricula's pure parts: numpy / torch math and the typed options, no run machinery
      "curriculum.bins", "curriculum.adversary", "curriculum.allocation",
-     "curriculum.diagnostics", "curriculum.options"},
+     "curriculum.diagnostics", "curriculum.options",
+     # the run's options by concern, checked; GRPOConfig maps onto them
+     "sections"},
     {"sandbox"},
     {"rewards", "rewards.math", "rewards.math.extract", "rewards.math.normalize",
      "rewards.math.verify", "rewards.math.worker", "rewards.math.reward"},
