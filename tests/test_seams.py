@@ -352,6 +352,8 @@ LAYERS = [
     {"policy", "checkpoint", "core"},
     {"build_rollout"},
     {"build"},
+    # the run's parts from its options, in one step
+    {"assemble"},
     # the trainer's services; then Trainer with its loop and TRL surface, which name it in hints
     {"run.datasets", "run.metrics", "run.records", "run.checkpoints", "run.evaluate"},
     {"run", "run.loop", "run.trl_api"},

@@ -61,6 +61,7 @@ from .models import is_peft_model, load_model_and_tokenizer
 from .precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
 from .rewards import RewardFunc, reward_func_name
 from .scoring import RolloutScorer
+from .sections import CurriculumSection
 from .trainable import apply_lora
 
 if TYPE_CHECKING:
@@ -386,7 +387,12 @@ def build_scorer(
 # Curriculum
 
 
-def build_curriculum(args: GRPOConfig, dist: DistributedContext) -> Curriculum:
+def build_curriculum(
+    section: CurriculumSection, num_generations: int, seed: int, dist: DistributedContext
+) -> Curriculum:
     """The ``curriculum`` option's class (:data:`groupwise.curriculum.CURRICULA`), built from
-    the run's options."""
-    return CURRICULA[args.curriculum].from_options(args.to_dict(), dist)
+    its typed options (:meth:`~groupwise.sections.CurriculumSection.options`): the run's
+    ``curriculum`` section, the mean group size ``num_generations`` and the ``seed`` of its own
+    draws (the same on every rank)."""
+    options = section.options(num_generations, seed)
+    return CURRICULA[section.curriculum].from_options(options, dist)

@@ -36,7 +36,7 @@ from .distributed import (
     fsdp_full_weights,
     shard_fsdp,
 )
-from .grpo_loss import GRPOLoss, loss_variant_options
+from .grpo_loss import GRPOLoss
 from .logprobs import completion_logprobs
 from .policy_weights import CheckpointMismatch, tied_parameter_names
 from .precision import Precision
@@ -68,7 +68,6 @@ __all__ = [
     "Trainable",
     "UpdateStats",
     "apply_lora",
-    "loss_variant_options",
     "lr_factor",
     "merge_stats",
     "optimizer_steps",

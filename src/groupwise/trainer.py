@@ -19,17 +19,15 @@ from typing import Any
 
 import torch
 
-from .build import build_curriculum
+from .assemble import assemble_grpo
 from .curriculum import Outcome
 from .distributed import global_group_advantages, global_normalize_then_sum
-from .dynamic import Draw, DynamicSampling
+from .dynamic import Draw
 from .grpo_loss import high_entropy_mask, off_policy_sequence_mask
-from .policy import GRPOLoss
 from .rollout import Rollout
 from .run import PhaseTimer, Trainer
 from .sampler import PromptSampler
 from .scoring import Scores
-from .topup import TopUp
 
 __all__ = ["GRPOTrainer", "PromptSampler"]
 
@@ -43,11 +41,10 @@ class GRPOTrainer(Trainer):
     """
 
     def setup(self) -> None:
-        self.curriculum = build_curriculum(self.args, self.dist)
-        self.loss = GRPOLoss(self.args)
-        pad = self.tokenizer.pad_token_id or 0
-        self.dynamic = DynamicSampling.from_args(self.args, self.dist, pad)  # DAPO
-        self.top_up = TopUp.from_args(self.args, self.dist, pad)  # Reinforce-Ada
+        """GRPO's own parts from their sections (:func:`groupwise.assemble.assemble_grpo`)."""
+        parts = assemble_grpo(self.options, self.dist, self.tokenizer.pad_token_id or 0)
+        self.curriculum, self.loss = parts.curriculum, parts.loss
+        self.dynamic, self.top_up = parts.dynamic, parts.top_up
 
     def components(self) -> dict[str, Any]:
         parts = {**super().components(), "dynamic_sampling": self.dynamic}

@@ -10,7 +10,6 @@ one process's on that batch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 from ..advantages import equal_prompt_factors
 from ..distributed import DistributedContext, concat_over_ranks
 from ..rollout import Rollout
+from .options import CurriculumOptions
 
 
 @dataclass
@@ -129,9 +129,9 @@ class NoCurriculum(Curriculum):
 
     @classmethod
     def from_options(
-        cls, options: Mapping[str, Any], dist: DistributedContext | None = None
+        cls, options: CurriculumOptions, dist: DistributedContext | None = None
     ) -> NoCurriculum:
-        return cls(options["num_generations"])
+        return cls(options.num_generations)
 
     def plan(self, batch: PromptBatch) -> Plan:
         n = len(batch.indices)
