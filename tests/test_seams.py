@@ -342,7 +342,7 @@ LAYERS = [
     {"rollout", "batching"},
     {"scoring"},
     {"curriculum", "tasks", "evaluation", "sampler"},
-    {"dynamic", "topup"},
+    {"dynamic", "topup", "credit"},
     {"config"},
     # the policy's parts, bottom to top: the trained network, its micro-batched update (any
     # loss), the GRPO loss; core re-exports the math of advantages, losses and grpo_loss

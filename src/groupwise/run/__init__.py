@@ -7,7 +7,7 @@ subclass writes ``train_step()``: :class:`groupwise.trainer.GRPOTrainer`,
 
 - ``loop``: ``train()``'s loop and its cadence (when to log, evaluate, save, stop), the failure
   monitor, SIGINT/SIGTERM;
-- ``metrics``: a step's outputs as the logged metric dict (``PhaseTimer``, ``ComputeLedger``);
+- ``metrics``: a step's outputs as the logged metric dict (``StepMetrics``, ``ComputeLedger``);
 - ``records``: ``log_history``, metrics.jsonl, events.jsonl, completions.jsonl, the loggers;
 - ``checkpoints``: saving the model and checkpoints, reading them back;
 - ``evaluate``: what ``evaluate()`` computes on an evaluation set;
@@ -15,12 +15,15 @@ subclass writes ``train_step()``: :class:`groupwise.trainer.GRPOTrainer`,
   ``state``, callbacks, TRL's attribute names);
 - ``datasets``: the checks a dataset must pass, streams read into rows.
 
+The parts themselves are built from the options in one step, :func:`groupwise.assemble.assemble`.
+
 A checkpoint's training state is ``{component: component.state_dict()}`` plus the step, the
 config, every rank's RNG state and the metrics so far (:meth:`Trainer.state_dict`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +54,7 @@ from ..scoring import Scores
 from ..sections import Sections
 from .checkpoints import Checkpoints
 from .datasets import check_dataset, check_eval_dataset, stream_prefix
-from .metrics import ComputeLedger, PhaseTimer, StepMetrics
+from .metrics import ComputeLedger, StepMetrics
 from .records import RunRecords
 from .trl_api import CallbackHandler, TRLSurface, trl_arguments
 
@@ -73,6 +76,33 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+class PhaseTimer:
+    """The step's own clock, kept with the trainer whose ``train_step`` marks it. Wall time of
+    a step's phases: ``mark(name)`` ends the phase begun at the previous mark
+    (and adds it to ``name``'s time). On CUDA each mark first waits for the device: kernels run
+    asynchronously, so without it a phase's GPU work would be billed to the next phase that
+    happens to wait (one sync per phase, a handful per step)."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.cuda = device is not None and device.type == "cuda"
+        if self.cuda:
+            torch.cuda.synchronize(device)
+        self.device = device
+        self.start = self.last = time.perf_counter()
+        self.phases: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        """A phase marked more than once (several generation batches) adds up."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.phases[name], self.last = self.phases.get(name, 0.0) + now - self.last, now
+
+    @property
+    def total(self) -> float:
+        return self.last - self.start
 
 
 class Trainer(TRLSurface):
