@@ -391,8 +391,11 @@ def build_curriculum(
     section: CurriculumSection, num_generations: int, seed: int, dist: DistributedContext
 ) -> Curriculum:
     """The ``curriculum`` option's class (:data:`groupwise.curriculum.CURRICULA`), built from
-    its typed options (:meth:`~groupwise.sections.CurriculumSection.options`): the run's
-    ``curriculum`` section, the mean group size ``num_generations`` and the ``seed`` of its own
-    draws (the same on every rank)."""
-    options = section.options(num_generations, seed)
-    return CURRICULA[section.curriculum].from_options(options, dist)
+    the run's ``curriculum`` section with the mean group size ``num_generations`` and the
+    ``seed`` of its own draws (the same on every rank): as the class's typed ``options_type``
+    (:mod:`groupwise.curriculum.options`), else as a mapping of those values."""
+    kind = CURRICULA[section.curriculum]
+    values = section.with_run(num_generations, seed)
+    # A registered class without typed options is given them as a mapping (the seam's form).
+    options = values if kind.options_type is None else kind.options_type.from_config(values)
+    return kind.from_options(options, dist)

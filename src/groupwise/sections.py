@@ -513,9 +513,9 @@ class AlgorithmOptions(Section):
 
 @dataclass(frozen=True)
 class CurriculumSection(Section):
-    """The curriculum and its ``gdro_*``, ``rollout_*`` and ``select_*`` options; the typed
-    options of one curriculum (which also need the mean group size and the seed) come from
-    :meth:`options`."""
+    """The curriculum and its ``gdro_*``, ``rollout_*`` and ``select_*`` options; a curriculum's
+    typed options (:mod:`groupwise.curriculum.options`) also need the mean group size and the
+    seed (:meth:`with_run`)."""
 
     name: ClassVar[str] = "curriculum"
     curriculum: str
@@ -554,16 +554,6 @@ class CurriculumSection(Section):
     select_equal_prompt_weight: bool
     select_top_up: bool
     select_top_up_first: int
-
-    def options(self, num_generations: int, seed: int) -> Any:
-        """The typed options of this curriculum (:mod:`groupwise.curriculum.options`):
-        ``GDROOptions`` for the GDRO curricula, ``SelectOptions`` for ``select``, the shared
-        base otherwise; validated, each error naming its option."""
-        from .curriculum.options import CurriculumOptions, GDROOptions, SelectOptions
-
-        kind = {"prompt_gdro": GDROOptions, "rollout_gdro": GDROOptions,
-                "select": SelectOptions}.get(self.curriculum, CurriculumOptions)  # fmt: skip
-        return kind.from_config(self.with_run(num_generations, seed))
 
     def with_run(self, num_generations: int, seed: int) -> dict[str, Any]:
         """This section's values with the two run-wide ones the curricula read."""

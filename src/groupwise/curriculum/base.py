@@ -95,7 +95,10 @@ class GlobalRows:
 class Curriculum:
     """The protocol: :meth:`plan` before generation, :meth:`observe` after the update (returns
     metrics to log), and ``state_dict``/``load_state_dict`` for checkpoints (``None`` when the
-    curriculum has no state)."""
+    curriculum has no state). A class names the typed options its ``from_options`` takes in
+    ``options_type`` (:mod:`.options`); without one it is given them as a mapping."""
+
+    options_type: type[CurriculumOptions] | None = None
 
     def plan(self, batch: PromptBatch) -> Plan:
         raise NotImplementedError
@@ -123,6 +126,8 @@ class Curriculum:
 
 class NoCurriculum(Curriculum):
     """Plain GRPO: ``num_generations`` rollouts for every prompt, weight 1, nothing learned."""
+
+    options_type = CurriculumOptions
 
     def __init__(self, num_generations: int) -> None:
         self.num_generations = num_generations
