@@ -175,7 +175,7 @@ def test_the_bonus_is_the_global_token_mean_entropy_whatever_the_loss_type(loss_
     # -c / 6 per token.
     coef = 0.5
     args = GRPOConfig(loss_type=loss_type, beta=0.0, entropy_coef=coef, max_completion_length=3)
-    loss = GRPOLoss(args)
+    loss = GRPOLoss.from_config(args)
     entropy = torch.tensor([[1.0, 2.0, 0.0], [4.0, 0.0, 0.0], [3.0, 3.0, 6.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     counts = BatchCounts(rows=3, tokens=torch.tensor(6.0), micro_batches=2)
@@ -196,7 +196,7 @@ def test_the_bonus_follows_the_top_entropy_tokens():
     args = GRPOConfig(beta=0.0, entropy_coef=0.2, top_entropy_quantile=0.5)
     counts = BatchCounts(rows=1, tokens=torch.tensor(2.0), micro_batches=1)
     mb = _micro_batch([0], torch.ones(1, 2), torch.tensor([[0.1, 0.9]]), counts)
-    terms = GRPOLoss(args)(torch.zeros(1, 2, requires_grad=True), mb)
+    terms = GRPOLoss.from_config(args)(torch.zeros(1, 2, requires_grad=True), mb)
     assert terms.bonus.item() == pytest.approx(-0.2 * 0.9)
 
 
@@ -210,7 +210,7 @@ def test_without_a_bonus_the_loss_has_none():
     args = GRPOConfig(beta=0.0)
     counts = BatchCounts(rows=1, tokens=torch.tensor(2.0), micro_batches=1)
     mb = _micro_batch([0], torch.ones(1, 2), torch.tensor([[0.1, 0.9]]), counts)
-    loss = GRPOLoss(args)
+    loss = GRPOLoss.from_config(args)
     assert loss.entropy is None and not loss.entropy_grad
     assert loss(torch.zeros(1, 2, requires_grad=True), mb).bonus is None
 
@@ -227,7 +227,7 @@ def test_a_gradient_step_on_the_bonus_raises_the_entropy():
 
     before = entropy_of(logits).item()
     mb = _micro_batch([0], torch.ones(1, 1), entropy_of(logits), counts)
-    GRPOLoss(args)(torch.zeros(1, 1, requires_grad=True), mb).bonus.backward()
+    GRPOLoss.from_config(args)(torch.zeros(1, 1, requires_grad=True), mb).bonus.backward()
     with torch.no_grad():
         logits -= 0.5 * logits.grad
     assert entropy_of(logits).item() > before + 0.005  # 0.129 -> 0.137

@@ -3,12 +3,15 @@ samples per evaluation prompt, from a generator of its own."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from conftest import TargetToken
 from conftest import tiny_config as _config
 from groupwise import GRPOTrainer
+from groupwise.policy import GRPOLoss
 
 ROWS = [{"prompt": f"Say something number {i}"} for i in range(8)]
 
@@ -27,8 +30,10 @@ def test_eval_loss_is_the_kl_term_and_leaves_training_sampling_alone(tmp_path):
     assert torch.equal(state, trainer.generator.get_state())  # training's sampling untouched
     assert after > 1e-6  # the trained policy moved away from its reference
     # The same samples (the evaluation's own seeded generator), beta doubled: the objective is
-    # linear in beta and the rest is 0, so the loss doubles.
-    trainer.args.beta = 0.2
+    # linear in beta and the rest is 0, so the loss doubles. The loss holds its section, fixed
+    # when the trainer was made (TRL copies beta at __init__ too), so it is made again.
+    doubled = dataclasses.replace(trainer.loss.options, beta=0.2)
+    trainer.loss = GRPOLoss(doubled, args.max_completion_length)
     assert trainer.evaluate(ROWS[:5])["eval_loss"] == pytest.approx(2 * after, rel=1e-4)
 
 

@@ -331,7 +331,9 @@ LAYERS = [
      "report.compare", "report.browser",
      # the curricula's pure parts: numpy / torch math and the typed options, no run machinery
      "curriculum.bins", "curriculum.adversary", "curriculum.allocation",
-     "curriculum.diagnostics", "curriculum.options"},
+     "curriculum.diagnostics", "curriculum.options",
+     # the run's options by concern, checked; GRPOConfig maps onto them
+     "sections"},
     {"sandbox"},
     {"rewards", "rewards.math", "rewards.math.extract", "rewards.math.normalize",
      "rewards.math.verify", "rewards.math.worker", "rewards.math.reward"},
@@ -340,7 +342,7 @@ LAYERS = [
     {"rollout", "batching"},
     {"scoring"},
     {"curriculum", "tasks", "evaluation", "sampler"},
-    {"dynamic", "topup"},
+    {"dynamic", "topup", "credit"},
     {"config"},
     # the policy's parts, bottom to top: the trained network, its micro-batched update (any
     # loss), the GRPO loss; core re-exports the math of advantages, losses and grpo_loss
@@ -350,6 +352,8 @@ LAYERS = [
     {"policy", "checkpoint", "core"},
     {"build_rollout"},
     {"build"},
+    # the run's parts from its options, in one step
+    {"assemble"},
     # the trainer's services; then Trainer with its loop and TRL surface, which name it in hints
     {"run.datasets", "run.metrics", "run.records", "run.checkpoints", "run.evaluate"},
     {"run", "run.loop", "run.trl_api"},

@@ -253,7 +253,9 @@ def test_refused_under_data_parallel():
     from groupwise.distributed import DistributedContext
 
     args, two = GRPOConfig(curriculum="select", select_top_up=True), DistributedContext(0, 2)
+    section = args.sections().curriculum
     with pytest.raises(ConfigError, match="select_top_up.*world_size=2"):
-        TopUp.from_args(args, two, 0)
-    assert not TopUp.from_args(GRPOConfig(curriculum="select"), two, 0).enabled
-    assert TopUp.from_args(args, DistributedContext(), 0).enabled
+        TopUp.from_section(section, two, 0)
+    plain = GRPOConfig(curriculum="select").sections().curriculum
+    assert not TopUp.from_section(plain, two, 0).enabled
+    assert TopUp.from_section(section, DistributedContext(), 0).enabled

@@ -178,7 +178,7 @@ def test_top_entropy_quantile_trains_only_on_the_kept_tokens():
         counts=BatchCounts(rows=1, tokens=torch.tensor(2.0), micro_batches=1),
         entropy=torch.tensor([[0.1, 0.9]]),
     )  # fmt: skip
-    loss = GRPOLoss(args)(logp, mb).loss
+    loss = GRPOLoss.from_config(args)(logp, mb).loss
     loss.backward()
     assert loss.item() == pytest.approx(-0.5)
     torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -0.5]]))
@@ -545,7 +545,7 @@ def test_the_off_policy_mask_drops_a_stale_negative_sequence_from_the_policy_ter
         old_logprobs=torch.zeros(2, 2), ref_logprobs=None, correction=None, row_weights=None,
         counts=BatchCounts(rows=2, tokens=torch.tensor(4.0), micro_batches=1),
     )  # fmt: skip
-    GRPOLoss(args)(logp, mb).loss.backward()
+    GRPOLoss.from_config(args)(logp, mb).loss.backward()
     assert logp.grad[0].abs().sum().item() == 0.0
     assert logp.grad[1].abs().sum().item() > 0.0
 

@@ -61,6 +61,7 @@ from .models import is_peft_model, load_model_and_tokenizer
 from .precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
 from .rewards import RewardFunc, reward_func_name
 from .scoring import RolloutScorer
+from .sections import CurriculumSection
 from .trainable import apply_lora
 
 if TYPE_CHECKING:
@@ -386,7 +387,15 @@ def build_scorer(
 # Curriculum
 
 
-def build_curriculum(args: GRPOConfig, dist: DistributedContext) -> Curriculum:
+def build_curriculum(
+    section: CurriculumSection, num_generations: int, seed: int, dist: DistributedContext
+) -> Curriculum:
     """The ``curriculum`` option's class (:data:`groupwise.curriculum.CURRICULA`), built from
-    the run's options."""
-    return CURRICULA[args.curriculum].from_options(args.to_dict(), dist)
+    the run's ``curriculum`` section with the mean group size ``num_generations`` and the
+    ``seed`` of its own draws (the same on every rank): as the class's typed ``options_type``
+    (:mod:`groupwise.curriculum.options`), else as a mapping of those values."""
+    kind = CURRICULA[section.curriculum]
+    values = section.with_run(num_generations, seed)
+    # A registered class without typed options is given them as a mapping (the seam's form).
+    options = values if kind.options_type is None else kind.options_type.from_config(values)
+    return kind.from_options(options, dist)

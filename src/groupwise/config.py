@@ -10,7 +10,6 @@ import dataclasses
 import difflib
 import inspect
 import math
-import os
 import re
 import time
 import types
@@ -23,6 +22,19 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .sections import (
+    CISPO_DEFAULT_CAP,
+    GENERATION_ENGINES,
+    PPO_MULTI_TURN,
+    STATIC_MULTI_TURN,
+    VLLM_MULTI_TURN,
+    BatchOptions,
+    LossOptions,
+    OptimizationOptions,
+    Sections,
+    sections,
+    world_size_from_env,
+)
 from .trl_compat import (
     TRL_IGNORED,
     TRL_TRANSLATED,
@@ -33,29 +45,12 @@ from .trl_compat import (
     translate_trl_options,
 )
 
-# cispo's importance-weight cap when epsilon_high is not given (TRL's docs, ScaleRL).
-CISPO_DEFAULT_CAP = 5.0
-PPO_MULTI_TURN = (
-    "tools and environments work with algorithm=grpo only: PPO's critic would value every token "
-    "of a conversation, tool replies included (GAE has no notion of inserted context)"
-)
-
-# Rollout engines (generation_engine): hf = the Hugging Face / torch engine on the policy's own
-# weights (rollout/hf.py); static = a lean Llama-family decoder with its own copy of the weights
-# and a static KV cache (rollout/static.py); vllm = a colocated vLLM engine with its own copy of
-# the weights (rollout/vllm.py). build_rollout.build_engine dispatches on the name; a new engine
-# adds its name here and its branch there.
-GENERATION_ENGINES: tuple[str, ...] = ("hf", "static", "vllm")
-
-STATIC_MULTI_TURN = (
-    "generation_engine=static does not run tools or environments (multi-turn rollouts continue "
-    "from the HF engine's KV cache); use generation_engine: hf with tools / environment"
-)
-
-VLLM_MULTI_TURN = (
-    "generation_engine=vllm does not run tools or environments (multi-turn rollouts continue "
-    "from the HF engine's KV cache); use generation_engine: hf with tools / environment"
-)
+__all__ = [
+    "CISPO_DEFAULT_CAP", "GENERATION_ENGINES", "PPO_MULTI_TURN", "STATIC_MULTI_TURN",
+    "UNBOUNDED_FIELDS", "VLLM_MULTI_TURN", "ConfigError", "GRPOConfig", "coerce",
+    "default_output_dir", "option_help", "parse_cli_overrides", "unused_dir",
+    "world_size_from_env",
+]  # fmt: skip
 
 # Float options where infinity means "no limit"; NaN is refused everywhere.
 UNBOUNDED_FIELDS = frozenset(
@@ -420,36 +415,36 @@ class GRPOConfig:
         self.validate()
 
     # ----------------------------------------------------------------------------------------
+    def sections(self) -> Sections:
+        """These options by concern (:mod:`groupwise.sections`), each section checked, then the
+        rules across sections. A fresh copy each call: the config itself stays mutable."""
+        return sections(self)
+
     @property
     def completions_per_step(self) -> int:
         """Completions per optimizer step, per rank (one mini-batch)."""
-        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+        return BatchOptions.from_config(self).completions_per_step
 
     @property
     def micro_steps_per_generation(self) -> int:
         """TRL's steps_per_generation, resolved: micro-batches per generation batch, per rank
         (from generation_batch_size with the world size torchrun sets in WORLD_SIZE)."""
-        if self.steps_per_generation is not None:
-            return self.steps_per_generation
-        if self.generation_batch_size is not None:
-            ranks = world_size_from_env()
-            return self.generation_batch_size // (self.per_device_train_batch_size * ranks)
-        return self.gradient_accumulation_steps
+        return BatchOptions.from_config(self).micro_steps_per_generation
 
     @property
     def optimizer_steps_per_generation(self) -> int:
         """Mini-batches per generation batch: each is one optimizer step (per pass)."""
-        return self.micro_steps_per_generation // self.gradient_accumulation_steps
+        return BatchOptions.from_config(self).optimizer_steps_per_generation
 
     @property
     def completions_per_generation(self) -> int:
         """Completions per generation batch, per rank (on average under Rollout-GDRO)."""
-        return self.per_device_train_batch_size * self.micro_steps_per_generation
+        return BatchOptions.from_config(self).completions_per_generation
 
     @property
     def prompts_per_step(self) -> int:
         """Prompts per groupwise step (one generation batch), per rank."""
-        return self.completions_per_generation // self.num_generations
+        return BatchOptions.from_config(self).prompts_per_step
 
     def steps_per_epoch(self, num_rows: int, world_size: int = 1) -> float:
         """Optimizer steps for one pass over ``num_rows`` prompts (each step draws
@@ -493,65 +488,15 @@ class GRPOConfig:
     def warmup_steps_for(self, total_steps: int) -> int:
         """Warmup steps of a schedule of ``total_steps``: warmup_steps, else
         ceil(warmup_ratio * total_steps) (TrainingArguments.get_warmup_steps)."""
-        return self.warmup_steps or math.ceil(self.warmup_ratio * total_steps)
+        return OptimizationOptions.from_config(self).warmup_steps_for(total_steps)
 
-    def _validate_generation_kwargs(self) -> None:
-        """generation_kwargs are options of transformers' generate(), which only the hf engine
-        calls, and only for single-turn rollouts."""
-        keys = ", ".join(sorted(self.generation_kwargs or {}))
-        if self.generation_engine != "hf":
-            raise ConfigError(
-                f"generation_kwargs ({keys}) need generation_engine: hf, got "
-                f"{self.generation_engine!r}: only the hf engine can hand them to transformers' "
-                "generate(); the static and vllm engines sample with temperature, top_p, top_k, "
-                "min_p and repetition_penalty only"
-            )
-        if self.tools or self.environment:
-            raise ConfigError(
-                f"generation_kwargs ({keys}) are not supported with tools or an environment: "
-                "multi-turn rollouts decode token by token to stop at tool calls and insert "
-                "their replies, which transformers' generate() does not do"
-            )
-        if self.generation_dtype == "bfloat16":
-            raise ConfigError(
-                f"generation_kwargs ({keys}) are not supported with generation_dtype: "
-                "bfloat16: its rollout correction needs the sampler's log-probs, which "
-                "transformers' generate() (beam search) does not record"
-            )
-
-    def _validate_select(self) -> None:
-        """How the ``select_*`` options combine with the rest of the run, each error naming its
-        option (their own ranges: :class:`~groupwise.curriculum.options.SelectOptions`)."""
-        if (
-            self.curriculum == "select"
-            and self.select_equal_prompt_weight
-            and self.prompt_weighting == "equal"
-        ):
-            raise ConfigError(
-                "prompt_weighting=equal with curriculum=select and select_equal_prompt_weight="
-                "true would weight each prompt by mean(n)/n_x twice (GDRO eq. 17); set one of "
-                "them: prompt_weighting: rollouts, or select_equal_prompt_weight: false"
-            )
-        if self.select_top_up and self.curriculum != "select":
-            raise ConfigError(
-                f"select_top_up works with curriculum=select only, got curriculum={self.curriculum}"
-            )
-        if self.select_top_up and self.dynamic_sampling:
-            raise ConfigError(
-                "select_top_up cannot be combined with dynamic_sampling: both spend the step's "
-                "rollouts on groups that are not all-correct or all-wrong; set one of them"
-            )
-        if self.select_top_up and self.algorithm == "ppo":
-            raise ConfigError("select_top_up works with algorithm=grpo only")
-        if self.select_top_up_first < 2:
-            raise ConfigError(
-                f"select_top_up_first must be >= 2 (a group of one has no variance), got "
-                f"{self.select_top_up_first}"
-            )
+    @property
+    def effective_epsilon_high(self) -> float:
+        """The upper clip (:attr:`groupwise.sections.LossOptions.effective_epsilon_high`)."""
+        return LossOptions.from_config(self).effective_epsilon_high
 
     def _validate_numbers(self) -> None:
-        """No NaN anywhere, no infinity but where it means "no limit", and sampling and
-        optimiser settings in their meaningful ranges; each error names its option."""
+        """No NaN anywhere, and no infinity but where it means "no limit"."""
         for name in self.field_names():
             value = getattr(self, name)
             values = value if isinstance(value, list) else [value]
@@ -560,382 +505,20 @@ class GRPOConfig:
                     continue
                 if math.isnan(item) or (math.isinf(item) and name not in UNBOUNDED_FIELDS):
                     raise ConfigError(f"{name} must be a finite number, got {value}")
-        if not self.temperature > 0:
-            raise ConfigError(
-                f"temperature must be > 0, got {self.temperature} (GRPO samples its groups; at "
-                "temperature 0 every completion of a prompt is the same and nothing is learned)"
-            )
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.max_grad_norm <= 0:
-            raise ConfigError(
-                f"max_grad_norm must be > 0 (inf: no clipping), got {self.max_grad_norm}"
-            )
-        if self.output_dir is not None and not str(self.output_dir).strip():
-            raise ConfigError(
-                "output_dir is empty; name the folder the run writes its model, config, "
-                "metrics and checkpoints to, e.g. --output_dir runs/my-run"
-            )
-        if not self.ops or set(self.ops) - set("+-*"):
-            raise ConfigError(f"ops must be a non-empty subset of '+-*', got {self.ops!r}")
-        if self.eval_ks is not None:
-            bad = [k for k in self.eval_ks if k < 1 or k > max(self.eval_num_generations, 1)]
-            if bad:
-                raise ConfigError(
-                    f"eval_ks {bad}: each k of pass@k must be in 1..eval_num_generations "
-                    f"({self.eval_num_generations}); raise eval_num_generations or lower k"
-                )
-
-    @property
-    def effective_epsilon_high(self) -> float:
-        """The upper clip: epsilon_high, else epsilon, else for cispo (whose epsilon_high is the
-        weight cap itself) 5.0, the value TRL's docs and ScaleRL (arXiv 2510.13786) advise.
-        TRL falls back to epsilon there too (a cap of 0.2 scales every on-policy weight by
-        0.2 and so only the learning rate); groupwise refuses caps below 1."""
-        if self.epsilon_high is not None:
-            return self.epsilon_high
-        return CISPO_DEFAULT_CAP if self.loss_type == "cispo" else self.epsilon
-
-    def _validate_loss_options(self) -> None:
-        """delta, the sapo / vespo shapes, top_entropy_quantile, the entropy bonus and the
-        reference sync."""
-        clipped = ("grpo", "bnpo", "dapo", "dr_grpo", "luspo")
-        if self.delta is not None:
-            if self.loss_type not in clipped:
-                raise ConfigError(
-                    f"delta (two-sided clipping) caps the clipped surrogate's ratio; "
-                    f"loss_type={self.loss_type} has no such ratio (use one of {list(clipped)})"
-                )
-            if not self.delta > 1:
-                raise ConfigError(f"delta must be > 1 (a cap on the ratio), got {self.delta}")
-        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
-            raise ConfigError(
-                "loss_type=vespo forms its own sequence weight from the per-token ratios; "
-                "importance_sampling_level must be token"
-            )
-        if not 0.0 <= self.top_entropy_quantile <= 1.0:
-            raise ConfigError(
-                f"top_entropy_quantile must be in [0, 1], got {self.top_entropy_quantile}"
-            )
-        threshold = self.off_policy_mask_threshold
-        if threshold is not None and not (math.isfinite(threshold) and threshold >= 0):
-            raise ConfigError(
-                "off_policy_mask_threshold is a mean log-ratio bound (delta of DeepSeek-V3.2 "
-                f"Eq. 9), a number >= 0 such as 0.5, or None (off); got {threshold}"
-            )
-        if not math.isfinite(self.entropy_coef):
-            raise ConfigError(f"entropy_coef must be a finite number, got {self.entropy_coef}")
-        if self.use_adaptive_entropy:
-            if self.entropy_coef_delta < 0:
-                raise ConfigError(
-                    f"entropy_coef_delta must be >= 0, got {self.entropy_coef_delta}"
-                )
-            if not self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max:
-                raise ConfigError(
-                    "use_adaptive_entropy needs entropy_coef_min <= entropy_coef <= "
-                    f"entropy_coef_max, got {self.entropy_coef_min} <= {self.entropy_coef} <= "
-                    f"{self.entropy_coef_max}"
-                )
-            if self.entropy_target < 0:
-                raise ConfigError(
-                    f"entropy_target is a mean token entropy in nats, >= 0; got "
-                    f"{self.entropy_target}"
-                )
-        if not 0.0 <= self.ref_model_mixup_alpha <= 1.0:
-            raise ConfigError(
-                f"ref_model_mixup_alpha must be in [0, 1], got {self.ref_model_mixup_alpha}"
-            )
-        if self.ref_model_sync_steps < 1:
-            raise ConfigError(f"ref_model_sync_steps must be >= 1, got {self.ref_model_sync_steps}")
-        if self.sync_ref_model and (self.beta == 0 or self.use_peft):
-            why = "beta=0 loads no reference model" if self.beta == 0 else (
-                "with use_peft the reference is the adapter-disabled policy, not a copy to mix"
-            )
-            raise ConfigError(f"sync_ref_model=True has nothing to update: {why}")
-        if self.sync_ref_model and self.resume_from_checkpoint is not None:
-            raise ConfigError(
-                "resume_from_checkpoint with sync_ref_model=True is not supported: checkpoints "
-                "hold the policy, not the mixed reference weights, so the resumed run's KL "
-                "term would be to a different reference"
-            )
-        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
-            raise ConfigError(f"min_p must be in [0, 1] or null, got {self.min_p}")
-        if not self.repetition_penalty > 0:
-            raise ConfigError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
 
     def validate(self) -> None:
+        """Every option checked, each error naming its option: numbers first, the curriculum
+        (a registry above the sections' layer), then each section and the rules across them
+        (:func:`groupwise.sections.sections`)."""
         self._validate_numbers()
-        # Choices that name a registered component are read from its registry, so a variant
-        # registered before the config is made is valid here too.
-        from .advantages import AGGREGATIONS, SCALE_MODES
-        from .curriculum import CURRICULA, GDROOptions, SelectOptions
-        from .losses import IMPORTANCE_SAMPLING_LEVELS, LOSSES, ROLLOUT_CORRECTION_MODES
+        # Read from the registry now, so a curriculum registered before the config is valid.
+        from .curriculum import CURRICULA
 
-        choices = {
-            "loss_type": tuple(LOSSES),
-            "scale_rewards": SCALE_MODES,
-            "multi_objective_aggregation": AGGREGATIONS,
-            "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
-            "lr_scheduler_type": ("constant", "linear", "cosine"),
-            "device": ("auto", "cpu", "cuda"),
-            "dtype": ("auto", "float32", "bfloat16"),
-            "on_invalid_rows": ("error", "skip"),
-            "curriculum": tuple(CURRICULA),
-            "long_prompts": ("truncate", "skip", "error"),
-            "algorithm": ("grpo", "ppo"),
-            "logprob_impl": ("chunked", "naive"),
-            "data_parallel": ("ddp", "fsdp"),
-            "generation_dtype": ("auto", "bfloat16"),
-            "generation_engine": GENERATION_ENGINES,
-            "vllm_mode": ("colocate", "server"),
-            "attn_implementation": ("sdpa", "eager", "flash_attention_2"),
-            "rollout_correction_mode": ROLLOUT_CORRECTION_MODES,
-            "prompt_weighting": ("rollouts", "equal"),
-            "save_strategy": ("steps", "epoch", "no"),
-            "eval_strategy": ("steps", "epoch", "no"),
-        }
-        if self.loss_type == "cispo" and self.epsilon_high is not None and self.epsilon_high < 1:
+        if self.curriculum not in CURRICULA:
             raise ConfigError(
-                "loss_type=cispo caps the importance weight at epsilon_high itself (TRL's "
-                f"meaning), so it must be >= 1, got {self.epsilon_high}; e.g. epsilon_high: 5.0 "
-                "(the default for cispo)"
+                f"curriculum={self.curriculum!r} is not one of {list(CURRICULA)}"
             )
-        self._validate_loss_options()
-        for name, valid in choices.items():
-            if getattr(self, name) not in valid and not (
-                name == "device" and str(self.device).startswith("cuda:")
-            ):
-                raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {list(valid)}")
-        positive = (
-            "num_generations",
-            "per_device_train_batch_size",
-            "gradient_accumulation_steps",
-            "num_iterations",
-            "max_completion_length",
-            "logprob_chunk_size",
-            "per_device_eval_batch_size",
-            "num_train_prompts",
-            "logging_steps",
-        )
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in (
-            "beta",
-            "epsilon",
-            "learning_rate",
-            "warmup_steps",
-            "save_steps",
-            "eval_steps",
-            "num_eval_prompts",
-            "top_k",
-            "weight_decay",
-            "log_completions_steps",
-            "num_completions_to_print",
-            "max_bad_steps",
-            "warn_zero_std_steps",
-            "ppo_gamma",
-            "ppo_lam",
-            "vf_coef",
-            "cliprange_value",
-            "lora_dropout",
-            "max_num_gen_batches",
-            "dynamic_sampling_std_tol",
-        ):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0.0 <= self.reward_max_failure_fraction <= 1.0:
-            raise ConfigError(
-                "reward_max_failure_fraction must be in [0, 1], "
-                f"got {self.reward_max_failure_fraction}"
-            )
-        if self.max_steps < 1 and self.max_steps != -1:
-            raise ConfigError(
-                f"max_steps must be >= 1, or -1 to train for num_train_epochs, got {self.max_steps}"
-            )
-        if self.max_steps == -1 and not self.num_train_epochs > 0:
-            raise ConfigError(
-                f"num_train_epochs must be > 0 when max_steps=-1, got {self.num_train_epochs}"
-            )
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.adam_epsilon <= 0:
-            raise ConfigError(f"adam_epsilon must be > 0, got {self.adam_epsilon}")
-        if self.reward_timeout is not None and self.reward_timeout <= 0:
-            raise ConfigError(
-                f"reward_timeout must be > 0 seconds or null, got {self.reward_timeout}"
-            )
-        for name in ("max_turns", "max_tool_calls", "max_tool_output_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("accuracy_timeout", "code_timeout", "remote_timeout", "tool_timeout"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
-        if self.repetition_max_penalty > 0:
-            raise ConfigError(
-                f"repetition_max_penalty must be <= 0, got {self.repetition_max_penalty}"
-            )
-        if self.epsilon_high is not None and self.epsilon_high < 0:
-            raise ConfigError(f"epsilon_high must be >= 0, got {self.epsilon_high}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            raise ConfigError(
-                f"max_prompt_length must be >= 1 or null, got {self.max_prompt_length}"
-            )
-        if self.completions_per_step % self.num_generations != 0:
-            raise ConfigError(
-                "per_device_train_batch_size * gradient_accumulation_steps (completions per step, "
-                f"here {self.per_device_train_batch_size} * {self.gradient_accumulation_steps} = "
-                f"{self.completions_per_step}) must be a multiple of num_generations "
-                f"({self.num_generations}) so that every prompt gets a full group"
-            )
-        self._validate_generation_batch()
-        self._validate_vllm()
-        self._validate_select()
-        # The curricula's own options validate themselves (each error names its option).
-        GDROOptions.from_config(self)
-        SelectOptions.from_config(self)
-        for name in ("rollout_correction_clip_min", "rollout_correction_clip_max"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0 or null, got {getattr(self, name)}")
-        if self.save_total_limit is not None and self.save_total_limit < 1:
-            raise ConfigError(f"save_total_limit must be >= 1 or null, got {self.save_total_limit}")
-        if self.use_peft and (self.lora_r < 1 or self.lora_alpha < 1):
-            raise ConfigError(
-                f"lora_r and lora_alpha must be >= 1, got {self.lora_r} and {self.lora_alpha}"
-            )
-        if self.ppo_gamma > 1 or self.ppo_lam > 1:
-            raise ConfigError(
-                f"ppo_gamma and ppo_lam must be in [0, 1], got {self.ppo_gamma}, {self.ppo_lam}"
-            )
-        if self.report_to:
-            unknown = [r for r in self.report_to if r not in ("tensorboard", "wandb")]
-            if unknown:
-                raise ConfigError(
-                    f"report_to: unknown logger(s) {unknown}; expected tensorboard and/or wandb"
-                )
-        if self.algorithm == "ppo" and self.curriculum != "none":
-            raise ConfigError("the curriculum works with algorithm=grpo only")
-        if self.algorithm == "ppo" and (self.tools or self.environment):
-            raise ConfigError(PPO_MULTI_TURN)
-        if self.dynamic_sampling and self.algorithm == "ppo":
-            raise ConfigError(
-                "dynamic_sampling works with algorithm=grpo only: PPO's critic gives advantages "
-                "to groups whose rewards are all equal, so no group is uninformative"
-            )
-        if self.dynamic_sampling and self.curriculum != "none":
-            raise ConfigError(
-                f"dynamic_sampling cannot be combined with curriculum={self.curriculum}: the "
-                "curriculum plans rollouts and weights per prompt batch, and dynamic sampling "
-                "trains on groups gathered from several batches; set dynamic_sampling: false "
-                "or curriculum: none"
-            )
-        if self.num_generations < 2 and self.algorithm == "grpo":
-            raise ConfigError(
-                "num_generations must be >= 2: a group of one completion has no baseline "
-                "(its advantage is always 0)"
-            )
-        if self.reward_funcs is not None and (
-            not self.reward_funcs or any(not str(f).strip() for f in self.reward_funcs)
-        ):
-            raise ConfigError("reward_funcs must name at least one reward function")
-        if (
-            self.reward_funcs is not None
-            and self.reward_weights is not None
-            and len(self.reward_weights) != len(self.reward_funcs)
-        ):
-            raise ConfigError(
-                f"reward_weights has {len(self.reward_weights)} entries but reward_funcs has "
-                f"{len(self.reward_funcs)} ({self.reward_funcs})"
-            )
-
-    def _validate_vllm(self) -> None:
-        """The vLLM options' ranges, and what the colocated vLLM engine does not do."""
-        if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
-            raise ConfigError(
-                "vllm_gpu_memory_utilization must be in (0, 1], "
-                f"got {self.vllm_gpu_memory_utilization}"
-            )
-        if self.vllm_max_model_length is not None and self.vllm_max_model_length < 1:
-            raise ConfigError(
-                f"vllm_max_model_length must be >= 1 or null, got {self.vllm_max_model_length}"
-            )
-        if self.vllm_tensor_parallel_size < 1:
-            raise ConfigError(
-                f"vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}"
-            )
-        if self.static_eos_check_every < 1:
-            raise ConfigError(
-                f"static_eos_check_every must be >= 1, got {self.static_eos_check_every}"
-            )
-        if self.static_compile_min_steps < 0:
-            raise ConfigError(
-                f"static_compile_min_steps must be >= 0, got {self.static_compile_min_steps}"
-            )
-        if self.generation_engine == "static" and (self.tools or self.environment):
-            raise ConfigError(STATIC_MULTI_TURN)
-        if self.generation_kwargs:
-            self._validate_generation_kwargs()
-        if self.generation_engine != "vllm":
-            return
-        if self.vllm_mode == "server":
-            raise ConfigError(
-                "vllm_mode=server is not supported: groupwise runs vLLM colocated in the "
-                "training process (vllm_mode: colocate), where weights are pushed in memory "
-                "after every step; a separate vLLM server and its weight-transfer channel are "
-                "not implemented"
-            )
-        if self.vllm_tensor_parallel_size != 1:
-            raise ConfigError(
-                f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size} is not supported: "
-                "each rank runs its own colocated vLLM holding the whole model (tensor parallel "
-                "size 1); use a model that fits one GPU, or generation_engine: hf with "
-                "data_parallel: fsdp"
-            )
-        if self.tools or self.environment:
-            raise ConfigError(VLLM_MULTI_TURN)
-
-    def _validate_generation_batch(self) -> None:
-        """steps_per_generation / generation_batch_size, as TRL checks them, plus what groupwise
-        needs: whole optimizer steps (and so whole prompt groups) per generation batch."""
-        spg, gbs = self.steps_per_generation, self.generation_batch_size
-        if spg is not None and gbs is not None:
-            raise ConfigError(
-                "steps_per_generation and generation_batch_size are mutually exclusive (as in "
-                f"TRL): got steps_per_generation={spg} and generation_batch_size={gbs}; set one"
-            )
-        if spg is not None and spg < 1:
-            raise ConfigError(f"steps_per_generation must be >= 1 or null, got {spg}")
-        if gbs is not None:
-            per_micro = self.per_device_train_batch_size * world_size_from_env()
-            if gbs < 1 or gbs % per_micro:
-                raise ConfigError(
-                    f"generation_batch_size={gbs} must be a positive multiple of "
-                    f"per_device_train_batch_size * ranks = {per_micro}"
-                )
-        micro = self.micro_steps_per_generation
-        if micro % self.gradient_accumulation_steps:
-            name = "steps_per_generation" if gbs is None else "generation_batch_size"
-            raise ConfigError(
-                f"{name}: a generation batch of {micro} micro-batches per rank is not a whole "
-                f"number of optimizer steps of gradient_accumulation_steps="
-                f"{self.gradient_accumulation_steps} micro-batches; use a multiple"
-            )
-        if self.algorithm == "ppo" and self.optimizer_steps_per_generation > 1:
-            raise ConfigError(
-                "steps_per_generation / generation_batch_size: algorithm=ppo takes one optimizer "
-                "step per generation batch (per num_iterations pass); leave both unset"
-            )
+        self.sections()
 
     # ----------------------------------------------------------------------------------------
     @classmethod
@@ -1030,14 +613,6 @@ def unused_dir(path: str | Path) -> str:
         n += 1
         candidate = path.with_name(f"{path.name}-{n}")
     return str(candidate)
-
-
-def world_size_from_env() -> int:
-    """The number of ranks torchrun announces (WORLD_SIZE), 1 for a single process."""
-    try:
-        return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
-    except ValueError:
-        return 1
 
 
 _generated_init = GRPOConfig.__init__

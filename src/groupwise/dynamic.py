@@ -40,6 +40,7 @@ from .curriculum import Plan, PromptBatch
 from .distributed import DistributedContext, all_gather_objects
 from .rollout import Rollout
 from .scoring import Scores
+from .sections import DynamicSamplingOptions
 
 
 class Draw(NamedTuple):
@@ -266,9 +267,17 @@ class DynamicSampling:
         self.logs: dict[str, float] = {}
 
     @classmethod
-    def from_args(cls, args: Any, dist: DistributedContext, pad_token_id: int) -> DynamicSampling:
-        return cls(args.dynamic_sampling, args.prompts_per_step * dist.world_size,
-                   args.max_num_gen_batches, args.dynamic_sampling_std_tol, pad_token_id,
+    def from_section(
+        cls,
+        options: DynamicSamplingOptions,
+        prompts_per_step: int,
+        dist: DistributedContext,
+        pad_token_id: int,
+    ) -> DynamicSampling:
+        """From the run's ``dynamic_sampling`` section; ``prompts_per_step`` per rank (the
+        target is the global batch's prompts)."""
+        return cls(options.dynamic_sampling, prompts_per_step * dist.world_size,
+                   options.max_num_gen_batches, options.dynamic_sampling_std_tol, pad_token_id,
                    dist)  # fmt: skip
 
     def collect(self, draw: Callable[[], Draw]) -> Draw:

@@ -26,12 +26,12 @@ yet, applies none, as TRL does).                                                
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from .distributed import DistributedContext, all_reduce_sum
+from .sections import LossOptions
 
 
 def adapt_entropy_coef(
@@ -77,17 +77,18 @@ class EntropyControl:
         self._window: Tensor | None = None  # [entropy sum, token count] of this optimizer step
 
     @classmethod
-    def from_args(cls, args: Any) -> EntropyControl | None:
-        """The control of a config (TRL's option names); None when there is no bonus."""
-        if args.entropy_coef == 0.0 and not args.use_adaptive_entropy:
+    def from_options(cls, loss: LossOptions) -> EntropyControl | None:
+        """The control of a run's loss section (TRL's option names); None when there is no
+        bonus."""
+        if loss.entropy_coef == 0.0 and not loss.use_adaptive_entropy:
             return None
         return cls(
-            args.entropy_coef,
-            adaptive=args.use_adaptive_entropy,
-            target=args.entropy_target,
-            delta=args.entropy_coef_delta,
-            coef_min=args.entropy_coef_min,
-            coef_max=args.entropy_coef_max,
+            loss.entropy_coef,
+            adaptive=loss.use_adaptive_entropy,
+            target=loss.entropy_target,
+            delta=loss.entropy_coef_delta,
+            coef_min=loss.entropy_coef_min,
+            coef_max=loss.entropy_coef_max,
         )
 
     @property

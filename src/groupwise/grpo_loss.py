@@ -26,6 +26,7 @@ from .losses import (
     get_loss,
     masked_mean,
 )
+from .sections import LossOptions
 
 if TYPE_CHECKING:
     from .config import GRPOConfig
@@ -298,11 +299,18 @@ class GRPOLoss:
     with unweighted advantages (:func:`sequence_surrogate`, GDRO's signal), and
     the entropy bonus when the run has one (:mod:`groupwise.entropy`)."""
 
-    def __init__(self, args: GRPOConfig) -> None:
-        self.args, self.variant = args, get_loss(args.loss_type)
-        self.epsilon_high = args.effective_epsilon_high
-        self.variant_options = loss_variant_options(args)
-        self.entropy = EntropyControl.from_args(args)
+    def __init__(self, loss: LossOptions, max_completion_length: int) -> None:
+        # max_completion_length: dr_grpo's constant normaliser (Dr. GRPO divides by it).
+        self.options, self.variant = loss, get_loss(loss.loss_type)
+        self.max_completion_length = max_completion_length
+        self.epsilon_high = loss.effective_epsilon_high
+        self.variant_options = loss.variant_options()
+        self.entropy = EntropyControl.from_options(loss)
+
+    @classmethod
+    def from_config(cls, config: GRPOConfig) -> GRPOLoss:
+        """The loss of a run's flat options (its ``loss`` section and completion length)."""
+        return cls(LossOptions.from_config(config), config.max_completion_length)
 
     @property
     def entropy_grad(self) -> bool:
@@ -330,30 +338,30 @@ class GRPOLoss:
             self.entropy.load_state_dict(state)
 
     def __call__(self, logps: Tensor, mb: MicroBatch) -> LossTerms:
-        args = self.args
+        o = self.options
         assert mb.advantages is not None
         options = dict(
-            loss_type=args.loss_type,
-            epsilon_low=args.epsilon,
+            loss_type=o.loss_type,
+            epsilon_low=o.epsilon,
             epsilon_high=self.epsilon_high,
-            importance_sampling_level=args.importance_sampling_level,
+            importance_sampling_level=o.importance_sampling_level,
             variant_options=self.variant_options,
         )
         entropy_mask = None
-        if args.top_entropy_quantile < 1.0:
+        if o.top_entropy_quantile < 1.0:
             if mb.entropy is None:
                 raise ValueError("top_entropy_quantile needs the policy's token entropies")
             entropy_mask = high_entropy_mask(
-                mb.entropy.detach(), mb.mask, args.top_entropy_quantile
+                mb.entropy.detach(), mb.mask, o.top_entropy_quantile
             )
         token_mask = entropy_mask
-        if args.off_policy_mask_threshold is not None:
+        if o.off_policy_mask_threshold is not None:
             # Measured against the sampler: its own log-probs when it gave them, else pi_old
             # (on-policy: the policy itself, so nothing is dropped).
             sampler = mb.sampling_logprobs if mb.sampling_logprobs is not None else mb.old_logprobs
             sampler = logps.detach() if sampler is None else sampler
             keep_rows = off_policy_sequence_mask(
-                mb.advantages, logps, sampler, mb.mask, args.off_policy_mask_threshold
+                mb.advantages, logps, sampler, mb.mask, o.off_policy_mask_threshold
             )[:, None].expand_as(mb.mask)
             token_mask = keep_rows if token_mask is None else token_mask & keep_rows
         loss, metrics = policy_loss(
@@ -362,12 +370,12 @@ class GRPOLoss:
             mb.ref_logprobs,
             mb.advantages,
             mb.mask,
-            beta=args.beta,
-            max_completion_length=args.max_completion_length,
+            beta=o.beta,
+            max_completion_length=self.max_completion_length,
             rollout_weights=mb.correction,
             row_weights=mb.row_weights,
             token_mask=token_mask,
-            kl_ratio_correction=args.use_bias_correction_kl,
+            kl_ratio_correction=o.use_bias_correction_kl,
             **options,
         )
         weight = self.variant.share(len(mb.rows), mb.mask.sum(), mb.counts)
@@ -386,23 +394,3 @@ class GRPOLoss:
             if torch.is_grad_enabled():  # a training pass: evaluation never moves the control
                 self.entropy.observe(mb.entropy, keep)
         return LossTerms(loss, weight, metrics, signal, bonus)
-
-
-def loss_variant_options(args: GRPOConfig) -> dict[str, float]:
-    """The run's options of its loss variant (TRL's names): delta for the clipped surrogates,
-    the gate temperatures for sapo, the gamma shapes for vespo."""
-    if args.loss_type == "sapo":
-        return {
-            "temperature_pos": args.sapo_temperature_pos,
-            "temperature_neg": args.sapo_temperature_neg,
-        }
-    if args.loss_type == "vespo":
-        return {
-            "k_pos": args.vespo_k_pos,
-            "lambda_pos": args.vespo_lambda_pos,
-            "k_neg": args.vespo_k_neg,
-            "lambda_neg": args.vespo_lambda_neg,
-        }
-    if args.delta is not None:
-        return {"delta": args.delta}
-    return {}

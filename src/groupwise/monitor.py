@@ -131,7 +131,8 @@ class _Alarm:
 class TrainingMonitor:
     """Turns each step's metrics into :class:`TrainingWarning` records.
 
-    ``TrainingMonitor(args)`` takes its thresholds from a ``GRPOConfig``;
+    ``TrainingMonitor(monitor)`` takes its thresholds from the run's ``monitor`` section
+    (:class:`groupwise.sections.MonitorOptions`; a ``GRPOConfig`` has the same names);
     ``TrainingMonitor(kl_max=0.5)`` or ``TrainingMonitor(MonitorThresholds(...))`` set them
     directly (keyword arguments override those of ``args``). ``correctness_reward`` names the
     reward function that scores task success (the trainer passes the one marked

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,12 +36,12 @@ from .distributed import (
     fsdp_full_weights,
     shard_fsdp,
 )
-from .grpo_loss import GRPOLoss, loss_variant_options
+from .grpo_loss import GRPOLoss
 from .logprobs import completion_logprobs
 from .policy_weights import CheckpointMismatch, tied_parameter_names
 from .precision import Precision
 from .reference import Reference
-from .rollout import Rollout
+from .rollout import Rollout, RolloutEngine
 from .trainable import Trainable, apply_lora, lr_factor, optimizer_steps
 from .update import (
     GenerationBatch,
@@ -68,7 +68,6 @@ __all__ = [
     "Trainable",
     "UpdateStats",
     "apply_lora",
-    "loss_variant_options",
     "lr_factor",
     "merge_stats",
     "optimizer_steps",
@@ -130,6 +129,23 @@ class Policy(PolicyUpdate):
         if args.sync_ref_model and self.reference is not None:
             if self.scheduler.last_epoch % args.ref_model_sync_steps == 0:
                 self.reference.mix_from(self.model, args.ref_model_mixup_alpha)
+
+    def learn(
+        self,
+        rollout: Rollout,
+        advantages: Tensor,
+        row_weights: Tensor | None,
+        loss: Callable[[Tensor, MicroBatch], LossTerms],
+        engine: RolloutEngine,
+    ) -> UpdateStats:
+        """One generation batch's whole update: its mini-batches prepared
+        (:meth:`prepare_generation`), ``num_iterations`` passes of ``loss``
+        (:meth:`train_generation`), then ``engine`` takes the new weights (an engine with its
+        own copy, static or vLLM, would otherwise sample from the old policy)."""
+        generation = self.prepare_generation(rollout, advantages, row_weights)
+        stats = self.train_generation(generation, loss)
+        engine.sync(self.model)
+        return stats
 
     @property
     def ref_model(self) -> PreTrainedModel | None:

@@ -37,6 +37,7 @@ from .dynamic import Draw, Group, _joined, _pad_right, join_groups, split_groups
 from .errors import ConfigError
 from .rollout import Rollout
 from .scoring import Scores
+from .sections import CurriculumSection
 
 # A round's generation: (prompt ids, counts, rows) -> the rollout and its scores.
 RollOut = Callable[[list[list[int]], list[int], list[dict[str, Any]]], tuple[Rollout, Scores]]
@@ -109,8 +110,11 @@ class TopUp:
         self.stop: str | None = None  # why the last step's rounds ended (STOPS)
 
     @classmethod
-    def from_args(cls, args: Any, dist: DistributedContext, pad_token_id: int) -> TopUp:
-        """From a run's options; refused when the run has more than one process."""
+    def from_section(
+        cls, args: CurriculumSection, dist: DistributedContext, pad_token_id: int
+    ) -> TopUp:
+        """From the run's ``curriculum`` section (``select_top_up``, ``select_top_up_first``,
+        ``rollout_max``); refused when the run has more than one process."""
         world_size = dist.world_size
         if args.select_top_up and world_size > 1:
             raise ConfigError(

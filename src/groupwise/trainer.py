@@ -1,13 +1,17 @@
 """The GRPO trainer: one step of DeepSeekMath Alg. 1, with GDRO's plan and observe around it.
 
-    prompts  -> the curriculum's plan: rollouts and weight per prompt  (curriculum/)
+    prompts  -> the curriculum's plan: rollouts and weight per prompt  (sampler, curriculum/)
              -> generate the completions                                (rollout/: an engine)
              -> score with every reward function                        (scoring.RolloutScorer)
-             -> group-relative advantages                  (advantages.group_advantages)
-             -> mini-batches of whole groups (steps_per_generation), old log-probs (when
-                several, or mu > 1) and reference log-probs (beta > 0)  (update.prepare_generation)
-             -> mu passes, one optimizer step per mini-batch each      (update.train_generation)
-             -> the curriculum observes the outcome
+             -> group-relative advantages and row weights   (credit: advantages, row_weights)
+             -> mini-batches of whole groups, old and reference log-probs, mu passes of the
+                loss, one optimizer step per mini-batch; the engine takes the new weights
+                                                             (Policy.learn, with grpo_loss)
+             -> the curriculum observes the outcome, the batch is kept, the metrics
+                                                             (run.metrics.StepMetrics.report)
+
+DAPO's dynamic sampling and Reinforce-Ada's top-up stay behind :meth:`GRPOTrainer.draw_batch`.
+The step's parts come from :func:`groupwise.assemble.assemble_grpo`.
 
 Everything else (the loop, logging, evaluation, checkpoints) is the run's (:mod:`groupwise.run`).
 """
@@ -19,17 +23,15 @@ from typing import Any
 
 import torch
 
-from .build import build_curriculum
-from .curriculum import Outcome
-from .distributed import global_group_advantages, global_normalize_then_sum
-from .dynamic import Draw, DynamicSampling
+from . import credit
+from .assemble import assemble_grpo
+from .dynamic import Draw
 from .grpo_loss import high_entropy_mask, off_policy_sequence_mask
-from .policy import GRPOLoss
 from .rollout import Rollout
 from .run import PhaseTimer, Trainer
+from .run.metrics import StepResult
 from .sampler import PromptSampler
 from .scoring import Scores
-from .topup import TopUp
 
 __all__ = ["GRPOTrainer", "PromptSampler"]
 
@@ -43,11 +45,10 @@ class GRPOTrainer(Trainer):
     """
 
     def setup(self) -> None:
-        self.curriculum = build_curriculum(self.args, self.dist)
-        self.loss = GRPOLoss(self.args)
-        pad = self.tokenizer.pad_token_id or 0
-        self.dynamic = DynamicSampling.from_args(self.args, self.dist, pad)  # DAPO
-        self.top_up = TopUp.from_args(self.args, self.dist, pad)  # Reinforce-Ada
+        """GRPO's own parts from their sections (:func:`groupwise.assemble.assemble_grpo`)."""
+        parts = assemble_grpo(self.options, self.dist, self.tokenizer.pad_token_id or 0)
+        self.curriculum, self.loss = parts.curriculum, parts.loss
+        self.dynamic, self.top_up = parts.dynamic, parts.top_up
 
     def components(self) -> dict[str, Any]:
         parts = {**super().components(), "dynamic_sampling": self.dynamic}
@@ -85,10 +86,17 @@ class GRPOTrainer(Trainer):
         control = getattr(self.loss, "entropy", None)
         return self.args.entropy_coef if control is None else control.coef
 
+    def draw_batch(self, timer: PhaseTimer) -> Draw:
+        """The step's batch: one prompt batch (:meth:`draw`), or with DAPO's dynamic sampling
+        as many as it takes to fill the step with informative groups (:mod:`groupwise.dynamic`,
+        which calls :meth:`draw` itself)."""
+        if self.dynamic.enabled:
+            return self.dynamic.collect(lambda: self.draw(timer))
+        return self.draw(timer)
+
     def draw(self, timer: PhaseTimer) -> Draw:
-        """One prompt batch, planned, generated and scored (DAPO's dynamic sampling draws
-        several per step: :mod:`groupwise.dynamic`; ``select_top_up`` generates in rounds:
-        :mod:`groupwise.topup`)."""
+        """One prompt batch, planned, generated and scored (``select_top_up`` generates in
+        rounds: :mod:`groupwise.topup`)."""
         batch = self.prompts.next(self.curriculum)  # q ~ D (the curriculum may choose among more)
         plan = self.curriculum.plan(batch)  # n_q rollouts, weight w_q (GDRO eqs. 16, 19-21)
 
@@ -153,32 +161,28 @@ class GRPOTrainer(Trainer):
     def advantages(self, scores: Scores, group_ids: torch.Tensor) -> torch.Tensor:
         """A_i = (r_i - mean(group)) / (std + eps), DeepSeekMath Sec. 4.1.2 (``scale_rewards``);
         with ``multi_objective_aggregation: normalize_then_sum`` each reward function is
-        normalised in its group before the weighted sum, then the sum over the batch (TRL)."""
-        if self.args.multi_objective_aggregation == "normalize_then_sum":
-            weights = self.scorer.combine.weights
-            return global_normalize_then_sum(scores.per_func, group_ids.cpu(), weights, self.dist)
-        return global_group_advantages(
-            scores.rewards, group_ids.cpu(), self.args.scale_rewards, self.dist
-        )
+        normalised in its group before the weighted sum, then the sum over the batch (TRL)
+        (:func:`groupwise.credit.advantages`)."""
+        weights = self.scorer.combine.weights
+        return credit.advantages(scores, group_ids, self.options.advantages, weights, self.dist)
 
     def train_step(self) -> dict[str, float]:
         """Generate, score and update once; returns this step's metrics."""
         timer = PhaseTimer(self.device)
-        # q ~ D, plan, o_i ~ pi_old(.|q), r_i (dynamic_sampling: until enough informative groups)
-        batch, plan, rollout, scores = self.dynamic.collect(lambda: self.draw(timer))
+        # q ~ D, the curriculum's plan (n_q, w_q), o_i ~ pi_old(.|q), r_i
+        batch, plan, rollout, scores = self.draw_batch(timer)
         advantages = self.advantages(scores, rollout.group_ids)  # A_i
+        weights = credit.row_weights(plan, rollout, self.options.advantages)  # GDRO eqs. 16-17
         timer.mark("scoring")
-        weights = plan.row_weights(rollout, self.args.prompt_weighting)  # w_q (GDRO eqs. 16-17)
-        generation = self.policy.prepare_generation(rollout, advantages, weights)
-        stats = self.policy.train_generation(generation, self.loss)  # mu passes of J_GRPO (eq. 3)
-        self.engine.sync(self.policy.model)
+        # mu passes of J_GRPO (eq. 3) over the generation batch; the engine takes the weights
+        stats = self.policy.learn(rollout, advantages, weights, self.loss, self.engine)
         timer.mark("update")
         self.global_step += 1
-        outcome = Outcome(
-            rollout, scores.correctness, scores.rewards, stats.sequence_loss, stats.skipped
-        )
-        curriculum_logs = self.curriculum.observe(plan, outcome)
-        self.keep_batch(batch.rows, rollout, scores, advantages, plan)
         loss_logs = self.loss.logs(stats) if hasattr(self.loss, "logs") else {}
         logs = {**self.dynamic.logs, **self.top_up.logs, **loss_logs}
-        return self.step_logs(rollout, scores, stats, timer, curriculum_logs, logs)
+        # the curriculum observes the outcome, the records keep the batch, then the metrics
+        result = StepResult(batch.rows, plan, rollout, scores, advantages, stats)
+        return self.step_metrics.report(self.global_step, result, timer, (logs,),
+                                        curriculum=self.curriculum, records=self.records,
+                                        keep_samples=self.args.log_completions,
+                                        engine=self.engine)  # fmt: skip

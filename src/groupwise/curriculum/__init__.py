@@ -4,8 +4,9 @@ difficulty classifier :mod:`.bins`, the adversaries :mod:`.adversary`, the squar
 (:mod:`.select`); their typed options are in :mod:`.options`.
 
 ``CURRICULA`` maps the ``curriculum`` option to a class with ``from_options(options, dist)``
-(``options``: the run's ``GRPOConfig.to_dict()``); adding a curriculum is one module here and one
-line below.
+(``options``: the run's ``curriculum`` section with ``num_generations`` and ``seed``, typed as the
+class's ``options_type`` when it names one, else a mapping); adding a curriculum is one module
+here and one line below.
 """
 
 from .adversary import (

@@ -10,7 +10,6 @@ one process's on that batch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 from ..advantages import equal_prompt_factors
 from ..distributed import DistributedContext, concat_over_ranks
 from ..rollout import Rollout
+from .options import CurriculumOptions
 
 
 @dataclass
@@ -95,7 +95,10 @@ class GlobalRows:
 class Curriculum:
     """The protocol: :meth:`plan` before generation, :meth:`observe` after the update (returns
     metrics to log), and ``state_dict``/``load_state_dict`` for checkpoints (``None`` when the
-    curriculum has no state)."""
+    curriculum has no state). A class names the typed options its ``from_options`` takes in
+    ``options_type`` (:mod:`.options`); without one it is given them as a mapping."""
+
+    options_type: type[CurriculumOptions] | None = None
 
     def plan(self, batch: PromptBatch) -> Plan:
         raise NotImplementedError
@@ -124,14 +127,16 @@ class Curriculum:
 class NoCurriculum(Curriculum):
     """Plain GRPO: ``num_generations`` rollouts for every prompt, weight 1, nothing learned."""
 
+    options_type = CurriculumOptions
+
     def __init__(self, num_generations: int) -> None:
         self.num_generations = num_generations
 
     @classmethod
     def from_options(
-        cls, options: Mapping[str, Any], dist: DistributedContext | None = None
+        cls, options: CurriculumOptions, dist: DistributedContext | None = None
     ) -> NoCurriculum:
-        return cls(options["num_generations"])
+        return cls(options.num_generations)
 
     def plan(self, batch: PromptBatch) -> Plan:
         n = len(batch.indices)

@@ -72,6 +72,8 @@ class GDROCurriculum(GlobalBatchCurriculum):
     ``failure_rate`` with share normalisation is refused: dividing a mean by the bin's share
     ranks bins by rarity, not difficulty (the weights rise with p)."""
 
+    options_type = GDROOptions
+
     def __init__(
         self,
         *,

@@ -1,6 +1,6 @@
 """The curricula's options, typed: :class:`GDROOptions` (``prompt_gdro``, ``rollout_gdro``) and
 :class:`SelectOptions` (``select``), each a frozen dataclass read from a run's ``GRPOConfig`` by
-:meth:`~_CurriculumOptions.from_config` and validated when made.
+:meth:`~CurriculumOptions.from_config` and validated when made.
 
 The fields carry the config options' own names, so every error names the option to change.
 ``GRPOConfig.validate`` builds both, so a bad value is refused when the config is made, whatever
@@ -23,7 +23,7 @@ from .bins import CLASSIFIER_SIGNALS, UNSEEN_MODES
 SELECT_RULES = ("best_k", "legacy")
 SELECT_ALLOCATORS = ("knapsack", "sqrt", "uniform")
 
-_Options = TypeVar("_Options", bound="_CurriculumOptions")
+_Options = TypeVar("_Options", bound="CurriculumOptions")
 
 
 def _check_choices(options: object, choices: Mapping[str, tuple[str, ...]]) -> None:
@@ -44,7 +44,7 @@ def _check_budget(options: GDROOptions | SelectOptions, what: str, mean: str) ->
 
 
 @dataclass(frozen=True)
-class _CurriculumOptions:
+class CurriculumOptions:
     """What every curriculum's options share: the curriculum they configure, the mean rollouts
     per prompt and the seed of the curriculum's own random draws (the same on every rank)."""
 
@@ -77,7 +77,7 @@ class _CurriculumOptions:
 
 
 @dataclass(frozen=True)
-class GDROOptions(_CurriculumOptions):
+class GDROOptions(CurriculumOptions):
     """The ``gdro_*`` and ``rollout_*`` options of the GDRO curricula (their meaning: the help
     comments in ``groupwise.config``); ``num_generations`` is the mean rollout budget and
     ``seed`` seeds Rollout-GDRO's arm draws."""
@@ -175,7 +175,7 @@ class GDROOptions(_CurriculumOptions):
 
 
 @dataclass(frozen=True)
-class SelectOptions(_CurriculumOptions):
+class SelectOptions(CurriculumOptions):
     """The ``select_*`` options of predictive selection (their meaning: the help comments in
     ``groupwise.config``), ``rollout_min``/``rollout_max`` as the group size bounds around
     ``num_generations``, and ``gdro_correct_threshold`` (a rollout is correct above it)."""

@@ -239,6 +239,8 @@ class SelectCurriculum(GlobalBatchCurriculum):
     times it was skipped since its last rollout (``legacy``); per difficulty level the pooled
     discounted counts; each candidate's level; the step count and the RNG."""
 
+    options_type = SelectOptions
+
     def __init__(
         self,
         *,

@@ -7,7 +7,7 @@ subclass writes ``train_step()``: :class:`groupwise.trainer.GRPOTrainer`,
 
 - ``loop``: ``train()``'s loop and its cadence (when to log, evaluate, save, stop), the failure
   monitor, SIGINT/SIGTERM;
-- ``metrics``: a step's outputs as the logged metric dict (``PhaseTimer``, ``ComputeLedger``);
+- ``metrics``: a step's outputs as the logged metric dict (``StepMetrics``, ``ComputeLedger``);
 - ``records``: ``log_history``, metrics.jsonl, events.jsonl, completions.jsonl, the loggers;
 - ``checkpoints``: saving the model and checkpoints, reading them back;
 - ``evaluate``: what ``evaluate()`` computes on an evaluation set;
@@ -15,12 +15,15 @@ subclass writes ``train_step()``: :class:`groupwise.trainer.GRPOTrainer`,
   ``state``, callbacks, TRL's attribute names);
 - ``datasets``: the checks a dataset must pass, streams read into rows.
 
+The parts themselves are built from the options in one step, :func:`groupwise.assemble.assemble`.
+
 A checkpoint's training state is ``{component: component.state_dict()}`` plus the step, the
 config, every rank's RNG state and the metrics so far (:meth:`Trainer.state_dict`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,29 +34,27 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerControl, TrainerState
 
 from .. import checkpoint as ckpt
+from ..assemble import assemble
 from ..build import (
-    build_engine,
     build_interaction,
     build_model,
-    build_scorer,
     environment_dataset,
     resolve_device,
     resolve_run_precision,
 )
 from ..config import ConfigError, GRPOConfig, default_output_dir
 from ..core import informative_groups
-from ..curriculum import Curriculum, NoCurriculum, Plan
+from ..curriculum import Curriculum, Plan
 from ..distributed import DistributedContext, all_gather_objects, all_reduce_sum, init_distributed
 from ..models import adapter_base_name
-from ..monitor import TrainingMonitor
-from ..policy import Policy, UpdateStats, optimizer_steps
+from ..policy import UpdateStats, optimizer_steps
 from ..rewards import RewardFunc, RewardModel
 from ..rollout import Rollout
-from ..sampler import PromptBatches
 from ..scoring import Scores
+from ..sections import Sections
 from .checkpoints import Checkpoints
 from .datasets import check_dataset, check_eval_dataset, stream_prefix
-from .metrics import ComputeLedger, PhaseTimer, StepMetrics
+from .metrics import ComputeLedger, StepMetrics
 from .records import RunRecords
 from .trl_api import CallbackHandler, TRLSurface, trl_arguments
 
@@ -75,6 +76,33 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+class PhaseTimer:
+    """The step's own clock, kept with the trainer whose ``train_step`` marks it. Wall time of
+    a step's phases: ``mark(name)`` ends the phase begun at the previous mark
+    (and adds it to ``name``'s time). On CUDA each mark first waits for the device: kernels run
+    asynchronously, so without it a phase's GPU work would be billed to the next phase that
+    happens to wait (one sync per phase, a handful per step)."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.cuda = device is not None and device.type == "cuda"
+        if self.cuda:
+            torch.cuda.synchronize(device)
+        self.device = device
+        self.start = self.last = time.perf_counter()
+        self.phases: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        """A phase marked more than once (several generation batches) adds up."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.phases[name], self.last = self.phases.get(name, 0.0) + now - self.last, now
+
+    @property
+    def total(self) -> float:
+        return self.last - self.start
 
 
 class Trainer(TRLSurface):
@@ -150,43 +178,35 @@ class Trainer(TRLSurface):
         model, self.tokenizer = build_model(
             model, processing_class, args, self.device, self.dtype, peft_config
         )
-        self.scorer = build_scorer(
-            reward_funcs,
+        if eval_dataset is not None:
+            check_eval_dataset(eval_dataset, "eval_dataset")
+        # The run's parts, built in one place from the options (groupwise.assemble).
+        parts = assemble(
             args,
-            reward_processing_classes,
-            self.device,
-            environments.reward_funcs if environments is not None else (),
+            model,
+            self.tokenizer,
+            device=self.device,
+            precision=self.precision,
+            dist=self.dist,
+            train_dataset=train_dataset,
+            reward_funcs=reward_funcs,
+            reward_processing_classes=reward_processing_classes,
+            interaction=self.interaction,
+            environment_rewards=environments.reward_funcs if environments is not None else (),
         )
+        self.options: Sections = parts.options
+        self.scorer, self.policy, self.engine = parts.scorer, parts.policy, parts.engine
+        self.generator, self.prompts, self.monitor = parts.generator, parts.prompts, parts.monitor
+        self.curriculum: Curriculum = parts.curriculum
         self.scorer.combine.trainer_state = lambda: self.state  # TRL's trainer_state kwarg
         # TRL's attribute: each reward function's tokenizer (a reward model's), else None.
         self.reward_processing_classes = [
             f.tokenizer if isinstance(f, RewardModel) else None for f in self.scorer.funcs
         ]
         self.eval_dataset = eval_dataset
-        if eval_dataset is not None:
-            check_eval_dataset(eval_dataset, "eval_dataset")
-        self.policy = Policy(model, args, self.dist, self.device, self.precision)
-        self.curriculum: Curriculum = NoCurriculum(args.num_generations)
-        # Each rank samples its own completions (the model and prompt order are shared).
-        self.generator = torch.Generator(device=self.device).manual_seed(args.seed + self.dist.rank)
-        self.engine = build_engine(
-            self.policy, self.tokenizer, args, self.generator, self.precision, self.interaction
-        )
-        self.prompts = PromptBatches(
-            train_dataset,
-            self.tokenizer,
-            args.prompts_per_step,
-            args.max_prompt_length,
-            args.seed,
-            self.dist,
-            getattr(self.engine, "prompt_text", None),  # with tools: shown in the prompt
-            shuffle=args.shuffle_dataset,
-        )
         self.global_step = 0
         self.compute = ComputeLedger()  # tokens, rollouts, informative groups, optimizer steps
         self.output_dir = Path(args.output_dir)
-        # Failure-mode warnings (checkpointed), reading the reward that says "solved".
-        self.monitor = TrainingMonitor(args, correctness_reward=self.scorer.correctness_name)
         self.records = RunRecords(self.output_dir, self.dist, self.scorer.names, args.answer_column)
         # A saved LoRA adapter names its base (None: PEFT's own record, from a loaded model).
         adapter_base = (

@@ -2,49 +2,35 @@
 logs (docs/metrics.md), with the phase timer and the compute ledger behind them.
 
 :class:`StepMetrics` is what a trainer's ``train_step`` ends with (through
-``Trainer.step_logs``); :class:`PhaseTimer` is what it starts with.
+``Trainer.step_logs``, or :meth:`StepMetrics.report` with what the step ends on: the
+curriculum's observation and the records' copy of the batch).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
 from ..core import group_reward_std, zero_std_groups_fraction
+from ..curriculum import Curriculum, Outcome, Plan
 from ..distributed import DistributedContext, all_reduce_sum, reduce_metrics
 from ..policy import Policy, UpdateStats
 from ..rollout import Rollout
 from ..rollout.multiturn import conversation_logs
 from ..scoring import RolloutScorer, Scores
+from .records import RunRecords
 
 
-class PhaseTimer:
-    """Wall time of a step's phases: ``mark(name)`` ends the phase begun at the previous mark
-    (and adds it to ``name``'s time). On CUDA each mark first waits for the device: kernels run
-    asynchronously, so without it a phase's GPU work would be billed to the next phase that
-    happens to wait (one sync per phase, a handful per step)."""
+class Timings(Protocol):
+    """A step's wall time by phase (``run.PhaseTimer``): seconds per phase, and in all."""
 
-    def __init__(self, device: torch.device | None = None) -> None:
-        self.cuda = device is not None and device.type == "cuda"
-        if self.cuda:
-            torch.cuda.synchronize(device)
-        self.device = device
-        self.start = self.last = time.perf_counter()
-        self.phases: dict[str, float] = {}
-
-    def mark(self, name: str) -> None:
-        """A phase marked more than once (several generation batches) adds up."""
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
-        self.phases[name], self.last = self.phases.get(name, 0.0) + now - self.last, now
+    phases: dict[str, float]
 
     @property
-    def total(self) -> float:
-        return self.last - self.start
+    def total(self) -> float: ...
 
 
 class ComputeLedger:
@@ -121,6 +107,19 @@ def rollout_mismatch_logs(
     }
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """What one GRPO step produced on this rank: its prompt rows and plan, the rollout, its
+    scores and (weighted-before-the-curriculum) advantages, and the update's statistics."""
+
+    rows: list[dict[str, Any]]
+    plan: Plan
+    rollout: Rollout
+    scores: Scores
+    advantages: torch.Tensor
+    stats: UpdateStats
+
+
 class StepMetrics:
     """A step's metric dict: rewards, completion lengths, loss terms, optimisation, timing and
     throughput, the trainer's ``extra`` blocks, the reward functions' ``log_metric`` values and
@@ -150,7 +149,7 @@ class StepMetrics:
         rollout: Rollout,
         scores: Scores,
         stats: UpdateStats,
-        timer: PhaseTimer,
+        timer: Timings,
         extra: Sequence[dict[str, float]] = (),
         *,
         zero_std: bool = True,
@@ -191,8 +190,32 @@ class StepMetrics:
             logs["nonfinite_step"] = 1.0
         return logs
 
+    def report(
+        self,
+        step: int,
+        result: StepResult,
+        timer: Timings,
+        extra: Sequence[dict[str, float]],
+        *,
+        curriculum: Curriculum,
+        records: RunRecords,
+        keep_samples: bool,
+        engine: Any = None,
+    ) -> dict[str, float]:
+        """The end of a step, in one call: the curriculum observes the outcome (skipped steps
+        teach it nothing), the records keep the batch for completions.jsonl, then the step's
+        metrics (:meth:`__call__`, the curriculum's logs first among ``extra``)."""
+        rollout, scores, stats = result.rollout, result.scores, result.stats
+        outcome = Outcome(
+            rollout, scores.correctness, scores.rewards, stats.sequence_loss, stats.skipped
+        )
+        curriculum_logs = curriculum.observe(result.plan, outcome)
+        records.keep_batch(result.rows, rollout, scores, result.advantages, result.plan,
+                           keep_samples=keep_samples)  # fmt: skip
+        return self(step, rollout, scores, stats, timer, (curriculum_logs, *extra), engine=engine)
+
     def _update_and_timing(
-        self, rollout: Rollout, stats: UpdateStats, timer: PhaseTimer
+        self, rollout: Rollout, stats: UpdateStats, timer: Timings
     ) -> dict[str, float]:
         """Completion lengths, the update's loss terms and the phases' wall times."""
         lengths = rollout.lengths.float()

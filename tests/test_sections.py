@@ -1,0 +1,68 @@
+"""The run's options by concern (groupwise.sections): every GRPOConfig field in exactly one
+section, each section checking its own fields, the rules across sections in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from groupwise.config import ConfigError, GRPOConfig
+from groupwise.sections import (
+    SECTION_TYPES,
+    BatchOptions,
+    CurriculumSection,
+    LossOptions,
+    Sections,
+    sections,
+)
+
+
+def test_every_option_is_in_exactly_one_section():
+    homes: dict[str, list[str]] = {}
+    for kind in SECTION_TYPES:
+        for name in kind.field_names():
+            homes.setdefault(name, []).append(kind.name)
+    options = [f.name for f in dataclasses.fields(GRPOConfig)]
+    assert [n for n in options if n not in homes] == []
+    assert {n: h for n, h in homes.items() if len(h) > 1} == {}
+    assert sorted(homes) == sorted(options)  # no section field that is not an option
+    assert [f.name for f in dataclasses.fields(Sections)] == [k.name for k in SECTION_TYPES]
+
+
+def test_sections_carry_the_config_values():
+    config = GRPOConfig(loss_type="dapo", gdro_bin_edges=[0.3, 0.6], num_generations=4,
+                        per_device_train_batch_size=8, steps_per_generation=2)  # fmt: skip
+    s = config.sections()
+    assert s.loss.loss_type == "dapo" and s.loss.beta == 0.04
+    assert s.curriculum.gdro_bin_edges == (0.3, 0.6)  # lists become tuples
+    assert s.batch.prompts_per_step == config.prompts_per_step == 8 * 2 // 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.loss.beta = 0.0  # type: ignore[misc]
+
+
+def _values(kind, **changes):
+    return {**{n: getattr(GRPOConfig(), n) for n in kind.field_names()}, **changes}
+
+
+def test_a_section_checks_its_own_fields_when_made():
+    with pytest.raises(ConfigError, match="delta must be > 1"):
+        LossOptions(**_values(LossOptions, delta=0.5))
+    with pytest.raises(ConfigError, match="mutually exclusive"):
+        BatchOptions(**_values(BatchOptions, steps_per_generation=2, generation_batch_size=16))
+    with pytest.raises(ConfigError, match="select_top_up_first must be >= 2"):
+        CurriculumSection(**_values(CurriculumSection, select_top_up_first=1))
+
+
+def test_the_rules_across_sections_are_checked_with_every_section():
+    values = {f.name: getattr(GRPOConfig(), f.name) for f in dataclasses.fields(GRPOConfig)}
+    with pytest.raises(ConfigError, match="sync_ref_model=True has nothing to update"):
+        sections({**values, "sync_ref_model": True, "beta": 0.0})
+    with pytest.raises(ConfigError, match="dynamic_sampling works with algorithm=grpo only"):
+        sections({**values, "dynamic_sampling": True, "algorithm": "ppo"})
+
+
+def test_cispo_upper_clip_comes_from_the_loss_section():
+    # cispo's epsilon_high is its weight cap: 5.0 when not given (TRL's docs, ScaleRL)
+    assert GRPOConfig(loss_type="cispo").sections().loss.effective_epsilon_high == 5.0
+    assert GRPOConfig(epsilon=0.3).sections().loss.effective_epsilon_high == 0.3
