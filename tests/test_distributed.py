@@ -180,12 +180,12 @@ class Launch:
         return folder
 
 
-def _selected_cases(request: pytest.FixtureRequest, cases: dict) -> list[str]:
-    """The names in ``cases`` that this session's selected tests of the module ask for (their
+def _selected_cases(request: pytest.FixtureRequest, cases: dict, module: str) -> list[str]:
+    """The names in ``cases`` that this session's selected tests of ``module`` ask for (their
     ``case`` parameter), in collection order: a launch runs only what is selected."""
     names = []
     for item in request.session.items:
-        if item.module is not request.module:
+        if item.module.__name__ != module:
             continue
         callspec = getattr(item, "callspec", None)
         name = callspec.params.get("case") if callspec else CASE_OF_TEST.get(item.name)
@@ -247,13 +247,15 @@ def _cases(prefix: str) -> list:
     ]
 
 
-@pytest.fixture(scope="module")
+# Session-scoped: under pytest-xdist a module-scoped fixture is torn down whenever the worker
+# runs another module between two tests of the group, and would launch again.
+@pytest.fixture(scope="session")
 def step_runs(request, tmp_path_factory):
     """Run SCRIPT for every selected STEP_CASES case, all in one single process and all in one
     torchrun job (two launches instead of two per case: starting the processes and importing
     torch and transformers cost more than these one- and two-step runs); returns a function of
     the case name that gives its two output folders (single process, ranks)."""
-    names = _selected_cases(request, STEP_CASES)
+    names = _selected_cases(request, STEP_CASES, __name__)
     root = tmp_path_factory.mktemp("steps")
     script = root / "step.py"
     script.write_text(SCRIPT)
@@ -492,13 +494,13 @@ RESUME_CASES = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # as step_runs
 def resume_runs(request, tmp_path_factory):
     """For every selected RESUME_CASES case, 3 steps straight, and 2 steps then a resume to 3 in
     a new torchrun job; two launches in all (the straight runs and first halves, then the
     resumes) instead of three per case. Returns a function of the case name that gives the
     folders of the straight and the resumed run, and the resuming launch's output."""
-    names = _selected_cases(request, RESUME_CASES)
+    names = _selected_cases(request, RESUME_CASES, __name__)
     root = tmp_path_factory.mktemp("resume")
     script = root / "train.py"
     script.write_text(RESUME_SCRIPT)

@@ -469,13 +469,13 @@ TWO_RANK_CASES = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # as test_distributed.step_runs
 def two_rank_runs(request, tmp_path_factory):
     """Every selected TWO_RANK_CASES case in one single process and in one torchrun job (two
     launches in all); returns a function of the case that gives its two output folders."""
     from test_distributed import Launch, _selected_cases, _torchrun
 
-    names = _selected_cases(request, TWO_RANK_CASES)
+    names = _selected_cases(request, TWO_RANK_CASES, __name__)
     root = tmp_path_factory.mktemp("two_ranks")
     script = root / "step.py"
     script.write_text(SCRIPT)
