@@ -47,16 +47,25 @@ browser:
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-# pytest exits 5 when it collected no tests: that is a failure here, CI must execute tests.
-# --durations=25 lists the slowest tests at the end of the run.
+# Two stages: the in-process tests on every core (pytest-xdist; --dist loadfile keeps each test
+# file on one worker, so a file's shared launches and cached fixtures are built once), then the
+# tests marked slow one at a time (each starts its own processes, two ranks under torchrun, which
+# take the cores themselves). Both always run; the target fails if either did. pytest exits 5
+# when it collected no tests: that is a failure here, CI must execute tests. --durations=25
+# lists each stage's slowest tests at its end.
+FAST_TESTS := -m "not slow" -n auto --dist loadfile
 test: lint browser docs
-	$(PY) -m pytest -q --durations=25; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+	$(PY) -m pytest -q $(FAST_TESTS) --durations=25; fast=$$?; \
+	$(PY) -m pytest -q -m slow --durations=25; slow=$$?; \
+	for rc in $$fast $$slow; do \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; \
+	  if [ $$rc -ne 0 ]; then exit $$rc; fi; \
+	done
 
 # The suite without the tests marked slow (subprocess training: torchrun, SIGKILL resume), for
 # a quick check while editing; `make test` runs everything.
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"; rc=$$?; \
+	$(PY) -m pytest -q $(FAST_TESTS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 bench: setup

@@ -1,4 +1,5 @@
 import collections
+import os
 
 import pytest
 import torch
@@ -7,6 +8,15 @@ from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.curriculum import Outcome
 from groupwise.models import smollm2_tokenizer, tiny_random_model
 from groupwise.run import PhaseTimer
+
+
+def pytest_configure(config):
+    # Under pytest-xdist (make test) each worker is one of PYTEST_XDIST_WORKER_COUNT processes
+    # sharing the machine: torch's intra-op threads get the worker's share of the cores, not all
+    # of them in every worker (oversubscribed threads spin against each other).
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
 @pytest.fixture(scope="session")

@@ -228,18 +228,28 @@ def _run_until(cmd: list[str], output_dir: Path, step: int, sig: int) -> int:
 )
 def test_run_killed_then_resumed_is_bitwise_identical(tmp_path, extra):
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "run"
-    subprocess.run(_train_cmd(ref_dir, *extra), env=_env(), check=True, capture_output=True)
-
-    # SIGTERM: the step finishes, a checkpoint is written, the process exits 128 + 15.
-    code = _run_until(_train_cmd(run_dir, *extra), run_dir, 2, signal.SIGTERM)
-    assert code == 128 + signal.SIGTERM
-    # SIGKILL: no chance to save; the newest complete checkpoint is used.
-    _run_until(_train_cmd(run_dir, *extra, "--resume"), run_dir, 4, signal.SIGKILL)
-    done = subprocess.run(
-        _train_cmd(run_dir, *extra, "--resume"), env=_env(), capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "resumed from" in done.stdout + done.stderr
+    # The uninterrupted reference runs beside the interrupted run (each process has one thread;
+    # they share nothing but the machine).
+    ref_log = tmp_path / "ref.log"
+    with ref_log.open("w") as log:
+        reference = subprocess.Popen(
+            _train_cmd(ref_dir, *extra), env=_env(), stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        # SIGTERM: the step finishes, a checkpoint is written, the process exits 128 + 15.
+        code = _run_until(_train_cmd(run_dir, *extra), run_dir, 2, signal.SIGTERM)
+        assert code == 128 + signal.SIGTERM
+        # SIGKILL: no chance to save; the newest complete checkpoint is used.
+        _run_until(_train_cmd(run_dir, *extra, "--resume"), run_dir, 4, signal.SIGKILL)
+        done = subprocess.run(
+            _train_cmd(run_dir, *extra, "--resume"), env=_env(), capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "resumed from" in done.stdout + done.stderr
+        assert reference.wait(timeout=600) == 0, ref_log.read_text()
+    finally:
+        reference.kill()  # only when the test failed before the reference finished
+        reference.wait()
 
     ref = load_file(ref_dir / "model.safetensors")
     got = load_file(run_dir / "model.safetensors")

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from groupwise.trainer import PromptSampler
+
 # Runs in each process. Generation is replaced by a deterministic function of the prompt (random
 # tokens and lengths from a generator seeded by the prompt), so that the single process and the
 # two ranks train on identical completions; everything after generation is the real trainer.
@@ -72,58 +74,65 @@ SCRIPT = textwrap.dedent(
     def low_tokens(completions, completion_ids, **kw):
         return [sum(t < 100 for t in ids) / max(len(ids), 1) for ids in completion_ids]
 
-    out, overrides = sys.argv[1], json.loads(sys.argv[2])
-    steps = overrides.pop("steps", 1)
-    easy = overrides.pop("easy_prompts", None)
-    rows = [{"prompt": f"Problem number {i}: add {i} and {2 * i}."} for i in range(8)]
-    args = GRPOConfig(model="tiny-random", max_steps=steps, learning_rate=1e-4, beta=0.04,
-                      num_generations=4, max_completion_length=6, seed=0, disable_tqdm=True,
-                      output_dir=out, **overrides)
-    cls = PPOTrainer if args.algorithm == "ppo" else GRPOTrainer
-    trainer = cls("tiny-random", low_tokens, rows, args=args)
-    rank = int(os.environ.get("RANK", "0"))
-    main = rank == 0
-    if easy is not None:
-        # A curriculum that has seen every prompt once: the easy ones solved (top bin), the rest
-        # not (bottom bin); Prompt-GDRO weighs the hard bin up, Rollout-GDRO gives it 6 rollouts
-        # and the easy bin 2, so ranks holding different prompts hold different row counts.
-        state = trainer.curriculum.state_dict()
-        top = trainer.curriculum.classifier.num_bins - 1  # the easiest bin
-        state["classifier"]["history"] = {i: [int(i in easy)] for i in range(len(rows))}
-        state["prompt_gdro"]["scores"][0], state["prompt_gdro"]["scores"][top] = 1.0, -1.0
-        arms = trainer.curriculum.rollout_gdro.arms
-        state["rollout_gdro"]["scores"][0][arms.index(6)] = 5.0
-        state["rollout_gdro"]["scores"][top][arms.index(2)] = 5.0
-        trainer.curriculum.load_state_dict(state)
-    sharded = [hasattr(p, "full_tensor") for p in trainer.model.parameters()]
-    fsdp = args.data_parallel == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    assert all(sharded) if fsdp else not any(sharded)  # one process ignores data_parallel
+    def run(out, overrides):
+        rows_generated.clear()
+        steps = overrides.pop("steps", 1)
+        easy = overrides.pop("easy_prompts", None)
+        rows = [{"prompt": f"Problem number {i}: add {i} and {2 * i}."} for i in range(8)]
+        args = GRPOConfig(model="tiny-random", max_steps=steps, learning_rate=1e-4, beta=0.04,
+                          num_generations=4, max_completion_length=6, seed=0, disable_tqdm=True,
+                          output_dir=out, **overrides)
+        cls = PPOTrainer if args.algorithm == "ppo" else GRPOTrainer
+        trainer = cls("tiny-random", low_tokens, rows, args=args)
+        rank = int(os.environ.get("RANK", "0"))
+        main = rank == 0
+        if easy is not None:
+            # A curriculum that has seen every prompt once: the easy ones solved (top bin), the rest
+            # not (bottom bin); Prompt-GDRO weighs the hard bin up, Rollout-GDRO gives it 6 rollouts
+            # and the easy bin 2, so ranks holding different prompts hold different row counts.
+            state = trainer.curriculum.state_dict()
+            top = trainer.curriculum.classifier.num_bins - 1  # the easiest bin
+            state["classifier"]["history"] = {i: [int(i in easy)] for i in range(len(rows))}
+            state["prompt_gdro"]["scores"][0], state["prompt_gdro"]["scores"][top] = 1.0, -1.0
+            arms = trainer.curriculum.rollout_gdro.arms
+            state["rollout_gdro"]["scores"][0][arms.index(6)] = 5.0
+            state["rollout_gdro"]["scores"][top][arms.index(2)] = 5.0
+            trainer.curriculum.load_state_dict(state)
+        sharded = [hasattr(p, "full_tensor") for p in trainer.model.parameters()]
+        fsdp = args.data_parallel == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        assert all(sharded) if fsdp else not any(sharded)  # one process ignores data_parallel
 
-    def full(t):  # FSDP: gather a DTensor shard into the full tensor (a collective)
-        return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
+        def full(t):  # FSDP: gather a DTensor shard into the full tensor (a collective)
+            return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
 
-    real_step = trainer.optimizer.step
-    def step(*a, **k):
-        grads = {n: full(p.grad) for n, p in trainer.model.named_parameters()
-                 if p.grad is not None}
+        real_step = trainer.optimizer.step
+        def step(*a, **k):
+            grads = {n: full(p.grad) for n, p in trainer.model.named_parameters()
+                     if p.grad is not None}
+            if main:
+                torch.save(grads, os.path.join(out, "grads.pt"))
+            return real_step(*a, **k)
+        trainer.optimizer.step = step
+        for _ in range(steps):
+            logs = trainer.train_step()
+        params = {n: full(p.data) for n, p in trainer.model.named_parameters()}
+        if args.algorithm == "ppo":
+            params.update({f"critic.{n}": full(p.data)
+                           for n, p in trainer.critic.named_parameters()})
         if main:
-            torch.save(grads, os.path.join(out, "grads.pt"))
-        return real_step(*a, **k)
-    trainer.optimizer.step = step
-    for _ in range(steps):
-        logs = trainer.train_step()
-    params = {n: full(p.data) for n, p in trainer.model.named_parameters()}
-    if args.algorithm == "ppo":
-        params.update({f"critic.{n}": full(p.data) for n, p in trainer.critic.named_parameters()})
-    if main:
-        torch.save(params, os.path.join(out, "params.pt"))
-        with open(os.path.join(out, "logs.json"), "w") as f:
-            json.dump(logs, f)
-    if trainer.curriculum is not None:  # every rank's, to compare them
-        with open(os.path.join(out, f"curriculum-{rank}.json"), "w") as f:
-            json.dump(trainer.curriculum.state_dict(), f)
-    with open(os.path.join(out, f"rows-{rank}.json"), "w") as f:
-        json.dump(rows_generated, f)
+            torch.save(params, os.path.join(out, "params.pt"))
+            with open(os.path.join(out, "logs.json"), "w") as f:
+                json.dump(logs, f)
+        if trainer.curriculum is not None:  # every rank's, to compare them
+            with open(os.path.join(out, f"curriculum-{rank}.json"), "w") as f:
+                json.dump(trainer.curriculum.state_dict(), f)
+        with open(os.path.join(out, f"rows-{rank}.json"), "w") as f:
+            json.dump(rows_generated, f)
+
+    # argv[1]: the jobs, [output folder, overrides] pairs, run one after another (one
+    # process start and import for all of them); each job writes only to its own folder.
+    for out, overrides in json.loads(sys.argv[1]):
+        run(out, overrides)
     """
 )
 
@@ -148,20 +157,126 @@ def _run(cmd, cwd):
     return done
 
 
-def _one_process_and_two_ranks(tmp_path: Path, common: dict) -> tuple[Path, Path]:
-    """Run SCRIPT on one process and on 2 ranks with the same global batch (4 prompts x 4
-    completions, 2 micro-batches per step on each side); return their output folders. The
-    single process is given the same data_parallel value, which it ignores."""
-    script = tmp_path / "step.py"
+class Launch:
+    """One process (or one torchrun job) that ran several jobs of a script one after another, each
+    in its own folder: a test reads its job's folder, and reports the launch's output when the
+    job did not finish (a failing job ends the launch, so the jobs after it are missing too)."""
+
+    def __init__(self, cmd: list[str], jobs: list[tuple[Path, dict]], cwd: Path):
+        for folder, _ in jobs:
+            folder.mkdir(parents=True, exist_ok=True)
+        argv = json.dumps([[str(folder), overrides] for folder, overrides in jobs])
+        self.done = subprocess.run([*cmd, argv], cwd=cwd, env=_env(), capture_output=True,
+                                   text=True, timeout=1800)  # fmt: skip
+        self.output = self.done.stdout + self.done.stderr
+
+    def check(self, folder: Path, last_file: str) -> Path:
+        """``folder``, once the job's last written file is there."""
+        assert (folder / last_file).exists(), (
+            f"{folder.name}: the job did not finish (exit {self.done.returncode}):\n"
+            + self.done.stdout[-3000:]
+            + self.done.stderr[-3000:]
+        )
+        return folder
+
+
+def _selected_cases(request: pytest.FixtureRequest, cases: dict, module: str) -> list[str]:
+    """The names in ``cases`` that this session's selected tests of ``module`` ask for (their
+    ``case`` parameter), in collection order: a launch runs only what is selected."""
+    names = []
+    for item in request.session.items:
+        if item.module.__name__ != module:
+            continue
+        callspec = getattr(item, "callspec", None)
+        name = callspec.params.get("case") if callspec else CASE_OF_TEST.get(item.name)
+        if name in cases and name not in names:
+            names.append(name)
+    return names
+
+
+# The comparisons of one process with 2 ranks on the same global batch (4 prompts x 4
+# completions, 2 micro-batches per step on each side): the overrides of each, by test and case.
+# The single process is given the same data_parallel value, which it ignores.
+STEP_CASES = {
+    **{
+        f"global_batch/{loss}-{scale}-{dp}": {
+            "loss_type": loss, "scale_rewards": scale, "data_parallel": dp
+        }
+        for loss, scale in [("grpo", "group"), ("dapo", "batch"), ("dr_grpo", "group")]
+        for dp in ("ddp", "fsdp")
+    },
+    **{
+        f"multi_turn/{loss}": {"tools": ["calculator"], "max_turns": 2, "loss_type": loss}
+        for loss in ("grpo", "dapo")
+    },
+    **{
+        # The bandit allocator with greedy arms, so the arm scores SCRIPT sets decide the
+        # rollouts; easy_prompts: rank 0's prompts in the first step.
+        f"curriculum/{curriculum}-{dp}-{unseen}": {
+            "curriculum": curriculum, "data_parallel": dp, "steps": 2,
+            "easy_prompts": PromptSampler(8, seed=0).take(2), "rollout_allocator": "bandit",
+            "rollout_arm_choice": "greedy", "gdro_unseen": unseen,
+        }
+        for curriculum, dp, unseen in [
+            ("prompt_gdro", "ddp", "unseen"),
+            ("rollout_gdro", "ddp", "unseen"),
+            ("rollout_gdro", "fsdp", "unseen"),
+            # Levels gathered from every rank at each plan (a collective); these rows have none.
+            ("rollout_gdro", "ddp", "difficulty"),
+        ]
+    },
+    "ppo": {"algorithm": "ppo", "data_parallel": "ddp", "steps": 2},
+    # No LoRA dropout: its masks are random and differ between processes.
+    "lora_fsdp": {"use_peft": True, "lora_dropout": 0.0, "data_parallel": "fsdp", "steps": 2},
+}  # fmt: skip
+
+
+# The STEP_CASES case of each test that has no ``case`` parameter.
+CASE_OF_TEST = {
+    "test_ppo_two_ranks_match_one_process": "ppo",
+    "test_lora_fsdp_two_ranks_match_one_process": "lora_fsdp",
+}
+
+
+def _cases(prefix: str) -> list:
+    """pytest params of the STEP_CASES under ``prefix``, with the rest of the name as id."""
+    return [
+        pytest.param(name, id=name.removeprefix(prefix))
+        for name in STEP_CASES
+        if name.startswith(prefix)
+    ]
+
+
+# Session-scoped: under pytest-xdist a module-scoped fixture is torn down whenever the worker
+# runs another module between two tests of the group, and would launch again.
+@pytest.fixture(scope="session")
+def step_runs(request, tmp_path_factory):
+    """Run SCRIPT for every selected STEP_CASES case, all in one single process and all in one
+    torchrun job (two launches instead of two per case: starting the processes and importing
+    torch and transformers cost more than these one- and two-step runs); returns a function of
+    the case name that gives its two output folders (single process, ranks)."""
+    names = _selected_cases(request, STEP_CASES, __name__)
+    root = tmp_path_factory.mktemp("steps")
+    script = root / "step.py"
     script.write_text(SCRIPT)
-    single, ranks = tmp_path / "single", tmp_path / "ranks"
-    single.mkdir()
-    ranks.mkdir()
-    one = {**common, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}
-    two = {**common, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}
-    _run([sys.executable, str(script), str(single), json.dumps(one)], tmp_path)
-    _run(_torchrun(str(script), str(ranks), json.dumps(two)), tmp_path)
-    return single, ranks
+    batch = {
+        "single": {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2},
+        "ranks": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
+    }
+    launches = {}
+    for side, cmd in (("single", [sys.executable, str(script)]), ("ranks", _torchrun(str(script)))):
+        jobs = [(root / side / f"case{i}", {**STEP_CASES[name], **batch[side]})
+                for i, name in enumerate(names)]  # fmt: skip
+        launches[side] = Launch(cmd, jobs, root)
+
+    def folders(name: str) -> tuple[Path, Path]:
+        i = names.index(name)
+        return tuple(
+            launches[side].check(root / side / f"case{i}", "rows-0.json")
+            for side in ("single", "ranks")
+        )
+
+    return folders
 
 
 def _assert_same_update(single: Path, ranks: Path, atol: float = 1e-6) -> dict[str, float]:
@@ -184,25 +299,17 @@ def _assert_same_update(single: Path, ranks: Path, atol: float = 1e-6) -> dict[s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
-@pytest.mark.parametrize(
-    "loss_type,scale_rewards", [("grpo", "group"), ("dapo", "batch"), ("dr_grpo", "group")]
-)
-def test_two_ranks_match_one_process_on_the_global_batch(
-    tmp_path, loss_type, scale_rewards, data_parallel
-):
-    common = {"loss_type": loss_type, "scale_rewards": scale_rewards,
-              "data_parallel": data_parallel}  # fmt: skip
-    _assert_same_update(*_one_process_and_two_ranks(tmp_path, common))
+@pytest.mark.parametrize("case", _cases("global_batch/"))
+def test_two_ranks_match_one_process_on_the_global_batch(step_runs, case):
+    _assert_same_update(*step_runs(case))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
-def test_multi_turn_two_ranks_match_one_process(tmp_path, loss_type):
+@pytest.mark.parametrize("case", _cases("multi_turn/"))
+def test_multi_turn_two_ranks_match_one_process(step_runs, case):
     """Conversations with masked context tokens (tools): the loss mask's token counts are
     global, so two ranks update exactly as one process."""
-    common = {"tools": ["calculator"], "max_turns": 2, "loss_type": loss_type}
-    single, ranks = _one_process_and_two_ranks(tmp_path, common)
+    single, ranks = step_runs(case)
     _assert_same_update(single, ranks)
     logs = [json.loads((run / "logs.json").read_text()) for run in (single, ranks)]
     assert 0 < logs[0]["tokens/masked_fraction"] < 1
@@ -225,28 +332,12 @@ def _assert_nested_close(a, b, atol: float, where: str = "") -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "curriculum,data_parallel,unseen",
-    [
-        ("prompt_gdro", "ddp", "unseen"),
-        ("rollout_gdro", "ddp", "unseen"),
-        ("rollout_gdro", "fsdp", "unseen"),
-        # Levels gathered from every rank at each plan (a collective); these rows have none.
-        ("rollout_gdro", "ddp", "difficulty"),
-    ],
-)
-def test_curriculum_two_ranks_match_one_process(tmp_path, curriculum, data_parallel, unseen):
+@pytest.mark.parametrize("case", _cases("curriculum/"))
+def test_curriculum_two_ranks_match_one_process(step_runs, case):
     """Both ranks observe the global batch: their curriculum states are identical, equal to
     one process's, and so are the updates, also when Rollout-GDRO gives the two ranks
     different numbers of rows (and under FSDP, different numbers of micro-batches)."""
-    from groupwise.trainer import PromptSampler
-
-    easy = PromptSampler(8, seed=0).take(2)  # rank 0's prompts in the first step
-    # The bandit allocator with greedy arms, so the arm scores set above decide the rollouts.
-    common = {"curriculum": curriculum, "data_parallel": data_parallel, "steps": 2,
-              "easy_prompts": easy, "rollout_allocator": "bandit",
-              "rollout_arm_choice": "greedy", "gdro_unseen": unseen}  # fmt: skip
-    single, ranks = _one_process_and_two_ranks(tmp_path, common)
+    single, ranks = step_runs(case)
     _assert_same_update(single, ranks)
     states = [(ranks / f"curriculum-{r}.json").read_text() for r in (0, 1)]
     assert states[0] == states[1]  # bit for bit
@@ -256,30 +347,27 @@ def test_curriculum_two_ranks_match_one_process(tmp_path, curriculum, data_paral
     rows = [json.loads((ranks / f"rows-{r}.json").read_text()) for r in (0, 1)]
     one = json.loads((single / "rows-0.json").read_text())
     assert [a + b for a, b in zip(*rows, strict=True)] == one == [16, 16]
-    if curriculum == "rollout_gdro":
+    if STEP_CASES[case]["curriculum"] == "rollout_gdro":
         assert rows[0][0] != rows[1][0]  # 2 prompts x 2 rollouts vs 2 x 6
     else:
         assert rows[0] == rows[1]
 
 
 @pytest.mark.slow
-def test_ppo_two_ranks_match_one_process(tmp_path):
+def test_ppo_two_ranks_match_one_process(step_runs):
     """PPO under DDP: policy and critic after 2 steps equal one process on the global batch
     (advantages whitened over the global batch, token means over its tokens)."""
-    common = {"algorithm": "ppo", "data_parallel": "ddp", "steps": 2}
-    single, ranks = _one_process_and_two_ranks(tmp_path, common)
+    single, ranks = step_runs(CASE_OF_TEST["test_ppo_two_ranks_match_one_process"])
     _assert_same_update(single, ranks)
     params = torch.load(single / "params.pt")
     assert any(k.startswith("critic.backbone.") for k in params)
 
 
 @pytest.mark.slow
-def test_lora_fsdp_two_ranks_match_one_process(tmp_path):
+def test_lora_fsdp_two_ranks_match_one_process(step_runs):
     """LoRA under FSDP2: the adapters after 2 steps equal one process's (the frozen base
     weights stay equal too; the reference is the adapter-disabled model)."""
-    # No LoRA dropout: its masks are random and differ between processes.
-    common = {"use_peft": True, "lora_dropout": 0.0, "data_parallel": "fsdp", "steps": 2}
-    single, ranks = _one_process_and_two_ranks(tmp_path, common)
+    single, ranks = step_runs(CASE_OF_TEST["test_lora_fsdp_two_ranks_match_one_process"])
     _assert_same_update(single, ranks)
     grads = torch.load(single / "grads.pt")
     assert grads and all("lora_" in k for k in grads)
@@ -355,70 +443,95 @@ def test_torchrun_fsdp_cli_saves_full_weights_and_resumes(tmp_path):
 # changes the weights; train() with checkpoints every step, optionally resuming.
 RESUME_SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
     from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
 
     def even_tokens(completions, completion_ids, **kw):
         return [sum(t % 2 == 0 for t in ids) / max(len(ids), 1) for ids in completion_ids]
 
-    out, overrides = sys.argv[1], json.loads(sys.argv[2])
-    num_prompts = overrides.pop("num_prompts", 16)
-    rows = [{"prompt": f"Problem number {i}: add {i} and {2 * i}."} for i in range(num_prompts)]
-    options = dict(model="tiny-random", learning_rate=1e-3, beta=0.04, num_generations=4,
-                   per_device_train_batch_size=8, max_completion_length=6, seed=0,
-                   save_steps=1, disable_tqdm=True, data_parallel="fsdp", output_dir=out)
-    args = GRPOConfig(**{**options, **overrides})
-    cls = PPOTrainer if args.algorithm == "ppo" else GRPOTrainer
-    cls("tiny-random", even_tokens, rows, args=args).train()
+    def run(out, overrides):
+        num_prompts = overrides.pop("num_prompts", 16)
+        rows = [{"prompt": f"Problem number {i}: add {i} and {2 * i}."}
+                for i in range(num_prompts)]
+        options = dict(model="tiny-random", learning_rate=1e-3, beta=0.04, num_generations=4,
+                       per_device_train_batch_size=8, max_completion_length=6, seed=0,
+                       save_steps=1, disable_tqdm=True, data_parallel="fsdp", output_dir=out)
+        args = GRPOConfig(**{**options, **overrides})
+        cls = PPOTrainer if args.algorithm == "ppo" else GRPOTrainer
+        cls("tiny-random", even_tokens, rows, args=args).train()
+        open(os.path.join(out, f"trained-to-{args.max_steps}"), "w").close()
+
+    # argv[1]: the jobs, [output folder, overrides] pairs, one after another (as in SCRIPT).
+    for out, overrides in json.loads(sys.argv[1]):
+        run(out, overrides)
     """
 )
 
 
+# The runs that must resume exactly: their options and the weights file compared.
+RESUME_CASES = {
+    "fsdp": ({}, "model.safetensors"),
+    # Ranks hold different numbers of rows once prompts fall into different bins.
+    "fsdp-rollout_gdro": (
+        {
+            "curriculum": "rollout_gdro",
+            # Sampled bandit arms: the draws' generator goes through the checkpoint too.
+            # The paper's classifier (pass@n, unseen prompts in bin 0) splits these prompts
+            # into both bins, which the per-rollout fraction at threshold 0.7 does not.
+            "rollout_allocator": "bandit",
+            "gdro_classifier_signal": "any_correct",
+            "gdro_unseen": "hardest",
+            "gdro_num_bins": 2,
+            "gdro_correct_threshold": 0.7,
+            "num_prompts": 4,
+        },
+        "model.safetensors",
+    ),
+    # No LoRA dropout: its masks come from the global RNG, which checkpoints do not keep.
+    "fsdp-lora": ({"use_peft": True, "lora_dropout": 0.0}, "adapter_model.safetensors"),
+    # The critic (its weights and optimizer) goes through the checkpoint as well.
+    "ddp-ppo": ({"algorithm": "ppo", "data_parallel": "ddp"}, "critic/model.safetensors"),
+}
+
+
+@pytest.fixture(scope="session")  # as step_runs
+def resume_runs(request, tmp_path_factory):
+    """For every selected RESUME_CASES case, 3 steps straight, and 2 steps then a resume to 3 in
+    a new torchrun job; two launches in all (the straight runs and first halves, then the
+    resumes) instead of three per case. Returns a function of the case name that gives the
+    folders of the straight and the resumed run, and the resuming launch's output."""
+    names = _selected_cases(request, RESUME_CASES, __name__)
+    root = tmp_path_factory.mktemp("resume")
+    script = root / "train.py"
+    script.write_text(RESUME_SCRIPT)
+    first, second = [], []
+    for i, name in enumerate(names):
+        options = RESUME_CASES[name][0]
+        first.append((root / f"case{i}" / "straight", {**options, "max_steps": 3}))
+        first.append((root / f"case{i}" / "resumed", {**options, "max_steps": 2}))
+        resume = {**options, "max_steps": 3, "resume_from_checkpoint": "auto"}
+        second.append((root / f"case{i}" / "resumed", resume))
+    launches = [Launch(_torchrun(str(script)), first, root)]
+    launches.append(Launch(_torchrun(str(script)), second, root))
+
+    def runs(name: str) -> tuple[Path, Path, str]:
+        case = root / f"case{names.index(name)}"
+        straight = launches[0].check(case / "straight", "trained-to-3")
+        launches[0].check(case / "resumed", "trained-to-2")
+        resumed = launches[1].check(case / "resumed", "trained-to-3")
+        return straight, resumed, launches[1].output
+
+    return runs
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "options,weights_file",
-    [
-        ({}, "model.safetensors"),
-        # Ranks hold different numbers of rows once prompts fall into different bins.
-        (
-            {
-                "curriculum": "rollout_gdro",
-                # Sampled bandit arms: the draws' generator goes through the checkpoint too.
-                # The paper's classifier (pass@n, unseen prompts in bin 0) splits these prompts
-                # into both bins, which the per-rollout fraction at threshold 0.7 does not.
-                "rollout_allocator": "bandit",
-                "gdro_classifier_signal": "any_correct",
-                "gdro_unseen": "hardest",
-                "gdro_num_bins": 2,
-                "gdro_correct_threshold": 0.7,
-                "num_prompts": 4,
-            },
-            "model.safetensors",
-        ),
-        # No LoRA dropout: its masks come from the global RNG, which checkpoints do not keep.
-        ({"use_peft": True, "lora_dropout": 0.0}, "adapter_model.safetensors"),
-        # The critic (its weights and optimizer) goes through the checkpoint as well.
-        ({"algorithm": "ppo", "data_parallel": "ddp"}, "critic/model.safetensors"),
-    ],
-    ids=["fsdp", "fsdp-rollout_gdro", "fsdp-lora", "ddp-ppo"],
-)
-def test_torchrun_resume_matches_an_uninterrupted_run(tmp_path, options, weights_file):
+@pytest.mark.parametrize("case", list(RESUME_CASES))
+def test_torchrun_resume_matches_an_uninterrupted_run(resume_runs, case):
     from safetensors.torch import load_file
 
-    script = tmp_path / "train.py"
-    script.write_text(RESUME_SCRIPT)
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _run(_torchrun(str(script), str(straight), json.dumps({**options, "max_steps": 3})), tmp_path)
-    _run(_torchrun(str(script), str(resumed), json.dumps({**options, "max_steps": 2})), tmp_path)
-    done = _run(
-        _torchrun(
-            str(script),
-            str(resumed),
-            json.dumps({**options, "max_steps": 3, "resume_from_checkpoint": "auto"}),
-        ),
-        tmp_path,
-    )
-    assert "resumed from" in done.stdout + done.stderr
+    options, weights_file = RESUME_CASES[case]
+    straight, resumed, output = resume_runs(case)
+    assert f"resumed from {resumed / 'checkpoint-2'} at step 2" in output
     if "curriculum" in options:  # the curriculum state went through the checkpoint too
         rows = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
         assert any(  # some step gave prompts other than 4 rollouts (so ranks held unequal rows)
@@ -461,12 +574,10 @@ def test_torchrun_fsdp_matches_ddp_with_real_generation(tmp_path):
 
     script = tmp_path / "train.py"
     script.write_text(RESUME_SCRIPT)
-    out = {}
-    for mode in ("ddp", "fsdp"):
-        out[mode] = tmp_path / mode
-        options = {"data_parallel": mode, "max_steps": 1, "num_iterations": 2, "save_steps": 0,
-                   "learning_rate": 1e-4}  # fmt: skip
-        _run(_torchrun(str(script), str(out[mode]), json.dumps(options)), tmp_path)
+    out = {mode: tmp_path / mode for mode in ("ddp", "fsdp")}
+    options = {"max_steps": 1, "num_iterations": 2, "save_steps": 0, "learning_rate": 1e-4}
+    jobs = [[str(out[mode]), {**options, "data_parallel": mode}] for mode in out]
+    _run(_torchrun(str(script), json.dumps(jobs)), tmp_path)  # both runs in one launch
     a, b = load_file(out["ddp"] / "model.safetensors"), load_file(out["fsdp"] / "model.safetensors")
     assert a.keys() == b.keys()
     for key in a:
@@ -506,7 +617,7 @@ def test_two_ranks_take_several_optimizer_steps_per_generation(tmp_path, data_pa
     # Per rank: 4 prompts x 4 completions, micro-batches of 4, 2 per optimizer step: 2 steps.
     options = {"data_parallel": data_parallel, "per_device_train_batch_size": 4,
                "gradient_accumulation_steps": 2, "steps_per_generation": 4}  # fmt: skip
-    _run(_torchrun(str(script), str(tmp_path), json.dumps(options)), tmp_path)
+    _run(_torchrun(str(script), json.dumps([[str(tmp_path), options]])), tmp_path)
     logs = json.loads((tmp_path / "logs.json").read_text())
     assert logs["compute/optimizer_steps"] == 2
     assert logs["compute/rollouts"] == 2 * 16  # both ranks' completions
@@ -529,7 +640,7 @@ CHECKED_SCRIPT = (
         """
     )
     + SCRIPT
-    + "\ncollective_check.write(out)\n"
+    + "\ncollective_check.write(json.loads(sys.argv[1])[0][0])\n"
 )
 
 
@@ -550,7 +661,7 @@ def test_collectives_fit_the_process_group_of_a_cuda_run(tmp_path, data_parallel
                "curriculum": "rollout_gdro", "easy_prompts": PromptSampler(8, seed=0).take(2),
                "rollout_allocator": "bandit", "rollout_arm_choice": "greedy",
                "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}  # fmt: skip
-    _run(_torchrun(str(script), str(tmp_path), json.dumps(options)), tmp_path)
+    _run(_torchrun(str(script), json.dumps([[str(tmp_path), options]])), tmp_path)
     rows = [json.loads((tmp_path / f"rows-{r}.json").read_text()) for r in (0, 1)]
     assert rows[0] != rows[1]  # 2 prompts x 2 rollouts vs 2 x 6
     expected = {"all_reduce_sum", "any_rank", "reduce_metrics", "all_gather_objects"}
@@ -641,11 +752,12 @@ def test_fsdp_mixed_precision_gathers_bf16_and_keeps_fp32_master_weights(tmp_pat
     script.write_text(RESUME_SCRIPT)
     start = tiny_random_model(seed=0).state_dict()
     lr = 1e-6
+    options = {"max_steps": 1, "save_steps": 0, "beta": 0.0, "learning_rate": lr,
+               "bf16_autocast": True}  # fmt: skip
+    jobs = [[str(tmp_path / mode), {**options, "data_parallel": mode}] for mode in ("ddp", "fsdp")]
+    _run(_torchrun(str(script), json.dumps(jobs)), tmp_path)  # both runs in one launch
     for mode in ("ddp", "fsdp"):
         out = tmp_path / mode
-        options = {"data_parallel": mode, "max_steps": 1, "save_steps": 0, "beta": 0.0,
-                   "learning_rate": lr, "bf16_autocast": True}  # fmt: skip
-        _run(_torchrun(str(script), str(out), json.dumps(options)), tmp_path)
         weights = load_file(out / "model.safetensors")
         assert weights.keys() <= start.keys() and len(weights) > 10
         for key, value in weights.items():

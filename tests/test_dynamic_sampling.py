@@ -24,6 +24,7 @@ from groupwise.dynamic import (
 )
 from groupwise.rollout import Rollout
 from groupwise.run import PhaseTimer
+from groupwise.sampler import PromptSampler
 from groupwise.scoring import Scores
 
 # ----------------------------------------------------------------------------------------------
@@ -420,62 +421,82 @@ SCRIPT = textwrap.dedent(
 
     engine.generate = fake_generate
 
-    out, overrides = sys.argv[1], json.loads(sys.argv[2])
-    steps, uniform = overrides.pop("steps"), set(overrides.pop("uniform"))
+    def run(out, overrides):
+        steps, uniform = overrides.pop("steps"), set(overrides.pop("uniform"))
 
-    def correct(completions, answer, **kw):
-        return [1.0 if a in uniform else float(i % 2) for i, a in enumerate(answer)]
-    correct.is_correctness = True
+        def correct(completions, answer, **kw):
+            return [1.0 if a in uniform else float(i % 2) for i, a in enumerate(answer)]
+        correct.is_correctness = True
 
-    def low_tokens(completions, completion_ids, **kw):
-        return [sum(t < 100 for t in ids) / max(len(ids), 1) for ids in completion_ids]
+        def low_tokens(completions, completion_ids, **kw):
+            return [sum(t < 100 for t in ids) / max(len(ids), 1) for ids in completion_ids]
 
-    rows = [{"prompt": f"Problem number {i}: add {i} and {2 * i}.", "answer": str(i)}
-            for i in range(8)]
-    args = GRPOConfig(model="tiny-random", max_steps=steps, learning_rate=1e-3, beta=0.04,
-                      num_generations=4, max_completion_length=6, seed=0, disable_tqdm=True,
-                      output_dir=out, dynamic_sampling=True, **overrides)
-    trainer = GRPOTrainer("tiny-random", [correct, low_tokens], rows, args=args)
-    rank = int(os.environ.get("RANK", "0"))
-    history = []
-    for _ in range(steps):
-        history.append(trainer.train_step())
-        history[-1]["kept"] = [r["answer"] for r in trainer.records.last_batch[0]]
-    # FSDP: gather each shard into the full tensor (a collective: every rank calls it).
-    params = {n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
-              for n, p in trainer.model.named_parameters()}
-    if rank == 0:
-        torch.save(params, os.path.join(out, "params.pt"))
-    with open(os.path.join(out, f"logs-{rank}.json"), "w") as f:
-        json.dump(history, f)
+        rows = [{"prompt": f"Problem number {i}: add {i} and {2 * i}.", "answer": str(i)}
+                for i in range(8)]
+        args = GRPOConfig(model="tiny-random", max_steps=steps, learning_rate=1e-3, beta=0.04,
+                          num_generations=4, max_completion_length=6, seed=0, disable_tqdm=True,
+                          output_dir=out, dynamic_sampling=True, **overrides)
+        trainer = GRPOTrainer("tiny-random", [correct, low_tokens], rows, args=args)
+        rank = int(os.environ.get("RANK", "0"))
+        history = []
+        for _ in range(steps):
+            history.append(trainer.train_step())
+            history[-1]["kept"] = [r["answer"] for r in trainer.records.last_batch[0]]
+        # FSDP: gather each shard into the full tensor (a collective: every rank calls it).
+        params = {n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
+                  for n, p in trainer.model.named_parameters()}
+        if rank == 0:
+            torch.save(params, os.path.join(out, "params.pt"))
+        with open(os.path.join(out, f"logs-{rank}.json"), "w") as f:
+            json.dump(history, f)
+
+    # argv[1]: the jobs, [output folder, overrides] pairs, one after another.
+    for out, overrides in json.loads(sys.argv[1]):
+        run(out, overrides)
     """
 )
 
 
-@pytest.mark.parametrize("data_parallel", ["ddp", "fsdp"])
-def test_two_ranks_match_one_process(tmp_path, data_parallel):
+# Step 1 draws two global batches of 4 prompts (rank 0 holds the first two of each, rank 1 the
+# last two). Only the 4th prompt of the first batch and the last two of the second are
+# informative, all three on rank 1: the cap stops at 3 groups, rank 0 gets two of them from
+# rank 1, rank 1 keeps one.
+ORDER = PromptSampler(8, seed=0).take(8)
+TWO_RANK_CASES = {
+    dp: {"steps": 2, "uniform": [str(i) for i in ORDER[:3] + ORDER[4:6]], "data_parallel": dp,
+         "max_num_gen_batches": 2}
+    for dp in ("ddp", "fsdp")
+}  # fmt: skip
+
+
+@pytest.fixture(scope="session")  # as test_distributed.step_runs
+def two_rank_runs(request, tmp_path_factory):
+    """Every selected TWO_RANK_CASES case in one single process and in one torchrun job (two
+    launches in all); returns a function of the case that gives its two output folders."""
+    from test_distributed import Launch, _selected_cases, _torchrun
+
+    names = _selected_cases(request, TWO_RANK_CASES, __name__)
+    root = tmp_path_factory.mktemp("two_ranks")
+    script = root / "step.py"
+    script.write_text(SCRIPT)
+    batch = {
+        "single": {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2},
+        "ranks": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
+    }
+    launches = {}
+    for side, cmd in (("single", [sys.executable, str(script)]), ("ranks", _torchrun(str(script)))):
+        jobs = [(root / side / name, {**TWO_RANK_CASES[name], **batch[side]}) for name in names]
+        launches[side] = Launch(cmd, jobs, root)
+    return lambda name: tuple(
+        launches[side].check(root / side / name, "logs-0.json") for side in ("single", "ranks")
+    )
+
+
+@pytest.mark.parametrize("case", list(TWO_RANK_CASES))
+def test_two_ranks_match_one_process(two_rank_runs, case):
     """Unequal informative groups per rank: the kept groups are dealt out (some travel between
     ranks), ranks hold 1 or 2 groups, and the update equals one process's."""
-    from groupwise.sampler import PromptSampler
-    from test_distributed import _run, _torchrun
-
-    # Step 1 draws two global batches of 4 prompts (rank 0 holds the first two of each, rank 1
-    # the last two). Only the 4th prompt of the first batch and the last two of the second are
-    # informative, all three on rank 1: the cap stops at 3 groups, rank 0 gets two of them from
-    # rank 1, rank 1 keeps one.
-    order = PromptSampler(8, seed=0).take(8)
-    uniform = [str(i) for i in order[:3] + order[4:6]]
-    script = tmp_path / "step.py"
-    script.write_text(SCRIPT)
-    single, ranks = tmp_path / "single", tmp_path / "ranks"
-    single.mkdir()
-    ranks.mkdir()
-    common = {"steps": 2, "uniform": uniform, "data_parallel": data_parallel,
-              "max_num_gen_batches": 2}  # fmt: skip
-    one = {**common, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}
-    two = {**common, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}
-    _run([sys.executable, str(script), str(single), json.dumps(one)], tmp_path)
-    _run(_torchrun(str(script), str(ranks), json.dumps(two)), tmp_path)
+    single, ranks = two_rank_runs(case)
     a, b = torch.load(single / "params.pt"), torch.load(ranks / "params.pt")
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-6, msg=key)
@@ -492,5 +513,5 @@ def test_two_ranks_match_one_process(tmp_path, data_parallel):
             assert r0[key] == pytest.approx(one_step[key], abs=1e-5), (step, key)
             assert r1[key] == r0[key]
     assert logs[0][0]["dynamic/gen_batches"] == 2 and logs[0][0]["dynamic/capped"] == 1.0
-    assert logs[0][0]["kept"] == [str(i) for i in (order[3], order[6], order[7])]
+    assert logs[0][0]["kept"] == [str(i) for i in (ORDER[3], ORDER[6], ORDER[7])]
     assert [len(logs[1][0]["kept"]), len(logs[2][0]["kept"])] == [2, 1]
