@@ -7,7 +7,8 @@
              -> mini-batches of whole groups, old and reference log-probs, mu passes of the
                 loss, one optimizer step per mini-batch; the engine takes the new weights
                                                              (Policy.learn, with grpo_loss)
-             -> the curriculum observes the outcome, the batch is kept, the metrics
+             -> the curriculum observes the outcome                       (curriculum/)
+             -> the batch is kept for the records, the step's metrics
                                                              (run.metrics.StepMetrics.report)
 
 DAPO's dynamic sampling and Reinforce-Ada's top-up stay behind :meth:`GRPOTrainer.draw_batch`.
@@ -25,6 +26,7 @@ import torch
 
 from . import credit
 from .assemble import assemble_grpo
+from .curriculum import Outcome
 from .dynamic import Draw
 from .grpo_loss import high_entropy_mask, off_policy_sequence_mask
 from .rollout import Rollout
@@ -180,9 +182,15 @@ class GRPOTrainer(Trainer):
         self.global_step += 1
         loss_logs = self.loss.logs(stats) if hasattr(self.loss, "logs") else {}
         logs = {**self.dynamic.logs, **self.top_up.logs, **loss_logs}
-        # the curriculum observes the outcome, the records keep the batch, then the metrics
+        # the curriculum observes the outcome (success per prompt, losses per bin) for its
+        # next plan
+        outcome = Outcome(
+            rollout, scores.correctness, scores.rewards, stats.sequence_loss, stats.skipped
+        )
+        curriculum_logs = self.curriculum.observe(plan, outcome)
+        # the records keep the batch, then the step's metrics
         result = StepResult(batch.rows, plan, rollout, scores, advantages, stats)
-        return self.step_metrics.report(self.global_step, result, timer, (logs,),
-                                        curriculum=self.curriculum, records=self.records,
+        return self.step_metrics.report(self.global_step, result, timer, (curriculum_logs, logs),
+                                        records=self.records,
                                         keep_samples=self.args.log_completions,
                                         engine=self.engine)  # fmt: skip

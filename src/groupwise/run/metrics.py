@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from ..core import group_reward_std, zero_std_groups_fraction
-from ..curriculum import Curriculum, Outcome, Plan
+from ..curriculum import Plan
 from ..distributed import DistributedContext, all_reduce_sum, reduce_metrics
 from ..policy import Policy, UpdateStats
 from ..rollout import Rollout
@@ -197,22 +197,16 @@ class StepMetrics:
         timer: Timings,
         extra: Sequence[dict[str, float]],
         *,
-        curriculum: Curriculum,
         records: RunRecords,
         keep_samples: bool,
         engine: Any = None,
     ) -> dict[str, float]:
-        """The end of a step, in one call: the curriculum observes the outcome (skipped steps
-        teach it nothing), the records keep the batch for completions.jsonl, then the step's
-        metrics (:meth:`__call__`, the curriculum's logs first among ``extra``)."""
+        """The end of a step: the records keep the batch for completions.jsonl, then the
+        step's metrics (:meth:`__call__`)."""
         rollout, scores, stats = result.rollout, result.scores, result.stats
-        outcome = Outcome(
-            rollout, scores.correctness, scores.rewards, stats.sequence_loss, stats.skipped
-        )
-        curriculum_logs = curriculum.observe(result.plan, outcome)
         records.keep_batch(result.rows, rollout, scores, result.advantages, result.plan,
                            keep_samples=keep_samples)  # fmt: skip
-        return self(step, rollout, scores, stats, timer, (curriculum_logs, *extra), engine=engine)
+        return self(step, rollout, scores, stats, timer, extra, engine=engine)
 
     def _update_and_timing(
         self, rollout: Rollout, stats: UpdateStats, timer: Timings
