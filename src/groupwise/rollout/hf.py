@@ -21,16 +21,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
 from ..logprobs import has_recurrent_state
-from .base import (
-    Counts,
-    Gen,
-    Params,
-    PromptIds,
-    Rollout,
-    Rows,
-    SamplingParams,
-    per_prompt_counts,
-)
+from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams, per_prompt_counts
 
 
 def seen_tokens(ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> torch.Tensor:

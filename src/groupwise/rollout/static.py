@@ -40,16 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .base import (
-    Counts,
-    Gen,
-    Params,
-    PromptIds,
-    Rollout,
-    Rows,
-    SamplingParams,
-    per_prompt_counts,
-)
+from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams, per_prompt_counts
 from .hf import (
     eos_token_ids,
     finish_rollout,

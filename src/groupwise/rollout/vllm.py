@@ -52,16 +52,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..errors import ConfigError
-from .base import (
-    Counts,
-    Gen,
-    Params,
-    PromptIds,
-    Rollout,
-    Rows,
-    SamplingParams,
-    per_prompt_counts,
-)
+from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams, per_prompt_counts
 from .hf import left_pad
 from .weights import checkpoint_weights
 
