@@ -196,7 +196,7 @@ def test_one_definition_of_informative_serves_metric_dynamic_sampling_and_curric
     assert core.informative_groups(correctness, ids).tolist() == expected
     rollout = SimpleNamespace(completion_mask=torch.ones(6, 2), completion_ids=torch.zeros(6, 2),
                               group_ids=ids)  # fmt: skip
-    owner = SimpleNamespace(args=GRPOConfig(), dist=DistributedContext())
+    owner = SimpleNamespace(options=GRPOConfig().sections(), dist=DistributedContext())
     spent = run.Trainer.compute_spent(owner, rollout, Scores(total, total[:, None], correctness))
     assert spent["informative_groups"] == 1
     cur = SelectCurriculum(num_generations=2, n_min=2, n_max=2)

@@ -336,7 +336,7 @@ def test_epoch_strategies_give_steps():
 def test_warmup_ratio_gives_warmup_steps():
     args = GRPOConfig(warmup_ratio=0.25, lr_scheduler_type="linear", max_steps=10)
     assert args.warmup_steps_for(10) == 3  # ceil(2.5)
-    factor = lr_factor(args, 10)
+    factor = lr_factor(args.sections().optimization, 10)
     assert [factor(s) for s in range(5)] == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0, 1 - 1 / 7])
     # warmup_steps, when set, wins over the ratio (TrainingArguments.get_warmup_steps).
     assert GRPOConfig(warmup_ratio=0.25, warmup_steps=1).warmup_steps_for(10) == 1

@@ -21,7 +21,7 @@ from .distributed import DistributedContext
 from .dynamic import DynamicSampling
 from .grpo_loss import GRPOLoss
 from .monitor import TrainingMonitor
-from .policy import Policy
+from .policy import Policy, PolicyOptions
 from .precision import Precision
 from .rewards import RewardFunc
 from .rollout import RolloutEngine
@@ -68,7 +68,7 @@ def assemble(
     scorer = build_scorer(
         reward_funcs, args, reward_processing_classes, device, environment_rewards
     )
-    policy = Policy(model, args, dist, device, precision)
+    policy = Policy(model, PolicyOptions.from_sections(options), dist, device, precision)
     # Each rank samples its own completions (the model and prompt order are shared).
     seed = options.runtime.seed
     generator = torch.Generator(device=device).manual_seed(seed + dist.rank)

@@ -61,7 +61,7 @@ from .models import is_peft_model, load_model_and_tokenizer
 from .precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
 from .rewards import RewardFunc, reward_func_name
 from .scoring import RolloutScorer
-from .sections import CurriculumSection
+from .sections import CurriculumSection, ModelOptions
 from .trainable import apply_lora
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def build_model(
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     if args.use_peft and not is_peft_model(model):  # a PeftModel given brings its adapter
-        model = apply_lora(model, args, peft_config)
+        model = apply_lora(model, ModelOptions.from_config(args), peft_config)
     model.train()
     return model, tokenizer
 

@@ -20,7 +20,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -48,13 +48,11 @@ from .update import (
     LossTerms,
     MicroBatch,
     PolicyInputs,
+    PolicyOptions,
     PolicyUpdate,
     UpdateStats,
     merge_stats,
 )
-
-if TYPE_CHECKING:
-    from .config import GRPOConfig
 
 # Also offered here: the names callers have imported from this module.
 __all__ = [
@@ -65,6 +63,7 @@ __all__ = [
     "MicroBatch",
     "Policy",
     "PolicyInputs",
+    "PolicyOptions",
     "Trainable",
     "UpdateStats",
     "apply_lora",
@@ -82,28 +81,31 @@ class Policy(PolicyUpdate):
     Data parallel (torchrun): with ``data_parallel: ddp`` the training forward goes through
     DistributedDataParallel (constructing it broadcasts rank 0's parameters); with ``fsdp`` the
     model is sharded in place (FSDP2) and no-grad calls of the Hugging Face model run inside
-    :meth:`full_weights`."""
+    :meth:`full_weights`.
+
+    ``options`` holds the sections it reads (:class:`~groupwise.update.PolicyOptions`, made by
+    ``PolicyOptions.from_sections(config.sections())``)."""
 
     def __init__(
         self,
         model: PreTrainedModel,
-        args: GRPOConfig,
+        options: PolicyOptions,
         dist: DistributedContext,
         device: torch.device,
         precision: Precision | None = None,
     ) -> None:
-        self.model, self.device = model, device
+        self.model, self.device, self.options = model, device, options
         self.precision = precision or Precision(weights=torch.float32, autocast=False)
-        fsdp = dist.enabled and args.data_parallel == "fsdp"
+        fsdp = dist.enabled and options.runtime.data_parallel == "fsdp"
         # The frozen reference exists only when the KL term is on (beta > 0). With LoRA it is
         # the same weights with the adapter disabled: no second copy. Copied before the policy
         # is sharded (its parameters then become shards).
         self.reference: Reference | None = None
-        if args.beta > 0 and not args.use_peft:
+        if options.loss.beta > 0 and not options.model.use_peft:
             self.reference = Reference(
                 model,
                 device,
-                offload=args.ref_model_offload,
+                offload=options.reference.ref_model_offload,
                 shard=functools.partial(shard_fsdp, ctx=dist, device=device,
                                         bf16_compute=self.precision.autocast) if fsdp else None,
                 gather=fsdp_full_weights if fsdp else None,
@@ -118,17 +120,20 @@ class Policy(PolicyUpdate):
                 LogprobModule(model),
                 device_ids=[device.index] if device.type == "cuda" else None,
             )
-        super().__init__(model, wrapper, args, dist, args.learning_rate)
+        optimization = options.optimization
+        super().__init__(
+            model, wrapper, optimization, options.batch, dist, optimization.learning_rate
+        )
         self._full_weights_depth = 0
 
     def step(self) -> None:
         """The optimizer step, then, with ``sync_ref_model``, TR-DPO's reference update every
         ``ref_model_sync_steps`` optimizer steps (the schedule counts them, across a resume)."""
         super().step()
-        args = self.args
-        if args.sync_ref_model and self.reference is not None:
-            if self.scheduler.last_epoch % args.ref_model_sync_steps == 0:
-                self.reference.mix_from(self.model, args.ref_model_mixup_alpha)
+        reference = self.options.reference
+        if reference.sync_ref_model and self.reference is not None:
+            if self.scheduler.last_epoch % reference.ref_model_sync_steps == 0:
+                self.reference.mix_from(self.model, reference.ref_model_mixup_alpha)
 
     def learn(
         self,
@@ -185,8 +190,9 @@ class Policy(PolicyUpdate):
         completion_ids, completion_mask, width = trimmed_completions(rollout, rows)
         # Share the prompt forward across the rows of a prompt: whole groups, or a micro-batch
         # that holds part of one group (micro_batch_rows lays them out so).
-        blocks = prompt_blocks(rollout.host_group_ids[rows], self.args.num_generations)
-        share = blocks is not None and not self.args.gradient_checkpointing
+        runtime = self.options.runtime
+        blocks = prompt_blocks(rollout.host_group_ids[rows], self.options.batch.num_generations)
+        share = blocks is not None and not runtime.gradient_checkpointing
         policy_grad = model is self.model and torch.is_grad_enabled()
         if policy_grad and self.sharded:
             # FSDP2 all-gathers each layer in every decoder call, and the shared path makes two
@@ -212,16 +218,17 @@ class Policy(PolicyUpdate):
             if model is self.model and not policy_grad
             else contextlib.nullcontext()
         )
+        temperature = self.options.generation.temperature
         with gather:
             logps, entropy = forward(
                 prompt_ids,
                 prompt_mask,
                 completion_ids,
                 completion_mask,
-                temperature=self.args.temperature if self.args.temperature > 0 else 1.0,
-                chunk_size=self.args.logprob_chunk_size,
+                temperature=temperature if temperature > 0 else 1.0,
+                chunk_size=runtime.logprob_chunk_size,
                 group_size=group_size,
-                impl=self.args.logprob_impl,
+                impl=runtime.logprob_impl,
                 entropy_grad=entropy_grad,
             )
         pad = (0, rollout.completion_ids.shape[1] - width)
@@ -231,7 +238,7 @@ class Policy(PolicyUpdate):
         """Log-probs under the frozen reference: the adapter-disabled model with LoRA, else the
         reference copy. Call it inside :meth:`reference_weights` (once around a whole batch:
         an offloaded reference visits the device once, a sharded one is gathered once)."""
-        if self.args.use_peft:
+        if self.options.model.use_peft:
             with self.model.disable_adapter():
                 return self.logprobs(rollout, rows)[0]
         assert self.reference is not None
@@ -240,7 +247,7 @@ class Policy(PolicyUpdate):
     def reference_weights(self) -> contextlib.AbstractContextManager:
         """The block inside which :meth:`reference_logprobs` runs (with LoRA the policy's own
         weights: under FSDP gathered once for the block)."""
-        if self.args.use_peft:
+        if self.options.model.use_peft:
             return self.full_weights()
         if self.reference is None:
             return contextlib.nullcontext()
@@ -259,5 +266,5 @@ class Policy(PolicyUpdate):
         """Load the weights ``save_pretrained`` wrote into ``path`` (the adapter with LoRA);
         :class:`CheckpointMismatch` when they are missing or do not fit."""
         policy_weights.load_weights(
-            self.model, path, use_peft=self.args.use_peft, sharded=self.sharded
+            self.model, path, use_peft=self.options.model.use_peft, sharded=self.sharded
         )

@@ -45,6 +45,7 @@ from .losses import LossTerms, MicroBatch, get_loss, masked_mean
 from .models import load_model_and_tokenizer
 from .rollout import Rollout
 from .run import PhaseTimer, Trainer
+from .sections import Sections
 from .trainable import Trainable
 
 CRITIC_DIR = "critic"
@@ -308,15 +309,16 @@ class Critic(Trainable):
     (``critic_learning_rate``, default ``learning_rate``) and LR schedule."""
 
     def __init__(
-        self, model: ValueModel, args: GRPOConfig, dist: DistributedContext, device: torch.device
+        self, model: ValueModel, options: Sections, dist: DistributedContext, device: torch.device
     ) -> None:
         wrapper = None
         if dist.enabled:
             wrapper = DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None
             )
-        lr = args.critic_learning_rate
-        super().__init__(model, wrapper, args, dist, lr if lr is not None else args.learning_rate)
+        optimization, lr = options.optimization, options.algorithm.critic_learning_rate
+        lr = lr if lr is not None else optimization.learning_rate
+        super().__init__(model, wrapper, optimization, options.batch, dist, lr)
 
     def values(self, rollout: Rollout, rows: Tensor) -> Tensor:
         """V(s_t) [n, T] for the completions ``rows`` (row indices) of the rollout, with grad if
@@ -405,7 +407,7 @@ class PPOTrainer(Trainer):
             critic.backbone.gradient_checkpointing_enable()
             critic.backbone.config.use_cache = False
         critic.train()
-        self.critic_trainable = Critic(critic, args, self.dist, self.device)
+        self.critic_trainable = Critic(critic, self.options, self.dist, self.device)
         # TRL-style names for the critic's parts (the plain module: checkpoints read it).
         self.critic: ValueModel = critic
         self.critic_optimizer = self.critic_trainable.optimizer

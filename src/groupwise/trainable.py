@@ -21,38 +21,39 @@ from transformers import PreTrainedModel
 from .distributed import DistributedContext, all_reduce_sum
 
 if TYPE_CHECKING:
-    from .config import GRPOConfig
+    from .sections import BatchOptions, ModelOptions, OptimizationOptions
 
 
-def lr_factor(args: GRPOConfig, total_steps: int) -> Callable[[int], float]:
+def lr_factor(optimization: OptimizationOptions, total_steps: int) -> Callable[[int], float]:
     """The LR multiplier per optimizer step: linear warm-up over ``warmup_steps`` (or
     ``ceil(warmup_ratio * total_steps)``), then constant, linear decay or cosine decay to 0 at
     ``total_steps``."""
-    warmup = args.warmup_steps_for(total_steps)
+    warmup = optimization.warmup_steps_for(total_steps)
+    schedule = optimization.lr_scheduler_type
 
     def factor(step: int) -> float:
         if warmup and step < warmup:
             return (step + 1) / warmup
-        if args.lr_scheduler_type == "constant":
+        if schedule == "constant":
             return 1.0
         progress = (step - warmup) / max(1, total_steps - warmup)
         progress = min(max(progress, 0.0), 1.0)
-        if args.lr_scheduler_type == "linear":
+        if schedule == "linear":
             return 1.0 - progress
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
 
 
-def optimizer_steps(args: GRPOConfig, steps: int) -> int:
+def optimizer_steps(batch: BatchOptions, steps: int) -> int:
     """Optimizer steps in ``steps`` groupwise steps (generation batches): every generation
     batch is split into ``optimizer_steps_per_generation`` mini-batches, each stepped once per
     pass, ``num_iterations`` passes."""
-    return steps * args.optimizer_steps_per_generation * args.num_iterations
+    return steps * batch.optimizer_steps_per_generation * batch.num_iterations
 
 
 def apply_lora(
-    model: PreTrainedModel, args: GRPOConfig, peft_config: Any | None = None
+    model: PreTrainedModel, options: ModelOptions, peft_config: Any | None = None
 ) -> PreTrainedModel:
     """Wrap ``model`` in a peft LoRA adapter; only the adapter's parameters train.
     ``peft_config`` (a ``peft.LoraConfig``, TRL's ``GRPOTrainer(peft_config=...)``) is used as
@@ -63,11 +64,11 @@ def apply_lora(
     if peft_config is not None:
         return get_peft_model(model, peft_config)
     config = LoraConfig(
-        r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
+        r=options.lora_r,
+        lora_alpha=options.lora_alpha,
+        lora_dropout=options.lora_dropout,
         # "all-linear": every nn.Linear except the output layer (peft's rule).
-        target_modules=args.lora_target_modules or "all-linear",
+        target_modules=options.lora_target_modules or "all-linear",
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
@@ -76,26 +77,32 @@ def apply_lora(
 class Trainable:
     """A network trained under data parallel: ``module`` (the plain network, which checkpoints
     and ``save_pretrained`` read), ``wrapper`` (what its training forward goes through: DDP, the
-    FSDP2 root, or None in one process), AdamW and its LR schedule."""
+    FSDP2 root, or None in one process), AdamW and its LR schedule (from ``optimization``, over
+    the optimizer steps that ``batch`` makes of ``max_steps``)."""
 
     def __init__(
         self,
         module: torch.nn.Module,
         wrapper: Any,
-        args: GRPOConfig,
+        optimization: OptimizationOptions,
+        batch: BatchOptions,
         dist: DistributedContext,
         learning_rate: float,
     ) -> None:
-        self.module, self.wrapper, self.args, self.dist = module, wrapper, args, dist
+        self.module, self.wrapper, self.dist = module, wrapper, dist
+        self.optimization = optimization
         self.optimizer = torch.optim.AdamW(
             [p for p in module.parameters() if p.requires_grad],
             lr=learning_rate,
-            betas=(args.adam_beta1, args.adam_beta2),
-            eps=args.adam_epsilon,
-            weight_decay=args.weight_decay,
+            betas=(optimization.adam_beta1, optimization.adam_beta2),
+            eps=optimization.adam_epsilon,
+            weight_decay=optimization.weight_decay,
         )
+        # The schedule spans the run's optimizer steps: max_steps generation batches (the
+        # sections are read after max_steps=-1 is made concrete for the dataset).
+        total = optimizer_steps(batch, optimization.max_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(args, optimizer_steps(args, args.max_steps))
+            self.optimizer, lr_factor(optimization, total)
         )
 
     @property
@@ -114,7 +121,8 @@ class Trainable:
             yield
 
     def clip_grad_norm(self) -> Tensor:
-        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.args.max_grad_norm)
+        max_norm = self.optimization.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
         if hasattr(norm, "full_tensor"):  # FSDP: a DTensor (a partial norm per rank)
             norm = norm.full_tensor()
         return norm

@@ -26,6 +26,16 @@ from .batching import micro_batch_rows, minibatch_prompts, select_prompts
 from .distributed import all_reduce_sum, any_rank, max_over_ranks
 from .losses import BatchCounts, LossTerms, MicroBatch, rollout_correction_weights
 from .rollout import Rollout
+from .sections import (
+    BatchOptions,
+    GenerationOptions,
+    LossOptions,
+    ModelOptions,
+    OptimizationOptions,
+    ReferenceOptions,
+    RuntimeOptions,
+    Sections,
+)
 from .trainable import Trainable
 
 if TYPE_CHECKING:
@@ -125,6 +135,39 @@ def merge_stats(parts: Sequence[UpdateStats], rows: Sequence[Tensor], n_rows: in
 
 
 # ----------------------------------------------------------------------------------------------
+# The options a policy reads
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    """The sections of the run's options that the policy reads, and only those: LoRA
+    (``model``), the batch arithmetic (``batch``), the loss options the update applies itself
+    (``loss``: beta, masks, rollout correction), the reference (``reference``), the sampling
+    temperature its log-probs divide by (``generation``), AdamW and its schedule
+    (``optimization``) and the forward's numerics and data parallelism (``runtime``)."""
+
+    model: ModelOptions
+    batch: BatchOptions
+    loss: LossOptions
+    reference: ReferenceOptions
+    generation: GenerationOptions
+    optimization: OptimizationOptions
+    runtime: RuntimeOptions
+
+    @classmethod
+    def from_sections(cls, sections: Sections) -> PolicyOptions:
+        return cls(
+            model=sections.model,
+            batch=sections.batch,
+            loss=sections.loss,
+            reference=sections.reference,
+            generation=sections.generation,
+            optimization=sections.optimization,
+            runtime=sections.runtime,
+        )
+
+
+# ----------------------------------------------------------------------------------------------
 # The update
 
 
@@ -137,6 +180,7 @@ class PolicyUpdate(Trainable):
     full weights for no-grad forwards (:meth:`full_weights`)."""
 
     device: torch.device
+    options: PolicyOptions
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The training forward's numerics."""
@@ -164,14 +208,15 @@ class PolicyUpdate(Trainable):
     def micro_batches(self, rollout: Rollout) -> list[Tensor]:
         """Row-index micro-batches of ``per_device_train_batch_size`` rows (whole groups when
         the groups are uniform and fit, sorted by length with ``group_by_length``)."""
-        group = self.args.num_generations
+        batch = self.options.batch
+        group = batch.num_generations
         sizes = torch.bincount(rollout.host_group_ids)
         uniform = bool((sizes == group).all())
         return micro_batch_rows(
             rollout.host_lengths,
-            self.args.per_device_train_batch_size,
+            batch.per_device_train_batch_size,
             group if uniform else None,
-            by_length=self.args.group_by_length,
+            by_length=self.options.runtime.group_by_length,
         )
 
     # -- the two calls of a step ----------------------------------------------------------------
@@ -187,11 +232,11 @@ class PolicyUpdate(Trainable):
         """Micro-batches, the trained-token mask (``loss_mask``; truncated completions dropped
         with ``mask_truncated_completions``; ``exclude_rows`` dropped), rollout-time log-probs
         (pi_old when ``need_old``, default mu > 1; pi_ref when beta > 0) and the global counts."""
-        args = self.args
+        loss_options, passes = self.options.loss, self.options.batch.num_iterations
         mask = rollout.loss_mask.float()
         if exclude_rows is not None:
             mask = mask * (~exclude_rows).float().to(mask.device)[:, None]
-        if args.mask_truncated_completions:
+        if loss_options.mask_truncated_completions:
             mask = mask * (~rollout.truncated).float()[:, None]
         micro_batches = self.micro_batches(rollout)
         # FSDP2 gathers weights in every training forward and backward, which are collectives,
@@ -202,7 +247,7 @@ class PolicyUpdate(Trainable):
         if self.sharded:
             most = max_over_ranks(len(micro_batches), self.dist)
             padding = [micro_batches[-1]] * (most - len(micro_batches))
-        need_old = args.num_iterations > 1 if need_old is None else need_old
+        need_old = passes > 1 if need_old is None else need_old
         old: list[Tensor | None] = [None] * len(micro_batches)
         ref: list[Tensor | None] = [None] * len(micro_batches)
         # FSDP: the full weights are gathered once for each loop, so the no-grad forwards hold
@@ -212,7 +257,7 @@ class PolicyUpdate(Trainable):
             if need_old:  # the ratio is against the sampling policy
                 with self.full_weights():
                     old = [self.logprobs(rollout, rows)[0] for rows in micro_batches]
-            if args.beta > 0:
+            if loss_options.beta > 0:
                 with self.reference_weights():
                     ref = [self.reference_logprobs(rollout, rows) for rows in micro_batches]
         # Row and micro-batch counts are host numbers (gloo under a mixed backend); the token
@@ -235,7 +280,7 @@ class PolicyUpdate(Trainable):
             old_logprobs=old,
             ref_logprobs=ref,
             counts=counts,
-            passes=args.num_iterations,
+            passes=passes,
             correction=[None] * len(micro_batches),
             stats=UpdateStats(tokens=counts.tokens),
         )
@@ -248,7 +293,7 @@ class PolicyUpdate(Trainable):
         With several, pi_old is computed for all of them now, before any update: the later
         mini-batches are trained off-policy against the policy that sampled them (TRL). With
         one, this is :meth:`prepare` of the whole rollout (pi_old only when mu > 1)."""
-        count = self.args.optimizer_steps_per_generation
+        count = self.options.batch.optimizer_steps_per_generation
         if count == 1:
             inputs = self.prepare(rollout, advantages, row_weights)
             return GenerationBatch(rollout, [None], [inputs])
@@ -288,7 +333,7 @@ class PolicyUpdate(Trainable):
     ) -> UpdateStats:
         """``num_iterations`` passes, each one optimizer step per mini-batch in order (TRL's
         order: mini-batches inside, passes outside); the stats of the whole generation batch."""
-        for _ in range(self.args.num_iterations):
+        for _ in range(self.options.batch.num_iterations):
             for inputs in batch.inputs:
                 stats = self.update(inputs, loss)
         if len(batch.inputs) == 1:
@@ -386,7 +431,7 @@ class PolicyUpdate(Trainable):
         """Micro-batch k's rollout-correction weights pi_old / pi_rollout (None when switched
         off; the mismatch is logged either way), from the first pass's log-probs (equal to the
         old log-probs: the weights have no gradient)."""
-        args, rows = self.args, inputs.micro_batches[k]
+        options, rows = self.options.loss, inputs.micro_batches[k]
         old = inputs.old_logprobs[k] if inputs.old_logprobs[k] is not None else current
         sampling = inputs.rollout.sampling_logprobs[rows].to(self.device)
         mask = inputs.mask[rows]
@@ -394,11 +439,11 @@ class PolicyUpdate(Trainable):
             old,
             sampling,
             mask,
-            mode=args.rollout_correction_mode,
-            clip_min=args.rollout_correction_clip_min,
-            clip_max=args.rollout_correction_clip_max,
+            mode=options.rollout_correction_mode,
+            clip_min=options.rollout_correction_clip_min,
+            clip_max=options.rollout_correction_clip_max,
         )
         keep = mask.bool()
         selected = weights.flatten() if weights.shape[1] == 1 else weights[keep]
         inputs.stats.mismatch.append(((old - sampling).abs()[keep], selected))
-        return weights if args.rollout_correction else None
+        return weights if options.rollout_correction else None

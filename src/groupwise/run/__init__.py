@@ -287,7 +287,7 @@ class Trainer(TRLSurface):
         )
         total = [int(v) for v in all_reduce_sum(local, self.dist).tolist()]
         spent = dict(zip(ComputeLedger.KEYS[:4], total, strict=True))
-        spent["optimizer_steps"] = optimizer_steps(self.args, 1)
+        spent["optimizer_steps"] = optimizer_steps(self.options.batch, 1)
         return spent
 
     def keep_batch(
