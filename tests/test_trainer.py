@@ -348,6 +348,22 @@ def test_lr_schedules():
     assert cosine(5) == pytest.approx(0.5) and cosine(10) == pytest.approx(0.0)
 
 
+def test_policy_schedule_spans_the_epochs_max_steps(tmp_path):
+    # max_steps=-1 is made concrete for the dataset before the policy reads its sections:
+    # 16 rows / (8 completions / 4 per group = 2 prompts per step) = 8 steps, x 2 passes =
+    # 16 optimizer steps, over which the linear schedule decays to 0.
+    args = _config(tmp_path, max_steps=-1, num_train_epochs=1, num_iterations=2,
+                   lr_scheduler_type="linear")  # fmt: skip
+    trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
+    options = trainer.policy.options
+    assert options.optimization.max_steps == trainer.args.max_steps == 8
+    assert (options.batch, options.loss, options.runtime) == (
+        trainer.options.batch, trainer.options.loss, trainer.options.runtime
+    )
+    factor = trainer.policy.scheduler.lr_lambdas[0]
+    assert [factor(s) for s in (0, 8, 16)] == [1.0, 0.5, 0.0]
+
+
 def test_evaluate_greedy_is_deterministic(tmp_path):
     rows = [{"prompt": r["prompt"], "answer": "7"} for r in ROWS[:4]]
     trainer = GRPOTrainer(
