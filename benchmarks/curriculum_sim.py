@@ -11,7 +11,7 @@ every prompt of its level ``LEARN_LEVEL`` / prompts-per-step (generalisation): a
 stand-in for a softmax policy learned with Adam.
 
 Printed per arm: informative groups (not all rollouts alike) per rollout,
-averaged over the seeds, with its ratio to uniform GRPO (mean and standard error over seeds),
+averaged over the random seeds, with its ratio to uniform GRPO (mean and standard error over them),
 the largest rollouts of any step (the budget is prompts x num_generations) and the final mean
 pass rate of the pool. ``select_oracle`` is ``select`` told the true p (its ceiling at this
 over-sampling); ``select_fixed_g`` selects prompts but keeps every group at G. Prompt-GDRO only

@@ -155,7 +155,7 @@ def main() -> None:
     train, evals = problems(600, "train", 0), problems(120, "eval", 0)
     modes = list(ARMS)
     results: dict[str, list[dict]] = {mode: [] for mode in modes}
-    # One warm start (seed 0) shared by every run: the seeds vary the GRPO runs only.
+    # One warm start (seed 0) shared by every run: the random seeds vary the GRPO runs only.
     base = warm_start(tokenizer, train, 0, opts.warm_steps)
     # The online classifier needs prompts to come back: GRPO draws from a pool of 64 training
     # prompts (same mix), so each is seen about 5 times in 40 steps of 8 prompts.

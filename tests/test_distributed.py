@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -257,23 +258,34 @@ def step_runs(request, tmp_path_factory):
     the case name that gives its two output folders (single process, ranks)."""
     names = _selected_cases(request, STEP_CASES, __name__)
     root = tmp_path_factory.mktemp("steps")
+    return single_and_two_ranks(SCRIPT, STEP_CASES, names, root, "rows-0.json")
+
+
+# The same global batch either way: 8 completions per micro-batch in one process, 4 per rank.
+TWO_RANK_BATCH = {
+    "single": {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2},
+    "ranks": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
+}
+
+
+def single_and_two_ranks(
+    script_text: str, cases: dict, names: list[str], root: Path, output: str
+) -> Callable[[str], tuple[Path, Path]]:
+    """``script_text`` run for every case in ``names``, all in one single process and all in one
+    torchrun job with :data:`TWO_RANK_BATCH`; returns a function of the case name that gives
+    its two output folders (single process, ranks), each checked to hold ``output``."""
     script = root / "step.py"
-    script.write_text(SCRIPT)
-    batch = {
-        "single": {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2},
-        "ranks": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
-    }
+    script.write_text(script_text)
     launches = {}
     for side, cmd in (("single", [sys.executable, str(script)]), ("ranks", _torchrun(str(script)))):
-        jobs = [(root / side / f"case{i}", {**STEP_CASES[name], **batch[side]})
+        jobs = [(root / side / f"case{i}", {**cases[name], **TWO_RANK_BATCH[side]})
                 for i, name in enumerate(names)]  # fmt: skip
         launches[side] = Launch(cmd, jobs, root)
 
     def folders(name: str) -> tuple[Path, Path]:
         i = names.index(name)
         return tuple(
-            launches[side].check(root / side / f"case{i}", "rows-0.json")
-            for side in ("single", "ranks")
+            launches[side].check(root / side / f"case{i}", output) for side in ("single", "ranks")
         )
 
     return folders

@@ -4,7 +4,6 @@ off is the plain step, exact resume, and 2 ranks against one process."""
 
 import json
 import math
-import sys
 import textwrap
 
 import pytest
@@ -473,23 +472,11 @@ TWO_RANK_CASES = {
 def two_rank_runs(request, tmp_path_factory):
     """Every selected TWO_RANK_CASES case in one single process and in one torchrun job (two
     launches in all); returns a function of the case that gives its two output folders."""
-    from test_distributed import Launch, _selected_cases, _torchrun
+    from test_distributed import _selected_cases, single_and_two_ranks
 
     names = _selected_cases(request, TWO_RANK_CASES, __name__)
     root = tmp_path_factory.mktemp("two_ranks")
-    script = root / "step.py"
-    script.write_text(SCRIPT)
-    batch = {
-        "single": {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2},
-        "ranks": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
-    }
-    launches = {}
-    for side, cmd in (("single", [sys.executable, str(script)]), ("ranks", _torchrun(str(script)))):
-        jobs = [(root / side / name, {**TWO_RANK_CASES[name], **batch[side]}) for name in names]
-        launches[side] = Launch(cmd, jobs, root)
-    return lambda name: tuple(
-        launches[side].check(root / side / name, "logs-0.json") for side in ("single", "ranks")
-    )
+    return single_and_two_ranks(SCRIPT, TWO_RANK_CASES, names, root, "logs-0.json")
 
 
 @pytest.mark.parametrize("case", list(TWO_RANK_CASES))
