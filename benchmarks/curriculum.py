@@ -259,12 +259,14 @@ class TokenBudget:
         self.points: list[dict] = []
         self.step_seconds = 0.0
         self.last: dict[str, float] = {}
+        self.groups: list[list[list[int]]] = []
 
     def on_log(self, args, state, control, logs=None, **kwargs) -> None:
         if not logs or "compute/generated_tokens_total" not in logs:
             return
         self.last = dict(logs)
         self.step_seconds += logs.get("time/step", 0.0)
+        self.groups.append(self.step_groups())
         tokens = logs["compute/generated_tokens_total"]
         while self.marks and tokens >= self.marks[0] * self.budget:
             mark = self.marks.pop(0)
@@ -277,6 +279,18 @@ class TokenBudget:
                   f"{np.mean(greedy[FREQUENT]):.3f}", flush=True)  # fmt: skip
         if not self.marks:
             control.should_training_stop = True
+
+    def step_groups(self) -> list[list[int]]:
+        """The last step's groups as [digits, rollouts, correct]: which levels the arm trained
+        on, and how many of those groups were informative."""
+        rows, _, rewards, _, _, group_ids, _ = self.trainer.records.last_batch
+        groups = []
+        for g, row in enumerate(rows):
+            member = group_ids == g
+            if member.any():
+                correct = int((rewards[member] > 0.5).sum())
+                groups.append([int(row["difficulty"]) // 10, int(member.sum()), correct])
+        return groups
 
 
 def run_arm(arm: str, seed: int, warm: Path, budget: int, rows: list[dict]) -> dict:
@@ -301,6 +315,7 @@ def run_arm(arm: str, seed: int, warm: Path, budget: int, rows: list[dict]) -> d
         "step_seconds": round(budget_cb.step_seconds, 1),
         "wall_seconds": round(time.perf_counter() - start, 1),
         "points": budget_cb.points,
+        "groups": budget_cb.groups,
     }
 
 
