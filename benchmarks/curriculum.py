@@ -42,6 +42,7 @@ from their fixed random seeds when absent.
     python benchmarks/curriculum.py pilot              # about 20 minutes after the warm start
     python benchmarks/curriculum.py run --seeds 1-16   # roughly 25 minutes per seed pair (estimate)
     python benchmarks/curriculum.py report             # the tables from what has finished
+    python benchmarks/curriculum.py levels             # which levels each arm trains on
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from groupwise import GRPOConfig, GRPOTrainer
+from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum
 from groupwise.data import arithmetic_dataset
 from groupwise.evaluation import evaluate_model
 from groupwise.models import load_model_and_tokenizer
@@ -534,9 +536,89 @@ def command_report() -> None:
     )
 
 
+def replay_levels(pass_rate: np.ndarray, arm: str, seed: int, steps: int = BUDGET_STEPS) -> dict:
+    """Which levels an arm trains on when every prompt keeps the warm start's measured pass
+    rate (no learning: the picture of the first steps). ``select`` is groupwise's own
+    SelectCurriculum with the experiment's options, driven as the trainer drives it (a seeded
+    epoch sampler, ``choose`` among the over-sampled candidates, ``plan``, ``observe_global``);
+    outcomes are Bernoulli draws. Returns per level the share of groups and the informative
+    groups, and the informative groups per rollout."""
+    rng = np.random.default_rng(seed)
+    rows = [{"prompt": str(i), "difficulty": d * 10 + 2}
+            for d in LEVELS for i in range(POOL_PER_LEVEL)]  # fmt: skip
+    level = np.repeat(np.arange(len(LEVELS)), POOL_PER_LEVEL)
+    prompts = BASE_OPTIONS["per_device_train_batch_size"] // BASE_OPTIONS["num_generations"]
+    select = None
+    if arm == "select":
+        select = SelectCurriculum(num_generations=BASE_OPTIONS["num_generations"],
+                                  n_min=BASE_OPTIONS["rollout_min"],
+                                  n_max=BASE_OPTIONS["rollout_max"], seed=seed)  # fmt: skip
+    order: list[int] = []
+    groups = np.zeros(len(LEVELS))
+    informative = np.zeros(len(LEVELS))
+    rollouts = 0
+    for _ in range(steps):
+        drawn = select.candidates(prompts) if select else prompts
+        indices = []
+        while len(indices) < drawn:
+            order = order or rng.permutation(len(rows)).tolist()
+            indices.append(order.pop())
+        if select is None:
+            counts = [BASE_OPTIONS["num_generations"]] * prompts
+        else:
+            picked = select.choose(indices, [rows[i] for i in indices], prompts)
+            indices = [indices[k] for k in picked]
+            batch = PromptBatch(indices, slice(0, prompts), [rows[i] for i in indices],
+                                [[0]] * prompts)  # fmt: skip
+            plan = select.plan(batch)
+            counts = list(plan.counts)
+        prompt, correct = [], []
+        for j, (index, n) in enumerate(zip(indices, counts, strict=True)):
+            k = int(rng.binomial(n, pass_rate[index]))
+            groups[level[index]] += 1
+            informative[level[index]] += 0 < k < n
+            rollouts += n
+            prompt += [j] * n
+            correct += [1.0] * k + [0.0] * (n - k)
+        if select is not None:
+            select.observe_global(plan, GlobalRows(prompt, correct, [0.0] * len(prompt), correct))
+    return {"share": (groups / groups.sum()).tolist(), "informative": informative.tolist(),
+            "informative_per_rollout": float(informative.sum() / rollouts)}  # fmt: skip
+
+
+def command_levels(repeats: int = 20) -> None:
+    """Per level, the groups each arm trained on: replayed from the pilot's measured pass rates,
+    and measured in the finished runs that recorded their groups."""
+    pilot = json.loads((RESULTS / "pilot.json").read_text())
+    pass_rate = np.asarray(pilot["pass_counts"], float) / SAMPLES_PER_PROMPT
+    names = " / ".join(f"{d}-digit" for d in LEVELS)
+    print(f"replay from the pilot's pass rates ({repeats} random seeds, {BUDGET_STEPS} steps, "
+          f"no learning): share of groups and informative groups per run by level "
+          f"({names})")  # fmt: skip
+    for arm in ARMS:
+        runs = [replay_levels(pass_rate, arm, seed) for seed in range(repeats)]
+        share = np.mean([r["share"] for r in runs], axis=0)
+        inform = np.mean([r["informative"] for r in runs], axis=0)
+        rate = np.mean([r["informative_per_rollout"] for r in runs])
+        print(f"  {arm:8} share {' / '.join(f'{x:.2f}' for x in share)}; informative groups "
+              f"{' / '.join(f'{x:.1f}' for x in inform)}; per rollout {rate:.3f}")  # fmt: skip
+    recorded = [r for r in read_runs() if r.get("groups")]
+    if recorded:
+        print("measured in the runs (share of groups; informative groups by level):")
+    for r in recorded:
+        share, inform = np.zeros(len(LEVELS)), np.zeros(len(LEVELS))
+        for step in r["groups"]:
+            for digits, n, correct in step:
+                share[LEVELS.index(digits)] += 1
+                inform[LEVELS.index(digits)] += 0 < correct < n
+        print(f"  seed {r['seed']} {r['arm']:8} share "
+              f"{' / '.join(f'{x:.2f}' for x in share / share.sum())}; informative groups "
+              f"{' / '.join(f'{x:.0f}' for x in inform)}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=["pilot", "run", "report"])
+    parser.add_argument("stage", choices=["pilot", "run", "report", "levels"])
     parser.add_argument("--seeds", default="1-16", help="experiment seeds, e.g. 1-16 or 1,3")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--work", default="runs/curriculum-work", help="model weights")
@@ -546,6 +628,8 @@ def main(argv: list[str] | None = None) -> None:
         command_pilot(Path(opts.work))
     elif opts.stage == "run":
         command_run(Path(opts.work), parse_seeds(opts.seeds), opts.arms.split(","), opts.force)
+    elif opts.stage == "levels":
+        command_levels()
     else:
         command_report()
 

@@ -81,3 +81,43 @@ def test_paired_statistics(bench: ModuleType) -> None:
     assert bench.parse_seeds("1-3,7") == [1, 2, 3, 7]
     with pytest.raises(SystemExit, match="pilot"):
         bench.parse_seeds("0-2")
+
+
+def test_replay_levels_uniform_spreads_and_select_follows_the_informative_level(
+    bench: ModuleType,
+) -> None:
+    # Level pass rates 0.5 / 0.0 / 1.0: only the first level can give an informative group
+    # (P = 1 - 2 * 0.5^4 = 0.875 for a group of 4), the others never do.
+    pass_rate = np.repeat([0.5, 0.0, 1.0], bench.POOL_PER_LEVEL)
+    uniform = bench.replay_levels(pass_rate, "uniform", seed=0, steps=48)
+    assert uniform["share"] == pytest.approx([1 / 3] * 3)  # whole epochs of 192 prompts / 4
+    assert uniform["informative"][1:] == [0.0, 0.0]
+    assert uniform["informative"][0] == pytest.approx(64 * 0.875, abs=12)
+    select = bench.replay_levels(pass_rate, "select", seed=0, steps=48)
+    assert select["informative"][1:] == [0.0, 0.0]
+    # best_k on the level posterior takes the informative level whenever one is among the 16
+    # candidates, so it trains there far more than a third of the time.
+    assert select["share"][0] > 0.6
+    assert select["informative_per_rollout"] > 1.5 * uniform["informative_per_rollout"]
+
+
+def test_step_groups_records_level_rollouts_and_correct(bench: ModuleType) -> None:
+    import types
+
+    import torch
+
+    rows = [{"difficulty": 32}, {"difficulty": 22}, {"difficulty": 12}]
+    records = types.SimpleNamespace(
+        last_batch=(
+            rows,
+            None,
+            torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]),
+            None,
+            None,
+            torch.tensor([0, 0, 0, 2, 2, 2, 2]),  # prompt 1 got no rows (not in this rank's share)
+            None,
+        )
+    )
+    budget = bench.TokenBudget(100, [])
+    budget.trainer = types.SimpleNamespace(records=records)
+    assert budget.step_groups() == [[3, 3, 1], [1, 4, 3]]
