@@ -112,6 +112,16 @@ def test_int_field_accepts_integral_float_and_rejects_others():
         GRPOConfig.from_dict({"max_steps": True})
 
 
+def test_number_fields_parse_strings_as_their_own_type():
+    parsed = GRPOConfig.from_dict({"max_steps": "7", "beta": "0.5", "temperature": 2})
+    assert (parsed.max_steps, parsed.beta, parsed.temperature) == (7, 0.5, 2.0)
+    assert type(parsed.max_steps) is int and type(parsed.temperature) is float
+    with pytest.raises(ConfigError, match=r"'max_steps' expects an integer, got '7\.5'"):
+        GRPOConfig.from_dict({"max_steps": "7.5"})
+    with pytest.raises(ConfigError, match=r"'beta' expects a number, got 'high'"):
+        GRPOConfig.from_dict({"beta": "high"})
+
+
 def test_float_field_rejects_bool():
     with pytest.raises(ConfigError, match=r"'beta' expects a number, got True"):
         GRPOConfig.from_dict({"beta": True})

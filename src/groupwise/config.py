@@ -689,30 +689,18 @@ def coerce(value: Any, tp: Any, what: str) -> Any:
         if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
             return False
         raise ConfigError(f"{what} expects true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{what} expects an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
+    if tp in (int, float):
+        # A bool is no number here; an integer option takes a float only when it is whole.
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number and (tp is float or isinstance(value, int) or value.is_integer()):
+            return tp(value)
         if isinstance(value, str):
             try:
-                return int(value)
+                return tp(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{what} expects an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{what} expects a number, got {value!r}")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{what} expects a number, got {value!r}")
+        expected = "an integer" if tp is int else "a number"
+        raise ConfigError(f"{what} expects {expected}, got {value!r}")
     if tp is str:
         if isinstance(value, str):
             return value

@@ -71,6 +71,13 @@ def is_eval_problem(text: str, eval_fraction: float = 0.25) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction
 
 
+def check_split(split: str) -> bool:
+    """True for ``eval``, False for ``train``; ValueError otherwise."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    return split == "eval"
+
+
 def arithmetic_expression(rng: random.Random, digits: int, num_operands: int, ops: str) -> str:
     low = 0 if digits == 1 else 10 ** (digits - 1)
     high = 10**digits - 1
@@ -131,8 +138,7 @@ def arithmetic_dataset(
     ``{"prompt", "answer", "difficulty", "expression"}``. The ``train`` and ``eval`` splits
     never share an expression. Problems are distinct within a split; if the space is too small
     for ``num_problems``, a ValueError says how many exist."""
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    want_eval = check_split(split)
     if digits < 1 or min_operands < 2 or max_operands < min_operands:
         raise ValueError(
             f"need digits >= 1 and 2 <= min_operands <= max_operands, got digits={digits}, "
@@ -145,7 +151,6 @@ def arithmetic_dataset(
     if size is not None and num_problems > size:
         raise TaskSizeError("arithmetic", split, num_problems, size, hint=settings)
     rng = random.Random(f"arithmetic-{split}-{seed}")
-    want_eval = split == "eval"
     seen: set[str] = set()
     rows = []
     misses = 0

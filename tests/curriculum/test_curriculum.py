@@ -118,6 +118,16 @@ def test_prompt_gdro_share_normalisation_gamma_and_cap():
     np.testing.assert_allclose(clipped.bin_weights(), [0.880797, 0.119203], atol=1e-6)
 
 
+def test_both_adversaries_mix_the_same_exponential_weights_with_gamma():
+    # softmax([0, ln 2]) = [1/3, 2/3]; with gamma 0.1: 0.9 * [1/3, 2/3] + 0.1 / 2 = [0.35, 0.65]
+    prompts = PromptGDRO(num_bins=2, eta=1.0, gamma=0.1, ema_beta=1.0, share_normalize=False)
+    prompts.update([0, 1], [0.0, math.log(2.0)])
+    np.testing.assert_allclose(prompts.bin_weights(), [0.35, 0.65], atol=1e-12)
+    arms = RolloutGDRO(num_bins=1, n_min=2, n_max=3, mean_budget=2.5, eta=1.0, gamma=0.1)
+    arms.scores[0] = [0.0, math.log(2.0)]
+    np.testing.assert_allclose(arms.arm_probs(0), [0.35, 0.65], atol=1e-12)
+
+
 def test_sqrt_allocation_matches_closed_form():
     # v = [0.25, 0.0625] -> sqrt [0.5, 0.25]; q = [0.5, 0.5]; sum q sqrt v = 0.375
     # n_0 = 3 * 0.5 / 0.375 = 4, n_1 = 3 * 0.25 / 0.375 = 2

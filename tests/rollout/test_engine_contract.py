@@ -17,7 +17,14 @@ import torch
 import fake_vllm
 from groupwise.logprobs import completion_logprobs
 from groupwise.models import tiny_random_model
-from groupwise.rollout import HFEngine, RolloutEngine, SamplingParams, eos_token_ids
+from groupwise.rollout import (
+    Engine,
+    HFEngine,
+    Request,
+    RolloutEngine,
+    SamplingParams,
+    eos_token_ids,
+)
 
 VOCAB = 16  # a small vocabulary: EOS is drawn often enough that rows both end and truncate
 MAX_NEW = 10
@@ -259,3 +266,58 @@ def test_every_engine_refuses_a_missing_count_or_an_empty_prompt_alike(
     engine = make(model, SamplingParams(max_completion_length=MAX_NEW)).engine
     with pytest.raises(ValueError, match=message):
         engine.generate(prompts, counts)
+
+
+def test_every_engine_is_a_rollout_engine(make, model):
+    engine = make(model, SamplingParams(max_completion_length=MAX_NEW)).engine
+    assert isinstance(engine, Engine) and isinstance(engine, RolloutEngine)
+
+
+class Echo(Engine):
+    """A user's engine: it writes only ``sample`` and keeps every request it gets."""
+
+    def __init__(self, params, generator=None):
+        self.params, self.generator, self.requests = params, generator, []
+
+    def sample(self, request):
+        self.requests.append(request)
+        return "sampled"
+
+
+def test_a_derived_engine_gets_checked_requests_with_its_own_defaults():
+    own, given = SamplingParams(8), SamplingParams(4, temperature=0.0)
+    own_generator, given_generator = torch.Generator(), torch.Generator()
+    engine = Echo(own, own_generator)
+    rows = [{"prompt": "a"}, {"prompt": "b"}]
+    assert engine.generate([(5, 7), torch.tensor([3])], 2, rows=rows) == "sampled"
+    first = engine.requests[-1]
+    assert first == Request([[5, 7], [3]], [2, 2], own, own_generator, rows)
+    assert first.count == 2  # uniform groups: one count
+    engine.generate([[5, 7], [3]], [2, 1], given, given_generator)
+    second = engine.requests[-1]
+    assert (second.counts, second.params, second.generator, second.rows) == (
+        [2, 1], given, given_generator, None
+    )  # fmt: skip
+    assert second.count == [2, 1]
+    with pytest.raises(ValueError, match="need one count >= 1 per prompt"):
+        engine.generate([[5, 7], [3]], [2])
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.generate([[5, 7], []], 1)
+    assert len(engine.requests) == 2  # a refused call never reaches sample
+
+
+def test_hand_written_engines_still_satisfy_the_protocol():
+    class HandWritten:  # no base class: the protocol is structural
+        def generate(self, prompt_ids, counts, params=None, generator=None, rows=None):
+            return None
+
+        def sync(self, policy):
+            pass
+
+    class Declared(RolloutEngine):  # names the protocol but defines no generate
+        pass
+
+    assert isinstance(HandWritten(), RolloutEngine)
+    assert not isinstance(object(), RolloutEngine)
+    with pytest.raises(NotImplementedError, match="Declared is a rollout engine: define generate"):
+        Declared().generate([[1]], 1)

@@ -11,19 +11,21 @@ from groupwise.tasks import (
     LEVELS,
     TASKS,
     answer_block,
+    answer_rewards,
     build_task,
     task_reward_func,
     task_reward_funcs,
 )
 from groupwise.tasks.countdown import (
     check_solution,
+    countdown_dataset,
     countdown_problem,
     countdown_reward,
     evaluate,
 )
 from groupwise.tasks.mixed import mixed_dataset, rank_weights, task_reward
-from groupwise.tasks.python_tasks import load_problems, split_problems
-from groupwise.tasks.reasoning_gym_tasks import reasoning_gym_reward
+from groupwise.tasks.python_tasks import load_problems, python_dataset, split_problems
+from groupwise.tasks.reasoning_gym_tasks import reasoning_gym_dataset, reasoning_gym_reward
 
 
 def _answer(text: str) -> str:
@@ -81,6 +83,39 @@ def test_reward_names_and_errors():
         build_task("countdown", 1, "test")
     with pytest.raises(ValueError, match="difficulty"):
         build_task("countdown", 1, "train", difficulty=9)
+
+
+def test_each_tasks_own_builder_is_build_task_of_that_task():
+    assert countdown_dataset(5, "eval", 1, 5, False) == build_task(
+        "countdown", 5, "eval", 1, 5, False
+    )
+    assert python_dataset(4, seed=2, difficulty=1) == build_task("python", 4, seed=2, difficulty=1)
+    assert reasoning_gym_dataset("logic", 2, "train", 0, 3) == build_task("logic", 2, "train", 0, 3)
+    with pytest.raises(ValueError, match="not a reasoning-gym task: 'countdown'"):
+        reasoning_gym_dataset("countdown", 2)
+    # Every task's options are checked once, in the registry.
+    with pytest.raises(ValueError, match=r"python task: difficulty must be one of \(1, 2, 3\)"):
+        python_dataset(1, difficulty=9)
+    with pytest.raises(ValueError, match="num_problems must be >= 0, got -1"):
+        countdown_dataset(-1)
+    with pytest.raises(ValueError, match="split must be 'train' or 'eval', got 'test'"):
+        reasoning_gym_dataset("gsm", 1, "test")
+
+
+def test_answer_rewards_score_only_rows_with_values_and_an_answer():
+    completions = [_answer("7"), "no block", _answer("5"), _answer("6")]
+
+    def score(answer, want, weight):
+        return weight if answer == want else 0.0
+
+    wants, weights = ["7", "7", None, "7"], [0.5, 1.0, 1.0, 2.0]
+    assert answer_rewards(completions, [wants, weights], score) == [0.5, 0.0, None, 0.0]
+    assert answer_rewards(completions, [wants, None], score) == [None] * 4
+    # reasoning-gym rows of no dataset (None or "") are not scored
+    no_dataset = reasoning_gym_reward(
+        [None] * 2, ["x", "y"], rg_dataset=["", None], rg_entry=["{}"] * 2
+    )
+    assert no_dataset == [None, None]
 
 
 def test_answer_block():

@@ -25,6 +25,15 @@ MU_UPDATES = ("best_response", "expected", "realized")
 # Prompt-GDRO: EMA-debiased exponential weights (section 3.2)
 
 
+def exp3_weights(scores: np.ndarray, eta: float, gamma: float) -> np.ndarray:
+    """``(1 - gamma) softmax(eta * scores) + gamma / len(scores)``: both adversaries' choice
+    probabilities (eq. 15 over bins, EXP3P-style over arms), every choice kept >= gamma / K."""
+    z = eta * scores
+    soft = np.exp(z - z.max())
+    soft /= soft.sum()
+    return (1 - gamma) * soft + gamma / len(scores)
+
+
 class PromptGDRO:
     """Eqs. 12-16: per-bin EMA of the mean loss, exponential weights, advantage multipliers.
 
@@ -65,10 +74,7 @@ class PromptGDRO:
         s = np.array([0.0 if v is None else v for v in self.scores])
         if self.clip is not None:
             s = np.clip(s, -self.clip, self.clip)
-        z = self.eta * s
-        soft = np.exp(z - z.max())
-        soft /= soft.sum()
-        return (1 - self.gamma) * soft + self.gamma / self.num_bins
+        return exp3_weights(s, self.eta, self.gamma)
 
     def sample_weights(self, bin_ids: Sequence[int]) -> np.ndarray:
         """Per-sample advantage multipliers (eq. 16), mean 1 over the batch, capped."""
@@ -260,10 +266,7 @@ class RolloutGDRO:
         self.generator = torch.Generator().manual_seed(seed)
 
     def arm_probs(self, b: int) -> np.ndarray:
-        z = self.eta * self.scores[b]
-        soft = np.exp(z - z.max())
-        soft /= soft.sum()
-        return (1 - self.gamma) * soft + self.gamma / len(self.arms)
+        return exp3_weights(self.scores[b], self.eta, self.gamma)
 
     def allocate(self, bin_ids: Sequence[int]) -> list[int]:
         """Rollouts per prompt: per-bin arms (sampled or most probable) with an exact total."""

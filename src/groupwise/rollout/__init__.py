@@ -1,11 +1,13 @@
 """Rollouts: the engine protocol (:mod:`.base`) and the Hugging Face / torch engine (:mod:`.hf`);
 the colocated vLLM engine is :mod:`.vllm`, imported only when asked for (it needs vllm)."""
 
-from .base import Rollout, RolloutEngine, SamplingParams
+from .base import Engine, Request, Rollout, RolloutEngine, SamplingParams
 from .hf import HFEngine, eos_token_ids, generate, left_pad, sample_next_token, token_logprobs
 
 __all__ = [
+    "Engine",
     "HFEngine",
+    "Request",
     "Rollout",
     "RolloutEngine",
     "SamplingParams",

@@ -102,6 +102,26 @@ def per_prompt_counts(prompts: PromptIds, counts: Counts) -> list[int]:
     return per_prompt
 
 
+@dataclass(frozen=True)
+class Request:
+    """One ``generate`` call, checked and with the engine's defaults filled in: what an
+    :class:`Engine` samples (:meth:`Engine.sample`)."""
+
+    prompt_ids: list[list[int]]  # tokenised prompts, none empty
+    counts: list[int]  # one rollout count >= 1 per prompt
+    params: SamplingParams
+    generator: torch.Generator | None
+    rows: Sequence[Mapping[str, Any]] | None  # the prompts' dataset rows, when given
+
+    @property
+    def count(self) -> int | list[int]:
+        """One count for all prompts when the groups are uniform (then a prompt's cache can be
+        repeated instead of gathered), else ``counts``."""
+        if self.counts and all(c == self.counts[0] for c in self.counts):
+            return self.counts[0]
+        return list(self.counts)
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """Samples completions from the current policy.
@@ -110,7 +130,10 @@ class RolloutEngine(Protocol):
     for every prompt or one per prompt; ``params``/``generator`` default to the engine's own
     (training) ones; ``rows`` are the prompts' dataset rows, which a multi-turn engine resets its
     environments from (a token engine ignores them). ``sync(policy)`` is called after every
-    optimizer step, so an engine holding its own copy of the weights (vLLM) can refresh them."""
+    optimizer step, so an engine holding its own copy of the weights (vLLM) can refresh them.
+
+    Any class with these two methods is an engine; one derived from :class:`Engine` writes only
+    ``sample`` (and ``sync``) and inherits ``generate``."""
 
     def generate(
         self,
@@ -119,6 +142,37 @@ class RolloutEngine(Protocol):
         params: Params = None,
         generator: Gen = None,
         rows: Rows = None,
-    ) -> Rollout: ...
+    ) -> Rollout:
+        """An :class:`Engine`'s completions: ValueError for a missing or non-positive count or an
+        empty prompt (:func:`per_prompt_counts`), else its :meth:`Engine.sample` of the
+        :class:`Request` with its own params and generator where none are given."""
+        if not isinstance(self, Engine):
+            raise NotImplementedError(
+                f"{type(self).__name__} is a rollout engine: define generate(), or derive it "
+                "from groupwise.rollout.Engine and define sample()"
+            )
+        prompts = [[int(t) for t in p] for p in prompt_ids]
+        return self.sample(
+            Request(
+                prompts,
+                per_prompt_counts(prompts, counts),
+                self.params if params is None else params,
+                self.generator if generator is None else generator,
+                rows,
+            )
+        )
 
     def sync(self, policy: torch.nn.Module) -> None: ...
+
+
+class Engine(RolloutEngine):
+    """Base of the built-in engines: the shared ``generate`` checks the call and fills in the
+    engine's own ``params`` and ``generator`` (None: the sampler's own random state), then hands
+    the :class:`Request` to ``sample``."""
+
+    params: SamplingParams
+    generator: torch.Generator | None = None
+
+    def sample(self, request: Request) -> Rollout:
+        """The completions of a checked request."""
+        raise NotImplementedError(f"{type(self).__name__} must define sample()")

@@ -21,7 +21,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
 from ..logprobs import has_recurrent_state
-from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams, per_prompt_counts
+from .base import Engine, Request, Rollout, SamplingParams, per_prompt_counts
 
 
 def seen_tokens(ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -409,7 +409,7 @@ def finish_rollout(
     )
 
 
-class HFEngine:
+class HFEngine(Engine):
     """:class:`~groupwise.rollout.base.RolloutEngine` over :func:`generate`: the policy's own
     weights, in place (``sync`` has nothing to copy).
 
@@ -443,22 +443,13 @@ class HFEngine:
         self.records_logprobs = records_logprobs
         self.generate_kwargs = dict(generate_kwargs or {})
 
-    def generate(
-        self,
-        prompt_ids: PromptIds,
-        counts: Counts,
-        params: Params = None,
-        generator: Gen = None,
-        rows: Rows = None,
-    ) -> Rollout:
+    def sample(self, request: Request) -> Rollout:
         """Completions for every prompt (see :class:`~groupwise.rollout.base.RolloutEngine`);
         ``rows`` are not needed."""
         # One count for all prompts when the groups are uniform: the prompt cache is then
         # repeated instead of gathered (cheaper, and the same numbers either way).
-        if not isinstance(counts, int) and len(set(counts)) == 1:
-            counts = int(counts[0])
-        params = params if params is not None else self.params
-        generator = generator if generator is not None else self.generator
+        prompt_ids, counts = request.prompt_ids, request.count
+        params, generator = request.params, request.generator
         with self.numerics(), self.weights():
             if self.generate_kwargs:
                 return generate_with_transformers(

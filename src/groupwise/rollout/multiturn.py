@@ -34,7 +34,7 @@ from ..data import is_conversational, prompt_text
 from ..errors import ConfigError
 from ..tools.environment import PLACEHOLDER_PROMPT, EnvironmentFactories
 from ..tools.prompting import prompt_text_with_tools
-from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams
+from .base import Engine, Request, Rollout, SamplingParams
 from .hf import (
     HFEngine,
     eos_token_ids,
@@ -414,7 +414,7 @@ def _assemble(
     )
 
 
-class MultiTurnEngine:
+class MultiTurnEngine(Engine):
     """:class:`~groupwise.rollout.base.RolloutEngine` that runs conversations: it wraps the
     token engine (:class:`~groupwise.rollout.hf.HFEngine`: its model, numerics, weights and
     generator) and builds one environment per conversation with ``make_env()``, reset from the
@@ -455,17 +455,15 @@ class MultiTurnEngine:
     def device(self) -> torch.device:
         return self.engine.device
 
-    def generate(
-        self,
-        prompt_ids: PromptIds,
-        counts: Counts,
-        params: Params = None,
-        generator: Gen = None,
-        rows: Rows = None,
-    ) -> Rollout:
+    @property
+    def generator(self) -> torch.Generator | None:
+        return self.engine.generator
+
+    def sample(self, request: Request) -> Rollout:
         """One conversation per rollout; ``rows`` (the prompts' dataset rows) reset the
         environments. Without rows the environments are reset from ``{}``."""
-        counts = [counts] * len(prompt_ids) if isinstance(counts, int) else list(counts)
+        prompt_ids, counts, rows = request.prompt_ids, request.counts, request.rows
+        params, generator = request.params, request.generator
         envs: list[Any] = []
         if self.environments is not None:
             rows = rows if rows is not None else [{"prompt": PLACEHOLDER_PROMPT}] * len(counts)
@@ -491,9 +489,9 @@ class MultiTurnEngine:
                 counts,
                 envs,
                 render,
-                params if params is not None else engine.params,
+                params,
                 self.limits,
-                generator if generator is not None else engine.generator,
+                generator,
                 return_logprobs=engine.records_logprobs,
                 reencode=self.reencode,
                 stop_matcher=self.stop,

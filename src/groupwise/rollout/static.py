@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams, per_prompt_counts
+from .base import Engine, Request, Rollout, SamplingParams
 from .hf import (
     eos_token_ids,
     finish_rollout,
@@ -363,7 +363,7 @@ def decode_step(
     return linear(hidden, w.lm_head).float()
 
 
-class StaticEngine:
+class StaticEngine(Engine):
     """:class:`~groupwise.rollout.base.RolloutEngine` on a lean decoder with its own copy of the
     weights (see the module docstring).
 
@@ -426,32 +426,12 @@ class StaticEngine:
         with self.weights():
             self.decoder.load(policy)
 
-    def generate(
-        self,
-        prompt_ids: PromptIds,
-        counts: Counts,
-        params: Params = None,
-        generator: Gen = None,
-        rows: Rows = None,
-    ) -> Rollout:
-        """Completions for every prompt (see :class:`~groupwise.rollout.base.RolloutEngine`)."""
-        return self._generate(
-            [list(p) for p in prompt_ids],
-            counts,
-            params if params is not None else self.params,
-            generator if generator is not None else self.generator,
-        )
-
     @torch.no_grad()
-    def _generate(
-        self,
-        prompts: list[list[int]],
-        num_generations: Counts,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> Rollout:
+    def sample(self, request: Request) -> Rollout:
+        """Completions for every prompt (see :class:`~groupwise.rollout.base.RolloutEngine`)."""
+        prompts, counts = request.prompt_ids, request.counts
+        params, generator = request.params, request.generator
         n_prompts = len(prompts)
-        counts = per_prompt_counts(prompts, num_generations)
         w, device = self.decoder, self._device
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)

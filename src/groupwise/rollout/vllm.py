@@ -52,7 +52,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..errors import ConfigError
-from .base import Counts, Gen, Params, PromptIds, Rollout, Rows, SamplingParams, per_prompt_counts
+from .base import Engine, Request, Rollout, SamplingParams
 from .hf import left_pad
 from .weights import checkpoint_weights
 
@@ -99,7 +99,7 @@ def layer_chunks(
 # The engine
 
 
-class VLLMEngine:
+class VLLMEngine(Engine):
     """:class:`~groupwise.rollout.base.RolloutEngine` over a colocated ``vllm.LLM``.
 
     ``llm``: the vLLM engine (built by :func:`build_vllm_engine`); ``device``: where the rollout's
@@ -163,22 +163,14 @@ class VLLMEngine:
             detokenize=False,  # texts are decoded below, as the HF engine decodes them
         )
 
-    def generate(
-        self,
-        prompt_ids: PromptIds,
-        counts: Counts,
-        params: Params = None,
-        generator: Gen = None,
-        rows: Rows = None,
-    ) -> Rollout:
+    def sample(self, request: Request) -> Rollout:
         """Completions for every prompt (see :class:`~groupwise.rollout.base.RolloutEngine`).
 
         Sampling uses vLLM's own random state (seeded per rank at construction), which keeps its
         fast sampling kernels; an explicit ``generator`` (evaluation) seeds each request from it
         instead, so such calls are reproducible. ``rows`` are not needed."""
-        prompts = [list(map(int, p)) for p in prompt_ids]
-        counts = per_prompt_counts(prompts, counts)
-        params = params if params is not None else self.params
+        prompts, counts = request.prompt_ids, request.counts
+        params, generator = request.params, request.generator
         seeds: list[int | None] = [None] * len(prompts)
         if generator is not None:
             drawn = torch.randint(

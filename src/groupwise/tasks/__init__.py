@@ -14,6 +14,11 @@ Splits: a problem is in ``eval`` when a hash of its text falls below ``eval_frac
 so ``train`` and ``eval`` never share a problem whatever the seed or size. Generation is
 deterministic for a given ``(num_problems, split, seed, difficulty, few_shot)``.
 
+:func:`build_task` checks the split, the count and the level once for every task and hands the
+checked call (a :class:`TaskRequest`: its seeded generator, its row layout) to the task's row
+builder (:data:`_DATASETS`); ``countdown_dataset`` and ``python_dataset`` are ``build_task`` of
+their task.
+
 Tasks (``difficulty`` is a level of :data:`LEVELS`; None picks :data:`DEFAULT_LEVEL`):
 
 - ``arithmetic``: :func:`groupwise.data.arithmetic_dataset`; difficulty ``10 * digits +
@@ -35,11 +40,15 @@ package's (:func:`task_reward_func` returns them by name; each is marked ``is_co
 from __future__ import annotations
 
 import importlib
+import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ..data import is_eval_problem
+from ..data import check_split, is_eval_problem
+from ..errors import TaskSizeError
+from ..rewards.basic import completion_text
 
 TASKS = ("arithmetic", "countdown", "gsm", "logic", "python", "mixed")
 
@@ -69,11 +78,16 @@ _REWARD_FUNCS = {
     "mixed": ["format", "task"],
 }
 
-# Loaded on first use ("module:function", relative to this package): a task's dependencies
-# (reasoning-gym, the code sandbox) are imported only by runs that use it.
+# Each task's row builder (a :class:`TaskRequest` -> rows), loaded on first use ("module:function",
+# relative to this package): a task's dependencies (reasoning-gym, the code sandbox) are
+# imported only by runs that use it.
 _DATASETS = {
-    "countdown": ".countdown:countdown_dataset",
-    "python": ".python_tasks:python_dataset",
+    "arithmetic": ".:arithmetic_rows",
+    "countdown": ".countdown:countdown_rows",
+    "gsm": ".reasoning_gym_tasks:reasoning_gym_rows",
+    "logic": ".reasoning_gym_tasks:reasoning_gym_rows",
+    "python": ".python_tasks:python_rows",
+    "mixed": ".mixed:mixed_rows",
 }
 _TASK_REWARDS = {
     "countdown": ".countdown:countdown_reward",
@@ -97,13 +111,6 @@ def _lazy(ref: str) -> Callable[..., Any]:
     """The function ``module:function`` names, importing its module relative to this package."""
     module, _, function = ref.partition(":")
     return getattr(importlib.import_module(module, __name__), function)
-
-
-def check_split(split: str) -> bool:
-    """True for ``eval``, False for ``train``; ValueError otherwise."""
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    return split == "eval"
 
 
 def chat_prompt(
@@ -169,6 +176,70 @@ def check_level(task: str, difficulty: int | None) -> int | None:
     return int(difficulty)
 
 
+@dataclass(frozen=True)
+class TaskRequest:
+    """One :func:`build_task` call, checked: what a task's row builder gets."""
+
+    task: str
+    num_problems: int  # >= 0
+    split: str  # "train" or "eval"
+    seed: int
+    level: int | None  # the difficulty, checked against LEVELS (None: all levels, or no scale)
+    few_shot: bool
+
+    @property
+    def eval(self) -> bool:
+        return self.split == "eval"
+
+    def rng(self) -> random.Random:
+        """The task's seeded generator: one stream per (task, split, seed, level)."""
+        return random.Random(f"{self.task}-{self.split}-{self.seed}-{self.level}")
+
+    def shortfall(self, got: int, hint: str) -> TaskSizeError:
+        """The error for a split that stopped yielding new problems after ``got`` rows."""
+        return TaskSizeError(self.task, self.split, self.num_problems, got, exact=False, hint=hint)
+
+    def row(
+        self,
+        prompt: tuple[str, tuple[str, str]],
+        question: str,
+        answer: str,
+        difficulty: int,
+        **columns: Any,
+    ) -> dict[str, Any]:
+        """A row of the task: ``question`` as a conversation under ``prompt`` (the system prompt
+        and the worked example, shown with ``few_shot``), plus the task's own ``columns``."""
+        system, example = prompt
+        return {
+            "prompt": chat_prompt(system, question, example, self.few_shot),
+            "answer": answer,
+            "difficulty": difficulty,
+            "task": self.task,
+            **columns,
+        }
+
+
+def arithmetic_rows(request: TaskRequest) -> list[dict[str, Any]]:
+    """Rows of the arithmetic task: :func:`groupwise.data.arithmetic_dataset` at the level's
+    digits (tens) and operands (units)."""
+    from ..data import arithmetic_dataset
+
+    level = request.level
+    assert level is not None
+    rows = arithmetic_dataset(
+        request.num_problems,
+        split=request.split,
+        seed=request.seed,
+        digits=level // 10,
+        min_operands=level % 10,
+        max_operands=level % 10,
+        few_shot=request.few_shot,
+    )
+    for row in rows:
+        row["task"] = "arithmetic"
+    return rows
+
+
 def build_task(
     name: str,
     num_problems: int,
@@ -177,38 +248,35 @@ def build_task(
     difficulty: int | None = None,
     few_shot: bool = True,
 ) -> list[dict[str, Any]]:
-    """``num_problems`` rows of task ``name`` (see the module docstring)."""
+    """``num_problems`` rows of task ``name`` (see the module docstring); ``mixed`` ignores
+    ``difficulty``."""
+    if name not in _DATASETS:
+        raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
     check_split(split)
     if num_problems < 0:
         raise ValueError(f"num_problems must be >= 0, got {num_problems}")
-    if name == "arithmetic":
-        from ..data import arithmetic_dataset
+    level = check_level(name, difficulty) if name in LEVELS else None
+    return _lazy(_DATASETS[name])(TaskRequest(name, num_problems, split, seed, level, few_shot))
 
-        level = check_level(name, difficulty)
-        assert level is not None
-        rows = arithmetic_dataset(
-            num_problems,
-            split=split,
-            seed=seed,
-            digits=level // 10,
-            min_operands=level % 10,
-            max_operands=level % 10,
-            few_shot=few_shot,
-        )
-        for row in rows:
-            row["task"] = "arithmetic"
-        return rows
-    if name in ("gsm", "logic"):
-        from .reasoning_gym_tasks import reasoning_gym_dataset
 
-        return reasoning_gym_dataset(name, num_problems, split, seed, difficulty, few_shot)
-    if name == "mixed":
-        from .mixed import mixed_dataset
-
-        return mixed_dataset(num_problems, split, seed, few_shot=few_shot)
-    if name in _DATASETS:  # (num_problems, split, seed, difficulty, few_shot)
-        return _lazy(_DATASETS[name])(num_problems, split, seed, difficulty, few_shot)
-    raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+def answer_rewards(
+    completions: Sequence[Any],
+    columns: Sequence[Sequence[Any] | None],
+    score: Callable[..., float],
+) -> list[float | None]:
+    """A correctness reward over each completion's single answer block (:func:`answer_block`):
+    None for every row when a column is missing and for a row with a None value in one; 0.0
+    for a completion without a valid answer block; else ``score(answer, *the row's values)``."""
+    if any(column is None for column in columns):
+        return [None] * len(completions)
+    scores: list[float | None] = []
+    for completion, *values in zip(completions, *columns, strict=True):  # type: ignore[arg-type]
+        if any(value is None for value in values):
+            scores.append(None)
+            continue
+        answer = answer_block(completion_text(completion))
+        scores.append(0.0 if answer is None else score(answer, *values))
+    return scores
 
 
 def task_reward_funcs(name: str) -> list[str]:

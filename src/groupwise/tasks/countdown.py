@@ -18,6 +18,7 @@ numerator or denominator exceeds :data:`MAX_MAGNITUDE`.
 from __future__ import annotations
 
 import ast
+import functools
 import random
 from collections import Counter
 from collections.abc import Sequence
@@ -25,9 +26,7 @@ from fractions import Fraction
 from typing import Any
 
 from ..data import STALL_DRAWS
-from ..errors import TaskSizeError
-from ..rewards.basic import completion_text
-from . import answer_block, chat_prompt, check_level, check_split, is_eval_problem
+from . import TaskRequest, answer_rewards, build_task, is_eval_problem
 
 MAX_EXPRESSION_CHARS = 200
 MAX_LITERAL = 10**6
@@ -44,6 +43,7 @@ WORKED_EXAMPLE = (
     "Using the numbers [3, 5, 2], each exactly once, make 16.",
     "<think> 3 + 5 = 8, 8 * 2 = 16 </think> <answer> (3 + 5) * 2 </answer>",
 )
+PROMPT = (SYSTEM_PROMPT, WORKED_EXAMPLE)
 
 _UNICODE_OPS = str.maketrans({"×": "*", "÷": "/", "−": "-", "–": "-"})
 
@@ -131,17 +131,11 @@ def countdown_reward(
     expression that is valid, uses exactly the row's ``numbers`` (each once, none missing or
     extra) and equals its ``target`` (:func:`check_solution`); else 0.0. None for rows without
     ``numbers``/``target`` (not applicable)."""
-    n = len(completions)
-    if numbers is None or target is None:
-        return [None] * n
-    scores: list[float | None] = []
-    for completion, nums, goal in zip(completions, numbers, target, strict=True):
-        if nums is None or goal is None:
-            scores.append(None)
-            continue
-        answer = answer_block(completion_text(completion))
-        scores.append(1.0 if answer is not None and check_solution(answer, nums, goal) else 0.0)
-    return scores
+    return answer_rewards(
+        completions,
+        [numbers, target],
+        lambda answer, nums, goal: 1.0 if check_solution(answer, nums, goal) else 0.0,
+    )
 
 
 countdown_reward.is_correctness = True  # type: ignore[attr-defined]
@@ -186,46 +180,30 @@ def problem_text(numbers: Sequence[int], target: int) -> str:
     return f"Using the numbers {list(numbers)}, each exactly once, make {target}."
 
 
-def countdown_dataset(
-    num_problems: int,
-    split: str = "train",
-    seed: int = 0,
-    difficulty: int | None = None,
-    few_shot: bool = True,
-) -> list[dict[str, Any]]:
+def countdown_rows(request: TaskRequest) -> list[dict[str, Any]]:
     """Rows ``{"prompt", "answer", "difficulty", "task", "numbers", "target"}``; problems are
     distinct within a split, and the split is decided by the sorted numbers and the target (so a
     reordering of an eval problem never lands in train)."""
-    want_eval = check_split(split)
-    count = check_level("countdown", difficulty)
+    count, rng = request.level, request.rng()
     assert count is not None
-    rng = random.Random(f"countdown-{split}-{seed}-{count}")
     seen: set[str] = set()
     rows: list[dict[str, Any]] = []
     misses = 0
-    while len(rows) < num_problems:
+    while len(rows) < request.num_problems:
         misses += 1
         if misses > STALL_DRAWS:
-            raise TaskSizeError(
-                "countdown", split, num_problems, len(rows), exact=False,
-                hint=f" with {count} numbers (difficulty {count})",
-            )  # fmt: skip
+            raise request.shortfall(len(rows), f" with {count} numbers (difficulty {count})")
         numbers, target, solution = countdown_problem(rng, count)
         key = f"countdown {sorted(numbers)} -> {target}"
-        if key in seen or is_eval_problem(key) != want_eval:
+        if key in seen or is_eval_problem(key) != request.eval:
             continue
         seen.add(key)
         misses = 0
-        rows.append(
-            {
-                "prompt": chat_prompt(
-                    SYSTEM_PROMPT, problem_text(numbers, target), WORKED_EXAMPLE, few_shot
-                ),
-                "answer": solution,
-                "difficulty": count,
-                "task": "countdown",
-                "numbers": numbers,
-                "target": target,
-            }
-        )
+        question = problem_text(numbers, target)
+        rows.append(request.row(PROMPT, question, solution, count, numbers=numbers, target=target))
     return rows
+
+
+countdown_dataset = functools.partial(build_task, "countdown")
+"""``countdown_dataset(num_problems, split, seed, difficulty, few_shot)``: the countdown task's
+rows (:func:`countdown_rows`)."""

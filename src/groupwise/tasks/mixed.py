@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import TaskSizeError
-from . import CORRECTNESS_REWARDS, LEVELS, _lazy, build_task, check_split
+from . import CORRECTNESS_REWARDS, LEVELS, TaskRequest, _lazy, build_task, check_split
 
 MIXED_TASKS = ("arithmetic", "countdown", "gsm", "logic", "python")
 MAX_RANK = 6
@@ -99,6 +99,13 @@ def mixed_dataset(
     for row in rows:
         keys.update(dict.fromkeys(row))
     return [{key: row.get(key) for key in keys} for row in rows]
+
+
+def mixed_rows(request: TaskRequest) -> list[dict[str, Any]]:
+    """The ``mixed`` task of :func:`~groupwise.tasks.build_task`: the default mix."""
+    return mixed_dataset(
+        request.num_problems, request.split, request.seed, few_shot=request.few_shot
+    )
 
 
 def _reward_for(task: Any) -> Any:

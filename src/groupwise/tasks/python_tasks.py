@@ -19,13 +19,13 @@ rows cycle through the split's problems (each pass in a seeded order).
 
 from __future__ import annotations
 
+import functools
 import json
-import random
 from functools import cache
 from importlib import resources
 from typing import Any
 
-from . import chat_prompt, check_split, is_eval_problem
+from . import TaskRequest, build_task, check_split, is_eval_problem
 
 SYSTEM_PROMPT = (
     "You are a careful Python programmer. Think step by step inside <think> </think>, then give "
@@ -37,6 +37,7 @@ WORKED_EXAMPLE = (
     "<think> Multiplying by two gives twice the number. </think> <answer>\n```python\n"
     "def double(x):\n    return 2 * x\n```\n</answer>",
 )
+PROMPT = (SYSTEM_PROMPT, WORKED_EXAMPLE)
 
 
 @cache
@@ -57,33 +58,31 @@ def split_problems(split: str, difficulty: int | None = None) -> list[dict[str, 
     ]
 
 
-def python_dataset(
-    num_problems: int,
-    split: str = "train",
-    seed: int = 0,
-    difficulty: int | None = None,
-    few_shot: bool = True,
-) -> list[dict[str, Any]]:
+def python_rows(request: TaskRequest) -> list[dict[str, Any]]:
     """Rows of the python task (see the module docstring)."""
-    if difficulty is not None and difficulty not in (1, 2, 3):
-        raise ValueError(f"python task: difficulty must be 1, 2 or 3, got {difficulty!r}")
+    num_problems, split, difficulty = request.num_problems, request.split, request.level
     problems = split_problems(split, difficulty)
     if not problems and num_problems:
         raise ValueError(f"python task: no {split} problems at difficulty {difficulty}")
-    rng = random.Random(f"python-{split}-{seed}-{difficulty}")
+    rng = request.rng()
     rows: list[dict[str, Any]] = []
     while len(rows) < num_problems:
         order = list(problems)
         rng.shuffle(order)
         for p in order[: num_problems - len(rows)]:
             rows.append(
-                {
-                    "prompt": chat_prompt(SYSTEM_PROMPT, p["prompt"], WORKED_EXAMPLE, few_shot),
-                    "answer": p["solution"],
-                    "difficulty": int(p["difficulty"]),
-                    "task": "python",
-                    "tests": list(p["tests"]),
-                    "entry_point": p["name"],
-                }
+                request.row(
+                    PROMPT,
+                    p["prompt"],
+                    p["solution"],
+                    int(p["difficulty"]),
+                    tests=list(p["tests"]),
+                    entry_point=p["name"],
+                )
             )
     return rows
+
+
+python_dataset = functools.partial(build_task, "python")
+"""``python_dataset(num_problems, split, seed, difficulty, few_shot)``: the python task's rows
+(:func:`python_rows`)."""

@@ -22,16 +22,14 @@ default); the ``logic`` answer is a sentence, which ``accuracy`` cannot compare.
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from ..errors import TaskSizeError
-from ..rewards.basic import completion_text
-from . import answer_block, chat_prompt, check_level, check_split, is_eval_problem
+from . import TaskRequest, answer_rewards, build_task, is_eval_problem
 
 RG_NAMES = {"gsm": "gsm_symbolic", "logic": "knights_knaves"}
+Rows = list[dict[str, Any]]
 CHUNK = 256
 
 SYSTEM_PROMPTS = {
@@ -69,55 +67,43 @@ def _create(rg_name: str, size: int, seed: int, level: int) -> Any:
     return reasoning_gym.create_dataset(rg_name, size=size, seed=seed, **kwargs)
 
 
-def reasoning_gym_dataset(
-    name: str,
-    num_problems: int,
-    split: str = "train",
-    seed: int = 0,
-    difficulty: int | None = None,
-    few_shot: bool = True,
-) -> list[dict[str, Any]]:
-    """Rows of task ``name`` (``gsm`` or ``logic``); see the module docstring."""
+def reasoning_gym_dataset(name: str, num_problems: int, *args: Any, **kwargs: Any) -> Rows:
+    """Rows of task ``name`` (``gsm`` or ``logic``): :func:`~groupwise.tasks.build_task` for a
+    reasoning-gym task (the same options after ``num_problems``)."""
     if name not in RG_NAMES:
         raise ValueError(f"not a reasoning-gym task: {name!r}")
-    want_eval = check_split(split)
-    level = check_level(name, difficulty)
+    return build_task(name, num_problems, *args, **kwargs)
+
+
+def reasoning_gym_rows(request: TaskRequest) -> Rows:
+    """Rows of task ``gsm`` or ``logic``; see the module docstring."""
+    name, num_problems, level = request.task, request.num_problems, request.level
     assert level is not None
     rg_name = RG_NAMES[name]
-    seeds = random.Random(f"{name}-{split}-{seed}-{level}")
+    prompt = (SYSTEM_PROMPTS[name], WORKED_EXAMPLES[name])
+    seeds = request.rng()
     seen: set[str] = set()
     rows: list[dict[str, Any]] = []
     stale = 0  # chunks in a row that added no new problem
     while len(rows) < num_problems:
         stale += 1
         if stale > 50:
-            raise TaskSizeError(
-                name, split, num_problems, len(rows), exact=False, hint=f" at difficulty {level}"
-            )
+            raise request.shortfall(len(rows), f" at difficulty {level}")
         before = len(rows)
         dataset = _create(rg_name, CHUNK, seeds.randrange(2**31), level)
         for i in range(len(dataset)):
             entry = dataset[i]
             question = entry["question"]
-            if question in seen or is_eval_problem(question) != want_eval:
+            if question in seen or is_eval_problem(question) != request.eval:
                 continue
             try:
                 entry_json = json.dumps(entry)
             except (TypeError, ValueError):
                 continue
             seen.add(question)
-            rows.append(
-                {
-                    "prompt": chat_prompt(
-                        SYSTEM_PROMPTS[name], question, WORKED_EXAMPLES[name], few_shot
-                    ),
-                    "answer": str(entry["answer"]),
-                    "difficulty": level,
-                    "task": name,
-                    "rg_dataset": rg_name,
-                    "rg_entry": entry_json,
-                }
-            )
+            answer = str(entry["answer"])
+            columns = {"rg_dataset": rg_name, "rg_entry": entry_json}
+            rows.append(request.row(prompt, question, answer, level, **columns))
             if len(rows) == num_problems:
                 break
         if len(rows) > before:
@@ -141,26 +127,19 @@ def reasoning_gym_reward(
 ) -> list[float | None]:
     """The reasoning-gym dataset's own ``score_answer`` of the ``<answer>`` content (see the
     module docstring); 0.0 without a valid answer block, None for rows of no dataset."""
-    n = len(completions)
-    if rg_dataset is None or rg_entry is None:
-        return [None] * n
-    scores: list[float | None] = []
-    for completion, rg_name, entry in zip(completions, rg_dataset, rg_entry, strict=True):
-        if not rg_name or entry is None:
-            scores.append(None)
-            continue
-        answer = answer_block(completion_text(completion))
-        if answer is None:
-            scores.append(0.0)
-            continue
-        if isinstance(entry, str):
-            entry = json.loads(entry)
-        try:
-            score = float(_score_fn(rg_name)(answer, entry))
-        except Exception:  # a scorer crashing on odd model output: no credit
-            score = 0.0
-        scores.append(min(1.0, max(0.0, score)))
-    return scores
+    names = None if rg_dataset is None else [name or None for name in rg_dataset]
+    return answer_rewards(completions, [names, rg_entry], _score)
+
+
+def _score(answer: str, rg_name: str, entry: Any) -> float:
+    """The dataset's score of ``answer``, clamped to [0, 1]."""
+    if isinstance(entry, str):
+        entry = json.loads(entry)
+    try:
+        score = float(_score_fn(rg_name)(answer, entry))
+    except Exception:  # a scorer crashing on odd model output: no credit
+        score = 0.0
+    return min(1.0, max(0.0, score))
 
 
 reasoning_gym_reward.is_correctness = True  # type: ignore[attr-defined]
