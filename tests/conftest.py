@@ -119,5 +119,5 @@ class PlainStepTrainer(GRPOTrainer):
             rollout, scores.correctness, scores.rewards, stats.sequence_loss, stats.skipped
         )
         curriculum_logs = self.curriculum.observe(plan, outcome)
-        self.keep_batch(batch.rows, rollout, scores, advantages, plan)
+        self.records.keep_batch(batch.rows, rollout, scores, advantages, plan)
         return self.step_logs(rollout, scores, stats, timer, curriculum_logs)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from groupwise import data as data_module
-from groupwise.build import build_scorer
+from groupwise.build import ScorerOptions, build_scorer
 from groupwise.checkpoint import check_output_dir
 from groupwise.cli import main
 from groupwise.config import GRPOConfig
@@ -211,7 +211,7 @@ def test_default_slow_warning_and_signal_timeouts_still_work():
         signal.signal(signal.SIGALRM, old)
         return [0.5] * len(completions)
 
-    scorer = build_scorer([alarmed], GRPOConfig())
+    scorer = build_scorer([alarmed], ScorerOptions.from_sections(GRPOConfig().sections()))
     assert scorer.combine.slow_warning_s == SLOW_REWARD_WARNING_S == 600.0
     rewards, _ = scorer.combine(["p"], ["a"])
     assert rewards.tolist() == [0.5]

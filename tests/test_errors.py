@@ -627,10 +627,11 @@ def test_a_reward_past_its_timeout_is_named() -> None:
 
 def test_reward_timeout_is_an_option() -> None:
     from groupwise import GRPOConfig
-    from groupwise.build import build_scorer
+    from groupwise.build import ScorerOptions, build_scorer
     from groupwise.config import ConfigError
 
-    assert build_scorer(["format"], GRPOConfig(reward_timeout=3.0)).combine.timeout == 3.0
+    options = ScorerOptions.from_sections(GRPOConfig(reward_timeout=3.0).sections())
+    assert build_scorer(["format"], options).combine.timeout == 3.0
     with pytest.raises(ConfigError, match="reward_timeout"):
         GRPOConfig(reward_timeout=0)
 

@@ -332,8 +332,10 @@ LAYERS = [
      # the curricula's pure parts: numpy / torch math and the typed options, no run machinery
      "curriculum.bins", "curriculum.adversary", "curriculum.allocation",
      "curriculum.diagnostics", "curriculum.options",
-     # the run's options by concern, checked; GRPOConfig maps onto them
-     "sections"},
+     # the run's options by concern, checked; GRPOConfig maps onto them (the curricula's
+     # typed options are made of the curriculum section's field groups)
+     "sections", "sections.base", "sections.inputs", "sections.training", "sections.curriculum",
+     "sections.generation", "sections.run"},
     {"sandbox"},
     {"rewards", "rewards.math", "rewards.math.extract", "rewards.math.normalize",
      "rewards.math.verify", "rewards.math.worker", "rewards.math.reward"},

@@ -66,3 +66,50 @@ def test_cispo_upper_clip_comes_from_the_loss_section():
     # cispo's epsilon_high is its weight cap: 5.0 when not given (TRL's docs, ScaleRL)
     assert GRPOConfig(loss_type="cispo").sections().loss.effective_epsilon_high == 5.0
     assert GRPOConfig(epsilon=0.3).sections().loss.effective_epsilon_high == 0.3
+
+
+def test_the_curricula_options_are_made_of_the_curriculum_sections_fields():
+    from groupwise.curriculum.options import GDROOptions, SelectOptions
+    from groupwise.sections import GDROFields, SelectFields
+
+    def names(kind):
+        return {f.name for f in dataclasses.fields(kind)}
+
+    run_wide = {"curriculum", "num_generations", "seed"}
+    assert issubclass(GDROOptions, GDROFields) and issubclass(SelectOptions, SelectFields)
+    assert names(GDROOptions) == names(GDROFields) | run_wide
+    assert names(SelectOptions) == names(SelectFields) | run_wide
+    # the section: both field groups, the curriculum's name and the top-up the step reads
+    assert set(CurriculumSection.field_names()) == (
+        names(GDROFields) | names(SelectFields) | {"curriculum", "select_top_up",
+                                                    "select_top_up_first"}
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"max_prompt_length": 0}, "max_prompt_length must be >= 1 or null, got 0"),
+        ({"save_total_limit": 0}, "save_total_limit must be >= 1 or null, got 0"),
+        ({"reward_timeout": 0.0}, "reward_timeout must be > 0 seconds or null, got 0.0"),
+        ({"code_timeout": -1.0}, "code_timeout must be > 0 seconds, got -1.0"),
+        ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0"),
+        ({"adam_beta2": 1.0}, r"adam_beta2 must be in \[0, 1\), got 1.0"),
+        ({"select_top_up_first": 1}, r"select_top_up_first must be >= 2 \(a group of one"),
+    ],
+)
+def test_range_errors_name_the_option_its_range_and_the_value(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        GRPOConfig(**changes)
+
+
+def test_a_section_group_holds_the_sections_named_by_its_fields():
+    from groupwise.build import EngineOptions, ScorerOptions
+    from groupwise.policy import PolicyOptions
+
+    s = GRPOConfig(max_completion_length=24, seed=5).sections()
+    engine = EngineOptions.from_sections(s)
+    assert engine.generation is s.generation and engine.runtime.seed == 5
+    scorer = ScorerOptions.from_sections(s)
+    assert scorer.rewards is s.rewards and scorer.generation.max_completion_length == 24
+    assert PolicyOptions.from_sections(s).loss is s.loss

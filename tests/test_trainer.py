@@ -497,3 +497,17 @@ def test_the_loop_cadence_by_hand():
     assert not any(never.evaluate(s) or never.save(s) or never.log_completions(s)
                    for s in range(1, 5))  # fmt: skip
     assert not never.evaluates()
+
+
+@pytest.mark.parametrize("log_completions", [True, False])
+def test_log_completions_keeps_the_last_steps_completions(tmp_path, log_completions):
+    # The records are told log_completions once; each step's batch then keeps its samples.
+    args = _config(tmp_path, max_steps=1, log_completions=log_completions)
+    trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
+    trainer.train()
+    rows, texts, rewards = trainer.records.last_batch[:3]
+    samples = trainer.records.last_samples
+    assert len(samples) == (len(texts) if log_completions else 0)
+    for sample, text, reward in zip(samples, texts, rewards.tolist(), strict=False):
+        assert sample["completion"] == text and sample["reward"] == reward
+        assert sample["prompt"] in [row["prompt"] for row in rows]

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .build import build_curriculum, build_engine, build_scorer
+from .build import EngineOptions, ScorerOptions, build_curriculum, build_engine, build_scorer
 from .config import GRPOConfig
 from .curriculum import Curriculum, NoCurriculum
 from .distributed import DistributedContext
@@ -66,13 +66,19 @@ def assemble(
     then the policy, then the engine's sampling generator seeded ``seed + rank``)."""
     options = args.sections()
     scorer = build_scorer(
-        reward_funcs, args, reward_processing_classes, device, environment_rewards
+        reward_funcs,
+        ScorerOptions.from_sections(options),
+        reward_processing_classes,
+        device,
+        environment_rewards,
     )
     policy = Policy(model, PolicyOptions.from_sections(options), dist, device, precision)
     # Each rank samples its own completions (the model and prompt order are shared).
     seed = options.runtime.seed
     generator = torch.Generator(device=device).manual_seed(seed + dist.rank)
-    engine = build_engine(policy, tokenizer, args, generator, precision, interaction)
+    engine = build_engine(
+        policy, tokenizer, EngineOptions.from_sections(options), generator, precision, interaction
+    )
     prompts = PromptBatches(
         train_dataset,
         tokenizer,

@@ -37,6 +37,7 @@ import importlib.util
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .build_rollout import (
     GUESS_TASK,
+    EngineOptions,
     Interaction,
     build_engine,
     build_interaction,
@@ -61,7 +63,14 @@ from .models import is_peft_model, load_model_and_tokenizer
 from .precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
 from .rewards import RewardFunc, reward_func_name
 from .scoring import RolloutScorer
-from .sections import CurriculumSection, ModelOptions
+from .sections import (
+    CurriculumSection,
+    GenerationOptions,
+    ModelOptions,
+    RewardOptions,
+    RuntimeOptions,
+    SectionGroup,
+)
 from .trainable import apply_lora
 
 if TYPE_CHECKING:
@@ -70,6 +79,7 @@ if TYPE_CHECKING:
 # Also offered here: the rollout engine's builders (groupwise.build_rollout).
 __all__ = [
     "GUESS_TASK",
+    "EngineOptions",
     "Interaction",
     "build_engine",
     "build_interaction",
@@ -180,6 +190,24 @@ REWARD_COLUMNS = {"accuracy": "answer", "code": "tests", "code_binary": "tests"}
 FILE_TASK_REWARDS = ("format", "accuracy")
 
 
+@dataclass(frozen=True)
+class ScorerOptions(SectionGroup):
+    """The sections the reward functions and their scorer read, and only those: ``rewards``,
+    the longest completion (``generation``: the overlong penalty's length), how reward models
+    load (``model``: trust_remote_code) and where they run by default (``runtime``: device)."""
+
+    rewards: RewardOptions
+    generation: GenerationOptions
+    model: ModelOptions
+    runtime: RuntimeOptions
+    @classmethod
+    def of(cls, args: GRPOConfig | ScorerOptions | None) -> ScorerOptions:
+        """``args`` as these options (``GRPOConfig()``'s defaults when None)."""
+        if isinstance(args, ScorerOptions):
+            return args
+        return cls.from_sections((args if args is not None else GRPOConfig()).sections())
+
+
 def default_reward_names(args: GRPOConfig) -> list[str]:
     """The run's reward function names: ``reward_funcs``, else the built-in task's default
     rewards, else ``["format", "accuracy"]`` (a file task). A new list each call."""
@@ -192,14 +220,18 @@ def default_reward_names(args: GRPOConfig) -> list[str]:
     return task_reward_funcs(args.task) if args.task in TASKS else list(FILE_TASK_REWARDS)
 
 
-def build_reward_func(spec: str | RewardFunc, args: GRPOConfig | None = None) -> RewardFunc:
+def build_reward_func(
+    spec: str | RewardFunc, args: GRPOConfig | ScorerOptions | None = None
+) -> RewardFunc:
     """A reward function from a built-in name (see the module docstring), configured from
-    ``args`` (``GRPOConfig()``'s defaults when None), or a callable as is."""
+    ``args`` (a config or its :class:`ScorerOptions`; ``GRPOConfig()``'s defaults when None), or
+    a callable as is."""
     if callable(spec):
         return spec
     if not isinstance(spec, str):
         raise ValueError(f"a reward function must be a callable or a name, got {spec!r}")
-    args = args if args is not None else GRPOConfig()
+    options = ScorerOptions.of(args)
+    rewards = options.rewards
     if spec == "format":
         from .rewards.shaping import format_reward
 
@@ -211,23 +243,23 @@ def build_reward_func(spec: str | RewardFunc, args: GRPOConfig | None = None) ->
     if spec == "accuracy":
         from .rewards.math import make_accuracy_reward
 
-        return make_accuracy_reward(timeout_s=args.accuracy_timeout)
+        return make_accuracy_reward(timeout_s=rewards.accuracy_timeout)
     if spec == "length_penalty":
         from .rewards.shaping import make_length_penalty
 
-        max_len = args.max_completion_length
-        buffer = args.overlong_buffer_len or max(1, max_len // 4)  # None: max_len // 4
-        return make_length_penalty(max_len, buffer, penalty_factor=args.overlong_penalty_factor)
+        max_len = options.generation.max_completion_length
+        buffer = rewards.overlong_buffer_len or max(1, max_len // 4)  # None: max_len // 4
+        return make_length_penalty(max_len, buffer, penalty_factor=rewards.overlong_penalty_factor)
     if spec == "repetition_penalty":
         from .rewards.shaping import make_repetition_penalty
 
         return make_repetition_penalty(
-            ngram_size=args.repetition_ngram_size, max_penalty=args.repetition_max_penalty
+            ngram_size=rewards.repetition_ngram_size, max_penalty=rewards.repetition_max_penalty
         )
     if spec in ("code", "code_binary"):
         from .rewards.code import make_code_reward
 
-        return make_code_reward(timeout_s=args.code_timeout, binary=spec == "code_binary")
+        return make_code_reward(timeout_s=rewards.code_timeout, binary=spec == "code_binary")
     if spec == "tool_call":
         from .tools.environment import tool_call_reward
 
@@ -248,13 +280,13 @@ def build_reward_func(spec: str | RewardFunc, args: GRPOConfig | None = None) ->
                 return RewardModel(spec.split(":", 1)[1])
             from .rewards.remote import RemoteReward
 
-            return RemoteReward(spec.split(":", 1)[1], timeout=args.remote_timeout)
+            return RemoteReward(spec.split(":", 1)[1], timeout=rewards.remote_timeout)
         except (ValueError, OSError) as err:
             raise ConfigError(f"reward_funcs: {spec!r}: {err}") from err
     if is_import_spec(spec):  # the user's own function: module:function or file.py:function
         return import_callable(spec, "reward_funcs")
     if _is_model_spec(spec):
-        return reward_model(spec, args)  # TRL: any other string is a reward model
+        return reward_model(spec, options)  # TRL: any other string is a reward model
     names = [n for n in REWARD_NAMES if ":" not in n]
     close = difflib.get_close_matches(spec, names, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
@@ -296,7 +328,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 def reward_model(
     model: str | torch.nn.Module,
-    args: GRPOConfig,
+    options: ScorerOptions,
     tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | None = None,
 ) -> RewardModel:
@@ -307,7 +339,8 @@ def reward_model(
     ``reward_processing_classes`` entry) or its own."""
     from .rewards.model import RewardModel
 
-    device = device if device is not None else resolve_device(args.device)
+    device = device if device is not None else resolve_device(options.runtime.device)
+    trust_remote_code = options.model.trust_remote_code
     if isinstance(model, str):
         try:
             return RewardModel(
@@ -315,7 +348,7 @@ def reward_model(
                 tokenizer,
                 device=device,
                 name=Path(model.rstrip("/\\")).name,
-                model_kwargs={"num_labels": 1, "trust_remote_code": args.trust_remote_code},
+                model_kwargs={"num_labels": 1, "trust_remote_code": trust_remote_code},
             )
         except (ValueError, OSError) as err:
             raise ConfigError(
@@ -330,19 +363,19 @@ def reward_model(
                 f"reward_funcs: a loaded {type(model).__name__} has no name_or_path to load its "
                 "tokenizer from; pass it in reward_processing_classes"
             )
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     name = Path(str(path).rstrip("/\\")).name if path else type(model).__name__
     return RewardModel(model, tokenizer, device=device, name=name)
 
 
 def build_scorer(
     reward_funcs: RewardFunc | str | Sequence[RewardFunc | str] | None,
-    args: GRPOConfig,
+    options: ScorerOptions,
     reward_processing_classes: Any = None,
     device: torch.device | None = None,
     environment_rewards: Sequence[RewardFunc] = (),
 ) -> RolloutScorer:
-    """Reward functions from built-in names (configured from ``args``), callables or reward
+    """Reward functions from built-in names (configured from ``options``), callables or reward
     models (see the module docstring), with ``reward_weights`` (default 1 each), then the
     rewards of environments that own theirs (TRL's ``get_reward``), weight 1 each
     (``reward_weights`` covers the others only, as TRL). ``reward_processing_classes``: TRL's
@@ -358,10 +391,11 @@ def build_scorer(
     funcs = []
     for spec, tokenizer in zip(reward_funcs, tokenizers, strict=True):
         if isinstance(spec, torch.nn.Module) or (isinstance(spec, str) and _is_model_spec(spec)):
-            funcs.append(reward_model(spec, args, tokenizer, device))  # TRL's reward models
+            funcs.append(reward_model(spec, options, tokenizer, device))  # TRL's reward models
         else:
-            funcs.append(build_reward_func(spec, args))
-    weights = args.reward_weights or [1.0] * len(funcs)
+            funcs.append(build_reward_func(spec, options))
+    rewards = options.rewards
+    weights = list(rewards.reward_weights or [1.0] * len(funcs))
     if len(weights) != len(funcs):
         names = [reward_func_name(f) for f in funcs]
         raise ConfigError(
@@ -378,8 +412,8 @@ def build_scorer(
     return RolloutScorer(
         funcs,
         weights,
-        max_failure_fraction=args.reward_max_failure_fraction,
-        timeout=args.reward_timeout,
+        max_failure_fraction=rewards.reward_max_failure_fraction,
+        timeout=rewards.reward_timeout,
     )
 
 

@@ -6,7 +6,6 @@ run talks to (tools or an environment: :class:`Interaction`), with the rows such
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,14 @@ from .policy import Policy
 from .precision import Precision
 from .rollout import HFEngine, RolloutEngine, SamplingParams, eos_token_ids
 from .rollout.multiturn import MultiTurnEngine, TurnLimits
+from .sections import (
+    DataOptions,
+    GenerationOptions,
+    OptimizationOptions,
+    RuntimeOptions,
+    SectionGroup,
+    ToolOptions,
+)
 from .tools import ENVIRONMENTS, Environment, ToolBox, ToolEnvironment, resolve_tools
 from .tools.calls import TOOL_CALL_CLOSE
 from .tools.environment import (
@@ -35,15 +42,15 @@ from .tools.environment import (
 GUESS_TASK = "guess_number"
 
 
-
-def sampling_params(args: GRPOConfig, *, greedy: bool = False) -> SamplingParams:
+def sampling_params(generation: GenerationOptions, *, greedy: bool = False) -> SamplingParams:
+    """The sampling of the ``generation`` section (``greedy``: temperature 0)."""
     return SamplingParams(
-        max_completion_length=args.max_completion_length,
-        temperature=0.0 if greedy else args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p or 0.0,
-        repetition_penalty=args.repetition_penalty,
+        max_completion_length=generation.max_completion_length,
+        temperature=0.0 if greedy else generation.temperature,
+        top_p=generation.top_p,
+        top_k=generation.top_k,
+        min_p=generation.min_p or 0.0,
+        repetition_penalty=generation.repetition_penalty,
     )
 
 
@@ -193,29 +200,23 @@ def resolve_environment(spec: str) -> Callable[[], Environment]:
     )
 
 
+@dataclass(frozen=True)
+class EngineOptions(SectionGroup):
+    """The sections the rollout engine reads, and only those: sampling and the engine
+    (``generation``), the multi-turn limits (``tools``), the chat template's options and the
+    longest prompt (``data``), the run's length (``optimization``: a static engine compiles when
+    it repays) and the seed (``runtime``: vLLM's sampler)."""
+
+    generation: GenerationOptions
+    tools: ToolOptions
+    data: DataOptions
+    optimization: OptimizationOptions
+    runtime: RuntimeOptions
+
 def build_engine(
     policy: Policy,
     tokenizer: PreTrainedTokenizerBase,
-    args: GRPOConfig,
-    generator: torch.Generator,
-    precision: Precision,
-    interaction: Interaction | None = None,
-) -> RolloutEngine:
-    """The rollout engine ``generation_engine`` names (:func:`_build_engine`). TRL's
-    ``chat_template_kwargs`` reach a single-turn engine's prompts through its ``prompt_text``,
-    which the prompt batches and evaluation read (a multi-turn engine takes them itself)."""
-    engine = _build_engine(policy, tokenizer, args, generator, precision, interaction)
-    if args.chat_template_kwargs and interaction is None:
-        engine.prompt_text = functools.partial(  # type: ignore[attr-defined]
-            prompt_text, tokenizer=tokenizer, template_kwargs=args.chat_template_kwargs
-        )
-    return engine
-
-
-def _build_engine(
-    policy: Policy,
-    tokenizer: PreTrainedTokenizerBase,
-    args: GRPOConfig,
+    options: EngineOptions,
     generator: torch.Generator,
     precision: Precision,
     interaction: Interaction | None = None,
@@ -232,43 +233,59 @@ def _build_engine(
     always records its log-probs (its numerics are not the trainer's, bit for bit).
 
     ``vllm``: the colocated vLLM engine (:mod:`groupwise.rollout.vllm`), which always records its
-    log-probs (its own bf16 kernels: rollout correction is on)."""
-    if interaction is not None and args.repetition_penalty != 1.0:
+    log-probs (its own bf16 kernels: rollout correction is on).
+
+    TRL's ``chat_template_kwargs`` reach a single-turn engine's prompts through its
+    ``prompt_text``, which the prompt batches and evaluation read (a multi-turn engine takes
+    them itself)."""
+    generation = options.generation
+    if interaction is not None:
+        check_multi_turn(generation)
+    engine: RolloutEngine
+    if generation.generation_engine == "vllm":
+        engine = build_vllm(policy, tokenizer, options)
+    elif generation.generation_engine == "static":
+        engine = build_static(policy, tokenizer, options, generator, precision)
+    else:
+        hf = HFEngine(
+            policy.model,
+            tokenizer,
+            sampling_params(generation),
+            generator,
+            numerics=lambda: precision.generation_context(policy.device),
+            weights=policy.full_weights,
+            records_logprobs=precision.generation_only,
+            generate_kwargs=generation.generation_kwargs,
+        )
+        engine = with_interaction(hf, options.tools, options.data.chat_template_kwargs, interaction)
+    template_kwargs = options.data.chat_template_kwargs
+    if template_kwargs and interaction is None:
+        engine.prompt_text = functools.partial(  # type: ignore[attr-defined]
+            prompt_text, tokenizer=tokenizer, template_kwargs=template_kwargs
+        )
+    return engine
+
+
+def check_multi_turn(generation: GenerationOptions) -> None:
+    """Refuse the generation options a multi-turn run (tools or an environment) cannot use."""
+    if generation.repetition_penalty != 1.0:
         # The multi-turn loop inserts tool and user replies between turns; which of those
         # tokens the penalty should count is not settled (HF counts every input token).
         raise ConfigError(
-            f"repetition_penalty={args.repetition_penalty} is not supported with tools or an "
-            "environment (the multi-turn engine does not apply it); leave it at 1.0"
+            f"repetition_penalty={generation.repetition_penalty} is not supported with tools or "
+            "an environment (the multi-turn engine does not apply it); leave it at 1.0"
         )
-    if interaction is not None and args.generation_kwargs:
+    if generation.generation_kwargs:
         raise ConfigError(
-            f"generation_kwargs ({', '.join(sorted(args.generation_kwargs))}) are not supported "
-            "with tools or an environment: multi-turn rollouts decode token by token to stop at "
-            "tool calls and insert their replies, which transformers' generate() does not do"
+            f"generation_kwargs ({', '.join(sorted(generation.generation_kwargs))}) are not "
+            "supported with tools or an environment: multi-turn rollouts decode token by token "
+            "to stop at tool calls and insert their replies, which transformers' generate() does "
+            "not do"
         )
-    if args.generation_engine == "vllm":
-        if interaction is not None:
-            raise ConfigError(VLLM_MULTI_TURN)
-        return build_vllm(policy, tokenizer, args)
-    if args.generation_engine == "static":
-        if interaction is not None:
-            raise ConfigError(STATIC_MULTI_TURN)
-        return build_static(policy, tokenizer, args, generator, precision)
-
-    def numerics() -> contextlib.AbstractContextManager:
-        return precision.generation_context(policy.device)
-
-    engine = HFEngine(
-        policy.model,
-        tokenizer,
-        sampling_params(args),
-        generator,
-        numerics=numerics,
-        weights=policy.full_weights,
-        records_logprobs=precision.generation_only,
-        generate_kwargs=args.generation_kwargs,
-    )
-    return with_interaction(engine, args, interaction)
+    if generation.generation_engine == "vllm":
+        raise ConfigError(VLLM_MULTI_TURN)
+    if generation.generation_engine == "static":
+        raise ConfigError(STATIC_MULTI_TURN)
 
 
 def static_dtype(precision: Precision) -> torch.dtype:
@@ -281,7 +298,7 @@ def static_dtype(precision: Precision) -> torch.dtype:
 def build_static(
     policy: Policy,
     tokenizer: PreTrainedTokenizerBase,
-    args: GRPOConfig,
+    options: EngineOptions,
     generator: torch.Generator,
     precision: Precision,
 ) -> RolloutEngine:
@@ -293,62 +310,68 @@ def build_static(
     reason = supports(policy.model)
     if reason is not None:
         raise ConfigError(f"generation_engine=static: {reason}; use generation_engine: hf")
-    compile_step = args.static_compile
+    generation = options.generation
+    compile_step = generation.static_compile
     if compile_step is None:  # measured on CPU: the compiled step is slower than the eager one
-        long_run = args.max_steps >= args.static_compile_min_steps
+        long_run = options.optimization.max_steps >= generation.static_compile_min_steps
         compile_step = policy.device.type == "cuda" and long_run
     return StaticEngine(
         policy.model,
         tokenizer,
-        sampling_params(args),
+        sampling_params(generation),
         generator,
         dtype=static_dtype(precision),
         compile=compile_step,
-        eos_check_every=args.static_eos_check_every,
+        eos_check_every=generation.static_eos_check_every,
         weights=policy.full_weights,
         device=policy.device,
     )
 
 
 def build_vllm(
-    policy: Policy, tokenizer: PreTrainedTokenizerBase, args: GRPOConfig
+    policy: Policy, tokenizer: PreTrainedTokenizerBase, options: EngineOptions
 ) -> RolloutEngine:
     """The colocated vLLM engine for the policy (its weights pushed once), from the ``vllm_*``
     options. vLLM's context length defaults to the longest prompt plus the longest completion."""
     from .rollout.vllm import build_vllm_engine
 
-    max_len = args.vllm_max_model_length
-    if max_len is None and args.max_prompt_length is not None:
-        max_len = args.max_prompt_length + args.max_completion_length
+    generation, max_prompt_length = options.generation, options.data.max_prompt_length
+    max_len = generation.vllm_max_model_length
+    if max_len is None and max_prompt_length is not None:
+        max_len = max_prompt_length + generation.max_completion_length
     return build_vllm_engine(
         policy.model,
         tokenizer,
-        sampling_params(args),
+        sampling_params(generation),
         eos_token_ids(policy.model, tokenizer),
         device=policy.device,
         weights_dtype=policy.precision.weights,
-        seed=args.seed,
-        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        seed=options.runtime.seed,
+        gpu_memory_utilization=generation.vllm_gpu_memory_utilization,
         max_model_len=max_len,
-        enable_prefix_caching=args.vllm_enable_prefix_caching,
-        enable_sleep_mode=args.vllm_enable_sleep_mode,
+        enable_prefix_caching=generation.vllm_enable_prefix_caching,
+        enable_sleep_mode=generation.vllm_enable_sleep_mode,
         weights=policy.full_weights,
     )
 
 
 def with_interaction(
-    engine: HFEngine, args: GRPOConfig, interaction: Interaction | None
+    engine: HFEngine,
+    tools: ToolOptions,
+    chat_template_kwargs: Mapping[str, Any] | None,
+    interaction: Interaction | None,
 ) -> RolloutEngine:
-    """``engine`` itself (single-turn), or the multi-turn engine around it."""
+    """``engine`` itself (single-turn), or the multi-turn engine around it, within the ``tools``
+    section's limits."""
     if interaction is None:
         return engine
-    limits = TurnLimits(args.max_turns, args.max_tool_output_tokens, interaction.stop_strings)
+    limits = TurnLimits(tools.max_turns, tools.max_tool_output_tokens, interaction.stop_strings)
     return MultiTurnEngine(
         engine,
         interaction.make_env,
         limits,
         tools=interaction.schemas,
-        examples=args.tool_examples,
-        template_kwargs=args.chat_template_kwargs,
+        examples=tools.tool_examples,
+        template_kwargs=chat_template_kwargs,
         environments=interaction.environments,
     )

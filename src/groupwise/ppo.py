@@ -477,7 +477,7 @@ class PPOTrainer(Trainer):
             "non_score_reward": float(kl_rewards.sum(1).mean()),
         }
         # For completions.jsonl: one advantage per completion, the mean of its token advantages.
-        self.keep_batch(batch.rows, rollout, scores, masked_mean(advantages, mask, dim=1))
+        self.records.keep_batch(batch.rows, rollout, scores, masked_mean(advantages, mask, dim=1))
         return self.step_logs(rollout, scores, stats, timer, critic_logs, zero_std=False)
 
     # ------------------------------------------------------------------------------------------

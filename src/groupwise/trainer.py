@@ -191,6 +191,4 @@ class GRPOTrainer(Trainer):
         # the records keep the batch, then the step's metrics
         result = StepResult(batch.rows, plan, rollout, scores, advantages, stats)
         return self.step_metrics.report(self.global_step, result, timer, (curriculum_logs, logs),
-                                        records=self.records,
-                                        keep_samples=self.args.log_completions,
-                                        engine=self.engine)  # fmt: skip
+                                        records=self.records, engine=self.engine)  # fmt: skip

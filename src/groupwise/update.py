@@ -34,7 +34,7 @@ from .sections import (
     OptimizationOptions,
     ReferenceOptions,
     RuntimeOptions,
-    Sections,
+    SectionGroup,
 )
 from .trainable import Trainable
 
@@ -139,7 +139,7 @@ def merge_stats(parts: Sequence[UpdateStats], rows: Sequence[Tensor], n_rows: in
 
 
 @dataclass(frozen=True)
-class PolicyOptions:
+class PolicyOptions(SectionGroup):
     """The sections of the run's options that the policy reads, and only those: LoRA
     (``model``), the batch arithmetic (``batch``), the loss options the update applies itself
     (``loss``: beta, masks, rollout correction), the reference (``reference``), the sampling
@@ -153,19 +153,6 @@ class PolicyOptions:
     generation: GenerationOptions
     optimization: OptimizationOptions
     runtime: RuntimeOptions
-
-    @classmethod
-    def from_sections(cls, sections: Sections) -> PolicyOptions:
-        return cls(
-            model=sections.model,
-            batch=sections.batch,
-            loss=sections.loss,
-            reference=sections.reference,
-            generation=sections.generation,
-            optimization=sections.optimization,
-            runtime=sections.runtime,
-        )
-
 
 # ----------------------------------------------------------------------------------------------
 # The update
@@ -305,6 +292,24 @@ class PolicyUpdate(Trainable):
             rows.append(index)
         return GenerationBatch(rollout, rows, parts)
 
+    def _objective(
+        self,
+        inputs: PolicyInputs,
+        k: int,
+        logps: Tensor,
+        entropy: Tensor,
+        loss: Callable[[Tensor, MicroBatch], LossTerms],
+    ) -> tuple[MicroBatch, LossTerms, Tensor]:
+        """Micro-batch ``k`` (with its entropies), its loss terms and its part of the batch's
+        objective: the loss times the micro-batch's share, plus the entropy bonus."""
+        mb = inputs.micro_batch(k, self.device)
+        mb.entropy = entropy
+        terms = loss(logps, mb)
+        objective = terms.loss * terms.weight
+        if terms.bonus is not None:
+            objective = objective + terms.bonus
+        return mb, terms, objective
+
     def loss_value(
         self, rollout: Rollout, advantages: Tensor, loss: Callable[[Tensor, MicroBatch], LossTerms]
     ) -> float:
@@ -317,12 +322,7 @@ class PolicyUpdate(Trainable):
         with torch.no_grad(), self.autocast(), self.full_weights():
             for k, rows in enumerate(inputs.micro_batches):
                 logps, entropy = self.logprobs(rollout, rows)
-                mb = inputs.micro_batch(k, self.device)
-                mb.entropy = entropy
-                terms = loss(logps, mb)
-                value = terms.loss * terms.weight
-                if terms.bonus is not None:
-                    value = value + terms.bonus
+                _, _, value = self._objective(inputs, k, logps, entropy, loss)
                 total = total + value.double()
         # Each rank's share carries the world size (as DDP's gradient mean expects): the mean
         # over ranks is the global batch's loss.
@@ -381,12 +381,7 @@ class PolicyUpdate(Trainable):
                     logps, entropy = self.logprobs(rollout, rows, entropy_grad=entropy_grad)
                 if first and rollout.sampling_logprobs is not None:
                     inputs.correction[k] = self._rollout_correction(inputs, k, logps.detach())
-                mb = inputs.micro_batch(k, self.device)
-                mb.entropy = entropy
-                terms = loss(logps, mb)
-                objective = terms.loss * terms.weight
-                if terms.bonus is not None:
-                    objective = objective + terms.bonus
+                mb, terms, objective = self._objective(inputs, k, logps, entropy, loss)
                 # A non-finite loss still goes through backward: its NaN gradients make every
                 # rank skip the update together (no rank may leave the all-reduce).
                 nonfinite = nonfinite | ~torch.isfinite(objective.detach())

@@ -34,11 +34,14 @@ def run_chat(args: GRPOConfig, prompts: list[str], count: int = 3) -> list[dict[
     model.to(device=device, dtype=precision.weights)
     engine = HFEngine(model, tokenizer, SamplingParams(),
                       numerics=lambda: precision.generation_context(device))  # fmt: skip
-    engine = with_interaction(engine, args, build_interaction(args))
+    options = args.sections()
+    engine = with_interaction(
+        engine, options.tools, options.data.chat_template_kwargs, build_interaction(args)
+    )
     ids = tokenize_prompts(
         [row["prompt"] for row in rows], tokenizer, args.max_prompt_length, prompt_render(engine)
     )
-    params = sampling_params(args, greedy=args.temperature <= 0)
+    params = sampling_params(options.generation, greedy=args.temperature <= 0)
     rollout = engine.generate(ids, 1, params, rows=rows)
     answers = []
     for row, text in zip(rows, rollout.texts, strict=True):

@@ -60,6 +60,7 @@ def run_eval(args: GRPOConfig) -> dict:
     funcs = [build_reward_func(name, args) for name in default_reward_names(args)]
 
     interaction = build_interaction(args)  # tools / environment: multi-turn, as in training
+    options = args.sections()
 
     def run(model_name: str):
         model, tokenizer = load_model_and_tokenizer(
@@ -71,7 +72,8 @@ def run_eval(args: GRPOConfig) -> dict:
             return precision.generation_context(device)
 
         engine = HFEngine(model, tokenizer, SamplingParams(), numerics=numerics)
-        engine = with_interaction(engine, args, interaction)
+        engine = with_interaction(engine, options.tools, options.data.chat_template_kwargs,
+                                  interaction)  # fmt: skip
         result = evaluate_model(engine, tokenizer, rows, funcs, config)
         print(f"[groupwise] {model_name} on {len(rows)} prompts")
         print(format_table(result.summary, task=args.task))

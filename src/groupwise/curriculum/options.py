@@ -9,12 +9,12 @@ the curriculum; the curricula's ``from_options`` builds the one it needs.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
+from ..sections.base import at_least, choice, field_values, in_unit, positive, require
+from ..sections.curriculum import GDROFields, SelectFields
 from .adversary import ARM_CHOICES, MU_UPDATES, PROMPT_SIGNALS
 from .allocation import ALLOCATORS, VARIANCE_MODES
 from .bins import CLASSIFIER_SIGNALS, UNSEEN_MODES
@@ -24,13 +24,6 @@ SELECT_RULES = ("best_k", "legacy")
 SELECT_ALLOCATORS = ("knapsack", "sqrt", "uniform")
 
 _Options = TypeVar("_Options", bound="CurriculumOptions")
-
-
-def _check_choices(options: object, choices: Mapping[str, tuple[str, ...]]) -> None:
-    for name, valid in choices.items():
-        value = getattr(options, name)
-        if value not in valid:
-            raise ConfigError(f"{name}={value!r} is not one of {list(valid)}")
 
 
 def _check_budget(options: GDROOptions | SelectOptions, what: str, mean: str) -> None:
@@ -61,67 +54,26 @@ class CurriculumOptions:
     @classmethod
     def from_config(cls: type[_Options], config: Any) -> _Options:
         """The options of a run: ``config`` is a ``GRPOConfig`` or its ``to_dict()``."""
-        values = {}
-        for f in dataclasses.fields(cls):
-            if isinstance(config, Mapping):
-                if f.name not in config:
-                    raise ConfigError(
-                        f"the options given to build curriculum {cls.__name__} lack {f.name} "
-                        "(expected every GRPOConfig field, e.g. GRPOConfig(...).to_dict())"
-                    )
-                value = config[f.name]
-            else:
-                value = getattr(config, f.name)
-            values[f.name] = tuple(value) if isinstance(value, list) else value
-        return cls(**values)
+        return cls(**field_values(cls, config, f"curriculum {cls.__name__}"))
 
 
 @dataclass(frozen=True)
-class GDROOptions(CurriculumOptions):
-    """The ``gdro_*`` and ``rollout_*`` options of the GDRO curricula (their meaning: the help
-    comments in ``groupwise.config``); ``num_generations`` is the mean rollout budget and
+class GDROOptions(CurriculumOptions, GDROFields):
+    """The ``gdro_*`` and ``rollout_*`` options of the GDRO curricula
+    (:class:`~groupwise.sections.GDROFields`); ``num_generations`` is the mean rollout budget and
     ``seed`` seeds Rollout-GDRO's arm draws."""
 
-    # the classifier
-    gdro_num_bins: int
-    gdro_bin_edges: tuple[float, ...] | None
-    gdro_window: int
-    gdro_hysteresis: float
-    gdro_correct_threshold: float
-    gdro_classifier_signal: str
-    gdro_unseen: str
-    # Prompt-GDRO (gdro_eta and gdro_gamma also drive Rollout-GDRO's bandits)
-    gdro_eta: float
-    gdro_gamma: float
-    gdro_ema_beta: float
-    gdro_clip: float | None
-    gdro_weight_cap: float
-    gdro_share_normalize: bool
-    gdro_signal: str
-    # Rollout-GDRO and the square-root law
-    rollout_min: int
-    rollout_max: int
-    rollout_allocator: str
-    rollout_variance: str
-    rollout_variance_prior: float
-    rollout_dual_lr: float
-    rollout_score_decay: float
-    rollout_arm_choice: str
-    rollout_mu_update: str
-
     def validate(self) -> None:
-        _check_choices(
-            self,
-            {
-                "rollout_allocator": ALLOCATORS,
-                "rollout_variance": VARIANCE_MODES,
-                "rollout_arm_choice": ARM_CHOICES,
-                "rollout_mu_update": MU_UPDATES,
-                "gdro_signal": PROMPT_SIGNALS,
-                "gdro_classifier_signal": CLASSIFIER_SIGNALS,
-                "gdro_unseen": UNSEEN_MODES,
-            },
-        )
+        for name, valid in (
+            ("rollout_allocator", ALLOCATORS),
+            ("rollout_variance", VARIANCE_MODES),
+            ("rollout_arm_choice", ARM_CHOICES),
+            ("rollout_mu_update", MU_UPDATES),
+            ("gdro_signal", PROMPT_SIGNALS),
+            ("gdro_classifier_signal", CLASSIFIER_SIGNALS),
+            ("gdro_unseen", UNSEEN_MODES),
+        ):
+            choice(self, name, valid)
         if self.curriculum == "rollout_gdro":
             _check_budget(self, "rollout_gdro", "the mean budget")
         elif self.curriculum == "prompt_gdro":
@@ -153,67 +105,34 @@ class GDROOptions(CurriculumOptions):
                     f"gdro_bin_edges {edges} must be strictly increasing ({a} is followed by "
                     f"{b}), e.g. {sorted(set(edges))}"
                 )
-        if self.gdro_num_bins < 1:
-            raise ConfigError(f"gdro_num_bins must be >= 1, got {self.gdro_num_bins}")
-        if self.gdro_window < 0:
-            raise ConfigError(f"gdro_window must be >= 0 (0: all history), got {self.gdro_window}")
-        if self.rollout_variance_prior < 0:
-            raise ConfigError(
-                "rollout_variance_prior must be >= 0 (pseudo-rollouts), "
-                f"got {self.rollout_variance_prior}"
-            )
         # The ranges the classifier and Prompt-GDRO (eqs. 12-15) accept.
-        for name, ok, why in (
+        require(
+            self,
+            ("gdro_num_bins", self.gdro_num_bins >= 1, ">= 1"),
+            ("gdro_window", self.gdro_window >= 0, ">= 0 (0: all history)"),
+            ("rollout_variance_prior", self.rollout_variance_prior >= 0, ">= 0 (pseudo-rollouts)"),
             ("gdro_hysteresis", self.gdro_hysteresis >= 0, ">= 0"),
             ("gdro_eta", self.gdro_eta >= 0, ">= 0"),
             ("gdro_gamma", 0 <= self.gdro_gamma <= 1, "in [0, 1]"),
             ("gdro_ema_beta", 0 < self.gdro_ema_beta <= 1, "in (0, 1]"),
             ("gdro_weight_cap", self.gdro_weight_cap > 0, "> 0"),
-        ):
-            if not ok:
-                raise ConfigError(f"{name} must be {why}, got {getattr(self, name)}")
+        )
 
 
 @dataclass(frozen=True)
-class SelectOptions(CurriculumOptions):
-    """The ``select_*`` options of predictive selection (their meaning: the help comments in
-    ``groupwise.config``), ``rollout_min``/``rollout_max`` as the group size bounds around
-    ``num_generations``, and ``gdro_correct_threshold`` (a rollout is correct above it)."""
-
-    rollout_min: int
-    rollout_max: int
-    gdro_correct_threshold: float
-    select_rule: str
-    select_oversample: int | None
-    select_keep: float
-    select_keep_floor: float
-    select_discount: float
-    select_prior_strength: float
-    select_retry_half_life: float
-    select_uniform_mix: float
-    select_allocator: str
-    select_equal_prompt_weight: bool
+class SelectOptions(CurriculumOptions, SelectFields):
+    """The ``select_*`` options of predictive selection (:class:`~groupwise.sections.SelectFields`):
+    ``rollout_min``/``rollout_max`` bound the group size around ``num_generations``, and a
+    rollout is correct above ``gdro_correct_threshold``."""
 
     def validate(self) -> None:
-        _check_choices(self, {"select_allocator": SELECT_ALLOCATORS, "select_rule": SELECT_RULES})
-        if self.select_oversample is not None and self.select_oversample < 1:
-            raise ConfigError(f"select_oversample must be >= 1, got {self.select_oversample}")
-        for name in ("select_keep", "select_keep_floor"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if not 0.0 < self.select_discount <= 1.0:
-            raise ConfigError(f"select_discount must be in (0, 1], got {self.select_discount}")
-        if self.select_prior_strength <= 0:
-            raise ConfigError(
-                f"select_prior_strength must be > 0, got {self.select_prior_strength}"
-            )
-        if self.select_retry_half_life <= 0:
-            raise ConfigError(
-                f"select_retry_half_life must be > 0 skips, got {self.select_retry_half_life}"
-            )
-        if not 0.0 <= self.select_uniform_mix <= 1.0:
-            raise ConfigError(
-                f"select_uniform_mix must be in [0, 1], got {self.select_uniform_mix}"
-            )
+        choice(self, "select_allocator", SELECT_ALLOCATORS)
+        choice(self, "select_rule", SELECT_RULES)
+        at_least(self, 1, "select_oversample", optional=True)
+        in_unit(self, "select_keep", "select_keep_floor")
+        require(self, ("select_discount", 0.0 < self.select_discount <= 1.0, "in (0, 1]"))
+        positive(self, "select_prior_strength")
+        positive(self, "select_retry_half_life", unit=" skips")
+        in_unit(self, "select_uniform_mix")
         if self.curriculum == "select":
             _check_budget(self, "curriculum=select", "the mean group size")

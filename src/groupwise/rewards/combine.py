@@ -1,4 +1,5 @@
-"""Scoring a batch with several reward functions: robust calls and the weighted combination.
+"""Scoring a batch with several reward functions: robust calls (each through
+:func:`~groupwise.rewards.calls.call_reward`) and the weighted combination.
 
 - Each function gets TRL's call ``f(prompts=..., completions=..., completion_ids=..., **columns,
   trainer_state=..., log_extra=..., log_metric=...)``; ``async def`` functions are awaited
@@ -18,12 +19,10 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import json
 import logging
 import math
-import threading
 import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -34,6 +33,15 @@ import torch
 
 from ..files import atomic_write_text
 from .basic import RewardFunc, correctness_index, reward_func_name
+from .calls import (
+    SLOW_REWARD_WARNING_S,
+    RewardFunctionError,
+    call_reward,
+    run_coroutine,
+    timeout_error,
+)
+
+__all__ = ["SLOW_REWARD_WARNING_S", "RewardFunctionError", "RewardScorer", "run_coroutine"]
 
 logger = logging.getLogger("groupwise.rewards")
 
@@ -44,28 +52,6 @@ def _warn_once(seen: set[str], key: str, message: str, *args: Any) -> None:
     if key not in seen:
         seen.add(key)
         logger.warning(message, *args)
-
-
-class RewardFunctionError(RuntimeError):
-    """A reward function failed or broke its contract; the message names the function."""
-
-
-def run_coroutine(coro: Any) -> Any:
-    """Run a coroutine to completion, also from code that is already inside an event loop
-    (e.g. a notebook), where ``asyncio.run`` would refuse."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-# A reward call on one batch still running after this many seconds is named in a warning.
-# Ten minutes: far beyond a legitimate rule reward or a reward model's batch, and the call is
-# not stopped (reward_timeout does that, in a worker thread, which signal-based timeouts inside
-# the function cannot use).
-SLOW_REWARD_WARNING_S = 600.0
 
 
 class RewardScorer:
@@ -165,61 +151,6 @@ class RewardScorer:
                 "".join(traceback.format_exception(type(err), err, err.__traceback__)),
             )
 
-    def _call_watched(self, func: RewardFunc, name: str, kwargs: dict[str, Any]) -> Any:
-        """``func(**kwargs)`` in the calling thread (so rewards that time themselves out with
-        signals, as math-verify does, keep working), with a warning naming the function if
-        it is still running after ``slow_warning_s`` seconds: a hung reward is then named."""
-        if self.slow_warning_s is None:
-            return func(**kwargs)
-        n = len(kwargs.get("completions", []))
-        timer = threading.Timer(
-            self.slow_warning_s,
-            logger.warning,
-            (
-                "reward function %r has been running for %g s on a batch of %d completions; if "
-                "it hangs, set reward_timeout: S to stop the run naming it after S seconds",
-                name,
-                self.slow_warning_s,
-                n,
-            ),
-        )
-        timer.daemon = True
-        timer.start()
-        try:
-            return func(**kwargs)
-        finally:
-            timer.cancel()
-
-    def _invoke(self, func: RewardFunc, name: str, kwargs: dict[str, Any]) -> Any:
-        """``func(**kwargs)``, within ``timeout`` seconds when one is set: the call runs in a
-        daemon thread and one that runs past it is a RewardFunctionError naming the function
-        (the thread cannot be killed; it is left to finish or to end with the process)."""
-        if self.timeout is None:
-            return self._call_watched(func, name, kwargs)
-        outcome: dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                outcome["value"] = func(**kwargs)
-            except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-                outcome["error"] = err
-
-        thread = threading.Thread(target=target, name=f"reward-{name}", daemon=True)
-        thread.start()
-        thread.join(self.timeout)
-        if thread.is_alive():
-            raise RewardFunctionError(
-                f"reward function {name!r} ran past reward_timeout={self.timeout:g} s on a batch "
-                f"of {len(kwargs.get('completions', []))} completions; make it faster, give it "
-                "its own per-completion timeout, or raise reward_timeout"
-            )
-        if "error" in outcome:
-            raise outcome["error"]
-        out = outcome.get("value")
-        if inspect.isawaitable(out):
-            return asyncio.wait_for(out, self.timeout)
-        return out
-
     def log_metric(self, name: str, value: float) -> None:
         """TRL's ``log_metric`` reward kwarg: a scalar for this step's logs (averaged)."""
         self.pending_metrics.setdefault(str(name), []).append(float(value))
@@ -271,7 +202,7 @@ class RewardScorer:
         for i in range(n):
             single = {k: [v[i]] for k, v in kwargs.items()} | (shared or {})
             try:
-                result = self._invoke(func, name, single)
+                result = call_reward(func, name, single, self.timeout, self.slow_warning_s)
                 if inspect.isawaitable(result):
                     result = run_coroutine(result)
                 values.extend(self._check_values(name, result, 1))
@@ -298,7 +229,8 @@ class RewardScorer:
         pending: dict[int, Any] = {}
         for j, func in enumerate(self.funcs):
             try:
-                out = self._invoke(func, self.names[j], kwargs | (shared or {}))
+                out = call_reward(func, self.names[j], kwargs | (shared or {}), self.timeout,
+                                  self.slow_warning_s)  # fmt: skip
             except RewardFunctionError:
                 raise
             except Exception:  # noqa: BLE001 - retried completion by completion below
@@ -315,11 +247,7 @@ class RewardScorer:
 
             for j, out in zip(pending, run_coroutine(gather()), strict=True):
                 if isinstance(out, asyncio.TimeoutError):
-                    raise RewardFunctionError(
-                        f"reward function {self.names[j]!r} ran past reward_timeout="
-                        f"{self.timeout:g} s on a batch of {n} completions; make it faster, give "
-                        "it its own per-completion timeout, or raise reward_timeout"
-                    )
+                    raise timeout_error(self.names[j], float(self.timeout or 0), n)
                 if isinstance(out, Exception):
                     failed.append(j)
                 else:

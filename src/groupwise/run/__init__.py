@@ -44,7 +44,7 @@ from ..build import (
 )
 from ..config import ConfigError, GRPOConfig, default_output_dir
 from ..core import informative_groups
-from ..curriculum import Curriculum, Plan
+from ..curriculum import Curriculum
 from ..distributed import DistributedContext, all_gather_objects, all_reduce_sum, init_distributed
 from ..models import adapter_base_name
 from ..policy import UpdateStats, optimizer_steps
@@ -207,7 +207,8 @@ class Trainer(TRLSurface):
         self.global_step = 0
         self.compute = ComputeLedger()  # tokens, rollouts, informative groups, optimizer steps
         self.output_dir = Path(args.output_dir)
-        self.records = RunRecords(self.output_dir, self.dist, self.scorer.names, args.answer_column)
+        self.records = RunRecords(self.output_dir, self.dist, self.scorer.names, args.answer_column,
+                                  keep_samples=args.log_completions)  # fmt: skip
         # A saved LoRA adapter names its base (None: PEFT's own record, from a loaded model).
         adapter_base = (
             adapter_base_name(given) if args.use_peft and isinstance(given, str) else None
@@ -289,19 +290,6 @@ class Trainer(TRLSurface):
         spent = dict(zip(ComputeLedger.KEYS[:4], total, strict=True))
         spent["optimizer_steps"] = optimizer_steps(self.options.batch, 1)
         return spent
-
-    def keep_batch(
-        self,
-        rows: list[dict[str, Any]],
-        rollout: Rollout,
-        scores: Scores,
-        advantages: torch.Tensor,
-        plan: Plan | None = None,
-    ) -> None:
-        """The last step's batch, for completions.jsonl (one advantage per completion: with a
-        curriculum, its weighted advantage)."""
-        self.records.keep_batch(rows, rollout, scores, advantages, plan,
-                                keep_samples=self.args.log_completions)  # fmt: skip
 
     def completion_records(self, num_prompts: int | None = None) -> list[dict[str, Any]]:
         """The last step's first ``num_prompts`` prompts with all their completions, each with

@@ -54,7 +54,7 @@ def evaluation_metrics(
                 dataset,
                 score,
                 scorer.names,
-                sampling_params(args, greedy=greedy),
+                sampling_params(args.sections().generation, greedy=greedy),
                 batch_size=batch_size,
                 max_prompt_length=args.max_prompt_length,
             )

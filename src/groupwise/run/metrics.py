@@ -198,14 +198,12 @@ class StepMetrics:
         extra: Sequence[dict[str, float]],
         *,
         records: RunRecords,
-        keep_samples: bool,
         engine: Any = None,
     ) -> dict[str, float]:
         """The end of a step: the records keep the batch for completions.jsonl, then the
         step's metrics (:meth:`__call__`)."""
         rollout, scores, stats = result.rollout, result.scores, result.stats
-        records.keep_batch(result.rows, rollout, scores, result.advantages, result.plan,
-                           keep_samples=keep_samples)  # fmt: skip
+        records.keep_batch(result.rows, rollout, scores, result.advantages, result.plan)
         return self(step, rollout, scores, stats, timer, extra, engine=engine)
 
     def _update_and_timing(

@@ -46,8 +46,11 @@ class RunRecords:
         dist: DistributedContext,
         reward_names: Sequence[str],
         answer_column: str,
+        keep_samples: bool = False,
     ) -> None:
         self.output_dir, self.dist = output_dir, dist
+        # log_completions: keep_batch also keeps the batch's rows in last_samples
+        self.keep_samples = keep_samples
         self.reward_names, self.answer_column = list(reward_names), answer_column
         self.history: list[dict[str, float]] = []
         self.summaries: list[tuple[int, dict[str, float]]] = []
@@ -149,17 +152,16 @@ class RunRecords:
         scores: Scores,
         advantages: torch.Tensor,
         plan: Plan | None = None,
-        keep_samples: bool = False,
     ) -> None:
         """The last step's batch, for completions.jsonl (one advantage per completion: with a
-        curriculum, its weighted advantage); ``keep_samples`` (log_completions) also keeps its
+        curriculum, its weighted advantage); with ``keep_samples`` (log_completions) also its
         rows in ``last_samples``."""
         group_ids = rollout.group_ids.cpu()
         weights = plan.row_weights(rollout) if plan is not None else None
         advantages = advantages.cpu() if weights is None else advantages.cpu() * weights
         self.last_batch = (rows, rollout.texts, scores.rewards, scores.per_func, advantages,
                            group_ids, scores.extra)  # fmt: skip
-        if keep_samples:
+        if self.keep_samples:
             self.last_samples = [
                 {"prompt": rows[g]["prompt"], "completion": text, "reward": float(r)}
                 for g, text, r in zip(

@@ -1,0 +1,110 @@
+"""Sampling the rollouts and the engine that does it (:class:`GenerationOptions`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..errors import ConfigError
+from .base import Section, at_least, choice, require
+
+# Rollout engines (generation_engine): hf = the Hugging Face / torch engine on the policy's own
+# weights (rollout/hf.py); static = a lean Llama-family decoder with its own copy of the weights
+# and a static KV cache (rollout/static.py); vllm = a colocated vLLM engine with its own copy of
+# the weights (rollout/vllm.py). build_rollout.build_engine dispatches on the name; a new engine
+# adds its name here and its branch there.
+GENERATION_ENGINES: tuple[str, ...] = ("hf", "static", "vllm")
+
+STATIC_MULTI_TURN = (
+    "generation_engine=static does not run tools or environments (multi-turn rollouts continue "
+    "from the HF engine's KV cache); use generation_engine: hf with tools / environment"
+)
+VLLM_MULTI_TURN = (
+    "generation_engine=vllm does not run tools or environments (multi-turn rollouts continue "
+    "from the HF engine's KV cache); use generation_engine: hf with tools / environment"
+)
+
+
+@dataclass(frozen=True)
+class GenerationOptions(Section):
+    """Sampling the rollouts and the engine that does it (docs/speed-memory.md)."""
+
+    name: ClassVar[str] = "generation"
+    max_completion_length: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float | None
+    repetition_penalty: float
+    generation_kwargs: Mapping[str, Any] | None
+    generation_engine: str
+    generation_dtype: str
+    static_compile: bool | None
+    static_compile_min_steps: int
+    static_eos_check_every: int
+    vllm_mode: str
+    vllm_gpu_memory_utilization: float
+    vllm_max_model_length: int | None
+    vllm_enable_sleep_mode: bool
+    vllm_tensor_parallel_size: int
+    vllm_enable_prefix_caching: bool
+
+    def validate(self) -> None:
+        if self.generation_kwargs:
+            self._check_generation_kwargs()
+        if not self.temperature > 0:
+            raise ConfigError(
+                f"temperature must be > 0, got {self.temperature} (GRPO samples its groups; at "
+                "temperature 0 every completion of a prompt is the same and nothing is learned)"
+            )
+        at_least(self, 1, "max_completion_length")
+        at_least(self, 0, "top_k")
+        min_p, memory = self.min_p, self.vllm_gpu_memory_utilization
+        require(
+            self,
+            ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
+            ("min_p", min_p is None or 0.0 <= min_p <= 1.0, "in [0, 1] or null"),
+            ("repetition_penalty", self.repetition_penalty > 0, "> 0"),
+            ("vllm_gpu_memory_utilization", 0.0 < memory <= 1.0, "in (0, 1]"),
+        )
+        choice(self, "generation_dtype", ("auto", "bfloat16"))
+        choice(self, "generation_engine", GENERATION_ENGINES)
+        choice(self, "vllm_mode", ("colocate", "server"))
+        at_least(self, 1, "vllm_max_model_length", optional=True)
+        at_least(self, 1, "vllm_tensor_parallel_size", "static_eos_check_every")
+        at_least(self, 0, "static_compile_min_steps")
+        if self.generation_engine != "vllm":
+            return
+        if self.vllm_mode == "server":
+            raise ConfigError(
+                "vllm_mode=server is not supported: groupwise runs vLLM colocated in the "
+                "training process (vllm_mode: colocate), where weights are pushed in memory "
+                "after every step; a separate vLLM server and its weight-transfer channel are "
+                "not implemented"
+            )
+        if self.vllm_tensor_parallel_size != 1:
+            raise ConfigError(
+                f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size} is not supported: "
+                "each rank runs its own colocated vLLM holding the whole model (tensor parallel "
+                "size 1); use a model that fits one GPU, or generation_engine: hf with "
+                "data_parallel: fsdp"
+            )
+
+    def _check_generation_kwargs(self) -> None:
+        """generation_kwargs are options of transformers' generate(), which only the hf engine
+        calls (single-turn rollouts: :func:`check_across`)."""
+        keys = ", ".join(sorted(self.generation_kwargs or {}))
+        if self.generation_engine != "hf":
+            raise ConfigError(
+                f"generation_kwargs ({keys}) need generation_engine: hf, got "
+                f"{self.generation_engine!r}: only the hf engine can hand them to transformers' "
+                "generate(); the static and vllm engines sample with temperature, top_p, top_k, "
+                "min_p and repetition_penalty only"
+            )
+        if self.generation_dtype == "bfloat16":
+            raise ConfigError(
+                f"generation_kwargs ({keys}) are not supported with generation_dtype: "
+                "bfloat16: its rollout correction needs the sampler's log-probs, which "
+                "transformers' generate() (beam search) does not record"
+            )
