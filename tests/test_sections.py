@@ -113,3 +113,29 @@ def test_a_section_group_holds_the_sections_named_by_its_fields():
     scorer = ScorerOptions.from_sections(s)
     assert scorer.rewards is s.rewards and scorer.generation.max_completion_length == 24
     assert PolicyOptions.from_sections(s).loss is s.loss
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "level", "warns"),
+    [
+        ("grpo", "sequence", False),  # GSPO's own setup
+        ("luspo", "sequence", False),  # length weighting is LUSPO's purpose
+        ("sapo", "sequence", False),
+        ("bnpo", "sequence", True),
+        ("dr_grpo", "sequence", True),
+        ("dapo", "sequence", True),
+        ("cispo", "sequence", True),
+        ("dapo", "token", False),
+    ],
+)
+def test_sequence_ratio_with_a_token_summed_loss_warns(caplog, loss_type, level, warns):
+    import logging
+
+    from groupwise.grpo_loss import GRPOLoss
+
+    options = LossOptions(
+        **_values(LossOptions, loss_type=loss_type, importance_sampling_level=level)
+    )
+    with caplog.at_level(logging.WARNING, logger="groupwise.loss"):
+        GRPOLoss(options, max_completion_length=8)
+    assert ("weights each sequence by its completion length" in caplog.text) == warns

@@ -12,6 +12,7 @@ numbers refer to docs/algorithms.md.
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +28,8 @@ from .losses import (
     masked_mean,
 )
 from .sections import LossOptions
+
+logger = logging.getLogger("groupwise.loss")
 
 if TYPE_CHECKING:
     from .config import GRPOConfig
@@ -306,6 +309,13 @@ class GRPOLoss:
         self.epsilon_high = loss.effective_epsilon_high
         self.variant_options = loss.variant_options()
         self.entropy = EntropyControl.from_options(loss)
+        if loss.importance_sampling_level == "sequence" and self.variant.sums_tokens:
+            logger.warning(
+                "importance_sampling_level='sequence' with loss_type=%r: that loss sums per-token "
+                "terms, which weights each sequence by its completion length instead of GSPO's "
+                "per-sequence objective; loss_type='grpo' is GSPO's setup (arXiv 2507.18071)",
+                loss.loss_type,
+            )
 
     @classmethod
     def from_config(cls, config: GRPOConfig) -> GRPOLoss:

@@ -138,6 +138,10 @@ class LossVariant:
     :func:`register_loss`; ``loss_type`` picks it by name."""
 
     name = ""
+    # Whether the reduction sums per-token terms over the batch: with GSPO's one ratio per
+    # sequence (importance_sampling_level: sequence) that weights each sequence by its length
+    # instead of GSPO's per-sequence mean, which the trainer warns about.
+    sums_tokens = False
 
     def token_loss(
         self,
@@ -215,6 +219,8 @@ class SequenceMeanLoss(LossVariant):
 class TokenMeanLoss(LossVariant):
     """The token mean of a micro-batch: ``sum_it loss_it / sum_i L_i`` (DAPO, §3.2)."""
 
+    sums_tokens = True
+
     def reduce(self, token_sum: Tensor, keep: Tensor, max_completion_length: int | None) -> Tensor:
         return token_sum.sum() / keep.sum().clamp(min=1)
 
@@ -240,6 +246,8 @@ class GlobalTokenMeanLoss(TokenMeanLoss):
 @register_loss("dr_grpo")
 class ConstantNormaliserLoss(SequenceMeanLoss):
     """Dr. GRPO (§3.1): ``sum_it loss_it / (B * max_completion_length)`` (T when None)."""
+
+    sums_tokens = True
 
     def reduce(self, token_sum: Tensor, keep: Tensor, max_completion_length: int | None) -> Tensor:
         batch, length = token_sum.shape

@@ -186,3 +186,28 @@ def test_a_nan_reward_and_a_short_extra_column_are_each_warned_about_once(caplog
     assert sum("log_extra('short', ...) received 1 values" in m for m in messages) == 1, messages
     assert scorer.nan_counts["nan_and_short_column"] == 3  # counted every time, logged once
     assert scorer.last_extra == {}
+
+
+def test_a_completion_no_function_scores_is_reported_once_with_its_inputs(caplog):
+    def sometimes(prompts, completions, **kwargs):
+        return [1.0, None, None, 0.0]
+
+    def never(prompts, completions, **kwargs):
+        return [None] * len(completions)
+
+    scorer = RewardScorer([sometimes, never])
+    with caplog.at_level(logging.WARNING, logger="groupwise.rewards"):
+        rewards, _ = scorer(PROMPTS, COMPLETIONS, answer=["1", "2", "3", "4"])
+        scorer(PROMPTS, COMPLETIONS, answer=["1", "2", "3", "4"])
+    assert torch.isnan(rewards[1:3]).all() and rewards[0] == 1.0 and rewards[3] == 0.0
+    unscored = [r.getMessage() for r in caplog.records if "All reward functions" in r.getMessage()]
+    assert len(unscored) == 1  # once per run, not per step
+    # The first such row (row 1) with its inputs, and how many completions of the step.
+    assert "'prompts': 'p1'" in unscored[0] and "'completions': 'bb'" in unscored[0]
+    assert "'answer': '2'" in unscored[0] and "(2 completion(s)" in unscored[0]
+
+
+def test_every_completion_scored_gives_no_unscored_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="groupwise.rewards"):
+        RewardScorer([length, half])(PROMPTS, COMPLETIONS)
+    assert "All reward functions" not in caplog.text

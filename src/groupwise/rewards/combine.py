@@ -54,6 +54,12 @@ def _warn_once(seen: set[str], key: str, message: str, *args: Any) -> None:
         logger.warning(message, *args)
 
 
+def _short(value: Any, limit: int = 200) -> Any:
+    """A value for a log line: long text cut to ``limit`` characters."""
+    text = value if isinstance(value, str) else None
+    return value if text is None or len(text) <= limit else text[:limit] + "..."
+
+
 class RewardScorer:
     """Calls reward functions on a batch and combines them with weights (state: failure counts)."""
 
@@ -288,8 +294,25 @@ class RewardScorer:
                 if value is not None:
                     per_func[i, j] = value
         rewards = torch.nansum(per_func * self.weights, dim=1)
-        rewards[torch.isnan(per_func).all(dim=1)] = float("nan")
+        unscored = torch.isnan(per_func).all(dim=1)
+        rewards[unscored] = float("nan")
+        if unscored.any():
+            self._warn_unscored(kwargs, int(unscored.nonzero()[0, 0]), int(unscored.sum()))
         return rewards, per_func
+
+    def _warn_unscored(self, kwargs: dict[str, list[Any]], first: int, count: int) -> None:
+        """Say (once, with the first such row's inputs, in TRL's words) that a completion got no
+        reward at all: it then takes no part in its group's advantage."""
+        row = {key: _short(values[first]) for key, values in kwargs.items()}
+        _warn_once(
+            self._nan_logged,
+            "<all functions>",
+            "All reward functions returned None for the following kwargs: %s (%d completion(s) of "
+            "this step). Such a completion gets no reward and no advantage; make sure at least "
+            "one reward function returns a value for every row (logged once).",
+            row,
+            count,
+        )
 
     def error_summary(self) -> dict[str, int]:
         """Total failures per function so far (for logging)."""
