@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from groupwise.rollout import SamplingParams, generate
+from groupwise.rollout import hf as hf_module
 from groupwise.rollout.hf import HFEngine, generate_with_transformers
 
 
@@ -86,7 +87,11 @@ def test_engine_routes_through_generate_with_kwargs(tiny_model, tokenizer, monke
     assert (kwargs["num_beams"], kwargs["num_return_sequences"]) == (2, 1)
     assert (kwargs["temperature"], kwargs["top_p"], kwargs["top_k"]) == (0.9, 0.8, 0)
     assert kwargs["max_new_tokens"] == 4 and kwargs["do_sample"] is True
+    monkeypatch.undo()
+    # Without generate_kwargs (and generate not replaced) the token loop decodes.
+    loop_calls = []
+    monkeypatch.setattr(hf_module, "call_generate", lambda *a, **k: loop_calls.append(a))
     HFEngine(tiny_model, tokenizer, params).generate(_prompts(tokenizer), 2)
-    assert len(calls) == 1  # without generate_kwargs the token loop decodes
+    assert loop_calls == []
     with pytest.raises(ValueError, match="log-probs"):
         HFEngine(tiny_model, tokenizer, params, records_logprobs=True, generate_kwargs={"a": 1})

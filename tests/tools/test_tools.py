@@ -66,6 +66,16 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+async def async_multiply(a: int, b: int) -> int:
+    """Multiply two integers, asynchronously.
+
+    Args:
+        a: The first.
+        b: The second.
+    """
+    return a * b
+
+
 def undocumented(a: int) -> int:
     return a
 
@@ -355,6 +365,22 @@ def test_toolbox_runs_isolated_and_trusted_tools():
         del remember.trusted
     assert SEEN == [2]
     assert box.stats == {"calls": 4, "errors": 0, "timeouts": 0}
+
+
+def test_async_tools_are_awaited_isolated_and_trusted():
+    # TRL accepts ``async def`` tools: their coroutine is run to its value (3 * 4 = 12), not
+    # reported as a result that is not text.
+    box = ToolBox([async_multiply])
+    assert box.call(ToolCall("async_multiply", {"a": 3, "b": 4})) == ToolResult(
+        "async_multiply", "12"
+    )
+    async_multiply.trusted = True
+    try:
+        assert box.call(ToolCall("async_multiply", {"a": 5, "b": 6})).text == "30"
+    finally:
+        del async_multiply.trusted
+    assert box.call(ToolCall("async_multiply", {"a": 3, "c": 4})).error is not None
+    assert box.stats == {"calls": 3, "errors": 1, "timeouts": 0}
 
 
 def test_unknown_tool_and_wrong_arguments():

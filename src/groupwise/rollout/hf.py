@@ -8,12 +8,18 @@ leave the batch (their cache rows are dropped), so compute follows the live set.
 
 Sampling avoids ``torch.multinomial`` over the full vocabulary (about 2 ms per sequence per token
 on a 2-core CPU with a 49k vocabulary) and instead inverts the CDF with ``searchsorted``.
+
+A ``generate`` the user replaced on the model (a test's ``patch.object(model, "generate", ...)``
+scripting completions, a subclass's override) is honoured instead, as in TRL: the completions are
+then what ``model.generate`` returns after the prompt, cut after the first EOS
+(:func:`replaced_generate`, :func:`generate_with_transformers`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -295,39 +301,54 @@ def generate(
     )
 
 
-@torch.no_grad()
-def generate_with_transformers(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompt_token_ids: list[list[int]],
-    num_generations: int | list[int],
-    params: SamplingParams,
-    generate_kwargs: Mapping[str, Any],
-    generator: torch.Generator | None = None,
-) -> Rollout:
-    """The completions of :func:`generate`, decoded by transformers' ``model.generate`` with
-    ``generate_kwargs`` (``GenerationConfig`` options the token loop does not implement: beam
-    search, length penalty, ...), as TRL's transformers path does.
+def replaced_generate(model: torch.nn.Module) -> bool:
+    """Whether the user replaced ``model.generate``: set on the instance (``"generate" in
+    vars(model)``: ``patch.object(model, "generate", ...)``, an assignment), or, on the class, a
+    ``generate`` that transformers or PEFT did not define (a subclass's override, a patch of
+    ``GenerationMixin.generate``). The models a wrapper holds count too: PEFT's base model, DDP's
+    ``module``, ``torch.compile``'s original module. The engines then generate through
+    ``model.generate`` (TRL's transformers path), which is how TRL's users script completions."""
+    for inner in wrapped_models(model):
+        if "generate" in vars(inner):
+            return True
+        defined = getattr(type(inner), "generate", None)
+        if defined is not None and not _library_function(defined):
+            return True
+    return False
 
-    Every completion is one row of the batch (each prompt repeated for its group, one returned
-    sequence per row, as TRL batches them), so beam search keeps its best beam per completion.
-    The engine's own options hold: ``max_completion_length``, the sampling parameters (passed
-    explicitly, so the model's ``generation_config`` defaults do not replace them), the EOS ids
-    and padding. ``generate`` draws from torch's global generator; it is seeded from
-    ``generator`` inside a forked RNG state, so a seeded engine stays reproducible and the
-    global state is untouched. No sampler log-probs: beam search does not draw each token from
-    one per-token distribution."""
-    counts = per_prompt_counts(prompt_token_ids, num_generations)
-    device = next(model.parameters()).device
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    eos_ids = eos_token_ids(model, tokenizer)
-    prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)
-    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    row_prompt = torch.arange(len(counts), device=device).repeat_interleave(
-        torch.tensor(counts, device=device)
-    )
+
+def wrapped_models(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """``model`` and the models it wraps, outermost first: PEFT's ``get_base_model()``, DDP's /
+    FSDP1's ``module``, ``torch.compile``'s ``_orig_mod``."""
+    found = [model]
+    while True:
+        outer, inner = found[-1], None
+        if hasattr(outer, "get_base_model"):
+            inner = outer.get_base_model()
+        else:
+            for name in ("module", "_orig_mod"):
+                candidate = outer._modules.get(name)
+                if candidate is not None:
+                    inner = candidate
+                    break
+        if inner is None or any(inner is m for m in found):
+            return found
+        found.append(inner)
+
+
+def _library_function(fn: object) -> bool:
+    module = getattr(fn, "__module__", None) or ""
+    return inspect.isfunction(fn) and module.split(".")[0] in ("transformers", "peft")
+
+
+def generate_options(
+    params: SamplingParams, eos_ids: list[int], pad_id: int, max_new_tokens: int
+) -> dict[str, Any]:
+    """The keyword arguments of ``model.generate`` for the engine's own options: the sampling
+    parameters (passed explicitly, so the model's ``generation_config`` defaults do not replace
+    them), the token budget, the EOS ids and padding; one returned sequence per input row."""
     options: dict[str, Any] = {
-        "max_new_tokens": params.max_completion_length,
+        "max_new_tokens": max_new_tokens,
         "do_sample": not params.greedy,
         "repetition_penalty": params.repetition_penalty,
         "eos_token_id": eos_ids,
@@ -342,30 +363,95 @@ def generate_with_transformers(
             top_p=params.top_p,
             min_p=params.min_p,
         )
-    options.update(generate_kwargs)
+    return options
+
+
+def call_generate(
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    options: Mapping[str, Any],
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The tokens ``model.generate(input_ids=ids, attention_mask=mask, **options)`` returns
+    after the input (``ids`` left-padded), [B, T] (T >= 1: a padding column when it returned
+    none). ``generate`` draws from torch's global generator; it is seeded from ``generator``
+    inside a forked RNG state, so a seeded engine stays reproducible and the global state is
+    untouched. The model is in eval mode for the call."""
     seed = int(torch.randint(0, 2**62, (1,), generator=generator).item())
-    devices = [device] if device.type == "cuda" else []
+    devices = [ids.device] if ids.device.type == "cuda" else []
     was_training = model.training
     model.eval()
     try:
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            sequences = model.generate(
-                input_ids=prompt_ids[row_prompt],
-                attention_mask=prompt_mask[row_prompt],
-                **options,
-            )
+            sequences = model.generate(input_ids=ids, attention_mask=mask, **options)
     finally:
         model.train(was_training)
-    tokens = sequences[:, prompt_ids.shape[1] :]
-    if tokens.shape[1] == 0:  # max_completion_length 0 cannot happen; keep one padding column
-        tokens = tokens.new_full((tokens.shape[0], 1), pad_id)
-    # A completion ends at its first EOS (generate pads after it, often with the EOS id itself);
-    # one without EOS ran to max_new_tokens.
-    is_eos = torch.isin(tokens, torch.tensor(eos_ids, device=tokens.device))
-    finished = is_eos.any(dim=1)
-    first_eos = is_eos.long().argmax(dim=1)
-    lengths = torch.where(finished, first_eos + 1, torch.full_like(first_eos, tokens.shape[1]))
+    tokens = sequences[:, ids.shape[1] :]
+    if tokens.shape[1] == 0:  # nothing generated; keep one padding column
+        tokens = tokens.new_full((tokens.shape[0], 1), int(options["pad_token_id"]))
+    return tokens
+
+
+def completion_lengths(
+    tokens: torch.Tensor, eos_ids: Sequence[int], pad_id: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each row of ``model.generate``'s new ``tokens`` [B, T] ends: at its first EOS
+    (included), as TRL cuts them; a row without EOS loses its trailing ``pad_id`` tokens (a
+    stopping criterion other than EOS ended it, or a scripted ``generate`` padded it) and
+    otherwise ran to the token budget T. Returns the lengths [B] and whether each row ended
+    (False: it ran to the budget, truncated; a row ending in padding is not, as in TRL)."""
+    width = tokens.shape[1]
+    is_eos = torch.isin(tokens, torch.tensor(list(eos_ids), device=tokens.device))
+    has_eos = is_eos.any(dim=1)
+    lengths = torch.full((tokens.shape[0],), width, dtype=torch.long, device=tokens.device)
+    finished = has_eos
+    if pad_id is not None:
+        real = tokens != pad_id
+        last_real = width - real.flip(1).long().argmax(dim=1)
+        lengths = torch.where(real.any(dim=1), last_real, torch.zeros_like(lengths))
+        finished = has_eos | ~real[:, -1]
+    lengths = torch.where(has_eos, is_eos.long().argmax(dim=1) + 1, lengths)
+    return lengths, finished
+
+
+@torch.no_grad()
+def generate_with_transformers(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_token_ids: list[list[int]],
+    num_generations: int | list[int],
+    params: SamplingParams,
+    generate_kwargs: Mapping[str, Any],
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    """The completions of :func:`generate`, decoded by transformers' ``model.generate`` with
+    ``generate_kwargs`` (``GenerationConfig`` options the token loop does not implement: beam
+    search, length penalty, ...), as TRL's transformers path does; also the path of a
+    user-replaced ``generate`` (:func:`replaced_generate`).
+
+    Every completion is one row of the batch (each prompt repeated for its group, one returned
+    sequence per row, as TRL batches them), so beam search keeps its best beam per completion.
+    The engine's own options hold (:func:`generate_options`); the completions are cut by
+    :func:`completion_lengths` (tokens after the first EOS are dropped). No sampler log-probs:
+    beam search, or a replaced ``generate``, does not draw each token from one known per-token
+    distribution, so the trainer computes pi_old with the policy."""
+    counts = per_prompt_counts(prompt_token_ids, num_generations)
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    eos_ids = eos_token_ids(model, tokenizer)
+    prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    row_prompt = torch.arange(len(counts), device=device).repeat_interleave(
+        torch.tensor(counts, device=device)
+    )
+    options = generate_options(params, eos_ids, pad_id, params.max_completion_length)
+    options.update(generate_kwargs)
+    tokens = call_generate(
+        model, prompt_ids[row_prompt], prompt_mask[row_prompt], options, generator
+    )
+    lengths, finished = completion_lengths(tokens, eos_ids, tokenizer.pad_token_id)
     return finish_rollout(
         tokenizer, prompt_ids, prompt_mask, row_prompt, tokens, lengths, finished, None
     )
@@ -418,7 +504,10 @@ class HFEngine(Engine):
     rollout carry the sampler's log-probs (rollout correction keys on them). ``weights`` wraps it
     too: under FSDP2 it gathers the full weights around the plain Hugging Face call.
     ``generate_kwargs`` (TRL's ``generation_kwargs`` beyond the sampling options) route every
-    generation through transformers' ``generate()`` (:func:`generate_with_transformers`)."""
+    generation through transformers' ``generate()`` (:func:`generate_with_transformers`); so does
+    a ``generate`` the user replaced on the model (:func:`replaced_generate`, checked at every
+    call: ``patch.object(model, "generate", ...)`` after the trainer was built counts). That path
+    records no sampler log-probs."""
 
     def __init__(
         self,
@@ -451,7 +540,9 @@ class HFEngine(Engine):
         prompt_ids, counts = request.prompt_ids, request.count
         params, generator = request.params, request.generator
         with self.numerics(), self.weights():
-            if self.generate_kwargs:
+            # A user-replaced generate (a patch scripting completions, an override) is honoured
+            # as TRL honours it: the rollout is what model.generate returns.
+            if self.generate_kwargs or replaced_generate(self.model):
                 return generate_with_transformers(
                     self.model,
                     self.tokenizer,

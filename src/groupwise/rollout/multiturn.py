@@ -18,6 +18,13 @@ masked), so no turn re-encodes the conversation (``reencode=True`` does, as the 
 benchmarks/multiturn_cache.py measures). Turns are synchronous: a row whose turn ended waits, fed
 masked pads, until every row's turn has ended; a row whose conversation is over leaves the batch
 at once.
+
+A ``generate`` the user replaced on the model (:func:`~groupwise.rollout.hf.replaced_generate`:
+a test's ``patch.object(model, "generate", ...)`` scripting turns, an override) is honoured as
+in TRL's tool loop: each turn is one ``model.generate`` call on the conversations still going
+(the first on every prompt x rollout row, later ones only on the rows whose environment
+continued), each re-encoded left-padded; a turn is the tokens after the input, up to its first
+EOS (or stop string, or budget); the rest is dropped. That path records no sampler log-probs.
 """
 
 from __future__ import annotations
@@ -37,10 +44,14 @@ from ..tools.prompting import prompt_text_with_tools
 from .base import Engine, Request, Rollout, SamplingParams
 from .hf import (
     HFEngine,
+    call_generate,
+    completion_lengths,
     eos_token_ids,
+    generate_options,
     has_recurrent_state,
     left_pad,
     prefill,
+    replaced_generate,
     sample_next_token,
     select_cache_rows,
     token_logprobs,
@@ -223,17 +234,56 @@ def converse(
             return
         c.messages.extend(shown)
         # The turn's last token was sampled but not fed yet: it goes in first.
-        c.pending = [c.tokens[-1], *inserted]
+        c.pending = [*c.tokens[-1:], *inserted]
         c.tokens.extend(inserted)
         c.trained.extend([0] * len(inserted))
         c.logps.extend([0.0] * len(inserted))
         c.turn_start = len(c.tokens)
+
+    def write(r: int, token: int, logp: float) -> bool:
+        """Append the policy's ``token`` to row ``r``; True when it ended the turn."""
+        c = convs[r]
+        c.append(token, logp)
+        if token in eos:
+            reason = "eos"
+        elif stop(c.tokens[c.turn_start :]):
+            reason = "stop"
+        elif len(c.tokens) >= budget:
+            reason = "budget"
+        else:
+            return False
+        end_turn(r, reason)
+        return True
 
     prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     was_training = model.training
     model.eval()
     try:
+        if replaced_generate(model):
+            # TRL's tool loop: each turn is ONE model.generate call on the conversations still
+            # going (prompt and conversation so far, left-padded); a turn's tokens end at its
+            # EOS, stop string or budget, and what generate returned after that is dropped.
+            eos_ids = sorted(eos)
+            while rows := [r for r, c in enumerate(convs) if not c.finished]:
+                sequences = [prompt_token_ids[row_prompt[r]] + convs[r].tokens for r in rows]
+                ids, mask = left_pad(sequences, pad_id)
+                options = generate_options(
+                    params, eos_ids, pad_id, max(budget - len(convs[r].tokens) for r in rows)
+                )
+                if stop.stops:
+                    options.update(stop_strings=list(stop.stops), tokenizer=tokenizer)
+                new = call_generate(model, ids.to(device), mask.to(device), options, generator)
+                lengths, _ = completion_lengths(new, eos_ids, tokenizer.pad_token_id)
+                for r, turn, n in zip(rows, new.tolist(), lengths.tolist(), strict=True):
+                    for token in turn[:n]:
+                        if write(r, token, 0.0):
+                            break
+                    else:  # generate ended the turn short of EOS, a stop string and the budget
+                        end_turn(r, "stop")
+                    convs[r].pending = []  # every turn re-encodes the conversation
+            # No sampler log-probs: the trainer computes pi_old with the policy.
+            return _assemble(convs, row_prompt, prompt_ids, prompt_mask, pad_id, False), timing
         # Encode each prompt once and share its cache across the prompt's rows.
         live = torch.arange(len(row_prompt), device=device)  # batch position -> row
         logits, cache, attn, next_pos = _prefill(
@@ -251,20 +301,8 @@ def converse(
                 for b, (r, t, w) in enumerate(
                     zip(live.tolist(), token.tolist(), writing.tolist(), strict=True)
                 ):
-                    if not w:
-                        continue
-                    c = convs[r]
-                    c.append(t, logp[b] if logp is not None else 0.0)
-                    if t in eos:
-                        reason = "eos"
-                    elif stop(c.tokens[c.turn_start :]):
-                        reason = "stop"
-                    elif len(c.tokens) >= budget:
-                        reason = "budget"
-                    else:
-                        continue
-                    writing[b] = False
-                    end_turn(r, reason)
+                    if w and write(r, t, logp[b] if logp is not None else 0.0):
+                        writing[b] = False
                 # Conversations that are over leave the batch (and the cache) at once.
                 keep = [b for b, r in enumerate(live.tolist()) if not convs[r].finished]
                 if len(keep) < live.numel():
@@ -418,7 +456,8 @@ class MultiTurnEngine(Engine):
     """:class:`~groupwise.rollout.base.RolloutEngine` that runs conversations: it wraps the
     token engine (:class:`~groupwise.rollout.hf.HFEngine`: its model, numerics, weights and
     generator) and builds one environment per conversation with ``make_env()``, reset from the
-    conversation's dataset row. ``tools`` are the tool schemas the prompts show the model."""
+    conversation's dataset row. ``tools`` are the tool schemas the prompts show the model. A
+    ``generate`` the user replaced on the model writes the turns (see the module docstring)."""
 
     def __init__(
         self,

@@ -8,7 +8,6 @@ functions as the ``env_state`` column.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import random
@@ -20,7 +19,7 @@ from typing import Any, Protocol
 from ..data import is_eval_problem
 from ..errors import ConfigError
 from .calls import parse_tool_calls
-from .toolbox import ToolBox
+from .toolbox import ToolBox, resolved
 
 
 @dataclass
@@ -316,19 +315,12 @@ def environment_reward(env_type: type) -> Callable[..., list[float | None]]:
             if type(env) is not env_type:
                 values.append(None)
                 continue
-            value = env.get_reward()
-            if inspect.isawaitable(value):
-                value = asyncio.run(_awaited(value))
-            values.append(value)
+            values.append(resolved(env.get_reward()))
         return values
 
     reward.__name__ = env_type.__name__
     reward.__qualname__ = env_type.__name__
     return reward
-
-
-async def _awaited(value: Any) -> Any:
-    return await value
 
 
 class EnvironmentFactories:

@@ -18,6 +18,7 @@ being a daemon process, cannot start ``multiprocessing`` children (``subprocess`
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import multiprocessing
@@ -69,12 +70,25 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
+def resolved(value: Any) -> Any:
+    """``value``, awaited when it is awaitable (an ``async def`` tool's or method's result, run
+    to completion on a fresh event loop, as TRL runs async tools)."""
+    if inspect.isawaitable(value):
+        return asyncio.run(_awaited(value))
+    return value
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
+
+
 def _run_contained(
     fn: Callable[..., Any], arguments: dict[str, Any], max_chars: int
 ) -> tuple[str, str | None]:
-    """Call ``fn`` and turn any outcome into (text, error), both truncated."""
+    """Call ``fn`` (awaiting an ``async def`` tool) and turn any outcome into (text, error),
+    both truncated."""
     try:
-        text, error = to_text(fn(**arguments))
+        text, error = to_text(resolved(fn(**arguments)))
     except Exception as exc:
         text, error = "", _describe(exc)
     if error is not None:
