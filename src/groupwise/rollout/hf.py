@@ -158,6 +158,25 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
     return ids, mask
 
 
+def decode_one(
+    model: PreTrainedModel,
+    token: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position: torch.Tensor,
+    cache: Cache,
+) -> tuple[Cache, torch.Tensor]:
+    """One decode step through the Hugging Face model: each row's next ``token`` [B] at its
+    ``position`` [B] on top of ``cache``; returns the updated cache and the logits [B, V]."""
+    out = model(
+        input_ids=token[:, None],
+        attention_mask=attention_mask,
+        position_ids=position[:, None],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return out.past_key_values, out.logits[:, -1, :]
+
+
 def select_cache_rows(cache: Cache, index: torch.Tensor) -> None:
     """Keep (or repeat) the batch rows ``index`` of ``cache``, in place. transformers'
     ``batch_select_indices`` moves only keys and values, so a cache with recurrent layers is
@@ -283,15 +302,7 @@ def generate(
             if t == max_new - 1:
                 break
             attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
-            out = model(
-                input_ids=token[:, None],
-                attention_mask=attn,
-                position_ids=next_pos[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            cache = out.past_key_values
-            logits = out.logits[:, -1, :]
+            cache, logits = decode_one(model, token, attn, next_pos, cache)
             next_pos = next_pos + 1
     finally:
         model.train(was_training)

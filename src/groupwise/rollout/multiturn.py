@@ -46,6 +46,7 @@ from .hf import (
     HFEngine,
     call_generate,
     completion_lengths,
+    decode_one,
     eos_token_ids,
     generate_options,
     has_recurrent_state,
@@ -314,14 +315,7 @@ def converse(
                 if not keep or not bool(writing.any()):
                     break
                 attn = torch.cat([attn, writing.long()[:, None]], dim=1)
-                out = model(
-                    input_ids=token[:, None],
-                    attention_mask=attn,
-                    position_ids=next_pos[:, None],
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                cache, logits = out.past_key_values, out.logits[:, -1, :]
+                cache, logits = decode_one(model, token, attn, next_pos, cache)
                 next_pos = next_pos + writing.long()
             if live.numel() == 0:
                 break
