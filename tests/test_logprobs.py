@@ -1,3 +1,5 @@
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,8 +9,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from groupwise.logprobs import (
     ChunkedLMHeadLogprob,
     _is_plain_linear,
+    cache_keyword,
     completion_logprobs,
     full_logits_logprobs,
+    returned_cache,
 )
 
 
@@ -400,3 +404,45 @@ def test_bf16_autocast_head_is_consistent_between_passes(tiny_model):
     torch.testing.assert_close(values["chunked"], values["naive"], atol=1e-5, rtol=1e-5)
     for name, grad in grads["naive"].items():
         torch.testing.assert_close(grads["chunked"][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+class _RenamedCacheModel(torch.nn.Module):
+    """A forward with transformers 5.24's name for the KV cache."""
+
+    def forward(self, input_ids=None, cache=None, use_cache=None, **kwargs):
+        return input_ids
+
+
+class _Wrapper(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module, attribute: str) -> None:
+        super().__init__()
+        setattr(self, attribute, inner)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError
+
+
+def test_cache_keyword_follows_the_forward_signature_under_wrappers(tiny_model):
+    # The installed transformers' Llama: whichever name its forward declares.
+    declared = inspect.signature(type(tiny_model).forward).parameters
+    assert cache_keyword(tiny_model) == ("cache" if "cache" in declared else "past_key_values")
+    renamed = _RenamedCacheModel()
+    assert cache_keyword(renamed) == "cache"
+    # DDP keeps the model in .module, torch.compile in ._orig_mod: the inner forward decides.
+    assert cache_keyword(_Wrapper(renamed, "module")) == "cache"
+    assert cache_keyword(_Wrapper(_Wrapper(renamed, "_orig_mod"), "module")) == "cache"
+
+    class OldNames(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, **kwargs):
+            return input_ids
+
+    assert cache_keyword(OldNames()) == "past_key_values"
+
+
+def test_returned_cache_reads_either_output_name():
+    from types import SimpleNamespace
+
+    assert returned_cache(SimpleNamespace(cache="new")) == "new"
+    assert returned_cache(SimpleNamespace(past_key_values="old")) == "old"
+    assert returned_cache(SimpleNamespace(cache=None, past_key_values="old")) == "old"
+    assert returned_cache(SimpleNamespace(logits=1)) is None

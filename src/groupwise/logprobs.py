@@ -40,6 +40,10 @@ gradient contributions through ``repeat_interleave``.
 
 from __future__ import annotations
 
+import functools
+import inspect
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
@@ -265,6 +269,36 @@ def _trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, tor
     return ids[:, start:], mask[:, start:]
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword ``model``'s forward takes its KV cache by: ``cache`` in transformers 5.24 and
+    later (which deprecate ``past_key_values``, to be removed in 5.40), ``past_key_values``
+    before, and in remote-code models that kept the old name. Read from the forward signature
+    of the model under any PEFT, DDP or ``torch.compile`` wrapper (which pass it through)."""
+    inner = model
+    for _ in range(8):
+        unwrapped = (
+            inner.get_base_model() if hasattr(inner, "get_base_model")
+            else getattr(inner, "module", None) or getattr(inner, "_orig_mod", None)
+        )  # fmt: skip
+        if unwrapped is None or unwrapped is inner:
+            break
+        inner = unwrapped
+    return _forward_cache_keyword(type(inner))
+
+
+@functools.cache
+def _forward_cache_keyword(cls: type) -> str:
+    parameters = inspect.signature(cls.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def returned_cache(output: Any) -> Cache | None:
+    """The KV cache a forward returned: ``output.cache`` from transformers 5.24, else
+    ``output.past_key_values`` (reading the old name on 5.24 warns)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
 def has_recurrent_state(cache: Cache) -> bool:
     """Whether ``cache`` holds recurrent layers (Mamba / linear attention: a conv and SSM state
     per row instead of per-token keys and values), as hybrid models such as Nemotron-H have."""
@@ -325,14 +359,15 @@ def completion_logprobs(
         # The hidden state at position p predicts token p + 1.
         hidden = hidden[:, prompt_len - 1 : prompt_len - 1 + width]
     else:
+        keyword = cache_keyword(decoder)
         out = decoder(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             position_ids=prompt_pos,
-            past_key_values=cache,
             use_cache=True,
+            **{keyword: cache},
         )
-        cache = out.past_key_values
+        cache = returned_cache(out)
         if cache is None or cache.get_seq_length() != prompt_len:
             # e.g. gradient checkpointing in training mode makes transformers drop the cache.
             raise RuntimeError("the decoder returned no prompt KV cache; use group_size=1")
@@ -347,8 +382,8 @@ def completion_logprobs(
                 input_ids=completion_ids[:, :-1],
                 attention_mask=mask[:, :-1],
                 position_ids=positions[:, :-1],
-                past_key_values=cache,
                 use_cache=True,
+                **{keyword: cache},
             ).last_hidden_state
             hidden = torch.cat([last_prompt_hidden, comp_hidden], dim=1)
         else:

@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
-from ..logprobs import has_recurrent_state
+from ..logprobs import cache_keyword, has_recurrent_state, returned_cache
 from .base import Engine, Request, Rollout, SamplingParams, per_prompt_counts
 
 
@@ -171,10 +171,10 @@ def decode_one(
         input_ids=token[:, None],
         attention_mask=attention_mask,
         position_ids=position[:, None],
-        past_key_values=cache,
         use_cache=True,
+        **{cache_keyword(model): cache},
     )
-    return out.past_key_values, out.logits[:, -1, :]
+    return returned_cache(out), out.logits[:, -1, :]
 
 
 def select_cache_rows(cache: Cache, index: torch.Tensor) -> None:
@@ -212,11 +212,11 @@ def prefill(
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions,
-        past_key_values=DynamicCache(config=model.config),
         use_cache=True,
         logits_to_keep=1,
+        **{cache_keyword(model): DynamicCache(config=model.config)},
     )
-    return out.logits[:, -1, :], out.past_key_values, positions[:, -1] + 1
+    return out.logits[:, -1, :], returned_cache(out), positions[:, -1] + 1
 
 
 @torch.no_grad()

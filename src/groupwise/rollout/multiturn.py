@@ -44,6 +44,7 @@ from ..tools.prompting import prompt_text_with_tools
 from .base import Engine, Request, Rollout, SamplingParams
 from .hf import (
     HFEngine,
+    cache_keyword,
     call_generate,
     completion_lengths,
     decode_one,
@@ -384,9 +385,9 @@ def _insert(
         input_ids=ids,
         attention_mask=attn,
         position_ids=positions,
-        past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
+        **{cache_keyword(model): cache},
     )
     return out.logits[:, -1, :], attn, next_pos + lengths
 
