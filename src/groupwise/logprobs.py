@@ -269,20 +269,31 @@ def _trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, tor
     return ids[:, start:], mask[:, start:]
 
 
+def wrapped_models(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """``model`` and the models it wraps, outermost first: PEFT's ``get_base_model()``, DDP's /
+    FSDP1's ``module``, ``torch.compile``'s ``_orig_mod``."""
+    found = [model]
+    while True:
+        outer, inner = found[-1], None
+        if hasattr(outer, "get_base_model"):
+            inner = outer.get_base_model()
+        else:
+            for name in ("module", "_orig_mod"):
+                candidate = outer._modules.get(name)
+                if candidate is not None:
+                    inner = candidate
+                    break
+        if inner is None or any(inner is m for m in found):
+            return found
+        found.append(inner)
+
+
 def cache_keyword(model: torch.nn.Module) -> str:
     """The keyword ``model``'s forward takes its KV cache by: ``cache`` in transformers 5.24 and
     later (which deprecate ``past_key_values``, to be removed in 5.40), ``past_key_values``
     before, and in remote-code models that kept the old name. Read from the forward signature
     of the model under any PEFT, DDP or ``torch.compile`` wrapper (which pass it through)."""
-    inner = model
-    for _ in range(8):
-        unwrapped = (
-            inner.get_base_model() if hasattr(inner, "get_base_model")
-            else getattr(inner, "module", None) or getattr(inner, "_orig_mod", None)
-        )  # fmt: skip
-        if unwrapped is None or unwrapped is inner:
-            break
-        inner = unwrapped
+    inner = wrapped_models(model)[-1]
     return _forward_cache_keyword(type(inner))
 
 

@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
-from ..logprobs import cache_keyword, has_recurrent_state, returned_cache
+from ..logprobs import cache_keyword, has_recurrent_state, returned_cache, wrapped_models
 from .base import Engine, Request, Rollout, SamplingParams, per_prompt_counts
 
 
@@ -326,25 +326,6 @@ def replaced_generate(model: torch.nn.Module) -> bool:
         if defined is not None and not _library_function(defined):
             return True
     return False
-
-
-def wrapped_models(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """``model`` and the models it wraps, outermost first: PEFT's ``get_base_model()``, DDP's /
-    FSDP1's ``module``, ``torch.compile``'s ``_orig_mod``."""
-    found = [model]
-    while True:
-        outer, inner = found[-1], None
-        if hasattr(outer, "get_base_model"):
-            inner = outer.get_base_model()
-        else:
-            for name in ("module", "_orig_mod"):
-                candidate = outer._modules.get(name)
-                if candidate is not None:
-                    inner = candidate
-                    break
-        if inner is None or any(inner is m for m in found):
-            return found
-        found.append(inner)
 
 
 def _library_function(fn: object) -> bool:
