@@ -199,19 +199,21 @@ def test_curriculum_simulation_answers_help():
     assert "usage:" in result.stdout and "seeds" in result.stdout
 
 
-def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path):
+@pytest.mark.parametrize("delay", [0.1, 0.25, 0.5, 1.0, 1.5, 2.5])
+def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path, delay):
     import os
     import signal
     import time
 
-    # SIGINT while the command imports torch and transformers (seconds), before any step.
+    # SIGINT at several moments of start-up (importing the command line, then torch and
+    # transformers, then building the run), before any step: always the shell's 130 and one line.
     process = subprocess.Popen(
         [sys.executable, "-m", "groupwise", "train", "--model", "tiny-random", "--max_steps", "1",
          "--output_dir", str(tmp_path / "run")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
-    time.sleep(1.0)
+    time.sleep(delay)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err

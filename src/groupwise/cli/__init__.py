@@ -120,16 +120,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         code = _exit_code(err)
         if watch.seen and code is None and not debug:  # a half-finished import after Ctrl-C
-            code = 130
-            print("groupwise: interrupted (nothing saved)", file=sys.stderr)
+            return interrupted()
         if code is None:
             raise
         return code
     except KeyboardInterrupt:  # a second Ctrl-C, or one during start-up: the shell's 130
         if debug:
             raise
-        print("groupwise: interrupted (nothing saved)", file=sys.stderr)
-        return 130
+        return interrupted()
     return 0
 
 
@@ -163,14 +161,29 @@ def _exit_code(err: Exception) -> int | None:
     return None
 
 
+# Set when a Ctrl-C stopped the command before anything was saved (``python -m groupwise`` then
+# exits at once, see groupwise/__main__.py).
+INTERRUPTED = False
+
+
+def interrupted() -> int:
+    """Say that a Ctrl-C stopped the command before anything was saved; the shell's 130."""
+    global INTERRUPTED
+    INTERRUPTED = True
+    print("groupwise: interrupted (nothing saved)", file=sys.stderr)
+    return 130
+
+
 class _StartupInterrupt:
-    """Ctrl-C while torch and transformers are imported: some library code there catches every
-    exception (a bare ``except``) and would swallow the KeyboardInterrupt, so the run would go
-    on. The handler also records it, and :meth:`check` raises it again once imports are done.
-    The trainer installs its own handler (finish the step, save, stop) for the run itself."""
+    """Ctrl-C while torch and transformers are imported is only recorded, and :meth:`check`
+    raises it once those imports are done: a KeyboardInterrupt raised inside an extension's
+    import can abort the interpreter, and some library code there catches every exception (a
+    bare ``except``) and would swallow it. After :meth:`check`, Ctrl-C raises at once, until the
+    trainer installs its own handler (finish the step, save, stop) for the run itself."""
 
     def __init__(self) -> None:
         self.seen = False
+        self.importing = True
         self.previous: Any = None
 
     def __enter__(self) -> _StartupInterrupt:
@@ -189,9 +202,11 @@ class _StartupInterrupt:
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.seen = True
-        raise KeyboardInterrupt
+        if not self.importing:
+            raise KeyboardInterrupt
 
     def check(self) -> None:
+        self.importing = False
         if self.seen:
             raise KeyboardInterrupt
 
