@@ -56,8 +56,9 @@ def _warn_once(seen: set[str], key: str, message: str, *args: Any) -> None:
 
 def _short(value: Any, limit: int = 200) -> Any:
     """A value for a log line: long text cut to ``limit`` characters."""
-    text = value if isinstance(value, str) else None
-    return value if text is None or len(text) <= limit else text[:limit] + "..."
+    if isinstance(value, str) and len(value) > limit:
+        return value[:limit] + "..."
+    return value
 
 
 class RewardScorer:
@@ -303,6 +304,8 @@ class RewardScorer:
     def _warn_unscored(self, kwargs: dict[str, list[Any]], first: int, count: int) -> None:
         """Say (once, with the first such row's inputs, in TRL's words) that a completion got no
         reward at all: it then takes no part in its group's advantage."""
+        if "<all functions>" in self._nan_logged:  # said once already: skip building the row
+            return
         row = {key: _short(values[first]) for key, values in kwargs.items()}
         _warn_once(
             self._nan_logged,
