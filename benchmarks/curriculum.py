@@ -1,23 +1,31 @@
 """Does the ``select`` curriculum reach a target accuracy with fewer generated tokens than
 uniform GRPO? (An experiment, not a test: hours of CPU, resumable, results committed beside it.)
 
-Design (fixed before any experiment seed ran):
+Design (fixed before any experiment seed of this regime ran):
 
-- **Model and task.** SmolLM2-135M-Instruct after a shared warm start (20 steps of uniform GRPO
-  with format + accuracy rewards on a separate pool, seed 1000), then accuracy reward only.
-  Two-operand ``+``/``-`` at 1, 2 and 3 digits: the 1-digit level is solved and feeds
-  all-correct groups, 2-digit is the learnable level and the primary endpoint, 3-digit feeds
-  all-wrong groups. A pool of 64 training prompts per level (192), drawn per seed and identical
-  for both arms of that seed.
+- **Model and task.** SmolLM2-135M-Instruct after a shared warm start in two phases: 20 steps of
+  uniform GRPO with format + accuracy rewards on a mixed 1/2/3-digit pool (seed 1000), then
+  uniform GRPO with the same rewards on the 1-digit training problems only (seed 1001) until
+  the 1-digit level is solved: every ``ONE_DIGIT_CHECK`` steps the pilot pool's 64 one-digit
+  prompts are sampled 16 times at temperature 1, and training stops once their pass rate is at
+  least ``ONE_DIGIT_GOAL`` (at most ``ONE_DIGIT_MAX_STEPS`` steps; short of the goal, the pilot
+  says no-go). Then accuracy reward only. Two-operand ``+``/``-`` at 1, 2 and 3 digits: the
+  1-digit level is solved and feeds all-correct groups, 2-digit is the learnable level and the
+  primary endpoint, 3-digit feeds all-wrong groups. A pool of 64 training prompts per level
+  (192), drawn per seed and identical for both arms of that seed.
+- **Why two phases** (the first regime, kept in ``results_curriculum/regime-1/``): after the
+  mixed phase alone the 1-digit pass rate was 0.605 (every subtraction with a negative result
+  near 0, additions near 1), so the 1-digit level was the most informative one and ``select``
+  rightly filled its batches from it, away from the 2-digit endpoint; its two finished pairs
+  learned 1-digit faster and 2-digit slower than uniform. That regime did not test what the
+  experiment asks (does selection speed up learning where the endpoint is), so the warm start
+  now solves the 1-digit level first. Arms, budget and endpoints are unchanged.
 - **Arms.** ``uniform`` (GRPO, 4 prompts x 4 rollouts per step) and ``select`` (the predictive
   selector with its defaults: GRESO's keep rule, best-k on the posterior, over-sampling 4,
   group sizes 2..8 with mean 4). Nothing of either arm is tuned on the experiment's seeds.
-- **Budget.** Equal generated completion tokens per arm: ``BUDGET_STEPS`` (50) x the warm
-  start's tokens per step of 16 completions. (A first pilot over 200 steps, kept in
-  ``pilot.json``, learned nearly everything in its first 40 steps and then sat on a plateau,
-  where a target is crossed by evaluation noise; the budget was cut to the rising part and the
-  seeds doubled before any experiment seed ran.) Skipped candidates cost nothing (they are never
-  generated); dropped rollouts would count.
+- **Budget.** Equal generated completion tokens per arm: ``BUDGET_STEPS`` (50) x the mixed warm
+  start's tokens per step of 16 completions (the first regime's budget, kept). Skipped
+  candidates cost nothing (they are never generated); dropped rollouts would count.
 - **Evaluation.** Greedy on a fixed 128-problem 2-digit set at every tenth of the budget; at
   B/2 and B on 400 two-digit (the 128 are its first rows) + all 43 held-out one-digit + 100
   three-digit.
@@ -31,18 +39,21 @@ Design (fixed before any experiment seed ran):
   prompts sampled 16 times at temperature 1 by the warm start gives the real pass-rate
   distribution and from it the ceiling of any pre-rollout selector (the informative-group rate
   of an oracle keeping the best quarter, against uniform's); one uniform run over the budget
-  gives the learning curve and the target. Proceed only if uniform's 2-digit accuracy rises by
-  >= 0.25 within the budget and the best-quarter ceiling is >= 2x.
+  gives the learning curve and the target. Proceed only if the 1-digit pass rate is at least
+  ``ONE_DIGIT_GOAL``, uniform's 2-digit accuracy rises by >= 0.25 within the budget and the
+  best-quarter ceiling is >= 2x.
 
 Stages write to ``benchmarks/results_curriculum/`` (committed): ``warm.json``, ``pilot.json``,
 ``runs.jsonl`` (one line per finished run; a rerun skips what is done, so the experiment can
 run in parts). Model weights go to ``--work`` (default ``runs/curriculum-work``) and are rebuilt
-from their fixed random seeds when absent.
+from their fixed random seeds when absent. ``report`` and ``levels`` read another regime's
+results with ``--results``.
 
-    python benchmarks/curriculum.py pilot              # about 20 minutes after the warm start
-    python benchmarks/curriculum.py run --seeds 1-16   # roughly 25 minutes per seed pair (estimate)
+    python benchmarks/curriculum.py pilot              # the warm start, pass rates, uniform pilot
+    python benchmarks/curriculum.py run --seeds 1-16   # about an hour per seed pair on 2 idle cores
     python benchmarks/curriculum.py report             # the tables from what has finished
     python benchmarks/curriculum.py levels             # which levels each arm trains on
+    python benchmarks/curriculum.py report --results benchmarks/results_curriculum/regime-1
 """
 
 from __future__ import annotations
@@ -63,7 +74,7 @@ import numpy as np
 
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum
-from groupwise.data import arithmetic_dataset
+from groupwise.data import arithmetic_dataset, arithmetic_split_size
 from groupwise.evaluation import evaluate_model
 from groupwise.models import load_model_and_tokenizer
 from groupwise.rewards import accuracy_reward
@@ -78,6 +89,9 @@ BIG_MARKS = (0.5, 1.0)  # the 543-problem evaluation
 BUDGET_STEPS = 50  # uniform-equivalent steps of 16 completions
 TARGET_MARK = 0.6  # the target is the uniform pilot's 2-digit accuracy here
 SAMPLES_PER_PROMPT = 16  # the pilot's pass-rate measurement
+ONE_DIGIT_GOAL = 0.9  # the warm start's 1-digit pass rate at temperature 1
+ONE_DIGIT_CHECK = 20  # steps between the warm start's 1-digit measurements
+ONE_DIGIT_MAX_STEPS = 120
 
 BASE_OPTIONS: dict[str, Any] = dict(
     num_generations=4,
@@ -157,15 +171,37 @@ def weights_digest(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def built_once(folder: Path, recorded: dict | None, build) -> dict:
+    """Weights built by ``build(folder) -> record`` unless ``folder`` holds them already. The
+    record keeps a digest of the weights, so a rebuild that differs (CPU kernels, library
+    versions) is noticed; the first record is kept."""
+    if (folder / "config.json").exists():
+        if recorded is None:
+            raise SystemExit(f"{folder} exists but its record in {RESULTS / 'warm.json'} does "
+                             f"not: remove {folder} to rebuild")  # fmt: skip
+        return recorded
+    start = time.perf_counter()
+    record = {**build(folder), "seconds": round(time.perf_counter() - start, 1),
+              "digest": weights_digest(folder)}  # fmt: skip
+    if recorded is None:
+        return record
+    if recorded["digest"] != record["digest"]:
+        print(f"warning: the rebuilt {folder.name} differs from the recorded one (digest "
+              f"{record['digest']} vs {recorded['digest']}); the recorded figures are kept",
+              flush=True)  # fmt: skip
+    return recorded
+
+
 def warm_start(work: Path, steps: int = 20) -> tuple[Path, dict]:
-    """Uniform GRPO (format + accuracy) from SmolLM2-135M-Instruct on its own pool. The
-    weights live in ``work``; the figures (and a digest of the weights, so a rebuilt warm start
-    that differs is noticed) in ``results_curriculum/warm.json``."""
-    folder = work / "warm"
+    """The shared warm start: ``steps`` of uniform GRPO (format + accuracy) from
+    SmolLM2-135M-Instruct on a mixed pool, then the same on the 1-digit level until it is
+    solved (:func:`solve_one_digit`). Weights live in ``work``; the figures (with digests of the
+    weights) in ``results_curriculum/warm.json``."""
     meta_path = RESULTS / "warm.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
-    if not (folder / "config.json").exists():
-        print(f"building the warm start in {folder} ({steps} steps)", flush=True)
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+
+    def mixed(folder: Path) -> dict:
+        print(f"building the mixed warm start in {folder} ({steps} steps)", flush=True)
         pool = []
         for digits in LEVELS:
             pool += arithmetic_dataset(24, "train", seed=WARM_SEED, digits=digits, ops="+-")
@@ -173,40 +209,84 @@ def warm_start(work: Path, steps: int = 20) -> tuple[Path, dict]:
             **{**BASE_OPTIONS, "max_steps": steps, "seed": WARM_SEED,
                "output_dir": str(folder), "overwrite_output_dir": True}
         )  # fmt: skip
-        start = time.perf_counter()
         trainer = GRPOTrainer("smollm2-135m-instruct", ["format", "accuracy"], pool, args=args)
         trainer.train()
         logs = [x for x in trainer.state.log_history if "compute/generated_tokens" in x]
-        built = {
-            "steps": steps,
-            "tokens_per_step": statistics.mean(x["compute/generated_tokens"] for x in logs[-4:]),
-            "seconds": round(time.perf_counter() - start, 1),
-            "digest": weights_digest(folder),
-        }
-        if meta is None:
-            meta = built
-            write_json(meta_path, meta)
-        elif meta["digest"] != built["digest"]:
-            print(
-                f"warning: the rebuilt warm start differs from the recorded one (digest "
-                f"{built['digest']} vs {meta['digest']}); the recorded budget is kept",
-                flush=True,
-            )
-    elif meta is None:
-        raise SystemExit(f"{folder} exists but {meta_path} does not: remove {folder} to rebuild")
+        tokens = statistics.mean(x["compute/generated_tokens"] for x in logs[-4:])
+        return {"steps": steps, "tokens_per_step": tokens}
+
+    meta["mixed"] = built_once(work / "warm", meta.get("mixed"), mixed)
+    meta["tokens_per_step"] = meta["mixed"]["tokens_per_step"]  # the budget's unit
+    write_json(meta_path, meta)
+    folder = work / "warm-one-digit"
+    meta["one_digit"] = built_once(
+        folder, meta.get("one_digit"), lambda f: solve_one_digit(work / "warm", f)
+    )
+    write_json(meta_path, meta)
     return folder, meta
 
 
-def pass_rates(warm: Path) -> list[int]:
-    """Correct samples out of SAMPLES_PER_PROMPT per pilot-pool prompt, at temperature 1."""
-    model, tokenizer = load_model_and_tokenizer(str(warm))
+def sampled_correct(model, tokenizer, rows: list[dict]) -> list[int]:
+    """Correct samples out of SAMPLES_PER_PROMPT per row at temperature 1 (``model``: a model
+    or a run's engine), with the pilot's sampling seed."""
     result = evaluate_model(
-        model, tokenizer, pool_rows(PILOT_SEED), [accuracy_reward], n=SAMPLES_PER_PROMPT,
+        model, tokenizer, rows, [accuracy_reward], n=SAMPLES_PER_PROMPT,
         ks=[1], greedy=False, temperature=1.0,
         max_completion_length=BASE_OPTIONS["max_completion_length"], seed=PILOT_SEED,
         batch_size=8,
     )  # fmt: skip
     return [int(r.c) for r in result.per_prompt]
+
+
+class OneDigitCheck:
+    """Every ``ONE_DIGIT_CHECK`` steps, the pass rate of the pilot pool's 1-digit prompts;
+    stops training once it reaches ``ONE_DIGIT_GOAL``."""
+
+    def __init__(self) -> None:
+        self.rows = pool_rows(PILOT_SEED)[:POOL_PER_LEVEL]
+        self.trainer: GRPOTrainer | None = None
+        self.checks: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+        if not logs or "compute/generated_tokens_total" not in logs:
+            return
+        if state.global_step % ONE_DIGIT_CHECK:
+            return
+        counts = sampled_correct(self.trainer.engine, self.trainer.tokenizer, self.rows)
+        self.trainer.model.train()
+        rate = sum(counts) / (len(counts) * SAMPLES_PER_PROMPT)
+        self.checks.append({"step": state.global_step, "pass_rate": rate})
+        print(f"  1-digit pass rate at step {state.global_step}: {rate:.3f}", flush=True)
+        if rate >= ONE_DIGIT_GOAL:
+            control.should_training_stop = True
+
+
+def solve_one_digit(start: Path, folder: Path) -> dict:
+    """Uniform GRPO (format + accuracy) from ``start`` on every 1-digit training problem until
+    the pilot pool's 1-digit pass rate reaches ``ONE_DIGIT_GOAL`` (checked every
+    ``ONE_DIGIT_CHECK`` steps, at most ``ONE_DIGIT_MAX_STEPS``)."""
+    print(f"solving the 1-digit level from {start} into {folder}", flush=True)
+    size = arithmetic_split_size(1, 2, 2, "+-", "train", 0.25)
+    pool = arithmetic_dataset(size, "train", seed=WARM_SEED + 1, digits=1, ops="+-")
+    args = GRPOConfig(
+        **{**BASE_OPTIONS, "max_steps": ONE_DIGIT_MAX_STEPS, "seed": WARM_SEED + 1,
+           "output_dir": str(folder), "overwrite_output_dir": True}
+    )  # fmt: skip
+    check = OneDigitCheck()
+    trainer = GRPOTrainer(str(start), ["format", "accuracy"], pool, args=args, callbacks=[check])
+    check.trainer = trainer
+    trainer.train()
+    return {
+        "steps": trainer.state.global_step,
+        "checks": check.checks,
+        "reached": bool(check.checks and check.checks[-1]["pass_rate"] >= ONE_DIGIT_GOAL),
+    }
+
+
+def pass_rates(warm: Path) -> list[int]:
+    """Correct samples out of SAMPLES_PER_PROMPT per pilot-pool prompt, at temperature 1."""
+    model, tokenizer = load_model_and_tokenizer(str(warm))
+    return sampled_correct(model, tokenizer, pool_rows(PILOT_SEED))
 
 
 def informative_estimate(c: np.ndarray, n: int, g: int = 4) -> np.ndarray:
@@ -321,8 +401,8 @@ def run_arm(arm: str, seed: int, warm: Path, budget: int, rows: list[dict]) -> d
     }
 
 
-def read_runs() -> list[dict]:
-    path = RESULTS / "runs.jsonl"
+def read_runs(results: Path = RESULTS) -> list[dict]:
+    path = results / "runs.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -439,8 +519,11 @@ def command_pilot(work: Path) -> None:
     pilot["target"] = float(np.mean(at_target["greedy"][FREQUENT]))
     rise = float(accuracy_at(run, 1.0).mean()) - meta["eval"]["2-digit"]
     ceiling = pilot["ceiling"]["best_quarter_ratio"]
-    pilot["go"] = {"two_digit_rise": rise, "best_quarter_ratio": ceiling,
-                   "proceed": bool(rise >= 0.25 and ceiling >= 2.0)}  # fmt: skip
+    one_digit = pilot["ceiling"]["mean_pass_rate_by_level"]["1-digit"]
+    pilot["go"] = {"one_digit_pass_rate": one_digit, "two_digit_rise": rise,
+                   "best_quarter_ratio": ceiling,
+                   "proceed": bool(one_digit >= ONE_DIGIT_GOAL and rise >= 0.25
+                                   and ceiling >= 2.0)}  # fmt: skip
     write_json(pilot_path, pilot)
     print("uniform pilot, 128-problem 2-digit accuracy by tokens: "
           + ", ".join(f"{t:.0f}: {a:.3f}" for t, a in zip(tokens, acc, strict=True)))  # fmt: skip
@@ -478,9 +561,9 @@ def command_run(work: Path, seeds: list[int], arms: list[str], force: bool) -> N
             print(json.dumps({k: v for k, v in result.items() if k != "points"}), flush=True)
 
 
-def command_report() -> None:
-    meta = json.loads((RESULTS / "warm.json").read_text())
-    pilot = json.loads((RESULTS / "pilot.json").read_text())
+def command_report(results: Path = RESULTS) -> None:
+    meta = json.loads((results / "warm.json").read_text())
+    pilot = json.loads((results / "pilot.json").read_text())
     print(f"warm start: {json.dumps(meta.get('eval'))}")
     print(f"pool pass rates (16 samples, seed {PILOT_SEED}): {json.dumps(pilot['ceiling'])}")
     if "go" not in pilot:
@@ -489,7 +572,7 @@ def command_report() -> None:
     target = pilot["target"]
     print(f"target: 2-digit accuracy {target:.3f} (uniform pilot at {TARGET_MARK:.0%} of the "
           f"budget); go/no-go {json.dumps(pilot['go'])}")  # fmt: skip
-    by = {(r["arm"], r["seed"]): r for r in read_runs()}
+    by = {(r["arm"], r["seed"]): r for r in read_runs(results)}
     seeds = sorted({s for _, s in by if all((a, s) in by for a in ARMS)})
     if not seeds:
         print("no finished seed pair yet")
@@ -586,10 +669,10 @@ def replay_levels(pass_rate: np.ndarray, arm: str, seed: int, steps: int = BUDGE
             "informative_per_rollout": float(informative.sum() / rollouts)}  # fmt: skip
 
 
-def command_levels(repeats: int = 20) -> None:
+def command_levels(results: Path = RESULTS, repeats: int = 20) -> None:
     """Per level, the groups each arm trained on: replayed from the pilot's measured pass rates,
     and measured in the finished runs that recorded their groups."""
-    pilot = json.loads((RESULTS / "pilot.json").read_text())
+    pilot = json.loads((results / "pilot.json").read_text())
     pass_rate = np.asarray(pilot["pass_counts"], float) / SAMPLES_PER_PROMPT
     names = " / ".join(f"{d}-digit" for d in LEVELS)
     print(f"replay from the pilot's pass rates ({repeats} random seeds, {BUDGET_STEPS} steps, "
@@ -602,7 +685,7 @@ def command_levels(repeats: int = 20) -> None:
         rate = np.mean([r["informative_per_rollout"] for r in runs])
         print(f"  {arm:8} share {' / '.join(f'{x:.2f}' for x in share)}; informative groups "
               f"{' / '.join(f'{x:.1f}' for x in inform)}; per rollout {rate:.3f}")  # fmt: skip
-    recorded = [r for r in read_runs() if r.get("groups")]
+    recorded = [r for r in read_runs(results) if r.get("groups")]
     if recorded:
         print("measured in the runs (share of groups; informative groups by level):")
     for r in recorded:
@@ -623,15 +706,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--work", default="runs/curriculum-work", help="model weights")
     parser.add_argument("--force", action="store_true", help="run despite a no-go pilot")
+    parser.add_argument("--results", default=str(RESULTS), help="report/levels: results folder")
     opts = parser.parse_args(argv)
     if opts.stage == "pilot":
         command_pilot(Path(opts.work))
     elif opts.stage == "run":
         command_run(Path(opts.work), parse_seeds(opts.seeds), opts.arms.split(","), opts.force)
     elif opts.stage == "levels":
-        command_levels()
+        command_levels(Path(opts.results))
     else:
-        command_report()
+        command_report(Path(opts.results))
 
 
 if __name__ == "__main__":
