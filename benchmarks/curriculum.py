@@ -9,17 +9,22 @@ Design (fixed before any experiment seed of this regime ran):
   the 1-digit level is solved: every ``ONE_DIGIT_CHECK`` steps the pilot pool's 64 one-digit
   prompts are sampled 16 times at temperature 1, and training stops once their pass rate is at
   least ``ONE_DIGIT_GOAL`` (at most ``ONE_DIGIT_MAX_STEPS`` steps; short of the goal, the pilot
-  says no-go). Then accuracy reward only. Two-operand ``+``/``-`` at 1, 2 and 3 digits: the
-  1-digit level is solved and feeds all-correct groups, 2-digit is the learnable level and the
-  primary endpoint, 3-digit feeds all-wrong groups. A pool of 64 training prompts per level
-  (192), drawn per seed and identical for both arms of that seed.
-- **Why two phases** (the first regime, kept in ``results_curriculum/regime-1/``): after the
-  mixed phase alone the 1-digit pass rate was 0.605 (every subtraction with a negative result
-  near 0, additions near 1), so the 1-digit level was the most informative one and ``select``
-  rightly filled its batches from it, away from the 2-digit endpoint; its two finished pairs
-  learned 1-digit faster and 2-digit slower than uniform. That regime did not test what the
-  experiment asks (does selection speed up learning where the endpoint is), so the warm start
-  now solves the 1-digit level first. Arms, budget and endpoints are unchanged.
+  says no-go). Then accuracy reward only. Two-operand ``+``/``-`` with a non-negative result at
+  1, 2 and 3 digits: the 1-digit level is solved and feeds all-correct groups, 2-digit is the
+  learnable level and the primary endpoint, 3-digit feeds all-wrong groups. A pool of 64
+  training prompts per level (192), drawn per seed and identical for both arms of that seed.
+- **Why this regime** (the earlier ones are kept in ``results_curriculum/regime-1/`` and
+  ``regime-2/``). With the mixed phase alone (regime 1) the 1-digit pass rate was 0.605: the
+  model answers a subtraction with a negative result with a small positive number (``2 - 5``:
+  ``1``), so those prompts sat near 0 and the additions near 1, and the 1-digit level was the
+  most informative one. ``select`` rightly filled its batches from it, away from the 2-digit
+  endpoint, and its two finished pairs learned 1-digit faster and 2-digit slower than uniform:
+  that regime did not test what the experiment asks. Regime 2 added the 1-digit phase with
+  negative results kept; after 120 steps the 1-digit pass rate had reached only 0.79 (short of
+  the goal: no-go). In regime 1's uniform pilot, 2-digit problems with a negative result stayed
+  at 0.011 greedy accuracy at B against 0.479 for the others, so the 2-digit learning the
+  endpoint measures was all on non-negative problems; the task is now those alone, at every
+  level. Arms, budget and endpoints are unchanged.
 - **Arms.** ``uniform`` (GRPO, 4 prompts x 4 rollouts per step) and ``select`` (the predictive
   selector with its defaults: GRESO's keep rule, best-k on the posterior, over-sampling 4,
   group sizes 2..8 with mean 4). Nothing of either arm is tuned on the experiment's seeds.
@@ -27,7 +32,7 @@ Design (fixed before any experiment seed of this regime ran):
   start's tokens per step of 16 completions (the first regime's budget, kept). Skipped
   candidates cost nothing (they are never generated); dropped rollouts would count.
 - **Evaluation.** Greedy on a fixed 128-problem 2-digit set at every tenth of the budget; at
-  B/2 and B on 400 two-digit (the 128 are its first rows) + all 43 held-out one-digit + 100
+  B/2 and B on 400 two-digit (the 128 are its first rows) + every held-out one-digit (33) + 100
   three-digit.
 - **Primary endpoint.** Generated tokens until the 128-problem accuracy first reaches the
   target (linear interpolation between evaluations), the target being the accuracy the uniform
@@ -85,7 +90,7 @@ POOL_PER_LEVEL = 64
 PILOT_SEED = 0  # the pilot's pool and run; experiment seeds start at 1
 WARM_SEED = 1000
 MARKS = tuple(round(0.1 * k, 1) for k in range(1, 11))  # evaluations at tenths of the budget
-BIG_MARKS = (0.5, 1.0)  # the 543-problem evaluation
+BIG_MARKS = (0.5, 1.0)  # the whole evaluation set (533 problems)
 BUDGET_STEPS = 50  # uniform-equivalent steps of 16 completions
 TARGET_MARK = 0.6  # the target is the uniform pilot's 2-digit accuracy here
 SAMPLES_PER_PROMPT = 16  # the pilot's pass-rate measurement
@@ -121,27 +126,36 @@ T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
 # Data
 
 
+def problems(n: int | None, split: str, seed: int, digits: int) -> list[dict]:
+    """``n`` distinct seeded two-operand ``+``/``-`` problems of ``digits`` digits whose result
+    is not negative (``None``: every such problem of the split)."""
+    size = arithmetic_split_size(digits, 2, 2, "+-", split, 0.25)
+    if n is None and size is None:
+        raise ValueError(f"the {digits}-digit {split} split is too large to take whole")
+    want = size if n is None else min(size or 3 * n, 3 * n)
+    rows = arithmetic_dataset(want, split, seed=seed, digits=digits, ops="+-")
+    rows = [row for row in rows if float(row["answer"]) >= 0]
+    if n is not None and len(rows) < n:
+        raise ValueError(f"only {len(rows)} non-negative {digits}-digit {split} problems, "
+                         f"{n} wanted")  # fmt: skip
+    return rows if n is None else rows[:n]
+
+
 def pool_rows(seed: int) -> list[dict]:
-    rows = []
-    for digits in LEVELS:
-        rows += arithmetic_dataset(POOL_PER_LEVEL, "train", seed=seed, digits=digits, ops="+-")
-    return rows
+    return [row for digits in LEVELS for row in problems(POOL_PER_LEVEL, "train", seed, digits)]
 
 
 def eval_rows() -> list[dict]:
-    """400 two-digit problems (the first 128 are the frequent evaluation), then the 43 one-digit
-    ones (every held-out 1-digit +/- problem there is) and 100 three-digit; fixed for the whole
-    experiment."""
-    two = arithmetic_dataset(400, "eval", seed=7, digits=2, ops="+-")
-    one = arithmetic_dataset(43, "eval", seed=7, digits=1, ops="+-")
-    three = arithmetic_dataset(100, "eval", seed=7, digits=3, ops="+-")
-    return two + one + three
+    """400 two-digit problems (the first 128 are the frequent evaluation), then every held-out
+    1-digit problem there is and 100 three-digit; fixed for the whole experiment."""
+    return problems(400, "eval", 7, 2) + problems(None, "eval", 7, 1) + problems(100, "eval", 7, 3)
 
 
+ONE_DIGIT_EVAL = len(problems(None, "eval", 7, 1))
 FREQUENT = slice(0, 128)
 TWO_DIGIT = slice(0, 400)
-ONE_DIGIT = slice(400, 443)
-THREE_DIGIT = slice(443, 543)
+ONE_DIGIT = slice(400, 400 + ONE_DIGIT_EVAL)
+THREE_DIGIT = slice(400 + ONE_DIGIT_EVAL, 500 + ONE_DIGIT_EVAL)
 
 
 def greedy_correct(model, tokenizer, rows: list[dict]) -> list[bool]:
@@ -246,12 +260,14 @@ class OneDigitCheck:
         self.rows = pool_rows(PILOT_SEED)[:POOL_PER_LEVEL]
         self.trainer: GRPOTrainer | None = None
         self.checks: list[dict] = []
+        self.last_step = -1
 
     def on_log(self, args, state, control, logs=None, **kwargs) -> None:
         if not logs or "compute/generated_tokens_total" not in logs:
             return
-        if state.global_step % ONE_DIGIT_CHECK:
-            return
+        if state.global_step % ONE_DIGIT_CHECK or state.global_step == self.last_step:
+            return  # not a check step, or the end-of-training row repeating the last step
+        self.last_step = state.global_step
         counts = sampled_correct(self.trainer.engine, self.trainer.tokenizer, self.rows)
         self.trainer.model.train()
         rate = sum(counts) / (len(counts) * SAMPLES_PER_PROMPT)
@@ -266,8 +282,7 @@ def solve_one_digit(start: Path, folder: Path) -> dict:
     the pilot pool's 1-digit pass rate reaches ``ONE_DIGIT_GOAL`` (checked every
     ``ONE_DIGIT_CHECK`` steps, at most ``ONE_DIGIT_MAX_STEPS``)."""
     print(f"solving the 1-digit level from {start} into {folder}", flush=True)
-    size = arithmetic_split_size(1, 2, 2, "+-", "train", 0.25)
-    pool = arithmetic_dataset(size, "train", seed=WARM_SEED + 1, digits=1, ops="+-")
+    pool = problems(None, "train", WARM_SEED + 1, 1)
     args = GRPOConfig(
         **{**BASE_OPTIONS, "max_steps": ONE_DIGIT_MAX_STEPS, "seed": WARM_SEED + 1,
            "output_dir": str(folder), "overwrite_output_dir": True}
@@ -331,7 +346,7 @@ def selection_ceiling(counts: list[int], n: int = SAMPLES_PER_PROMPT, keep: floa
 
 class TokenBudget:
     """Stops training once the run's generated completion tokens reach ``budget``; evaluates
-    greedily at each fraction of the budget in MARKS (the 543-problem set at BIG_MARKS, the
+    greedily at each fraction of the budget in MARKS (the whole set at BIG_MARKS, the
     frequent 128 otherwise)."""
 
     def __init__(self, budget: int, rows: list[dict]) -> None:
@@ -342,10 +357,14 @@ class TokenBudget:
         self.step_seconds = 0.0
         self.last: dict[str, float] = {}
         self.groups: list[list[list[int]]] = []
+        self.last_step = -1
 
     def on_log(self, args, state, control, logs=None, **kwargs) -> None:
         if not logs or "compute/generated_tokens_total" not in logs:
             return
+        if state.global_step == self.last_step:
+            return  # the end-of-training row repeats the last step's metrics
+        self.last_step = state.global_step
         self.last = dict(logs)
         self.step_seconds += logs.get("time/step", 0.0)
         self.groups.append(self.step_groups())
@@ -690,7 +709,8 @@ def command_levels(results: Path = RESULTS, repeats: int = 20) -> None:
         print("measured in the runs (share of groups; informative groups by level):")
     for r in recorded:
         share, inform = np.zeros(len(LEVELS)), np.zeros(len(LEVELS))
-        for step in r["groups"]:
+        # Runs recorded before the end-of-training row was skipped repeat the last step.
+        for step in r["groups"][: int(r["optimizer_steps"])]:
             for digits, n, correct in step:
                 share[LEVELS.index(digits)] += 1
                 inform[LEVELS.index(digits)] += 0 < correct < n

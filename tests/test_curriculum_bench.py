@@ -118,6 +118,88 @@ def test_step_groups_records_level_rollouts_and_correct(bench: ModuleType) -> No
             None,
         )
     )
-    budget = bench.TokenBudget(100, [])
+    budget = bench.TokenBudget(1000, [])  # 10 tokens: below the first mark, no evaluation
     budget.trainer = types.SimpleNamespace(records=records)
     assert budget.step_groups() == [[3, 3, 1], [1, 4, 3]]
+    # One record per step: the end-of-training row, which repeats the last step, adds nothing.
+    logs = {"compute/generated_tokens_total": 10.0, "time/step": 2.0}
+    control = types.SimpleNamespace(should_training_stop=False)
+    for step in (1, 2, 2):
+        budget.on_log(None, types.SimpleNamespace(global_step=step), control, logs=logs)
+    assert len(budget.groups) == 2 and budget.step_seconds == 4.0
+
+
+def test_one_digit_check_measures_every_check_steps_and_stops_at_the_goal(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    rates = iter([[10] * 64, [15] * 64])  # 160/1024 = 0.625, then 960/1024 = 0.9375
+    calls = []
+
+    def fake_sampled_correct(model, tokenizer, rows):
+        calls.append(len(rows))
+        return next(rates)
+
+    monkeypatch.setattr(bench, "sampled_correct", fake_sampled_correct)
+    check = bench.OneDigitCheck()
+    assert all(row["difficulty"] == 12 for row in check.rows) and len(check.rows) == 64
+    model = types.SimpleNamespace(train=lambda: None)
+    check.trainer = types.SimpleNamespace(engine=None, tokenizer=None, model=model)
+    logs = {"compute/generated_tokens_total": 1.0}
+    control = types.SimpleNamespace(should_training_stop=False)
+    for step in range(1, 2 * bench.ONE_DIGIT_CHECK + 1):
+        check.on_log(None, types.SimpleNamespace(global_step=step), control, logs=logs)
+        # Below the goal at the first check: training goes on.
+        assert control.should_training_stop == (step == 2 * bench.ONE_DIGIT_CHECK)
+    # The end-of-training row repeats the last step: no second measurement.
+    check.on_log(None, types.SimpleNamespace(global_step=2 * bench.ONE_DIGIT_CHECK), control,
+                 logs=logs)  # fmt: skip
+    assert calls == [64, 64]
+    assert check.checks == [
+        {"step": bench.ONE_DIGIT_CHECK, "pass_rate": 0.625},
+        {"step": 2 * bench.ONE_DIGIT_CHECK, "pass_rate": 0.9375},
+    ]
+
+
+def test_built_once_builds_records_and_notices_a_different_rebuild(
+    bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    def build(content: bytes):
+        def write(folder: Path) -> dict:
+            folder.mkdir()
+            (folder / "config.json").write_text("{}")
+            (folder / "model.safetensors").write_bytes(content)
+            return {"steps": 3}
+
+        return write
+
+    first = bench.built_once(tmp_path / "a", None, build(b"one"))
+    assert first["steps"] == 3 and len(first["digest"]) == 16
+    # Present: the record is returned, nothing is rebuilt.
+    assert bench.built_once(tmp_path / "a", first, build(b"never")) is first
+    with pytest.raises(SystemExit, match="remove"):
+        bench.built_once(tmp_path / "a", None, build(b"one"))
+    # Rebuilt elsewhere with other weights: the first record is kept, with a warning.
+    again = bench.built_once(tmp_path / "b", first, build(b"two"))
+    assert again is first
+    assert "differs" in capsys.readouterr().out
+
+
+def test_problems_are_non_negative_distinct_and_fixed_by_seed(bench: ModuleType) -> None:
+    one = bench.problems(None, "eval", 7, 1)
+    # 1-digit: 100 additions + 55 subtractions a - b with a >= b are non-negative, of 200; the
+    # held-out split is every problem whose expression hashes to it.
+    assert len(one) == bench.ONE_DIGIT_EVAL and 0 < len(one) < 155
+    assert all(float(r["answer"]) >= 0 for r in one)
+    pool = bench.pool_rows(3)
+    assert len(pool) == 3 * bench.POOL_PER_LEVEL
+    assert all(float(r["answer"]) >= 0 for r in pool)
+    assert len({r["expression"] for r in pool}) == len(pool)
+    assert [r["difficulty"] // 10 for r in pool] == [1] * 64 + [2] * 64 + [3] * 64
+    assert pool == bench.pool_rows(3) and pool != bench.pool_rows(4)
+    # Training and evaluation problems never share an expression.
+    held_out = {r["expression"] for r in bench.eval_rows()}
+    assert not held_out & {r["expression"] for r in pool}
+    with pytest.raises(ValueError, match="non-negative"):
+        bench.problems(200, "train", 0, 1)
