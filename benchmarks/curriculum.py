@@ -153,9 +153,12 @@ def eval_rows() -> list[dict]:
 
 ONE_DIGIT_EVAL = len(problems(None, "eval", 7, 1))
 FREQUENT = slice(0, 128)
-TWO_DIGIT = slice(0, 400)
-ONE_DIGIT = slice(400, 400 + ONE_DIGIT_EVAL)
-THREE_DIGIT = slice(400 + ONE_DIGIT_EVAL, 500 + ONE_DIGIT_EVAL)
+
+
+def level_part(level: int, size: int) -> slice:
+    """Where a level's problems sit in a whole evaluation of ``size`` problems: 400 two-digit,
+    the one-digit ones, 100 three-digit (the regimes differ in the one-digit count)."""
+    return {2: slice(0, 400), 1: slice(400, size - 100), 3: slice(size - 100, size)}[level]
 
 
 def greedy_correct(model, tokenizer, rows: list[dict]) -> list[bool]:
@@ -458,9 +461,10 @@ def tokens_to(run: dict, target: float, start: float) -> tuple[float, bool]:
     return float(run["budget"]), False
 
 
-def accuracy_at(run: dict, mark: float, part: slice = TWO_DIGIT) -> np.ndarray:
-    point = next(p for p in run["points"] if p["mark"] == mark)
-    return np.array(point["greedy"][part], float)
+def accuracy_at(run: dict, mark: float, level: int = 2) -> np.ndarray:
+    """Per problem of ``level`` digits: greedy correct at ``mark`` (a BIG_MARKS evaluation)."""
+    greedy = next(p for p in run["points"] if p["mark"] == mark)["greedy"]
+    return np.array(greedy[level_part(level, len(greedy))], float)
 
 
 def t_test(values: list[float]) -> dict:
@@ -507,9 +511,7 @@ def command_pilot(work: Path) -> None:
         greedy = greedy_correct(model, tokenizer, rows)
         meta["eval"] = {
             "frequent": float(np.mean(greedy[FREQUENT])),
-            "1-digit": float(np.mean(greedy[ONE_DIGIT])),
-            "2-digit": float(np.mean(greedy[TWO_DIGIT])),
-            "3-digit": float(np.mean(greedy[THREE_DIGIT])),
+            **{f"{d}-digit": float(np.mean(greedy[level_part(d, len(rows))])) for d in LEVELS},
         }
         write_json(RESULTS / "warm.json", meta)
     print(json.dumps({"warm_start": meta}), flush=True)
@@ -608,8 +610,8 @@ def command_report(results: Path = RESULTS) -> None:
             censored[arm] += not hit
             print(f"{s:>4} {arm:8} {reached[arm]:>16.0f}{'' if hit else '+'} "
                   f"{accuracy_at(r, 0.5).mean():>11.3f} {accuracy_at(r, 1.0).mean():>9.3f} "
-                  f"{accuracy_at(r, 1.0, ONE_DIGIT).mean():>7.3f} "
-                  f"{accuracy_at(r, 1.0, THREE_DIGIT).mean():>7.3f} "
+                  f"{accuracy_at(r, 1.0, 1).mean():>7.3f} "
+                  f"{accuracy_at(r, 1.0, 3).mean():>7.3f} "
                   f"{r['informative_per_rollout']:>14.3f} {r['optimizer_steps']:>5}")  # fmt: skip
         log_ratios.append(math.log(reached["select"] / reached["uniform"]))
         gains.append(accuracy_at(by[("select", s)], 0.5) - accuracy_at(by[("uniform", s)], 0.5))

@@ -203,3 +203,13 @@ def test_problems_are_non_negative_distinct_and_fixed_by_seed(bench: ModuleType)
     assert not held_out & {r["expression"] for r in pool}
     with pytest.raises(ValueError, match="non-negative"):
         bench.problems(200, "train", 0, 1)
+    # The whole evaluation: 400 two-digit, the one-digit ones, 100 three-digit; a regime with
+    # all 43 held-out one-digit problems is read with the same function.
+    size = len(bench.eval_rows())
+    assert size == 500 + bench.ONE_DIGIT_EVAL
+    assert bench.level_part(1, size) == slice(400, 400 + bench.ONE_DIGIT_EVAL)
+    assert bench.level_part(3, 543) == slice(443, 543)
+    run = {"points": [{"mark": 1.0, "greedy": [1] * 400 + [0] * 43 + [1, 0] * 50}]}
+    assert bench.accuracy_at(run, 1.0, 2).mean() == 1.0
+    assert bench.accuracy_at(run, 1.0, 1).sum() == 0 and len(bench.accuracy_at(run, 1.0, 1)) == 43
+    assert bench.accuracy_at(run, 1.0, 3).mean() == 0.5
