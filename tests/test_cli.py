@@ -212,12 +212,47 @@ def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path, delay):
          "--output_dir", str(tmp_path / "run")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # A terminal's Ctrl-C handling, whatever this test inherited (under nohup, or as a
+        # background job of a script, SIGINT is ignored, and the child would rightly keep that).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     time.sleep(delay)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
     assert "Traceback" not in err and "interrupted" in err
+
+
+def test_an_inherited_ignored_sigint_stays_ignored():
+    import signal
+
+    from groupwise.cli import _StartupInterrupt
+    from groupwise.run.loop import StopSignals
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as nohup leaves it
+        with _StartupInterrupt():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        stop = StopSignals()
+        stop.install()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert callable(signal.getsignal(signal.SIGTERM))  # SIGTERM is not ignored: handled
+        stop.restore()
+        assert signal.getsignal(signal.SIGTERM) is before[1]
+        # With the default handling, both install their handlers and restore the previous one.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with _StartupInterrupt() as watch:
+            assert signal.getsignal(signal.SIGINT) == watch._handler
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        stop = StopSignals()
+        stop.install()
+        assert signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler)
+        stop.restore()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])
 
 
 def test_without_a_bar_each_logged_step_and_evaluation_is_one_line(tmp_path, capsys):

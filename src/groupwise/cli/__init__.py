@@ -190,7 +190,11 @@ class _StartupInterrupt:
         import signal
         import threading
 
-        if threading.current_thread() is threading.main_thread():
+        # An inherited SIG_IGN (nohup, a background job of a script) stays: Python's rule too.
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        ):
             self.previous = signal.signal(signal.SIGINT, self._handler)
         return self
 

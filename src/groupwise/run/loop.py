@@ -62,7 +62,7 @@ class Cadence:
 class StopSignals:
     """SIGINT/SIGTERM finish the current step, save a checkpoint and stop (a second SIGINT
     aborts at once). Python lets only the main thread install handlers; elsewhere the default
-    handling stays."""
+    handling stays, and so does a signal the process was started ignoring (``nohup``)."""
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -82,7 +82,8 @@ class StopSignals:
             )
 
         for signum in (signal.SIGINT, signal.SIGTERM):
-            self.previous[signum] = signal.signal(signum, handler)
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # an inherited ignore stays
+                self.previous[signum] = signal.signal(signum, handler)
 
     def restore(self) -> None:
         for signum, handler in self.previous.items():
