@@ -264,22 +264,35 @@ def sampled_correct(model, tokenizer, rows: list[dict]) -> list[int]:
     return [int(r.c) for r in result.per_prompt]
 
 
-class OneDigitCheck:
+class StepLogs:
+    """Base of the experiment's callbacks: :meth:`new_step` is true once per training step's log
+    row. The end-of-training row repeats the last step's metrics (as in TRL), so it is not one."""
+
+    def __init__(self) -> None:
+        self.trainer: GRPOTrainer | None = None
+        self.last_step = -1
+
+    def new_step(self, state, logs: dict | None) -> bool:
+        if not logs or "compute/generated_tokens_total" not in logs:
+            return False
+        if state.global_step == self.last_step:
+            return False
+        self.last_step = state.global_step
+        return True
+
+
+class OneDigitCheck(StepLogs):
     """Every ``ONE_DIGIT_CHECK`` steps, the pass rate of the pilot pool's 1-digit prompts;
     stops training once it reaches ``ONE_DIGIT_GOAL``."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.rows = pool_rows(PILOT_SEED)[:POOL_PER_LEVEL]
-        self.trainer: GRPOTrainer | None = None
         self.checks: list[dict] = []
-        self.last_step = -1
 
     def on_log(self, args, state, control, logs=None, **kwargs) -> None:
-        if not logs or "compute/generated_tokens_total" not in logs:
+        if not self.new_step(state, logs) or state.global_step % ONE_DIGIT_CHECK:
             return
-        if state.global_step % ONE_DIGIT_CHECK or state.global_step == self.last_step:
-            return  # not a check step, or the end-of-training row repeating the last step
-        self.last_step = state.global_step
         counts = sampled_correct(self.trainer.engine, self.trainer.tokenizer, self.rows)
         self.trainer.model.train()
         rate = sum(counts) / (len(counts) * SAMPLES_PER_PROMPT)
@@ -356,27 +369,23 @@ def selection_ceiling(counts: list[int], n: int = SAMPLES_PER_PROMPT, keep: floa
     }
 
 
-class TokenBudget:
+class TokenBudget(StepLogs):
     """Stops training once the run's generated completion tokens reach ``budget``; evaluates
     greedily at each fraction of the budget in MARKS (the whole set at BIG_MARKS, the
     frequent 128 otherwise)."""
 
     def __init__(self, budget: int, rows: list[dict]) -> None:
+        super().__init__()
         self.budget, self.rows = budget, rows
         self.marks = list(MARKS)
-        self.trainer: GRPOTrainer | None = None
         self.points: list[dict] = []
         self.step_seconds = 0.0
         self.last: dict[str, float] = {}
         self.groups: list[list[list[int]]] = []
-        self.last_step = -1
 
     def on_log(self, args, state, control, logs=None, **kwargs) -> None:
-        if not logs or "compute/generated_tokens_total" not in logs:
+        if not self.new_step(state, logs):
             return
-        if state.global_step == self.last_step:
-            return  # the end-of-training row repeats the last step's metrics
-        self.last_step = state.global_step
         self.last = dict(logs)
         self.step_seconds += logs.get("time/step", 0.0)
         self.groups.append(self.step_groups())

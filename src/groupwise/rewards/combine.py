@@ -54,6 +54,9 @@ def _warn_once(seen: set[str], key: str, message: str, *args: Any) -> None:
         logger.warning(message, *args)
 
 
+_UNSCORED = "<all functions>"  # the once-only key of the "no reward at all" warning
+
+
 def _short(value: Any, limit: int = 200) -> Any:
     """A value for a log line: long text cut to ``limit`` characters."""
     if isinstance(value, str) and len(value) > limit:
@@ -304,12 +307,12 @@ class RewardScorer:
     def _warn_unscored(self, kwargs: dict[str, list[Any]], first: int, count: int) -> None:
         """Say (once, with the first such row's inputs, in TRL's words) that a completion got no
         reward at all: it then takes no part in its group's advantage."""
-        if "<all functions>" in self._nan_logged:  # said once already: skip building the row
+        if _UNSCORED in self._nan_logged:  # said once already: skip building the row
             return
         row = {key: _short(values[first]) for key, values in kwargs.items()}
         _warn_once(
             self._nan_logged,
-            "<all functions>",
+            _UNSCORED,
             "All reward functions returned None for the following kwargs: %s (%d completion(s) of "
             "this step). Such a completion gets no reward and no advantage; make sure at least "
             "one reward function returns a value for every row (logged once).",
