@@ -188,10 +188,15 @@ def test_built_once_builds_records_and_notices_a_different_rebuild(
 
 def test_problems_are_non_negative_distinct_and_fixed_by_seed(bench: ModuleType) -> None:
     one = bench.problems(None, "eval", 7, 1)
-    # 1-digit: 100 additions + 55 subtractions a - b with a >= b are non-negative, of 200; the
-    # held-out split is every problem whose expression hashes to it.
-    assert len(one) == bench.ONE_DIGIT_EVAL and 0 < len(one) < 155
-    assert all(float(r["answer"]) >= 0 for r in one)
+    # The task is addition: the held-out 1-digit split is every one of the 100 additions whose
+    # expression hashes to it.
+    assert len(one) == bench.ONE_DIGIT_EVAL and 0 < len(one) < 100
+    assert all(" + " in r["expression"] for r in one + bench.eval_rows() + bench.pool_rows(3))
+    # The warm start's 1-digit phase keeps +/- with a non-negative result.
+    warm_rows = bench.OneDigitCheck().rows
+    assert any(" - " in r["expression"] for r in warm_rows)
+    assert all(float(r["answer"]) >= 0 for r in warm_rows)
+    assert warm_rows == bench.problems(bench.POOL_PER_LEVEL, "train", bench.PILOT_SEED, 1, "+-")
     pool = bench.pool_rows(3)
     assert len(pool) == 3 * bench.POOL_PER_LEVEL
     assert all(float(r["answer"]) >= 0 for r in pool)
