@@ -87,11 +87,11 @@ bench-memory: setup
 	$(PY) benchmarks/memory.py
 
 # The curriculum experiment: select against uniform GRPO on SmolLM2-135M, tokens to a target
-# accuracy, paired seeds (a pilot, then about 2 hours per seed pair on 2 cores; finished runs are
+# accuracy, paired seeds (a pilot, then about 30 minutes per seed pair on 2 cores; finished runs are
 # kept in benchmarks/results_curriculum/, so it continues where it stopped).
 bench-curriculum: setup
 	$(PY) benchmarks/curriculum.py pilot
-	$(PY) benchmarks/curriculum.py run --seeds 1-8
+	$(PY) benchmarks/curriculum.py run --seeds 1-16
 	$(PY) benchmarks/curriculum.py report
 
 # Uniform, dynamic sampling, Prompt-GDRO, Rollout-GDRO and select on a small warm-started
