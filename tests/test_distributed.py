@@ -818,3 +818,38 @@ def test_fsdp_mixed_precision_policy_gathers_in_bf16_over_fp32_shards(tmp_path):
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["False"] == {"shard": "torch.float32", "gathered": "torch.float32"}
     assert out["True"] == {"shard": "torch.float32", "gathered": "torch.bfloat16"}
+
+
+EXIT_SCRIPT = textwrap.dedent(
+    """
+    import atexit
+
+    import torch
+    import torch.distributed as dist
+
+    from groupwise.distributed import all_reduce_sum, init_distributed
+
+    # atexit runs handlers last-registered first: this one, registered before the group exists,
+    # runs after anything init_distributed registers.
+    atexit.register(lambda: print(f"group at exit: {dist.is_initialized()}", flush=True))
+    ctx = init_distributed("cpu")
+    total = all_reduce_sum(torch.tensor([ctx.rank + 1.0]), ctx)
+    print(f"rank {ctx.rank} of {ctx.world_size}: sum {total.item():g}", flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_destroy_the_process_group_before_they_exit(tmp_path):
+    script = tmp_path / "leave.py"
+    script.write_text(EXIT_SCRIPT)
+    done = _run(_torchrun(str(script)), tmp_path)
+    lines = done.stdout.splitlines()
+    assert sorted(line for line in lines if line.startswith("rank")) == [
+        "rank 0 of 2: sum 3",
+        "rank 1 of 2: sum 3",
+    ]
+    # Both ranks left the group in an atexit handler, before the interpreter's teardown.
+    assert [line for line in lines if line.startswith("group at exit")] == [
+        "group at exit: False"
+    ] * 2

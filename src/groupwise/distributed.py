@@ -24,6 +24,7 @@ metrics, pickled objects), which NCCL refuses.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import os
@@ -86,7 +87,23 @@ def init_distributed(device: str) -> DistributedContext:
             # knows its device.
             options["device_id"] = torch.device("cuda", local_rank)
         dist.init_process_group(backend=backend_for("cuda" if cuda else "cpu"), **options)
+        atexit.register(leave_process_group)
     return DistributedContext(rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+def leave_process_group() -> None:
+    """Destroy the process group that :func:`init_distributed` joined, at interpreter exit.
+
+    Left to the interpreter's teardown, the group's C++ objects (gloo's worker threads, the
+    store's client) are torn down in no set order with the rest of the runtime, and a rank can
+    abort there (``terminate called without an active exception``, SIGABRT) after its run
+    finished and saved, so torchrun reports the job failed. ``destroy_process_group`` shuts the
+    backends down while the interpreter is whole (on CUDA it also lets NCCL finish pending work,
+    as torch asks of every program that ends). Registered with ``atexit``, so a script that
+    builds a trainer under torchrun gets it too; a script that destroyed the group itself is
+    left alone."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 # Host numbers (max_over_ranks, any_rank, reduce_metrics, the counts callers build with
