@@ -115,6 +115,32 @@ def test_sampling_logprobs_equal_the_trainers(tiny_model, tokenizer):
     assert (out.sampling_logprobs[~mask] == 0).all()
 
 
+def test_weights_are_packed_only_in_a_dtype_the_cpu_can_pack(tiny_model, tokenizer, monkeypatch):
+    """oneDNN packs bf16 weights only on CPUs with the instructions for it (AVX512-BW/VL/DQ or
+    AVX-NE-CONVERT): elsewhere the default engine stays dense, and asking for packing says why."""
+    bf16_packs = packing_available(torch.bfloat16)
+    fp32_packs = packing_available(torch.float32)
+    engine = _engine(tiny_model, tokenizer, dtype=torch.bfloat16)
+    assert engine.decoder.layers[0].qkv.is_mkldnn == bf16_packs
+    if bf16_packs:
+        assert _engine(
+            tiny_model, tokenizer, dtype=torch.bfloat16, pack_weights=True
+        ).decoder.packed
+    # A CPU without bf16 support, whatever this one has: dense by default, a clear error when
+    # packing is asked for; fp32 weights still pack where the build can.
+    import groupwise.rollout.static as static
+
+    monkeypatch.setattr(
+        static,
+        "packing_available",
+        lambda dtype=torch.float32: fp32_packs and dtype == torch.float32,
+    )
+    assert not _engine(tiny_model, tokenizer, dtype=torch.bfloat16).decoder.layers[0].qkv.is_mkldnn
+    with pytest.raises(ValueError, match=r"pack_weights=True: .*torch.bfloat16"):
+        _engine(tiny_model, tokenizer, dtype=torch.bfloat16, pack_weights=True)
+    assert _engine(tiny_model, tokenizer).decoder.layers[0].qkv.is_mkldnn == fp32_packs
+
+
 def test_bf16_copy_is_close_and_records_logprobs(tiny_model, tokenizer):
     prompts = _prompts(tokenizer)
     params = SamplingParams(8, temperature=1.0)

@@ -228,15 +228,23 @@ class DecoderWeights:
                     yield f"layers.{i}.{field}", _dense(value)
 
 
-def packing_available() -> bool:
-    """Whether this torch build can pre-pack linear weights for oneDNN (CPU builds with mkldnn):
-    the layout inductor's CPU freezing pass gives weights, here applied by hand."""
+def packing_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build and this CPU can pre-pack ``dtype`` linear weights for oneDNN
+    (CPU builds with mkldnn): the layout inductor's CPU freezing pass gives weights, here applied
+    by hand. oneDNN's bf16 and fp16 paths need the CPU's own instructions for them (bf16:
+    AVX512-BW/VL/DQ or AVX-NE-CONVERT); an AVX2-only CPU packs fp32 weights only."""
     ops = getattr(torch.ops, "mkldnn", None)
     try:
-        return ops is not None and torch.backends.mkldnn.is_available() and all(
-            hasattr(ops, name) for name in ("_reorder_linear_weight", "_linear_pointwise")
-        )
-    except RuntimeError:  # an op namespace without the kernels
+        if ops is None or not torch.backends.mkldnn.is_available():
+            return False
+        if not all(hasattr(ops, name) for name in ("_reorder_linear_weight", "_linear_pointwise")):
+            return False
+        if dtype == torch.bfloat16:
+            return bool(ops._is_mkldnn_bf16_supported())
+        if dtype == torch.float16:
+            return bool(ops._is_mkldnn_fp16_supported())
+        return dtype == torch.float32
+    except (RuntimeError, AttributeError):  # an op namespace without the kernels
         return False
 
 
@@ -409,7 +417,15 @@ class StaticEngine(Engine):
         self.compact = (self._device.type == "cpu") if compact is None else compact
         self.compiled = compile
         if pack_weights is None:
-            pack_weights = self._device.type == "cpu" and not compile and packing_available()
+            pack_weights = (
+                self._device.type == "cpu" and not compile and packing_available(self.decoder.dtype)
+            )
+        elif pack_weights and not packing_available(self.decoder.dtype):
+            raise ValueError(
+                f"pack_weights=True: this torch build or CPU cannot pre-pack {self.decoder.dtype} "
+                "weights for oneDNN (bf16 needs AVX512-BW/VL/DQ or AVX-NE-CONVERT); leave "
+                "pack_weights unset to pack only where it can"
+            )
         if pack_weights:
             self.decoder.pack()
         self._step = decode_step
