@@ -219,7 +219,8 @@ def built_once(folder: Path, recorded: dict | None, build) -> dict:
         return record
     if recorded["digest"] != record["digest"]:
         print(f"warning: the rebuilt {folder.name} differs from the recorded one (digest "
-              f"{record['digest']} vs {recorded['digest']}); the recorded figures are kept",
+              f"{record['digest']} vs {recorded['digest']}); the recorded figures are kept, "
+              "and runs pair only with runs from the same warm start",
               flush=True)  # fmt: skip
     return recorded
 
@@ -422,6 +423,7 @@ class TokenBudget(StepLogs):
 
 
 def run_arm(arm: str, seed: int, warm: Path, budget: int, rows: list[dict]) -> dict:
+    digest = weights_digest(warm)
     budget_cb = TokenBudget(budget, rows)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -437,6 +439,7 @@ def run_arm(arm: str, seed: int, warm: Path, budget: int, rows: list[dict]) -> d
     return {
         "arm": arm,
         "seed": seed,
+        "warm": digest,
         "budget": budget,
         "tokens": last["compute/generated_tokens_total"],
         "rollouts": last["compute/rollouts_total"],
@@ -454,6 +457,20 @@ def read_runs(results: Path = RESULTS) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_warm(run: dict, meta: dict) -> str:
+    """The digest of the warm start ``run`` started from: runs recorded before digests were
+    kept used the recorded one."""
+    return run.get("warm", meta["one_digit"]["digest"])
+
+
+def run_start(run: dict, meta: dict) -> float:
+    """The 128-problem 2-digit accuracy of ``run``'s warm start (its curve's first point)."""
+    digest = run_warm(run, meta)
+    if digest == meta["one_digit"]["digest"]:
+        return meta["eval"]["frequent"]
+    return meta["rebuilds"][digest]["frequent"]
 
 
 def append_run(result: dict) -> None:
@@ -597,7 +614,17 @@ def command_run(work: Path, seeds: list[int], arms: list[str], force: bool) -> N
     warm, meta = warm_start(work)
     budget = int(round(BUDGET_STEPS * meta["tokens_per_step"]))
     rows = eval_rows()
-    done = {(r["arm"], r["seed"]) for r in read_runs()}
+    # A warm start rebuilt on another CPU (other kernels) can differ from the recorded one: a
+    # pair is two arms from the same weights, so finished runs count only for their own.
+    digest = weights_digest(warm)
+    if digest != meta["one_digit"]["digest"] and digest not in meta.get("rebuilds", {}):
+        model, tokenizer = load_model_and_tokenizer(str(warm))
+        greedy = greedy_correct(model, tokenizer, rows[FREQUENT])
+        meta.setdefault("rebuilds", {})[digest] = {"frequent": float(np.mean(greedy))}
+        write_json(RESULTS / "warm.json", meta)
+        print(f"warm start {digest} (rebuilt here): 128-problem 2-digit accuracy "
+              f"{meta['rebuilds'][digest]['frequent']:.3f}", flush=True)  # fmt: skip
+    done = {(r["arm"], r["seed"]) for r in read_runs() if run_warm(r, meta) == digest}
     for seed in seeds:  # seeds outermost: every finished seed is a complete pair
         for arm in arms:
             if (arm, seed) in done:
@@ -619,20 +646,24 @@ def command_report(results: Path = RESULTS) -> None:
     target = pilot["target"]
     print(f"target: 2-digit accuracy {target:.3f} (uniform pilot at {TARGET_MARK:.0%} of the "
           f"budget); go/no-go {json.dumps(pilot['go'])}")  # fmt: skip
-    by = {(r["arm"], r["seed"]): r for r in read_runs(results)}
-    seeds = sorted({s for _, s in by if all((a, s) in by for a in ARMS)})
+    # A pair: both arms of one seed from one warm start (runs name theirs by digest).
+    by = {(r["arm"], r["seed"], run_warm(r, meta)): r for r in read_runs(results)}
+    seeds = sorted({(s, w) for _, s, w in by if all((a, s, w) in by for a in ARMS)})
+    unpaired = sorted(f"{a} {s} (warm {w})" for a, s, w in by if (s, w) not in seeds)
+    if unpaired:
+        print(f"runs without their pair yet: {', '.join(unpaired)}")
     if not seeds:
         print("no finished seed pair yet")
         return
-    print(f"\nseeds {seeds}")
+    print(f"\npairs (seed, warm start): {seeds}")
     print(f"{'seed':>4} {'arm':8} {'tokens to target':>17} {'2-digit B/2':>11} {'2-digit B':>9} "
           f"{'1-dig B':>7} {'3-dig B':>7} {'inform/rollout':>14} {'steps':>5}")  # fmt: skip
     log_ratios, gains, inform_ratios, censored = [], [], [], {a: 0 for a in ARMS}
-    for s in seeds:
+    for s, w in seeds:
         reached = {}
         for arm in ARMS:
-            r = by[(arm, s)]
-            reached[arm], hit = tokens_to(r, target, meta["eval"]["frequent"])
+            r = by[(arm, s, w)]
+            reached[arm], hit = tokens_to(r, target, run_start(r, meta))
             censored[arm] += not hit
             print(f"{s:>4} {arm:8} {reached[arm]:>16.0f}{'' if hit else '+'} "
                   f"{accuracy_at(r, 0.5).mean():>11.3f} {accuracy_at(r, 1.0).mean():>9.3f} "
@@ -640,11 +671,9 @@ def command_report(results: Path = RESULTS) -> None:
                   f"{accuracy_at(r, 1.0, 3).mean():>7.3f} "
                   f"{r['informative_per_rollout']:>14.3f} {r['optimizer_steps']:>5}")  # fmt: skip
         log_ratios.append(math.log(reached["select"] / reached["uniform"]))
-        gains.append(accuracy_at(by[("select", s)], 0.5) - accuracy_at(by[("uniform", s)], 0.5))
-        inform_ratios.append(
-            by[("select", s)]["informative_per_rollout"]
-            / by[("uniform", s)]["informative_per_rollout"]
-        )
+        chosen, uniform = by[("select", s, w)], by[("uniform", s, w)]
+        gains.append(accuracy_at(chosen, 0.5) - accuracy_at(uniform, 0.5))
+        inform_ratios.append(chosen["informative_per_rollout"] / uniform["informative_per_rollout"])
     test = t_test(log_ratios)
     print(f"\nprimary: tokens to target, select / uniform: {math.exp(test['mean']):.3f}x"
           + (f" (95% interval {math.exp(test['low']):.3f}-{math.exp(test['high']):.3f}, "

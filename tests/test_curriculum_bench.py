@@ -218,3 +218,44 @@ def test_problems_are_non_negative_distinct_and_fixed_by_seed(bench: ModuleType)
     assert bench.accuracy_at(run, 1.0, 2).mean() == 1.0
     assert bench.accuracy_at(run, 1.0, 1).sum() == 0 and len(bench.accuracy_at(run, 1.0, 1)) == 43
     assert bench.accuracy_at(run, 1.0, 3).mean() == 0.5
+
+
+def test_report_pairs_runs_from_the_same_warm_start(bench: ModuleType, tmp_path, capsys) -> None:
+    """A warm start rebuilt on another CPU differs from the recorded one: runs pair only with
+    runs from the same weights, and each curve starts at its own warm start's accuracy."""
+    import json
+
+    size = 400 + bench.ONE_DIGIT_EVAL + 100
+
+    def run(arm: str, seed: int, warm: str | None, accs: list[float]) -> dict:
+        points = []
+        for k, (mark, a) in enumerate(zip(bench.MARKS, accs, strict=True), start=1):
+            correct = round(a * 128)
+            greedy = [1] * correct + [0] * (size - correct)
+            points.append({"mark": mark, "tokens": 1000 * k, "greedy": greedy})
+        line = {"arm": arm, "seed": seed, "budget": 10_000, "points": points,
+                "informative_per_rollout": 0.1, "optimizer_steps": 10}  # fmt: skip
+        return line if warm is None else {**line, "warm": warm}
+
+    fast, slow = [0.75] * 10, [0.625] * 10
+    runs = [
+        run("uniform", 1, None, slow),  # recorded before digests were kept: the recorded warm
+        run("select", 1, "rebuilt", fast),
+        run("uniform", 1, "rebuilt", slow),
+        run("select", 2, "rebuilt", fast),
+    ]
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    meta = {"one_digit": {"digest": "recorded"}, "eval": {"frequent": 0.25},
+            "rebuilds": {"rebuilt": {"frequent": 0.5}}}  # fmt: skip
+    (tmp_path / "warm.json").write_text(json.dumps(meta))
+    pilot = {"ceiling": {}, "target": 0.6, "go": {"proceed": True}}
+    (tmp_path / "pilot.json").write_text(json.dumps(pilot))
+    bench.command_report(tmp_path)
+    out = capsys.readouterr().out
+    assert "runs without their pair yet: select 2 (warm rebuilt), uniform 1 (warm recorded)" in out
+    assert "pairs (seed, warm start): [(1, 'rebuilt')]" in out
+    # From 0.5 (the rebuilt warm start's accuracy) to 0.6: select crosses at 1000 * 0.1/0.25 =
+    # 400 tokens, uniform at 1000 * 0.1/0.125 = 800. From the recorded 0.25 it would be
+    # 700 / 933 (0.75x).
+    assert "tokens to target, select / uniform: 0.500x" in out
+    assert bench.run_start(runs[0], meta) == 0.25 and bench.run_start(runs[1], meta) == 0.5
