@@ -59,8 +59,11 @@ Design (fixed before any experiment seed of this regime ran):
 Stages write to ``benchmarks/results_curriculum/`` (committed): ``warm.json``, ``pilot.json``,
 ``runs.jsonl`` (one line per finished run; a rerun skips what is done, so the experiment can
 run in parts). Model weights go to ``--work`` (default ``runs/curriculum-work``) and are rebuilt
-from their fixed random seeds when absent. ``report`` and ``levels`` read another regime's
-results with ``--results``.
+from their fixed random seeds when absent. A rebuild on a CPU with other kernels (AVX2 against
+AVX-512) can end elsewhere, and its digest then differs from ``warm.json``'s: ``run`` refuses
+it (the pilot's target belongs to the recorded weights), every run records its warm start's
+digest and ``report`` pairs only runs from the same one. ``report`` and ``levels`` read another
+regime's results with ``--results``.
 
     python benchmarks/curriculum.py pilot              # the warm start, pass rates, uniform pilot
     python benchmarks/curriculum.py run --seeds 1-16   # about 30 minutes per seed pair (2 cores)
@@ -84,6 +87,7 @@ from statistics import NormalDist
 from typing import Any
 
 import numpy as np
+import torch
 
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum
@@ -614,16 +618,32 @@ def command_run(work: Path, seeds: list[int], arms: list[str], force: bool) -> N
     warm, meta = warm_start(work)
     budget = int(round(BUDGET_STEPS * meta["tokens_per_step"]))
     rows = eval_rows()
-    # A warm start rebuilt on another CPU (other kernels) can differ from the recorded one: a
-    # pair is two arms from the same weights, so finished runs count only for their own.
+    # A warm start rebuilt on another CPU (other kernels) can differ from the recorded one: the
+    # sampled completions part at the first differing token, so the 20 GRPO steps end elsewhere.
+    # The pilot's pass rates and target belong to the recorded weights, so runs from other ones
+    # are refused (--force runs them anyway; a pair is two arms from the same weights, so
+    # finished runs count only for their own).
     digest = weights_digest(warm)
-    if digest != meta["one_digit"]["digest"] and digest not in meta.get("rebuilds", {}):
-        model, tokenizer = load_model_and_tokenizer(str(warm))
-        greedy = greedy_correct(model, tokenizer, rows[FREQUENT])
-        meta.setdefault("rebuilds", {})[digest] = {"frequent": float(np.mean(greedy))}
-        write_json(RESULTS / "warm.json", meta)
-        print(f"warm start {digest} (rebuilt here): 128-problem 2-digit accuracy "
-              f"{meta['rebuilds'][digest]['frequent']:.3f}", flush=True)  # fmt: skip
+    if digest != meta["one_digit"]["digest"]:
+        if digest not in meta.get("rebuilds", {}):
+            model, tokenizer = load_model_and_tokenizer(str(warm))
+            greedy = greedy_correct(model, tokenizer, rows[FREQUENT])
+            meta.setdefault("rebuilds", {})[digest] = {
+                "frequent": float(np.mean(greedy)),
+                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            }
+            write_json(RESULTS / "warm.json", meta)
+        rebuilt = meta["rebuilds"][digest]
+        message = (
+            f"the warm start in {warm} (digest {digest}, 128-problem 2-digit accuracy "
+            f"{rebuilt['frequent']:.3f}) is not the recorded one (digest "
+            f"{meta['one_digit']['digest']}, accuracy {meta['eval']['frequent']:.3f}) on which "
+            f"the pilot fixed the pass rates and the target {pilot['target']:.3f}"
+        )
+        if not force:
+            raise SystemExit(f"{message}: its runs would not be comparable. Run where the warm "
+                             "start rebuilds to the recorded weights, or --force")  # fmt: skip
+        print(f"warning: {message}; running anyway (--force)", flush=True)
     done = {(r["arm"], r["seed"]) for r in read_runs() if run_warm(r, meta) == digest}
     for seed in seeds:  # seeds outermost: every finished seed is a complete pair
         for arm in arms:
@@ -782,7 +802,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", default="1-16", help="experiment seeds, e.g. 1-16 or 1,3")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--work", default="runs/curriculum-work", help="model weights")
-    parser.add_argument("--force", action="store_true", help="run despite a no-go pilot")
+    parser.add_argument("--force", action="store_true",
+                        help="run despite a no-go pilot or a warm start other than the recorded")
     parser.add_argument("--results", default=str(RESULTS), help="report/levels: results folder")
     opts = parser.parse_args(argv)
     if opts.stage == "pilot":

@@ -259,3 +259,25 @@ def test_report_pairs_runs_from_the_same_warm_start(bench: ModuleType, tmp_path,
     # 700 / 933 (0.75x).
     assert "tokens to target, select / uniform: 0.500x" in out
     assert bench.run_start(runs[0], meta) == 0.25 and bench.run_start(runs[1], meta) == 0.5
+
+
+def test_run_refuses_a_warm_start_other_than_the_recorded(
+    bench: ModuleType, tmp_path, monkeypatch, capsys
+) -> None:
+    import json
+
+    meta = {"one_digit": {"digest": "recorded"}, "eval": {"frequent": 0.32},
+            "tokens_per_step": 400.0, "rebuilds": {"rebuilt": {"frequent": 0.58}}}  # fmt: skip
+    (tmp_path / "pilot.json").write_text(json.dumps({"go": {"proceed": True}, "target": 0.516}))
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    monkeypatch.setattr(bench, "warm_start", lambda work: (tmp_path / "warm", meta))
+    monkeypatch.setattr(bench, "weights_digest", lambda folder: "rebuilt")
+    with pytest.raises(SystemExit, match=r"digest rebuilt, .* accuracy 0\.580\) is not the "
+                                         r"recorded one .*target 0\.516"):  # fmt: skip
+        bench.command_run(tmp_path, [1], ["uniform"], force=False)
+    bench.command_run(tmp_path, [], ["uniform"], force=True)  # no seeds: nothing runs
+    assert "running anyway (--force)" in capsys.readouterr().out
+    # The recorded weights run without a word.
+    monkeypatch.setattr(bench, "weights_digest", lambda folder: "recorded")
+    bench.command_run(tmp_path, [], ["uniform"], force=False)
+    assert "warning" not in capsys.readouterr().out
