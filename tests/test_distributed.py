@@ -823,18 +823,26 @@ def test_fsdp_mixed_precision_policy_gathers_in_bf16_over_fp32_shards(tmp_path):
 EXIT_SCRIPT = textwrap.dedent(
     """
     import atexit
+    import os
 
     import torch
     import torch.distributed as dist
 
     from groupwise.distributed import all_reduce_sum, init_distributed
 
+    # Each rank writes its own file (the ranks share stdout, where lines can interleave).
+    path = f"rank-{os.environ['RANK']}.txt"
+
+    def write(line):
+        with open(path, "a") as f:
+            f.write(line + "\\n")
+
     # atexit runs handlers last-registered first: this one, registered before the group exists,
     # runs after anything init_distributed registers.
-    atexit.register(lambda: print(f"group at exit: {dist.is_initialized()}", flush=True))
+    atexit.register(lambda: write(f"group at exit: {dist.is_initialized()}"))
     ctx = init_distributed("cpu")
     total = all_reduce_sum(torch.tensor([ctx.rank + 1.0]), ctx)
-    print(f"rank {ctx.rank} of {ctx.world_size}: sum {total.item():g}", flush=True)
+    write(f"rank {ctx.rank} of {ctx.world_size}: sum {total.item():g}")
     """
 )
 
@@ -843,13 +851,10 @@ EXIT_SCRIPT = textwrap.dedent(
 def test_torchrun_ranks_destroy_the_process_group_before_they_exit(tmp_path):
     script = tmp_path / "leave.py"
     script.write_text(EXIT_SCRIPT)
-    done = _run(_torchrun(str(script)), tmp_path)
-    lines = done.stdout.splitlines()
-    assert sorted(line for line in lines if line.startswith("rank")) == [
-        "rank 0 of 2: sum 3",
-        "rank 1 of 2: sum 3",
-    ]
-    # Both ranks left the group in an atexit handler, before the interpreter's teardown.
-    assert [line for line in lines if line.startswith("group at exit")] == [
-        "group at exit: False"
-    ] * 2
+    _run(_torchrun(str(script)), tmp_path)
+    for rank in (0, 1):
+        # Both ranks left the group in an atexit handler, before the interpreter's teardown.
+        assert (tmp_path / f"rank-{rank}.txt").read_text().splitlines() == [
+            f"rank {rank} of 2: sum 3",
+            "group at exit: False",
+        ]
