@@ -223,8 +223,7 @@ def built_once(folder: Path, recorded: dict | None, build) -> dict:
         return record
     if recorded["digest"] != record["digest"]:
         print(f"warning: the rebuilt {folder.name} differs from the recorded one (digest "
-              f"{record['digest']} vs {recorded['digest']}); the recorded figures are kept, "
-              "and runs pair only with runs from the same warm start",
+              f"{record['digest']} vs {recorded['digest']}); the recorded figures are kept",
               flush=True)  # fmt: skip
     return recorded
 
@@ -426,8 +425,11 @@ class TokenBudget(StepLogs):
         return groups
 
 
-def run_arm(arm: str, seed: int, warm: Path, budget: int, rows: list[dict]) -> dict:
-    digest = weights_digest(warm)
+def run_arm(
+    arm: str, seed: int, warm: Path, warm_digest: str, budget: int, rows: list[dict]
+) -> dict:
+    """One run of ``arm`` from the warm start in ``warm`` (its digest, ``warm_digest``, goes in
+    the result, so runs pair only with runs from the same weights)."""
     budget_cb = TokenBudget(budget, rows)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -443,7 +445,7 @@ def run_arm(arm: str, seed: int, warm: Path, budget: int, rows: list[dict]) -> d
     return {
         "arm": arm,
         "seed": seed,
-        "warm": digest,
+        "warm": warm_digest,
         "budget": budget,
         "tokens": last["compute/generated_tokens_total"],
         "rollouts": last["compute/rollouts_total"],
@@ -579,7 +581,7 @@ def command_pilot(work: Path) -> None:
         write_json(pilot_path, pilot)
     if "uniform" not in pilot:
         print(f"uniform pilot run: budget {budget} generated tokens", flush=True)
-        pilot["uniform"] = run_arm("uniform", PILOT_SEED, warm, budget, rows)
+        pilot["uniform"] = run_arm("uniform", PILOT_SEED, warm, weights_digest(warm), budget, rows)
         write_json(pilot_path, pilot)
     run = pilot["uniform"]
     tokens, acc = curve(run, meta["eval"]["frequent"])
@@ -650,7 +652,7 @@ def command_run(work: Path, seeds: list[int], arms: list[str], force: bool) -> N
             if (arm, seed) in done:
                 continue
             print(f"{arm} seed {seed}: budget {budget} generated tokens", flush=True)
-            result = run_arm(arm, seed, warm, budget, rows)
+            result = run_arm(arm, seed, warm, digest, budget, rows)
             append_run(result)
             print(json.dumps({k: v for k, v in result.items() if k != "points"}), flush=True)
 
