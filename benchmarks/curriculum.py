@@ -3,42 +3,34 @@ uniform GRPO? (An experiment, not a test: hours of CPU, resumable, results commi
 
 Design (fixed before any experiment seed of this regime ran):
 
-- **Model and task.** SmolLM2-135M-Instruct after a shared warm start in two phases: 20 steps of
-  uniform GRPO with format + accuracy rewards on a mixed 1/2/3-digit ``+``/``-`` pool (seed
-  1000), then uniform GRPO with the same rewards on the 1-digit ``+``/``-`` training problems
-  with a non-negative result (seed 1001) until the pilot pool's 64 such prompts, sampled 16
-  times at temperature 1 every ``ONE_DIGIT_CHECK`` steps, pass at least ``ONE_DIGIT_GOAL`` of the
-  time (at most ``ONE_DIGIT_MAX_STEPS`` steps). Then accuracy reward only and a KL term to the
-  warm start (``RUN_OPTIONS``: ``beta`` 0.04, groupwise's and DeepSeekMath's default) in both
-  arms. The task is two-operand addition at 1, 2 and 3 digits: the 1-digit level is solved and
-  feeds all-correct groups, 2-digit is the learnable level and the primary endpoint, 3-digit
-  feeds all-wrong groups. A pool of 64 training prompts per level (192), drawn per seed and
-  identical for both arms of that seed.
-- **Why this regime** (the sixth; the earlier ones are kept in ``results_curriculum/regime-1/``
-  to ``regime-5/``, and ``docs/benchmarks.md`` tells their story). Regime 1 (the mixed phase
-  alone, ``+``/``-``) left the 1-digit level unsolved (pass rate 0.605: the model answers
-  ``2 - 5`` with a small positive number), so it was the most informative level and ``select``
-  trained there, away from the endpoint. Regime 2 added the 1-digit phase (0.844 after 120
-  steps: no-go); regime 3 kept non-negative results only (1-digit solved, a best-quarter
-  ceiling of 3.16x, ``select`` replayed at 2.7x uniform's informative 2-digit groups), but
-  uniform's 2-digit accuracy rose by only 0.133 within 50 steps and fell back late; regime 4
-  added the KL term (rise 0.143 in 50 steps) and regime 5 ran it over 200 steps, the budget
-  first planned (no-go as well). In every regime the 2-digit *subtractions* stayed at
-  0.05-0.15 greedy accuracy while the additions rose: 0.05 / 0.11 at B against 0.55 / 0.53 for
-  additions in regimes 3 and 4; subtraction is not learnable at this scale and budget, and as
-  a third of the 2-digit endpoint it capped the rise a curriculum could speed up. The task is
-  now addition at every level, from the same warm start (its 1-digit pass rate on additions
-  was 0.971 in regime 3's measurement, 2-digit 0.211, 3-digit 0).
+- **Model and task.** SmolLM2-135M-Instruct after a shared warm start: ``SFT_STEPS`` (20) AdamW
+  steps (learning rate 1e-5, 16 examples a step) of supervised fine-tuning on the worked answers
+  (``<think> 3 + 4 = 7 </think> <answer> 7 </answer>``, the prompt's one-shot format) of every
+  1-digit ``+``/``-`` training problem with a non-negative result. Then accuracy reward only and
+  a KL term to the warm start (``RUN_OPTIONS``: ``beta`` 0.04, groupwise's and DeepSeekMath's
+  default) in both arms. The task is two-operand addition at 1, 2 and 3 digits: the 1-digit
+  level is solved and feeds all-correct groups, 2-digit is the learnable level and the primary
+  endpoint, 3-digit feeds all-wrong groups. A pool of 64 training prompts per level (192), drawn
+  per seed and identical for both arms of that seed.
+- **Why this regime** (the seventh; the earlier ones are kept in ``results_curriculum/regime-1/``
+  to ``regime-6/``, and ``docs/benchmarks.md`` tells their story). Regime 1 (a 20-step GRPO warm
+  start, ``+``/``-``) left the 1-digit level unsolved, so ``select`` trained there, away from the
+  endpoint; regimes 2-5 solved it with a second GRPO phase and found 2-digit subtraction not
+  learnable at this scale; regime 6 (addition only, the GRPO warm start) passed its go/no-go, but
+  its warm start could not be rebuilt on another CPU: GRPO samples, so the first logit that
+  rounds differently (AVX2 against AVX-512 kernels) sends the warm start elsewhere (128-problem
+  accuracy 0.578 rebuilt against 0.320 recorded), and the weights (540 MB) are not committed. A
+  supervised warm start samples nothing: a rebuild on other kernels differs by rounding only, and
+  is accepted by behaviour (``WARM_TOLERANCE``), so the experiment can run on any machine.
 - **Arms.** ``uniform`` (GRPO, 4 prompts x 4 rollouts per step) and ``select`` (the predictive
   selector with its defaults: GRESO's keep rule, best-k on the posterior, over-sampling 4,
   group sizes 2..8 with mean 4). Nothing of either arm is tuned on the experiment's seeds.
-- **Budget.** Equal generated completion tokens per arm: ``BUDGET_STEPS`` (50) x the mixed warm
-  start's tokens per step of 16 completions (21,638 tokens). A first pilot over 200 steps
-  (``pilot-200-steps-stopped.log``) rose from 0.320 to 0.594 on the 128 problems in 40 steps and
-  then sat near 0.6 (0.602, 0.570, 0.633 at steps 58, 78, 97), where a target is crossed by
-  evaluation noise rather than by learning speed; it was stopped at B/2 and the budget cut to
-  the rising part, with 16 seeds instead of 8, before any experiment seed ran. Skipped
-  candidates cost nothing (they are never generated); dropped rollouts would count.
+- **Budget.** Equal generated completion tokens per arm: ``BUDGET_STEPS`` (50) steps of 16
+  completions as long as the pilot pool's worked answers (``tokens_per_step``: 449.2 tokens, a
+  count of the tokenizer's, so 22,458 tokens). 50 steps is regime 6's: its 200-step pilot rose
+  in 40 steps and then sat on a plateau, where a target is crossed by evaluation noise rather
+  than by learning speed. 16 paired seeds. Skipped candidates cost nothing (they are never
+  generated); dropped rollouts would count.
 - **Evaluation.** Greedy on a fixed 128-problem 2-digit set at every tenth of the budget; at
   B/2 and B on 400 two-digit (the 128 are its first rows) + every held-out one-digit (24) + 100
   three-digit.
@@ -59,16 +51,18 @@ Design (fixed before any experiment seed of this regime ran):
 Stages write to ``benchmarks/results_curriculum/`` (committed): ``warm.json``, ``pilot.json``,
 ``runs.jsonl`` (one line per finished run; a rerun skips what is done, so the experiment can
 run in parts). Model weights go to ``--work`` (default ``runs/curriculum-work``) and are rebuilt
-from their fixed random seeds when absent. A rebuild on a CPU with other kernels (AVX2 against
-AVX-512) can end elsewhere, and its digest then differs from ``warm.json``'s: ``run`` refuses
-it (the pilot's target belongs to the recorded weights), every run records its warm start's
-digest and ``report`` pairs only runs from the same one. ``report`` and ``levels`` read another
-regime's results with ``--results``.
+(about 6 minutes) when absent. A rebuild on a CPU with other kernels has another digest than
+``warm.json``'s: ``run`` measures its 128-problem accuracy once (``warm.json``, ``rebuilds``)
+and accepts it within ``WARM_TOLERANCE`` of the recorded one, refusing it otherwise; every run
+records its warm start's digest and ``report`` pairs only runs from the same one (``rebuild``
+asks the question without running). ``report`` and ``levels`` read another regime's results
+with ``--results``.
 
     python benchmarks/curriculum.py pilot              # the warm start, pass rates, uniform pilot
     python benchmarks/curriculum.py run --seeds 1-16   # about 30 minutes per seed pair (2 cores)
     python benchmarks/curriculum.py report             # the tables from what has finished
     python benchmarks/curriculum.py levels             # which levels each arm trains on
+    python benchmarks/curriculum.py rebuild --work /tmp/w  # would this machine's rebuild do?
     python benchmarks/curriculum.py report --results benchmarks/results_curriculum/regime-1
 """
 
@@ -94,6 +88,7 @@ from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum
 from groupwise.data import arithmetic_dataset, arithmetic_split_size
 from groupwise.evaluation import evaluate_model
 from groupwise.models import load_model_and_tokenizer
+from groupwise.prompts import tokenize_prompts
 from groupwise.rewards import accuracy_reward
 
 RESULTS = Path(__file__).resolve().parent / "results_curriculum"
@@ -106,11 +101,15 @@ BIG_MARKS = (0.5, 1.0)  # the whole evaluation set (533 problems)
 BUDGET_STEPS = 50  # uniform-equivalent steps of 16 completions (4 prompts x 4 rollouts)
 TARGET_MARK = 0.6  # the target is the uniform pilot's 2-digit accuracy here
 SAMPLES_PER_PROMPT = 16  # the pilot's pass-rate measurement
-ONE_DIGIT_GOAL = 0.9  # the warm start's 1-digit pass rate at temperature 1
-ONE_DIGIT_CHECK = 20  # steps between the warm start's 1-digit measurements
-ONE_DIGIT_MAX_STEPS = 120
+ONE_DIGIT_GOAL = 0.9  # the warm start's 1-digit pass rate at temperature 1 (go/no-go)
 TASK_OPS = "+"  # the pools and the evaluation
-WARM_OPS = "+-"  # the warm start's 1-digit phase and its checks (non-negative results)
+WARM_OPS = "+-"  # the warm start's fine-tuning problems (non-negative results)
+SFT_STEPS = 20  # the warm start's fine-tuning: AdamW steps of SFT_BATCH worked answers
+SFT_BATCH = 16
+SFT_LR = 1e-5
+# A rebuild on other kernels differs from the recorded warm start by rounding only; it is
+# accepted when its 128-problem greedy accuracy is within 4 problems of the recorded one.
+WARM_TOLERANCE = 4 / 128
 
 BASE_OPTIONS: dict[str, Any] = dict(
     num_generations=4,
@@ -228,38 +227,98 @@ def built_once(folder: Path, recorded: dict | None, build) -> dict:
     return recorded
 
 
-def warm_start(work: Path, steps: int = 20) -> tuple[Path, dict]:
-    """The shared warm start: ``steps`` of uniform GRPO (format + accuracy) from
-    SmolLM2-135M-Instruct on a mixed pool, then the same on the 1-digit level until it is
-    solved (:func:`solve_one_digit`). Weights live in ``work``; the figures (with digests of the
-    weights) in ``results_curriculum/warm.json``."""
+def worked_answer(row: dict) -> str:
+    """The completion the warm start is fine-tuned on, in the prompt's own one-shot format."""
+    answer = row["answer"]
+    return f"<think> {row['expression']} = {answer} </think> <answer> {answer} </answer>"
+
+
+def completion_ids(tokenizer, row: dict) -> list[int]:
+    return tokenizer(worked_answer(row) + tokenizer.eos_token, add_special_tokens=False)[
+        "input_ids"
+    ]
+
+
+def supervised_batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict:
+    """Right-padded (prompt + completion) ids with the loss on the completion tokens only."""
+    length = max(len(p) + len(c) for p, c in examples)
+    ids = torch.full((len(examples), length), pad_id)
+    labels = torch.full((len(examples), length), -100)
+    mask = torch.zeros((len(examples), length), dtype=torch.long)
+    for i, (prompt, completion) in enumerate(examples):
+        both = prompt + completion
+        ids[i, : len(both)] = torch.tensor(both)
+        mask[i, : len(both)] = 1
+        labels[i, len(prompt) : len(both)] = torch.tensor(completion)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def supervised_order(n: int, steps: int, batch: int, seed: int) -> list[list[int]]:
+    """Each step's example indices: seeded epochs without replacement, fixed by ``seed``."""
+    rng = np.random.default_rng(seed)
+    order: list[int] = []
+    batches = []
+    for _ in range(steps):
+        picked = []
+        while len(picked) < batch:
+            order = order or rng.permutation(n).tolist()
+            picked.append(order.pop())
+        batches.append(picked)
+    return batches
+
+
+def fine_tune(folder: Path) -> dict:
+    """The warm start: SmolLM2-135M-Instruct fine-tuned (``SFT_STEPS`` AdamW steps of
+    ``SFT_BATCH``, cross-entropy on the completion) on the worked answers of every 1-digit
+    ``+``/``-`` training problem with a non-negative result (seed ``WARM_SEED``)."""
+    print(f"fine-tuning the warm start into {folder} ({SFT_STEPS} steps)", flush=True)
+    torch.manual_seed(WARM_SEED)
+    model, tokenizer = load_model_and_tokenizer("smollm2-135m-instruct")
+    rows = problems(None, "train", WARM_SEED, 1, ops=WARM_OPS)
+    examples = [
+        (tokenize_prompts([row["prompt"]], tokenizer, None)[0], completion_ids(tokenizer, row))
+        for row in rows
+    ]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
+    model.train()
+    losses = []
+    for picked in supervised_order(len(examples), SFT_STEPS, SFT_BATCH, WARM_SEED):
+        batch = supervised_batch([examples[i] for i in picked], tokenizer.pad_token_id)
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(round(loss.item(), 5))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return {"steps": SFT_STEPS, "learning_rate": SFT_LR, "batch": SFT_BATCH, "rows": len(rows),
+            "loss": losses, "cpu_capability": torch.backends.cpu.get_cpu_capability()}  # fmt: skip
+
+
+def tokens_per_step(tokenizer) -> float:
+    """The budget's unit: 16 completions of the pilot pool's mean worked-answer length (a
+    count fixed by the tokenizer, the same on every machine)."""
+    lengths = [len(completion_ids(tokenizer, row)) for row in pool_rows(PILOT_SEED)]
+    return BASE_OPTIONS["per_device_train_batch_size"] * statistics.mean(lengths)
+
+
+def warm_start(work: Path) -> tuple[Path, dict]:
+    """The shared warm start (:func:`fine_tune`), built once into ``work``; its record (with a
+    digest of the weights) in ``results_curriculum/warm.json``."""
     meta_path = RESULTS / "warm.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-
-    def mixed(folder: Path) -> dict:
-        print(f"building the mixed warm start in {folder} ({steps} steps)", flush=True)
-        pool = []
-        for digits in LEVELS:
-            pool += arithmetic_dataset(24, "train", seed=WARM_SEED, digits=digits, ops="+-")
-        args = GRPOConfig(
-            **{**BASE_OPTIONS, "max_steps": steps, "seed": WARM_SEED,
-               "output_dir": str(folder), "overwrite_output_dir": True}
-        )  # fmt: skip
-        trainer = GRPOTrainer("smollm2-135m-instruct", ["format", "accuracy"], pool, args=args)
-        trainer.train()
-        logs = [x for x in trainer.state.log_history if "compute/generated_tokens" in x]
-        tokens = statistics.mean(x["compute/generated_tokens"] for x in logs[-4:])
-        return {"steps": steps, "tokens_per_step": tokens}
-
-    meta["mixed"] = built_once(work / "warm", meta.get("mixed"), mixed)
-    meta["tokens_per_step"] = meta["mixed"]["tokens_per_step"]  # the budget's unit
-    write_json(meta_path, meta)
-    folder = work / "warm-one-digit"
-    meta["one_digit"] = built_once(
-        folder, meta.get("one_digit"), lambda f: solve_one_digit(work / "warm", f)
-    )
+    folder = work / "warm-supervised"
+    meta["supervised"] = built_once(folder, meta.get("supervised"), fine_tune)
+    if "tokens_per_step" not in meta:
+        _, tokenizer = load_model_and_tokenizer(str(folder))
+        meta["tokens_per_step"] = tokens_per_step(tokenizer)
     write_json(meta_path, meta)
     return folder, meta
+
+
+def recorded_digest(meta: dict) -> str:
+    """The digest of the warm start the pilot measured (earlier regimes: the 1-digit phase)."""
+    return (meta.get("supervised") or meta["one_digit"])["digest"]
 
 
 def sampled_correct(model, tokenizer, rows: list[dict]) -> list[int]:
@@ -289,48 +348,6 @@ class StepLogs:
             return False
         self.last_step = state.global_step
         return True
-
-
-class OneDigitCheck(StepLogs):
-    """Every ``ONE_DIGIT_CHECK`` steps, the pass rate of the pilot pool's 1-digit prompts;
-    stops training once it reaches ``ONE_DIGIT_GOAL``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows = problems(POOL_PER_LEVEL, "train", PILOT_SEED, 1, ops=WARM_OPS)
-        self.checks: list[dict] = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
-        if not self.new_step(state, logs) or state.global_step % ONE_DIGIT_CHECK:
-            return
-        counts = sampled_correct(self.trainer.engine, self.trainer.tokenizer, self.rows)
-        self.trainer.model.train()
-        rate = sum(counts) / (len(counts) * SAMPLES_PER_PROMPT)
-        self.checks.append({"step": state.global_step, "pass_rate": rate})
-        print(f"  1-digit pass rate at step {state.global_step}: {rate:.3f}", flush=True)
-        if rate >= ONE_DIGIT_GOAL:
-            control.should_training_stop = True
-
-
-def solve_one_digit(start: Path, folder: Path) -> dict:
-    """Uniform GRPO (format + accuracy) from ``start`` on every 1-digit training problem until
-    the pilot pool's 1-digit pass rate reaches ``ONE_DIGIT_GOAL`` (checked every
-    ``ONE_DIGIT_CHECK`` steps, at most ``ONE_DIGIT_MAX_STEPS``)."""
-    print(f"solving the 1-digit level from {start} into {folder}", flush=True)
-    pool = problems(None, "train", WARM_SEED + 1, 1, ops=WARM_OPS)
-    args = GRPOConfig(
-        **{**BASE_OPTIONS, "max_steps": ONE_DIGIT_MAX_STEPS, "seed": WARM_SEED + 1,
-           "output_dir": str(folder), "overwrite_output_dir": True}
-    )  # fmt: skip
-    check = OneDigitCheck()
-    trainer = GRPOTrainer(str(start), ["format", "accuracy"], pool, args=args, callbacks=[check])
-    check.trainer = trainer
-    trainer.train()
-    return {
-        "steps": trainer.state.global_step,
-        "checks": check.checks,
-        "reached": bool(check.checks and check.checks[-1]["pass_rate"] >= ONE_DIGIT_GOAL),
-    }
 
 
 def pass_rates(warm: Path) -> list[int]:
@@ -468,13 +485,13 @@ def read_runs(results: Path = RESULTS) -> list[dict]:
 def run_warm(run: dict, meta: dict) -> str:
     """The digest of the warm start ``run`` started from: runs recorded before digests were
     kept used the recorded one."""
-    return run.get("warm", meta["one_digit"]["digest"])
+    return run.get("warm", recorded_digest(meta))
 
 
 def run_start(run: dict, meta: dict) -> float:
     """The 128-problem 2-digit accuracy of ``run``'s warm start (its curve's first point)."""
     digest = run_warm(run, meta)
-    if digest == meta["one_digit"]["digest"]:
+    if digest == recorded_digest(meta):
         return meta["eval"]["frequent"]
     return meta["rebuilds"][digest]["frequent"]
 
@@ -610,6 +627,55 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def measure_rebuild(warm: Path, digest: str, meta: dict, rows: list[dict]) -> float:
+    """The 128-problem 2-digit greedy accuracy of a warm start other than the recorded one,
+    measured once and kept in ``warm.json`` under ``rebuilds`` with the CPU's kernels."""
+    if digest not in meta.get("rebuilds", {}):
+        model, tokenizer = load_model_and_tokenizer(str(warm))
+        greedy = greedy_correct(model, tokenizer, rows[FREQUENT])
+        meta.setdefault("rebuilds", {})[digest] = {
+            "frequent": float(np.mean(greedy)),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        }
+        write_json(RESULTS / "warm.json", meta)
+    return meta["rebuilds"][digest]["frequent"]
+
+
+def within_tolerance(accuracy: float, meta: dict) -> bool:
+    return abs(accuracy - meta["eval"]["frequent"]) <= WARM_TOLERANCE + 1e-9
+
+
+def accepted_warm_start(warm: Path, meta: dict, rows: list[dict], target: float,
+                        force: bool) -> str:  # fmt: skip
+    """The digest of the warm start in ``warm`` if runs may start from it. The recorded weights
+    may; a rebuild on other kernels (AVX2 against AVX-512) differs from them by rounding, so it
+    is judged by behaviour: its 128-problem greedy accuracy (measured once, kept in
+    ``warm.json`` under ``rebuilds``) within ``WARM_TOLERANCE`` of the recorded one. Further
+    off, the pilot's pass rates and target belong to other weights and it is refused (``--force``
+    runs it anyway). Either way a pair is two arms from one digest (:func:`command_report`)."""
+    digest = weights_digest(warm)
+    recorded = recorded_digest(meta)
+    if digest == recorded:
+        return digest
+    rebuilt = measure_rebuild(warm, digest, meta, rows)
+    message = (
+        f"the warm start in {warm} (digest {digest}, 128-problem 2-digit accuracy "
+        f"{rebuilt:.3f}) is not the recorded one (digest {recorded}, accuracy "
+        f"{meta['eval']['frequent']:.3f}) on which the pilot fixed the pass rates and the "
+        f"target {target:.3f}"
+    )
+    if within_tolerance(rebuilt, meta):
+        print(f"{message}; within {WARM_TOLERANCE * 128:.0f} of the 128 problems of it, so "
+              "it is used (its runs pair with each other)", flush=True)  # fmt: skip
+        return digest
+    if not force:
+        raise SystemExit(f"{message}: more than {WARM_TOLERANCE * 128:.0f} of the 128 problems "
+                         "apart, its runs would not be comparable. Run where the warm start "
+                         "rebuilds closer, or --force")  # fmt: skip
+    print(f"warning: {message}; running anyway (--force)", flush=True)
+    return digest
+
+
 def command_run(work: Path, seeds: list[int], arms: list[str], force: bool) -> None:
     pilot_path = RESULTS / "pilot.json"
     pilot = json.loads(pilot_path.read_text()) if pilot_path.exists() else {}
@@ -620,32 +686,7 @@ def command_run(work: Path, seeds: list[int], arms: list[str], force: bool) -> N
     warm, meta = warm_start(work)
     budget = int(round(BUDGET_STEPS * meta["tokens_per_step"]))
     rows = eval_rows()
-    # A warm start rebuilt on another CPU (other kernels) can differ from the recorded one: the
-    # sampled completions part at the first differing token, so the 20 GRPO steps end elsewhere.
-    # The pilot's pass rates and target belong to the recorded weights, so runs from other ones
-    # are refused (--force runs them anyway; a pair is two arms from the same weights, so
-    # finished runs count only for their own).
-    digest = weights_digest(warm)
-    if digest != meta["one_digit"]["digest"]:
-        if digest not in meta.get("rebuilds", {}):
-            model, tokenizer = load_model_and_tokenizer(str(warm))
-            greedy = greedy_correct(model, tokenizer, rows[FREQUENT])
-            meta.setdefault("rebuilds", {})[digest] = {
-                "frequent": float(np.mean(greedy)),
-                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            }
-            write_json(RESULTS / "warm.json", meta)
-        rebuilt = meta["rebuilds"][digest]
-        message = (
-            f"the warm start in {warm} (digest {digest}, 128-problem 2-digit accuracy "
-            f"{rebuilt['frequent']:.3f}) is not the recorded one (digest "
-            f"{meta['one_digit']['digest']}, accuracy {meta['eval']['frequent']:.3f}) on which "
-            f"the pilot fixed the pass rates and the target {pilot['target']:.3f}"
-        )
-        if not force:
-            raise SystemExit(f"{message}: its runs would not be comparable. Run where the warm "
-                             "start rebuilds to the recorded weights, or --force")  # fmt: skip
-        print(f"warning: {message}; running anyway (--force)", flush=True)
+    digest = accepted_warm_start(warm, meta, rows, pilot["target"], force)
     done = {(r["arm"], r["seed"]) for r in read_runs() if run_warm(r, meta) == digest}
     for seed in seeds:  # seeds outermost: every finished seed is a complete pair
         for arm in arms:
@@ -655,6 +696,24 @@ def command_run(work: Path, seeds: list[int], arms: list[str], force: bool) -> N
             result = run_arm(arm, seed, warm, digest, budget, rows)
             append_run(result)
             print(json.dumps({k: v for k, v in result.items() if k != "points"}), flush=True)
+
+
+def command_rebuild(work: Path) -> None:
+    """Build the warm start into ``work`` (another folder than the experiment's) and measure it
+    against the recorded one: what ``run`` would decide on this machine."""
+    if (RESULTS / "warm.json").exists() and "eval" not in json.loads(
+        (RESULTS / "warm.json").read_text()
+    ):
+        raise SystemExit("run the pilot first: python benchmarks/curriculum.py pilot")
+    warm, meta = warm_start(work)
+    digest = weights_digest(warm)
+    accuracy = (meta["eval"]["frequent"] if digest == recorded_digest(meta)
+                else measure_rebuild(warm, digest, meta, eval_rows()))  # fmt: skip
+    verdict = "accepted" if within_tolerance(accuracy, meta) else "refused"
+    print(json.dumps({"digest": digest, "recorded": recorded_digest(meta),
+                      "frequent": accuracy, "recorded_frequent": meta["eval"]["frequent"],
+                      "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                      "run": verdict}))  # fmt: skip
 
 
 def command_report(results: Path = RESULTS) -> None:
@@ -800,7 +859,7 @@ def command_levels(results: Path = RESULTS, repeats: int = 20) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=["pilot", "run", "report", "levels"])
+    parser.add_argument("stage", choices=["pilot", "run", "report", "levels", "rebuild"])
     parser.add_argument("--seeds", default="1-16", help="experiment seeds, e.g. 1-16 or 1,3")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--work", default="runs/curriculum-work", help="model weights")
@@ -814,6 +873,8 @@ def main(argv: list[str] | None = None) -> None:
         command_run(Path(opts.work), parse_seeds(opts.seeds), opts.arms.split(","), opts.force)
     elif opts.stage == "levels":
         command_levels(Path(opts.results))
+    elif opts.stage == "rebuild":
+        command_rebuild(Path(opts.work))
     else:
         command_report(Path(opts.results))
 

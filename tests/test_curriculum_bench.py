@@ -129,37 +129,24 @@ def test_step_groups_records_level_rollouts_and_correct(bench: ModuleType) -> No
     assert len(budget.groups) == 2 and budget.step_seconds == 4.0
 
 
-def test_one_digit_check_measures_every_check_steps_and_stops_at_the_goal(
-    bench: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import types
+def test_worked_answer_and_supervised_batch_mask_the_prompt(bench: ModuleType) -> None:
+    row = {"expression": "7 + 5", "answer": "12"}
+    assert bench.worked_answer(row) == "<think> 7 + 5 = 12 </think> <answer> 12 </answer>"
+    batch = bench.supervised_batch([([1, 2, 3], [4, 5]), ([6], [7, 8, 9])], pad_id=0)
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    # The loss sees the completion tokens only: neither the prompt nor the padding.
+    assert batch["labels"].tolist() == [[-100, -100, -100, 4, 5], [-100, 7, 8, 9, -100]]
 
-    rates = iter([[10] * 64, [15] * 64])  # 160/1024 = 0.625, then 960/1024 = 0.9375
-    calls = []
 
-    def fake_sampled_correct(model, tokenizer, rows):
-        calls.append(len(rows))
-        return next(rates)
-
-    monkeypatch.setattr(bench, "sampled_correct", fake_sampled_correct)
-    check = bench.OneDigitCheck()
-    assert all(row["difficulty"] == 12 for row in check.rows) and len(check.rows) == 64
-    model = types.SimpleNamespace(train=lambda: None)
-    check.trainer = types.SimpleNamespace(engine=None, tokenizer=None, model=model)
-    logs = {"compute/generated_tokens_total": 1.0}
-    control = types.SimpleNamespace(should_training_stop=False)
-    for step in range(1, 2 * bench.ONE_DIGIT_CHECK + 1):
-        check.on_log(None, types.SimpleNamespace(global_step=step), control, logs=logs)
-        # Below the goal at the first check: training goes on.
-        assert control.should_training_stop == (step == 2 * bench.ONE_DIGIT_CHECK)
-    # The end-of-training row repeats the last step: no second measurement.
-    check.on_log(None, types.SimpleNamespace(global_step=2 * bench.ONE_DIGIT_CHECK), control,
-                 logs=logs)  # fmt: skip
-    assert calls == [64, 64]
-    assert check.checks == [
-        {"step": bench.ONE_DIGIT_CHECK, "pass_rate": 0.625},
-        {"step": 2 * bench.ONE_DIGIT_CHECK, "pass_rate": 0.9375},
-    ]
+def test_supervised_order_is_seeded_epochs_without_replacement(bench: ModuleType) -> None:
+    order = bench.supervised_order(10, steps=5, batch=4, seed=3)
+    assert [len(b) for b in order] == [4] * 5
+    flat = [i for b in order for i in b]
+    # 20 draws from 10 examples: two whole epochs, each a permutation.
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:]) == list(range(10))
+    assert order == bench.supervised_order(10, steps=5, batch=4, seed=3)
+    assert order != bench.supervised_order(10, steps=5, batch=4, seed=4)
 
 
 def test_built_once_builds_records_and_notices_a_different_rebuild(
@@ -192,11 +179,11 @@ def test_problems_are_non_negative_distinct_and_fixed_by_seed(bench: ModuleType)
     # expression hashes to it.
     assert len(one) == bench.ONE_DIGIT_EVAL and 0 < len(one) < 100
     assert all(" + " in r["expression"] for r in one + bench.eval_rows() + bench.pool_rows(3))
-    # The warm start's 1-digit phase keeps +/- with a non-negative result.
-    warm_rows = bench.OneDigitCheck().rows
+    # The warm start is fine-tuned on 1-digit +/- with a non-negative result, none held out.
+    warm_rows = bench.problems(None, "train", bench.WARM_SEED, 1, bench.WARM_OPS)
     assert any(" - " in r["expression"] for r in warm_rows)
     assert all(float(r["answer"]) >= 0 for r in warm_rows)
-    assert warm_rows == bench.problems(bench.POOL_PER_LEVEL, "train", bench.PILOT_SEED, 1, "+-")
+    assert not {r["expression"] for r in warm_rows} & {r["expression"] for r in bench.eval_rows()}
     pool = bench.pool_rows(3)
     assert len(pool) == 3 * bench.POOL_PER_LEVEL
     assert all(float(r["answer"]) >= 0 for r in pool)
@@ -261,23 +248,59 @@ def test_report_pairs_runs_from_the_same_warm_start(bench: ModuleType, tmp_path,
     assert bench.run_start(runs[0], meta) == 0.25 and bench.run_start(runs[1], meta) == 0.5
 
 
-def test_run_refuses_a_warm_start_other_than_the_recorded(
+def test_run_accepts_a_rebuild_by_behaviour_and_refuses_one_too_far(
     bench: ModuleType, tmp_path, monkeypatch, capsys
 ) -> None:
     import json
 
-    meta = {"one_digit": {"digest": "recorded"}, "eval": {"frequent": 0.32},
-            "tokens_per_step": 400.0, "rebuilds": {"rebuilt": {"frequent": 0.58}}}  # fmt: skip
+    # 0.320 recorded; 0.344 is 3 of 128 problems away (accepted), 0.578 is 33 away (refused).
+    meta = {"supervised": {"digest": "recorded"}, "eval": {"frequent": 0.32},
+            "tokens_per_step": 400.0,
+            "rebuilds": {"near": {"frequent": 0.34375}, "far": {"frequent": 0.578125}}}  # fmt: skip
     (tmp_path / "pilot.json").write_text(json.dumps({"go": {"proceed": True}, "target": 0.516}))
     monkeypatch.setattr(bench, "RESULTS", tmp_path)
     monkeypatch.setattr(bench, "warm_start", lambda work: (tmp_path / "warm", meta))
-    monkeypatch.setattr(bench, "weights_digest", lambda folder: "rebuilt")
-    with pytest.raises(SystemExit, match=r"digest rebuilt, .* accuracy 0\.580\) is not the "
-                                         r"recorded one .*target 0\.516"):  # fmt: skip
+    monkeypatch.setattr(bench, "weights_digest", lambda folder: "far")
+    with pytest.raises(SystemExit, match=r"digest far, .* accuracy 0\.578\) is not the "
+                                         r"recorded one .*target 0\.516: more than 4"):  # fmt: skip
         bench.command_run(tmp_path, [1], ["uniform"], force=False)
     bench.command_run(tmp_path, [], ["uniform"], force=True)  # no seeds: nothing runs
     assert "running anyway (--force)" in capsys.readouterr().out
+    monkeypatch.setattr(bench, "weights_digest", lambda folder: "near")
+    bench.command_run(tmp_path, [], ["uniform"], force=False)
+    assert "so it is used" in capsys.readouterr().out
     # The recorded weights run without a word.
     monkeypatch.setattr(bench, "weights_digest", lambda folder: "recorded")
     bench.command_run(tmp_path, [], ["uniform"], force=False)
-    assert "warning" not in capsys.readouterr().out
+    assert capsys.readouterr().out == ""
+    # A rebuild not measured yet is measured once and recorded with its CPU's kernels.
+    monkeypatch.setattr(bench, "weights_digest", lambda folder: "new")
+    monkeypatch.setattr(bench, "load_model_and_tokenizer", lambda path: (None, None))
+    monkeypatch.setattr(bench, "greedy_correct", lambda m, t, rows: [1] * 41 + [0] * 87)
+    bench.command_run(tmp_path, [], ["uniform"], force=False)
+    assert meta["rebuilds"]["new"]["frequent"] == 41 / 128
+    assert json.loads((tmp_path / "warm.json").read_text())["rebuilds"]["new"]["frequent"] == (
+        41 / 128
+    )
+
+
+def test_rebuild_reports_what_run_would_decide(
+    bench: ModuleType, tmp_path, monkeypatch, capsys
+) -> None:
+    import json
+
+    meta = {"supervised": {"digest": "recorded"}, "eval": {"frequent": 41 / 128}}
+    (tmp_path / "warm.json").write_text(json.dumps(meta))
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    monkeypatch.setattr(bench, "warm_start", lambda work: (tmp_path / "warm", meta))
+    monkeypatch.setattr(bench, "load_model_and_tokenizer", lambda path: (None, None))
+    for digest, correct, verdict in (("near", 45, "accepted"), ("far", 46, "refused")):
+        # 45 of 128 is 4 problems above the recorded 41: the edge; 46 is past it.
+        monkeypatch.setattr(bench, "weights_digest", lambda folder, d=digest: d)
+        greedy = [1] * correct + [0] * (128 - correct)
+        monkeypatch.setattr(bench, "greedy_correct", lambda m, t, rows, g=greedy: g)
+        bench.command_rebuild(tmp_path)
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert out["digest"] == digest and out["frequent"] == correct / 128
+        assert out["run"] == verdict
+    assert set(json.loads((tmp_path / "warm.json").read_text())["rebuilds"]) == {"near", "far"}
