@@ -87,7 +87,7 @@ bench-memory: setup
 	$(PY) benchmarks/memory.py
 
 # The curriculum experiment: select against uniform GRPO on SmolLM2-135M, tokens to a target
-# accuracy, paired seeds (a pilot, then about 30 minutes per seed pair on 2 cores; finished runs are
+# accuracy, paired seeds (a pilot, then about 26 minutes per run on 2 cores; finished runs are
 # kept in benchmarks/results_curriculum/, so it continues where it stopped).
 bench-curriculum: setup
 	$(PY) benchmarks/curriculum.py pilot

@@ -59,7 +59,7 @@ asks the question without running). ``report`` and ``levels`` read another regim
 with ``--results``.
 
     python benchmarks/curriculum.py pilot              # the warm start, pass rates, uniform pilot
-    python benchmarks/curriculum.py run --seeds 1-16   # about 30 minutes per seed pair (2 cores)
+    python benchmarks/curriculum.py run --seeds 1-16   # about 26 minutes per run (2 cores)
     python benchmarks/curriculum.py report             # the tables from what has finished
     python benchmarks/curriculum.py levels             # which levels each arm trains on
     python benchmarks/curriculum.py rebuild --work /tmp/w  # would this machine's rebuild do?
