@@ -3,7 +3,7 @@ uniform GRPO? (An experiment, not a test: hours of CPU, resumable, results commi
 
 Design (fixed before any experiment seed of this regime ran):
 
-- **Model and task.** SmolLM2-135M-Instruct after a shared warm start: ``SFT_STEPS`` (20) AdamW
+- **Model and task.** SmolLM2-135M-Instruct after a shared warm start: ``SFT_STEPS`` (10) AdamW
   steps (learning rate 1e-5, 16 examples a step) of supervised fine-tuning on the worked answers
   (``<think> 3 + 4 = 7 </think> <answer> 7 </answer>``, the prompt's one-shot format) of every
   1-digit ``+``/``-`` training problem with a non-negative result. Then accuracy reward only and
@@ -12,16 +12,20 @@ Design (fixed before any experiment seed of this regime ran):
   level is solved and feeds all-correct groups, 2-digit is the learnable level and the primary
   endpoint, 3-digit feeds all-wrong groups. A pool of 64 training prompts per level (192), drawn
   per seed and identical for both arms of that seed.
-- **Why this regime** (the seventh; the earlier ones are kept in ``results_curriculum/regime-1/``
-  to ``regime-6/``, and ``docs/benchmarks.md`` tells their story). Regime 1 (a 20-step GRPO warm
+- **Why this regime** (the eighth; the earlier ones are kept in ``results_curriculum/regime-1/``
+  to ``regime-7/``, and ``docs/benchmarks.md`` tells their story). Regime 1 (a 20-step GRPO warm
   start, ``+``/``-``) left the 1-digit level unsolved, so ``select`` trained there, away from the
   endpoint; regimes 2-5 solved it with a second GRPO phase and found 2-digit subtraction not
   learnable at this scale; regime 6 (addition only, the GRPO warm start) passed its go/no-go, but
   its warm start could not be rebuilt on another CPU: GRPO samples, so the first logit that
-  rounds differently (AVX2 against AVX-512 kernels) sends the warm start elsewhere (128-problem
-  accuracy 0.578 rebuilt against 0.320 recorded), and the weights (540 MB) are not committed. A
-  supervised warm start samples nothing: a rebuild on other kernels differs by rounding only, and
-  is accepted by behaviour (``WARM_TOLERANCE``), so the experiment can run on any machine.
+  rounds differently (AVX2 against AVX-512 kernels) sends the warm start elsewhere, and the
+  weights (540 MB) are not committed. A supervised warm start samples nothing: a rebuild on other
+  kernels differs by rounding only, and is accepted by behaviour (``WARM_TOLERANCE``), so the
+  experiment can run on any machine. Regime 7's 20 supervised steps started the 2-digit level
+  too high (0.42) and nearly deterministic, and uniform's rise within the budget was 0.15; 10
+  steps (chosen on the warm start's own figures before its pilot: 1-digit pass rate 0.955, 2-digit
+  greedy accuracy 0.27, against 0.906 / 0.30 after 6 steps and 0.42 after 20) start it
+  near where regime 6's warm start did (0.32), which rose by 0.28.
 - **Arms.** ``uniform`` (GRPO, 4 prompts x 4 rollouts per step) and ``select`` (the predictive
   selector with its defaults: GRESO's keep rule, best-k on the posterior, over-sampling 4,
   group sizes 2..8 with mean 4). Nothing of either arm is tuned on the experiment's seeds.
@@ -51,7 +55,7 @@ Design (fixed before any experiment seed of this regime ran):
 Stages write to ``benchmarks/results_curriculum/`` (committed): ``warm.json``, ``pilot.json``,
 ``runs.jsonl`` (one line per finished run; a rerun skips what is done, so the experiment can
 run in parts). Model weights go to ``--work`` (default ``runs/curriculum-work``) and are rebuilt
-(about 6 minutes) when absent. A rebuild on a CPU with other kernels has another digest than
+(a few minutes) when absent. A rebuild on a CPU with other kernels has another digest than
 ``warm.json``'s: ``run`` measures its 128-problem accuracy once (``warm.json``, ``rebuilds``)
 and accepts it within ``WARM_TOLERANCE`` of the recorded one, refusing it otherwise; every run
 records its warm start's digest and ``report`` pairs only runs from the same one (``rebuild``
@@ -104,7 +108,7 @@ SAMPLES_PER_PROMPT = 16  # the pilot's pass-rate measurement
 ONE_DIGIT_GOAL = 0.9  # the warm start's 1-digit pass rate at temperature 1 (go/no-go)
 TASK_OPS = "+"  # the pools and the evaluation
 WARM_OPS = "+-"  # the warm start's fine-tuning problems (non-negative results)
-SFT_STEPS = 20  # the warm start's fine-tuning: AdamW steps of SFT_BATCH worked answers
+SFT_STEPS = 10  # the warm start's fine-tuning: AdamW steps of SFT_BATCH worked answers
 SFT_BATCH = 16
 SFT_LR = 1e-5
 # A rebuild on other kernels differs from the recorded warm start by rounding only; it is
@@ -307,7 +311,7 @@ def warm_start(work: Path) -> tuple[Path, dict]:
     digest of the weights) in ``results_curriculum/warm.json``."""
     meta_path = RESULTS / "warm.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    folder = work / "warm-supervised"
+    folder = work / f"warm-supervised-{SFT_STEPS}"
     meta["supervised"] = built_once(folder, meta.get("supervised"), fine_tune)
     if "tokens_per_step" not in meta:
         _, tokenizer = load_model_and_tokenizer(str(folder))
