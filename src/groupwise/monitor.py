@@ -259,7 +259,7 @@ class TrainingMonitor:
             "completions the same reward, so advantages are 0 and nothing is being learned. "
             "Easier prompts (a task or mix the model solves some of the time) help most; "
             "dynamic_sampling=true (drop those groups, draw more prompts), curriculum=select "
-            "(pick prompts likely to give mixed groups: 1.1-1.3x informative groups per rollout "
+            "(pick prompts likely to give mixed groups: 1.4-1.6x informative groups per rollout "
             "in the simulation in docs/benchmarks.md) and a larger num_generations spend the "
             "rollouts better."
         )
