@@ -81,7 +81,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -549,13 +548,18 @@ def t_test(values: list[float]) -> dict:
     return {"n": n, "mean": mean, "sd": sd, "low": mean - half, "high": mean + half}
 
 
-def power(effect: float, sd: float, n: int) -> float:
-    """Power of a two-sided 5% paired test of ``effect`` with spread ``sd`` over ``n`` pairs
-    (t critical value, normal approximation of the noncentral t)."""
+def power(effect: float, sd: float, n: int, draws: int = 200_000, seed: int = 0) -> float:
+    """Power of the two-sided 5% paired t-test (:func:`t_test`) for a true mean ``effect`` with
+    spread ``sd`` over ``n`` pairs: the share of ``draws`` simulated experiments (normal log
+    ratios) whose t statistic passes the critical value. Exact up to simulation error (about
+    0.001 at the default draws), where a normal approximation of the noncentral t is far off
+    at a few pairs (3 pairs, effect 0.8 standard errors: 0.0002 against the true 0.079)."""
     if n < 2 or sd <= 0:
         return math.nan
     crit = T975[min(n - 2, len(T975) - 1)]
-    return NormalDist().cdf(abs(effect) / (sd / math.sqrt(n)) - crit)
+    samples = np.random.default_rng(seed).normal(effect, sd, size=(draws, n))
+    t_stat = samples.mean(axis=1) / (samples.std(axis=1, ddof=1) / math.sqrt(n))
+    return float(np.mean(np.abs(t_stat) > crit))
 
 
 def bootstrap(diffs: list[np.ndarray], seed: int = 0, n_boot: int = 4000) -> tuple[float, float]:

@@ -76,8 +76,14 @@ def test_paired_statistics(bench: ModuleType) -> None:
     # mean 0.2, sd 0.1414, se 0.1, t(1) 12.706 -> half width 1.2706
     assert t["mean"] == pytest.approx(0.2)
     assert t["high"] - t["mean"] == pytest.approx(1.2706, abs=1e-4)
-    # 8 pairs, log-ratio spread 0.2, a 1.35x speed-up: the design's power (about 95%).
-    assert 0.9 < bench.power(math.log(1.35), 0.2, 8) < 0.99
+    # Power of the paired t-test against the noncentral t's exact values (scipy.stats.nct,
+    # two-sided 5%): 8 pairs at spread 0.2 for a 1.35x speed-up (the design's 95%), 8 at 0.3,
+    # and 3 pairs at spread 0.656, where a normal approximation gives 0.0002.
+    assert bench.power(math.log(1.35), 0.2, 8) == pytest.approx(0.9511, abs=0.004)
+    assert bench.power(math.log(1.35), 0.3, 8) == pytest.approx(0.6811, abs=0.004)
+    assert bench.power(math.log(1.35), 0.656, 3) == pytest.approx(0.0786, abs=0.004)
+    assert bench.power(-math.log(1 / 0.6), 0.656, 3) == pytest.approx(0.1306, abs=0.004)
+    assert math.isnan(bench.power(0.3, 0.2, 1))
     assert bench.parse_seeds("1-3,7") == [1, 2, 3, 7]
     with pytest.raises(SystemExit, match="pilot"):
         bench.parse_seeds("0-2")
