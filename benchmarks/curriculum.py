@@ -838,6 +838,7 @@ def command_levels(results: Path = RESULTS, repeats: int = 20) -> None:
     """Per level, the groups each arm trained on: replayed from the pilot's measured pass rates,
     and measured in the finished runs that recorded their groups."""
     pilot = json.loads((results / "pilot.json").read_text())
+    meta = json.loads((results / "warm.json").read_text())
     pass_rate = np.asarray(pilot["pass_counts"], float) / SAMPLES_PER_PROMPT
     names = " / ".join(f"{d}-digit" for d in LEVELS)
     print(f"replay from the pilot's pass rates ({repeats} random seeds, {BUDGET_STEPS} steps, "
@@ -852,17 +853,30 @@ def command_levels(results: Path = RESULTS, repeats: int = 20) -> None:
               f"{' / '.join(f'{x:.1f}' for x in inform)}; per rollout {rate:.3f}")  # fmt: skip
     recorded = [r for r in read_runs(results) if r.get("groups")]
     if recorded:
-        print("measured in the runs (share of groups; informative groups by level):")
+        print("measured in the runs (share of groups; informative groups by level), over the "
+              "whole run and over its first fifth (the cold start) and the rest:")  # fmt: skip
     for r in recorded:
-        share, inform = np.zeros(len(LEVELS)), np.zeros(len(LEVELS))
         # Runs recorded before the end-of-training row was skipped repeat the last step.
-        for step in r["groups"][: int(r["optimizer_steps"])]:
-            for digits, n, correct in step:
-                share[LEVELS.index(digits)] += 1
-                inform[LEVELS.index(digits)] += 0 < correct < n
-        print(f"  seed {r['seed']} {r['arm']:8} share "
-              f"{' / '.join(f'{x:.2f}' for x in share / share.sum())}; informative groups "
-              f"{' / '.join(f'{x:.0f}' for x in inform)}")  # fmt: skip
+        steps = r["groups"][: int(r["optimizer_steps"])]
+        fifth = len(steps) // 5
+        parts = []
+        for name, part in (("all", steps), ("first fifth", steps[:fifth]),
+                           ("rest", steps[fifth:])):  # fmt: skip
+            share, inform = level_counts(part)
+            parts.append(f"{name}: share {' / '.join(f'{x:.2f}' for x in share / share.sum())}, "
+                         f"informative {' / '.join(f'{x:.0f}' for x in inform)}")  # fmt: skip
+        print(f"  seed {r['seed']} {r['arm']:8} warm {run_warm(r, meta)[:7]} " + "; ".join(parts))
+
+
+def level_counts(steps: list[list[list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per level, the groups and the informative groups (correctness not all alike) in ``steps``
+    (each a list of [digits, rollouts, correct])."""
+    share, inform = np.zeros(len(LEVELS)), np.zeros(len(LEVELS))
+    for step in steps:
+        for digits, n, correct in step:
+            share[LEVELS.index(digits)] += 1
+            inform[LEVELS.index(digits)] += 0 < correct < n
+    return share, inform
 
 
 def main(argv: list[str] | None = None) -> None:

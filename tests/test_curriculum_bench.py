@@ -310,3 +310,11 @@ def test_rebuild_reports_what_run_would_decide(
         assert out["digest"] == digest and out["frequent"] == correct / 128
         assert out["run"] == verdict
     assert set(json.loads((tmp_path / "warm.json").read_text())["rebuilds"]) == {"near", "far"}
+
+
+def test_level_counts_by_hand(bench: ModuleType) -> None:
+    # [digits, rollouts, correct]: a group is informative when its correctness is not all alike.
+    steps = [[[1, 4, 4], [2, 4, 1]], [[3, 4, 0], [2, 5, 5], [2, 3, 2]]]
+    share, inform = bench.level_counts(steps)
+    assert share.tolist() == [1, 3, 1]
+    assert inform.tolist() == [0, 2, 0]
