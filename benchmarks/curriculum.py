@@ -866,8 +866,8 @@ def command_levels(results: Path = RESULTS, repeats: int = 20) -> None:
         parts = []
         for name, part in (("all", steps), ("first fifth", steps[:fifth]),
                            ("rest", steps[fifth:])):  # fmt: skip
-            share, inform = level_counts(part)
-            parts.append(f"{name}: share {' / '.join(f'{x:.2f}' for x in share / share.sum())}, "
+            groups, inform = level_counts(part)
+            parts.append(f"{name}: share {' / '.join(f'{x:.2f}' for x in groups / groups.sum())}, "
                          f"informative {' / '.join(f'{x:.0f}' for x in inform)}")  # fmt: skip
         print(f"  seed {r['seed']} {r['arm']:8} warm {run_warm(r, meta)[:7]} " + "; ".join(parts))
 
@@ -875,12 +875,12 @@ def command_levels(results: Path = RESULTS, repeats: int = 20) -> None:
 def level_counts(steps: list[list[list[int]]]) -> tuple[np.ndarray, np.ndarray]:
     """Per level, the groups and the informative groups (correctness not all alike) in ``steps``
     (each a list of [digits, rollouts, correct])."""
-    share, inform = np.zeros(len(LEVELS)), np.zeros(len(LEVELS))
+    groups, inform = np.zeros(len(LEVELS)), np.zeros(len(LEVELS))
     for step in steps:
         for digits, n, correct in step:
-            share[LEVELS.index(digits)] += 1
+            groups[LEVELS.index(digits)] += 1
             inform[LEVELS.index(digits)] += 0 < correct < n
-    return share, inform
+    return groups, inform
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -315,6 +315,6 @@ def test_rebuild_reports_what_run_would_decide(
 def test_level_counts_by_hand(bench: ModuleType) -> None:
     # [digits, rollouts, correct]: a group is informative when its correctness is not all alike.
     steps = [[[1, 4, 4], [2, 4, 1]], [[3, 4, 0], [2, 5, 5], [2, 3, 2]]]
-    share, inform = bench.level_counts(steps)
-    assert share.tolist() == [1, 3, 1]
+    groups, inform = bench.level_counts(steps)
+    assert groups.tolist() == [1, 3, 1]
     assert inform.tolist() == [0, 2, 0]
