@@ -105,6 +105,10 @@ BUDGET_STEPS = 50  # uniform-equivalent steps of 16 completions (4 prompts x 4 r
 TARGET_MARK = 0.6  # the target is the uniform pilot's 2-digit accuracy here
 SAMPLES_PER_PROMPT = 16  # the pilot's pass-rate measurement
 PLANNED_SEEDS = 16  # paired seeds the experiment runs (``run``'s default --seeds)
+# What ``select`` is asked to show: at most this ratio of uniform's tokens to the target, with
+# the interval below 1.0, and at least this ratio of uniform's informative groups per rollout.
+GOAL_TOKEN_RATIO = 0.6
+GOAL_INFORMATIVE_RATIO = 1.5
 ONE_DIGIT_GOAL = 0.9  # the warm start's 1-digit pass rate at temperature 1 (go/no-go)
 TASK_OPS = "+"  # the pools and the evaluation
 WARM_OPS = "+-"  # the warm start's fine-tuning problems (non-negative results)
@@ -538,7 +542,8 @@ def accuracy_at(run: dict, mark: float, level: int = 2) -> np.ndarray:
 
 
 def t_test(values: list[float]) -> dict:
-    """Mean, 95% t interval and two-sided p of paired values (normal tail beyond the table)."""
+    """Mean, spread and 95% t interval of paired values (past 16 pairs the table's last
+    quantile, a slightly wider interval)."""
     n = len(values)
     mean = statistics.mean(values)
     if n < 2:
@@ -547,6 +552,20 @@ def t_test(values: list[float]) -> dict:
     se = sd / math.sqrt(n)
     half = T975[min(n - 2, len(T975) - 1)] * se
     return {"n": n, "mean": mean, "sd": sd, "low": mean - half, "high": mean + half}
+
+
+def verdict(estimate: float, low: float, high: float, goal: float, lower_is_better: bool) -> str:
+    """Whether a ratio with its 95% interval meets ``goal`` (``lower_is_better``: at most the
+    goal, with the interval below 1.0; otherwise at least the goal, with the interval above 1.0),
+    and whether the interval already rules the goal out."""
+    sign = 1 if lower_is_better else -1  # compare as "lower is better" throughout
+    best, worst = (low, high) if lower_is_better else (high, low)
+    if sign * estimate <= sign * goal and sign * worst < sign * 1.0:
+        return f"met ({estimate:.2f}x, interval {low:.2f}-{high:.2f})"
+    if sign * best > sign * goal:
+        return (f"not met, and ruled out: the whole interval ({low:.2f}-{high:.2f}) is "
+                f"{'above' if lower_is_better else 'below'} {goal:.2f}x")  # fmt: skip
+    return f"not met yet ({estimate:.2f}x, interval {low:.2f}-{high:.2f} includes {goal:.2f}x)"
 
 
 def power(effect: float, sd: float, n: int, draws: int = 200_000, seed: int = 0) -> float:
@@ -786,6 +805,13 @@ def command_report(results: Path = RESULTS) -> None:
         f"informative groups per rollout, select / uniform: {ratio['mean']:.3f}x"
         + (f" (95% interval {ratio['low']:.3f}-{ratio['high']:.3f})" if "sd" in ratio else "")
     )
+    if "sd" in test:
+        tokens = [math.exp(test[k]) for k in ("mean", "low", "high")]
+        print(f"goal, at most {GOAL_TOKEN_RATIO:.2f}x uniform's tokens to the target: "
+              f"{verdict(*tokens, GOAL_TOKEN_RATIO, lower_is_better=True)}")  # fmt: skip
+        informative = [ratio[k] for k in ("mean", "low", "high")]
+        print(f"goal, at least {GOAL_INFORMATIVE_RATIO:.2f}x uniform's informative groups per "
+              f"rollout: {verdict(*informative, GOAL_INFORMATIVE_RATIO, lower_is_better=False)}")
 
 
 def replay_levels(pass_rate: np.ndarray, arm: str, seed: int, steps: int = BUDGET_STEPS) -> dict:

@@ -89,6 +89,21 @@ def test_paired_statistics(bench: ModuleType) -> None:
         bench.parse_seeds("0-2")
 
 
+def test_verdict_meets_rules_out_or_waits(bench: ModuleType) -> None:
+    # Fewer tokens is better: met needs the estimate at most the goal and the interval below 1.
+    assert bench.verdict(0.5, 0.4, 0.8, 0.6, lower_is_better=True).startswith("met")
+    assert bench.verdict(0.5, 0.3, 1.2, 0.6, lower_is_better=True).startswith("not met yet")
+    assert bench.verdict(0.7, 0.5, 0.9, 0.6, lower_is_better=True).startswith("not met yet")
+    ruled = bench.verdict(1.45, 0.70, 3.01, 0.6, lower_is_better=True)
+    assert ruled.startswith("not met, and ruled out") and "above 0.60x" in ruled
+    # More informative groups is better: the interval's high end decides ruling out.
+    assert bench.verdict(1.6, 1.2, 2.0, 1.5, lower_is_better=False).startswith("met")
+    assert bench.verdict(1.25, 0.8, 1.7, 1.5, lower_is_better=False).startswith("not met yet")
+    assert bench.verdict(1.6, 0.9, 2.3, 1.5, lower_is_better=False).startswith("not met yet")
+    ruled = bench.verdict(1.1, 0.9, 1.3, 1.5, lower_is_better=False)
+    assert ruled.startswith("not met, and ruled out") and "below 1.50x" in ruled
+
+
 def test_replay_levels_uniform_spreads_and_select_follows_the_informative_level(
     bench: ModuleType,
 ) -> None:
