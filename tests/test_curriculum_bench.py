@@ -71,6 +71,14 @@ def test_tokens_to_target_interpolates_and_censors(bench: ModuleType) -> None:
     assert bench.tokens_to(run([0.25, 0.375, 0.25]), 0.5, 0.25) == (3000.0, False)
 
 
+def test_curve_mean_is_the_trapezoid_area_over_the_tokens(bench: ModuleType) -> None:
+    size = 400 + bench.ONE_DIGIT_EVAL + 100
+    points = [{"mark": 0.5, "tokens": 1000, "greedy": [1] * 64 + [0] * (size - 64)},
+              {"mark": 1.0, "tokens": 2000, "greedy": [1] * 64 + [0] * (size - 64)}]  # fmt: skip
+    # From 0.25 at 0 tokens to 0.5 at 1000 and 2000: (0.375 * 1000 + 0.5 * 1000) / 2000.
+    assert bench.curve_mean({"points": points}, 0.25) == pytest.approx(0.4375)
+
+
 def test_paired_statistics(bench: ModuleType) -> None:
     t = bench.t_test([0.1, 0.3])
     # mean 0.2, sd 0.1414, se 0.1, t(1) 12.706 -> half width 1.2706
@@ -266,6 +274,9 @@ def test_report_pairs_runs_from_the_same_warm_start(bench: ModuleType, tmp_path,
     # 400 tokens, uniform at 1000 * 0.1/0.125 = 800. From the recorded 0.25 it would be
     # 700 / 933 (0.75x).
     assert "tokens to target, select / uniform: 0.500x" in out
+    # Areas from 0.5: select (0.625 * 1000 + 0.75 * 9000) / 10000 = 0.7375, uniform
+    # (0.5625 * 1000 + 0.625 * 9000) / 10000 = 0.61875.
+    assert "under the 128-problem curve), select - uniform: +0.119" in out
     assert bench.run_start(runs[0], meta) == 0.25 and bench.run_start(runs[1], meta) == 0.5
 
 
