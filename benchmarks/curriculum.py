@@ -570,11 +570,13 @@ def verdict(estimate: float, low: float, high: float, goal: float, lower_is_bett
     """Whether a ratio with its 95% interval meets ``goal`` (``lower_is_better``: at most the
     goal, with the interval below 1.0; otherwise at least the goal, with the interval above 1.0),
     and whether the interval already rules the goal out."""
-    sign = 1 if lower_is_better else -1  # compare as "lower is better" throughout
-    best, worst = (low, high) if lower_is_better else (high, low)
-    if sign * estimate <= sign * goal and sign * worst < sign * 1.0:
+    if lower_is_better:
+        met, ruled_out = estimate <= goal and high < 1.0, low > goal
+    else:
+        met, ruled_out = estimate >= goal and low > 1.0, high < goal
+    if met:
         return f"met ({estimate:.2f}x, interval {low:.2f}-{high:.2f})"
-    if sign * best > sign * goal:
+    if ruled_out:
         return (f"not met, and ruled out: the whole interval ({low:.2f}-{high:.2f}) is "
                 f"{'above' if lower_is_better else 'below'} {goal:.2f}x")  # fmt: skip
     return f"not met yet ({estimate:.2f}x, interval {low:.2f}-{high:.2f} includes {goal:.2f}x)"
@@ -779,13 +781,15 @@ def command_report(results: Path = RESULTS) -> None:
     print(f"\npairs (seed, warm start): {seeds}")
     print(f"{'seed':>4} {'arm':8} {'tokens to target':>17} {'2-digit B/2':>11} {'2-digit B':>9} "
           f"{'1-dig B':>7} {'3-dig B':>7} {'inform/rollout':>14} {'steps':>5}")  # fmt: skip
-    log_ratios, gains, inform_ratios, censored = [], [], [], {a: 0 for a in ARMS}
-    curve_gains = []
+    log_ratios, gains, inform_ratios, curve_gains = [], [], [], []
+    censored = {a: 0 for a in ARMS}
     for s, w in seeds:
-        reached = {}
+        reached, area = {}, {}
         for arm in ARMS:
             r = by[(arm, s, w)]
-            reached[arm], hit = tokens_to(r, target, run_start(r, meta))
+            start = run_start(r, meta)
+            reached[arm], hit = tokens_to(r, target, start)
+            area[arm] = curve_mean(r, start)
             censored[arm] += not hit
             print(f"{s:>4} {arm:8} {reached[arm]:>16.0f}{'' if hit else '+'} "
                   f"{accuracy_at(r, 0.5).mean():>11.3f} {accuracy_at(r, 1.0).mean():>9.3f} "
@@ -796,8 +800,7 @@ def command_report(results: Path = RESULTS) -> None:
         chosen, uniform = by[("select", s, w)], by[("uniform", s, w)]
         gains.append(accuracy_at(chosen, 0.5) - accuracy_at(uniform, 0.5))
         inform_ratios.append(chosen["informative_per_rollout"] / uniform["informative_per_rollout"])
-        curve_gains.append(curve_mean(chosen, run_start(chosen, meta))
-                           - curve_mean(uniform, run_start(uniform, meta)))  # fmt: skip
+        curve_gains.append(area["select"] - area["uniform"])
     test = t_test(log_ratios)
     print(f"\nprimary: tokens to target, select / uniform: {math.exp(test['mean']):.3f}x"
           + (f" (95% interval {math.exp(test['low']):.3f}-{math.exp(test['high']):.3f}, "
