@@ -104,19 +104,20 @@ class Sizes:
     sdpa_lengths: tuple[int, ...]
     memory: dict
     generation_tokens: int
+    generation_repeats: int  # timed generations per engine; tokens/s is their median
 
 
 GPU_SIZES = Sizes(
     shape=SMOLLM2_SHAPE, precision_steps=5, precision_completion=32, learning_steps=20,
     learning_rate=1e-4, learning_temperature=0.5, sdpa_lengths=(1, 2, 7, 33, 100, 257, 512, 512),
     memory=dict(batch=16, group_size=8, prompt_len=128, completion_len=128, beta=0.04),
-    generation_tokens=128,
+    generation_tokens=128, generation_repeats=3,
 )  # fmt: skip
 QUICK_SIZES = Sizes(
     shape=TINY_SHAPE, precision_steps=5, precision_completion=16, learning_steps=12,
     learning_rate=3e-3, learning_temperature=0.1, sdpa_lengths=(1, 3, 9, 17, 32),
     memory=dict(batch=8, group_size=4, prompt_len=64, completion_len=16, beta=0.04),
-    generation_tokens=16,
+    generation_tokens=16, generation_repeats=1,
 )  # fmt: skip
 MEMORY_BAND = (0.5, 2.0)  # measured / predicted within this: the planner is usable
 
@@ -651,7 +652,8 @@ def vllm_option() -> tuple[dict[str, Any] | None, str]:
 
 def check_generation(ns, model: Path, scratch: Path) -> dict:
     """Tokens/s of the engine the trainer builds (build_rollout.build_engine), on 8 prompts of 48-62
-    tokens x 8 completions each, after a short warm-up (kernels, allocator)."""
+    tokens x 8 completions each, after a short warm-up (kernels, allocator): the median of
+    ``generation_repeats`` timed generations, each one's tokens and seconds kept beside it."""
     from groupwise import GRPOTrainer
 
     device = ns.torch_device
@@ -689,15 +691,20 @@ def check_generation(ns, model: Path, scratch: Path) -> dict:
                 engine.generate(prompt_ids, 8)
                 synchronize(device)
                 out[f"{name}_compile_s"] = round(time.perf_counter() - start, 1)
-            synchronize(device)
-            start = time.perf_counter()
-            rollout = engine.generate(prompt_ids, 8)
-            synchronize(device)
-            seconds = time.perf_counter() - start
-            tokens = int(rollout.completion_mask.sum())
+            timings = []  # (tokens, seconds) per timed generation, in order
+            for _ in range(ns.sizes.generation_repeats):
+                synchronize(device)
+                start = time.perf_counter()
+                rollout = engine.generate(prompt_ids, 8)
+                synchronize(device)
+                timings.append((int(rollout.completion_mask.sum()), time.perf_counter() - start))
+            per_run = sorted(tokens / seconds for tokens, seconds in timings)
+            tokens = min(tokens for tokens, _ in timings)
             out[name] = {
-                "engine": type(engine).__name__, "tokens": tokens, "seconds": round(seconds, 3),
-                "tokens_per_second": round(tokens / seconds, 1), "tf32": tf32_state(),
+                "engine": type(engine).__name__, "tokens": [t for t, _ in timings],
+                "seconds": [round(s, 3) for _, s in timings],
+                "tokens_per_second": round(per_run[len(per_run) // 2], 1),  # the median
+                "tf32": tf32_state(),
             }  # fmt: skip
             passed = passed and tokens > 0
             del trainer, engine, rollout

@@ -297,10 +297,10 @@ class GRPOConfig:
     generation_kwargs: dict[str, Any] | None = None
     # Rollout engine (docs/speed-memory.md "Rollout engines"): hf (the Hugging Face forward on
     # the policy's own weights) | static (a lean Llama-family decoder on its own copy of the
-    # weights, bf16 with generation_dtype: bfloat16, refreshed after every optimizer step; the
-    # fast one on a CPU) | vllm (a colocated vLLM with its own weights, synced after every
-    # optimizer step; pip install "groupwise[vllm]", a CUDA GPU). TRL's use_vllm=True is
-    # generation_engine: vllm.
+    # weights, bf16 wherever the run generates in bf16, refreshed after every optimizer step; the
+    # fastest one measured, on a CPU and on one H200) | vllm (a colocated vLLM with its own
+    # weights, synced after every optimizer step; pip install "groupwise[vllm]", a CUDA GPU).
+    # TRL's use_vllm=True is generation_engine: vllm.
     generation_engine: str = "hf"
     # static engine: compile its decode step with torch.compile. None = auto: on a GPU, when
     # the run has at least static_compile_min_steps steps (a short run never waits for the
