@@ -1,9 +1,11 @@
 """The static engine: a lean decoder over its own copy of the weights, with a static KV cache.
 
 The reference engine (:mod:`.hf`) decodes through the Hugging Face forward on the policy's own
-weights. On a small model that forward is dominated by per-op overhead (about fifteen modules per
-layer, bf16 autocast casting every weight again on every token) rather than by arithmetic. This
-engine does what a serving engine does instead:
+weights. On a small model that forward is dominated by per-op overhead rather than by
+arithmetic: about fifteen modules per layer, and under bf16 autocast a cast before every matmul on
+every token besides (autocast keeps the bf16 weights for the whole generation, but casts the
+activations, and the KV cache, which transformers holds in fp32 there, is cast for attention at
+every step). This engine does what a serving engine does instead:
 
 - **its own weights** in the generation dtype (bf16 by default), refreshed in :meth:`sync` after
   every optimizer step with ``copy_`` into the same storage (LoRA merged out of place in fp32), so
