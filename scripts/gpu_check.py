@@ -21,6 +21,11 @@ one) and is printed as a table at the end; the exit status is 1 if any check fai
    process group made with the backend groupwise's own init path chooses on CUDA.
 6. generation: tokens/s of the rollout engine the trainer builds, fp32 and bf16 autocast (and
    vLLM when both the package and a groupwise engine for it exist).
+7. static_engine: the static engine's greedy tokens and sampling log-probs against the HF
+   engine's on the same fp32 weights.
+8. step_time: whole bf16-mixed GRPO steps with the HF engine and with the static engine, the
+   trainer's own generation / update / step timers side by side.
+9. vllm: where vllm imports, its engine against the HF engine.
 
 The model has SmolLM2-135M's shape with random weights (``--quick``: the tiny-random shape). Its
 tokenizer is SmolLM2's where groupwise can produce it offline (it is read from the demo model's
@@ -39,6 +44,7 @@ import importlib.util
 import json
 import os
 import socket
+import statistics
 import string
 import subprocess
 import sys
@@ -105,6 +111,7 @@ class Sizes:
     memory: dict
     generation_tokens: int
     generation_repeats: int  # timed generations per engine; tokens/s is their median
+    step_time: dict  # the step_time check's run: prompts, group size, new tokens, steps
 
 
 GPU_SIZES = Sizes(
@@ -112,12 +119,14 @@ GPU_SIZES = Sizes(
     learning_rate=1e-4, learning_temperature=0.5, sdpa_lengths=(1, 2, 7, 33, 100, 257, 512, 512),
     memory=dict(batch=16, group_size=8, prompt_len=128, completion_len=128, beta=0.04),
     generation_tokens=128, generation_repeats=3,
+    step_time=dict(prompts=8, group_size=8, new_tokens=128, steps=6),
 )  # fmt: skip
 QUICK_SIZES = Sizes(
     shape=TINY_SHAPE, precision_steps=5, precision_completion=16, learning_steps=12,
     learning_rate=3e-3, learning_temperature=0.1, sdpa_lengths=(1, 3, 9, 17, 32),
     memory=dict(batch=8, group_size=4, prompt_len=64, completion_len=16, beta=0.04),
     generation_tokens=16, generation_repeats=1,
+    step_time=dict(prompts=4, group_size=4, new_tokens=8, steps=3),
 )  # fmt: skip
 MEMORY_BAND = (0.5, 2.0)  # measured / predicted within this: the planner is usable
 
@@ -720,6 +729,70 @@ def check_generation(ns, model: Path, scratch: Path) -> dict:
     return out
 
 
+STEP_TIME_WARMUP = 2  # steps left out of the step_time medians (first kernels, allocator)
+
+
+def check_step_time(ns, model: Path, scratch: Path) -> dict:
+    """Whole GRPO steps under bf16 mixed precision (the default on a bf16 GPU) with the HF engine
+    and with the static engine (eager: static_compile's auto mode compiles only in long runs),
+    side by side: the median over the steps after the first ``STEP_TIME_WARMUP`` of the trainer's
+    own phase timers (``time/generation``, ``time/update``, ``time/step``), and the static
+    engine's step time as a ratio of the HF engine's."""
+    from groupwise import GRPOTrainer
+
+    size = ns.sizes.step_time
+    out: dict[str, Any] = {**size, "precision": "bf16 mixed"}
+    passed = True
+    for engine in ("hf", "static"):
+        try:
+            args = grpo_config(ns, model, scratch / f"step-time-{engine}", max_steps=size["steps"],
+                               num_generations=size["group_size"],
+                               per_device_train_batch_size=size["prompts"] * size["group_size"],
+                               max_completion_length=size["new_tokens"], learning_rate=1e-6,
+                               generation_engine=engine, **MODES["bf16_mixed"])  # fmt: skip
+            prompts = prompt_rows(size["prompts"] * size["steps"])
+            trainer = GRPOTrainer(str(model), lower_half_reward, prompts, args=args)
+            trainer.train()
+            rows = [row for row in trainer.log_history if "time/step" in row]
+            kept = rows[STEP_TIME_WARMUP:] or rows
+            medians = {
+                phase: round(statistics.median(row[f"time/{phase}"] for row in kept), 3)
+                for phase in ("generation", "update", "step")
+            }
+            out[engine] = {
+                "engine": type(trainer.engine).__name__, "steps_logged": len(rows),
+                "median_s": medians,
+                "tokens_per_step": round(statistics.median(
+                    row.get("completions/mean_length", 0.0) * size["prompts"] * size["group_size"]
+                    for row in kept)),
+            }  # fmt: skip
+            passed = passed and len(rows) == size["steps"]
+            del trainer
+        except Exception as err:  # noqa: BLE001 - recorded; the other engine still runs
+            out[engine] = {"error": f"{type(err).__name__}: {err}"[:400]}
+            passed = False
+        release(ns.torch_device)
+    out["passed"] = passed
+    if passed:
+        hf, static = out["hf"]["median_s"], out["static"]["median_s"]
+        out["static_over_hf"] = {
+            phase: round(static[phase] / hf[phase], 3) if hf[phase] > 0 else None
+            for phase in ("generation", "update", "step")
+        }
+        out["summary"] = (
+            f"median s/step (generation + update), steps {STEP_TIME_WARMUP + 1}-{size['steps']}: "
+            f"hf {hf['step']:.2f} ({hf['generation']:.2f} + {hf['update']:.2f}), static "
+            f"{static['step']:.2f} ({static['generation']:.2f} + {static['update']:.2f}); "
+            f"static / hf whole step {out['static_over_hf']['step']}"
+        )
+    else:
+        out["summary"] = "failed: " + "; ".join(
+            f"{name} {out[name].get('error', 'fewer steps logged')}" for name in ("hf", "static")
+            if "median_s" not in out.get(name, {}) or out[name].get("error")
+        )
+    return out
+
+
 def check_static_engine(ns, model: Path, scratch: Path) -> dict:
     """The static engine against the HF engine on the same fp32 weights with TF32 off: greedy
     completions (the share of rows with identical tokens; near-ties may flip a few) and the
@@ -927,6 +1000,7 @@ CHECKS: dict[str, Callable[..., dict]] = {
     "collectives": check_collectives,
     "generation": check_generation,
     "static_engine": check_static_engine,
+    "step_time": check_step_time,
     "vllm": check_vllm,
 }
 

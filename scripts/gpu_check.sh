@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The prepared one-GPU check (scripts/gpu_check.py: precision modes, learning, bf16 SDPA with left
-# padding, memory vs the planner, collectives, generation tokens/s). It runs under the GPU
+# padding, memory vs the planner, collectives, generation tokens/s, the static engine against the
+# HF engine, whole-step time per engine, vLLM where it imports). It runs under the GPU
 # machine's own python3, torch and transformers, with groupwise from this tree's src/, finishes
 # within 8 minutes on one H200 and writes one summary file, gpu_check.json, to --out (default
 # $OUT, else runs/gpu_check); the table at the end of its output says the same. Exit status 0

@@ -40,7 +40,8 @@ def test_gpu_check_cpu_path_writes_its_summary(tmp_path):
     assert {"torch", "transformers", "device", "grpo_options"} <= set(summary["environment"])
     checks = summary["checks"]
     assert list(checks) == ["precision", "learning", "sdpa_left_padding", "memory",
-                            "collectives", "generation", "static_engine", "vllm"]  # fmt: skip
+                            "collectives", "generation", "static_engine", "step_time",
+                            "vllm"]  # fmt: skip
     for name, check in checks.items():
         assert check["passed"] is True and check["summary"] and check["seconds"] >= 0, name
 
@@ -73,6 +74,15 @@ def test_gpu_check_cpu_path_writes_its_summary(tmp_path):
         assert generation[engine]["tokens_per_second"] > 0, generation[engine]
     assert generation["static_bf16"]["engine"] == "StaticEngine"
     assert generation["static_bf16_compiled_compile_s"] >= 0
+    step_time = checks["step_time"]
+    assert step_time["hf"]["engine"] == "HFEngine"
+    assert step_time["static"]["engine"] == "StaticEngine"
+    for engine in ("hf", "static"):
+        assert step_time[engine]["steps_logged"] == step_time["steps"]
+        medians = step_time[engine]["median_s"]
+        assert 0 < medians["generation"] < medians["step"]
+        assert 0 < medians["update"] < medians["step"]
+    assert step_time["static_over_hf"]["step"] > 0
     static = checks["static_engine"]
     assert static["greedy_rows_identical"] >= 0.75 and static["max_logprob_gap"] < 1e-3
     # vLLM, where both it and a groupwise engine for it are installed, is measured too.

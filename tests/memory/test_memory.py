@@ -11,6 +11,7 @@ import torch
 
 from groupwise import memory as mem
 from groupwise.memory import (
+    GENERATION_WEIGHTS,
     KV_CACHE,
     LOGITS,
     POLICY_ACTS,
@@ -178,6 +179,64 @@ def test_reward_model_row():
     rows = plan_grpo(TINY, replace(FP32, reward_model_params=1000))
     assert rows["reward model weights"] == 4000
     assert "reward model weights" not in plan_grpo(TINY, FP32)
+
+
+def test_static_engine_copy_is_counted_and_resident():
+    params = TINY.num_params()
+    hf = plan_grpo(TINY, FP32)
+    assert GENERATION_WEIGHTS not in hf  # the HF engine samples from the policy's own weights
+    static = plan_grpo(TINY, replace(FP32, generation_engine="static"))
+    assert static[GENERATION_WEIGHTS] == 4 * params  # an fp32 run's copy: 4 B per parameter
+    # Resident for the whole run: the peak grows by the copy, whichever phase is larger.
+    assert total_bytes(static) == total_bytes(hf) + 4 * params
+    bf16 = plan_grpo(TINY, replace(FP32, generation_engine="static", generation_dtype="bf16"))
+    assert bf16[GENERATION_WEIGHTS] == 2 * params
+    # LoRA: the copy holds the merged weights, every parameter.
+    lora = plan_grpo(TINY, replace(FP32, generation_engine="static", lora_r=2))
+    assert lora[GENERATION_WEIGHTS] == 4 * params
+    assert plan_ppo(TINY, replace(FP32, generation_engine="static"))[GENERATION_WEIGHTS] == (
+        4 * params
+    )
+
+
+def test_vllm_memory_is_named_as_not_counted(capsys):
+    plan = mem.make_plan(TINY, replace(FP32, generation_engine="vllm"))
+    assert GENERATION_WEIGHTS not in plan.grpo and plan.grpo_total == total_bytes(
+        plan_grpo(TINY, FP32)
+    )
+    assert "vllm_gpu_memory_utilization" in plan.missing[GENERATION_WEIGHTS]
+    assert main(["--model", "tiny-random", "--generation_engine", "vllm"]) == 0
+    out = capsys.readouterr().out
+    assert "not in the totals, vLLM's own weights and KV cache" in out
+
+
+def test_generation_engine_from_the_config_with_the_runs_generation_dtype(
+    tmp_path: Path, capsys
+):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model: tiny-random\ngeneration_engine: static\ndevice: cpu\n")
+    params = mem.BUILTIN_SHAPES["tiny-random"].num_params()
+    # fp32 on the CPU: the static engine copies fp32 weights.
+    out = run_json(capsys, str(cfg), "--json")["grpo"]["components"]
+    assert out[GENERATION_WEIGHTS] == 4 * params
+    # Generating in bf16 (bf16 autocast, or bf16 generation alone): a bf16 copy.
+    for flags in (["--bf16_autocast", "true"], ["--generation_dtype", "bfloat16"]):
+        out = run_json(capsys, str(cfg), "--json", *flags)["grpo"]["components"]
+        assert out[GENERATION_WEIGHTS] == 2 * params, flags
+    # The command line overrides the config's engine.
+    out = run_json(capsys, str(cfg), "--json", "--generation_engine", "hf")["grpo"]["components"]
+    assert GENERATION_WEIGHTS not in out
+    assert main([str(cfg), "--generation_engine", "sglang"]) == 2
+    assert "--generation_engine" in capsys.readouterr().err
+
+
+def test_bad_generation_engine_options_name_the_option():
+    for opts, option in (
+        (replace(FP32, generation_engine="sglang"), "--generation_engine"),
+        (replace(FP32, generation_engine="static", generation_dtype="int8"), "--generation_dtype"),
+    ):
+        with pytest.raises(mem.MemoryPlanError, match=option):
+            plan_grpo(TINY, opts)
 
 
 # --- shapes of the real models -------------------------------------------------------------------

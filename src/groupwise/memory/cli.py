@@ -30,6 +30,7 @@ from .measure import (
 from .plan import (
     ACCOUNTINGS,
     DTYPE_BYTES,
+    GENERATION_ENGINES,
     OPTIMIZERS,
     PRECISIONS,
     MemoryOptions,
@@ -126,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(t, "logprob_chunk_size", type=int)
     t.add_argument("--beta", type=float, help="KL coefficient; 0: no reference model")
     _flag(t, "reward_model_params", type=_count_arg, help="0: rule rewards")
+    _flag(
+        t, "generation_engine", choices=list(GENERATION_ENGINES),
+        help="static: count its own weight copy (default: CONFIG's generation_engine)",
+    )  # fmt: skip
     o = p.add_argument_group("output")
     accountings = [*ACCOUNTINGS, "seeds"]  # seeds: the earlier name of quoted
     o.add_argument("--accounting", choices=accountings, default="full")
@@ -179,6 +184,21 @@ def resolve_run_dtype(cfg: Any, device: str) -> str:
 
         return "bf16" if bf16_capable(torch.device("cuda")) else "fp32"
     return "fp32"
+
+
+def resolve_generation_dtype(cfg: Any, device: str) -> str:
+    """The dtype of the static engine's weight copy in the run ``cfg`` describes
+    (groupwise.build_rollout.static_dtype): bf16 wherever the run generates in bf16."""
+    import torch
+
+    from ..build_rollout import static_dtype
+    from ..precision import resolve_precision
+
+    precision = resolve_precision(
+        cfg.dtype, cfg.bf16_autocast, cfg.generation_dtype, torch.device(device),
+        use_peft=cfg.use_peft,
+    )  # fmt: skip
+    return "bf16" if static_dtype(precision) == torch.bfloat16 else "fp32"
 
 
 def task_prompt_length(cfg: Any, model: str) -> int | None:
@@ -247,11 +267,14 @@ def options_from_args(
     # dtype: the planner's fp32/fp16/bf16 (mixed precision by default, for setups groupwise's
     # trainer does not run), else the run's, as the trainer stores it (AdamW states in the
     # parameters' dtype: pure).
+    engine = args.generation_engine or cfg.generation_engine
     if args.dtype in DTYPE_BYTES:
         dtype, precision = args.dtype, args.precision or "mixed"
+        engine_dtype = None  # the planner's dtype: mixed precision generates in it
     else:
         run = replace_config(cfg, dtype=args.dtype) if args.dtype else cfg
         dtype, precision = resolve_run_dtype(run, device), args.precision or "pure"
+        engine_dtype = resolve_generation_dtype(run, device) if engine == "static" else None
     lora_r = args.lora_r if args.lora_r is not None else (cfg.lora_r if cfg.use_peft else 0)
     targets = args.lora_targets if args.lora_targets is not None else cfg.lora_target_modules
     if isinstance(targets, str):
@@ -282,6 +305,8 @@ def options_from_args(
         logprob_chunk_size=pick("logprob_chunk_size", "logprob_chunk_size"),
         beta=pick("beta", "beta"),
         reward_model_params=args.reward_model_params or 0,
+        generation_engine=engine,
+        generation_dtype=engine_dtype,
     )
     opts.validate()
     if opts.lora_r:

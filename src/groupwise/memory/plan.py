@@ -54,11 +54,16 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
 - KV cache during generation: 2 x layers x kv_heads x head_dim x (prompt + completion) x N x
   bytes(dtype), N = batch x gradient accumulation, every completion of a step being generated
   together.
+- generation engine weights (``--generation_engine``): none for ``hf``, which samples from the
+  policy's own weights; P x bytes(generation dtype) for ``static``, which keeps its own copy
+  (bf16 wherever the run generates in bf16) for the whole run, LoRA merged in; ``vllm``'s own
+  weights and KV cache (``vllm_gpu_memory_utilization`` of the GPU) are not counted.
 
-Total (the peak): weights, master weights and optimizer states are resident throughout; the
-generation phase adds the KV cache, the update phase adds gradients, activations and logits;
-peak = resident + max(generation, update). Not counted: the CUDA context and allocator slack,
-small per-token vectors (log-probs, advantages, values), transient buffers of no-grad forwards.
+Total (the peak): weights, master weights, optimizer states and the static engine's copy are
+resident throughout; the generation phase adds the KV cache, the update phase adds gradients,
+activations and logits; peak = resident + max(generation, update). Not counted: the CUDA context
+and allocator slack, small per-token vectors (log-probs, advantages, values), transient buffers
+of no-grad forwards.
 
 The often-quoted figures for a 7B model in fp16 (PPO "roughly 112 GB before activations",
 GRPO "roughly 56 GB") are reproduced exactly by one accounting only among the natural ones tried:
@@ -88,6 +93,8 @@ from .units import human_bytes as human_bytes
 from .units import human_count as human_count
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+GENERATION_ENGINES = ("hf", "static", "vllm")
+VLLM_NOT_COUNTED = "vLLM's own weights and KV cache (vllm_gpu_memory_utilization of the GPU)"
 OPTIMIZERS = ("adamw", "adamw8bit", "sgd")
 PRECISIONS = ("mixed", "pure")
 ACCOUNTINGS = ("full", "quoted", "weights-only")
@@ -105,6 +112,7 @@ POLICY_OPTIM = "policy optimizer states"
 POLICY_ACTS = "policy activations"
 LOGITS = "logits"
 KV_CACHE = "KV cache (generation)"
+GENERATION_WEIGHTS = "generation engine weights"
 REF_WEIGHTS = "reference weights"
 RM_WEIGHTS = "reward model weights"
 CRITIC_WEIGHTS = "critic weights"
@@ -114,7 +122,7 @@ CRITIC_OPTIM = "critic optimizer states"
 CRITIC_ACTS = "critic activations"
 ROW_ORDER = (
     POLICY_WEIGHTS, POLICY_GRADS, POLICY_MASTER, POLICY_OPTIM, POLICY_ACTS, LOGITS, KV_CACHE,
-    REF_WEIGHTS, RM_WEIGHTS,
+    GENERATION_WEIGHTS, REF_WEIGHTS, RM_WEIGHTS,
     CRITIC_WEIGHTS, CRITIC_GRADS, CRITIC_MASTER, CRITIC_OPTIM, CRITIC_ACTS,
 )  # fmt: skip
 GENERATION_PHASE = frozenset({KV_CACHE})
@@ -129,6 +137,7 @@ ROW_NOTES = {
     POLICY_ACTS: "saved for backward, one micro-batch{shared}",
     LOGITS: "{logits}",
     KV_CACHE: "generation phase only",
+    GENERATION_WEIGHTS: "the static engine's own copy, {generation_dtype}",
     REF_WEIGHTS: "{reference}",
     RM_WEIGHTS: "frozen",
     CRITIC_WEIGHTS: "backbone + value head",
@@ -161,6 +170,8 @@ class MemoryOptions:
     beta: float = 0.04  # 0: no reference model
     reward_model_params: int = 0  # 0: rule rewards, no reward model
     share_prompt: bool = True  # the policy encodes a group's prompt once (groupwise)
+    generation_engine: str = "hf"  # hf | static (its own weight copy) | vllm (not counted)
+    generation_dtype: str | None = None  # the static engine's copy; None: the same as dtype
 
     def validate(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -172,6 +183,15 @@ class MemoryOptions:
         if self.optimizer not in OPTIMIZERS:
             raise MemoryPlanError(
                 f"--optimizer {self.optimizer!r} is not one of {list(OPTIMIZERS)}"
+            )
+        if self.generation_engine not in GENERATION_ENGINES:
+            raise MemoryPlanError(
+                f"--generation_engine {self.generation_engine!r} is not one of "
+                f"{list(GENERATION_ENGINES)}"
+            )
+        if self.generation_dtype is not None and self.generation_dtype not in DTYPE_BYTES:
+            raise MemoryPlanError(
+                f"--generation_dtype {self.generation_dtype!r} is not one of {list(DTYPE_BYTES)}"
             )
         if self.logprob_impl not in ("chunked", "naive"):
             raise MemoryPlanError(
@@ -308,12 +328,19 @@ def _common_rows(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
         rows[KV_CACHE] = kv_cache_bytes(
             shape, opts.batch * opts.grad_accum, opts.prompt_len, opts.completion_len, width
         )
+    if opts.generation_engine == "static":
+        rows[GENERATION_WEIGHTS] = shape.num_params() * DTYPE_BYTES[generation_dtype(opts)]
     if opts.beta > 0:
         # LoRA: the reference is the base with the adapter disabled, no second copy.
         rows[REF_WEIGHTS] = 0 if opts.lora_r else shape.num_params() * width
     if opts.reward_model_params:
         rows[RM_WEIGHTS] = opts.reward_model_params * width
     return rows
+
+
+def generation_dtype(opts: MemoryOptions) -> str:
+    """The dtype of the static engine's weight copy."""
+    return opts.generation_dtype or opts.dtype
 
 
 def plan_grpo(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
@@ -443,6 +470,8 @@ def make_plan(shape: ModelShape, opts: MemoryOptions, accounting: str = "full") 
         return MemoryPlan(shape, opts, accounting, parts["ppo"], parts["grpo"])
     plan = MemoryPlan(shape, opts, accounting, plan_ppo(shape, opts), plan_grpo(shape, opts))
     plan.missing = missing_rows(shape)
+    if opts.generation_engine == "vllm":
+        plan.missing[GENERATION_WEIGHTS] = VLLM_NOT_COUNTED
     # The alternatives the options did not choose, shown but not added to the totals.
     if shape.has_layer_shapes:
         other = replace(opts, gradient_checkpointing=not opts.gradient_checkpointing)

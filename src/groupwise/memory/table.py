@@ -11,6 +11,7 @@ from .plan import (
     ROW_NOTES,
     ROW_ORDER,
     MemoryPlan,
+    generation_dtype,
     quoted_trained_only,
     quoted_weights_only,
     trained_bytes_per_param,
@@ -114,6 +115,7 @@ def format_table(plan: MemoryPlan) -> str:
             else ""
         ),
         "reference": "adapter-disabled base, no copy" if o.lora_r else "frozen copy",
+        "generation_dtype": generation_dtype(o),
     }
     present = {**plan.ppo, **plan.grpo, **plan.missing}
     names = list(present)
@@ -144,7 +146,9 @@ def format_table(plan: MemoryPlan) -> str:
     if plan.accounting == "full":
         lines.append(
             textwrap.fill(
-                "peak = resident (weights, master weights, optimizer states) + max(generation: "
+                "peak = resident (weights, master weights, optimizer states"
+                + (", the generation engine's weights" if o.generation_engine == "static" else "")
+                + ") + max(generation: "
                 "KV cache, update: gradients + activations + logits); GB = 1e9 bytes",
                 100,
             )
