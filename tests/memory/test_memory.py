@@ -223,9 +223,12 @@ def test_generation_engine_from_the_config_with_the_runs_generation_dtype(
     for flags in (["--bf16_autocast", "true"], ["--generation_dtype", "bfloat16"]):
         out = run_json(capsys, str(cfg), "--json", *flags)["grpo"]["components"]
         assert out[GENERATION_WEIGHTS] == 2 * params, flags
-    # The command line overrides the config's engine.
+    # The command line overrides the config's engine, in the plan and in the run --measure runs.
     out = run_json(capsys, str(cfg), "--json", "--generation_engine", "hf")["grpo"]["components"]
     assert GENERATION_WEIGHTS not in out
+    args = mem.build_parser().parse_args([str(cfg), "--generation_engine", "hf"])
+    mem.options_from_args(args)
+    assert args.resolved_config.generation_engine == "hf"
     assert main([str(cfg), "--generation_engine", "sglang"]) == 2
     assert "--generation_engine" in capsys.readouterr().err
 

@@ -268,6 +268,8 @@ def options_from_args(
     # trainer does not run), else the run's, as the trainer stores it (AdamW states in the
     # parameters' dtype: pure).
     engine = args.generation_engine or cfg.generation_engine
+    if engine != cfg.generation_engine:  # --measure then runs the engine the plan counts
+        cfg = replace_config(cfg, generation_engine=engine)
     if args.dtype in DTYPE_BYTES:
         dtype, precision = args.dtype, args.precision or "mixed"
         engine_dtype = None  # the planner's dtype: mixed precision generates in it
