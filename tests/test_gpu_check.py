@@ -93,7 +93,14 @@ def test_gpu_check_cpu_path_writes_its_summary(tmp_path):
 
     memory = checks["memory"]
     low, high = memory["expected_band"]
-    assert low <= memory["measured_over_predicted"] <= high
+    for engine in ("hf", "static"):
+        assert low <= memory[engine]["measured_over_predicted"] <= high, memory[engine]
+    # The static engine's own weight copy is in its plan (fp32 on a CPU without autocast).
+    static = memory["static"]
+    assert static["generation_dtype"] == "fp32"
+    copy = static["predicted_components"]["generation engine weights"]
+    assert copy == static["predicted_components"]["policy weights"]
+    assert "generation engine weights" not in memory["hf"]["predicted_components"]
 
 
 def _wheel(folder: Path, name: str, version: str) -> Path:

@@ -242,6 +242,17 @@ def test_bad_generation_engine_options_name_the_option():
             plan_grpo(TINY, opts)
 
 
+def test_measurement_names_a_static_copy_in_another_dtype():
+    opts = replace(FP32, generation_engine="static")
+    result = {"dtype": "fp32", "prompt_len": 3, "completion_len": 5, "generation_dtype": "bf16"}
+    assert mem.measure.measurement_differences(result, opts) == [
+        "the static engine's copy in bf16, planned fp32"
+    ]
+    assert mem.measure.measurement_differences({**result, "generation_dtype": "fp32"}, opts) == []
+    # A run measured for a plan: the engine travels in the run's options.
+    assert mem.measure.config_for("tiny-random", opts)["generation_engine"] == "static"
+
+
 # --- shapes of the real models -------------------------------------------------------------------
 
 

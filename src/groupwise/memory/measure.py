@@ -25,6 +25,7 @@ from typing import Any
 
 from .plan import (
     MemoryOptions,
+    generation_dtype,
     plan_grpo,
     plan_ppo,
     total_bytes,
@@ -147,12 +148,15 @@ def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
         peak = torch.cuda.max_memory_reserved() if cuda else _peak_rss()
         model_config = trainer.model.config.to_dict()
         dtype = str(next(trainer.model.parameters()).dtype)
+        static = config.generation_engine == "static"
+        engine_dtype = str(trainer.engine.dtype) if static else None
+    names = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
     return {
         "algorithm": spec["algorithm"],
         "device": "cuda" if cuda else "cpu",
-        "dtype": {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(
-            dtype, "fp32"
-        ),
+        "dtype": names.get(dtype, "fp32"),
+        # The static engine's own weight copy (None with the other engines).
+        "generation_dtype": names.get(engine_dtype, "fp32") if engine_dtype else None,
         "baseline_bytes": baseline,
         "peak_bytes": peak,
         "measured_bytes": peak - baseline,
@@ -180,6 +184,7 @@ def config_for(model: str, opts: MemoryOptions) -> dict[str, Any]:
         "logprob_chunk_size": opts.logprob_chunk_size,
         "use_peft": opts.lora_r > 0,
         "lora_r": max(opts.lora_r, 1),
+        "generation_engine": opts.generation_engine,
     }
 
 
@@ -254,6 +259,7 @@ def run_measurement(
                 prompt_len=result["prompt_len"],
                 completion_len=max(result["completion_len"], 1),
                 reward_model_params=0,
+                generation_dtype=result.get("generation_dtype"),
             )
             plan = plan_ppo(shape, same) if algorithm == "ppo" else plan_grpo(shape, same)
         result["predicted_bytes"] = total_bytes(plan)
@@ -269,6 +275,9 @@ def measurement_differences(result: dict[str, Any], opts: MemoryOptions) -> list
     notes = []
     if result["dtype"] != opts.dtype:
         notes.append(f"weights in {result['dtype']}, planned {opts.dtype}")
+    planned = generation_dtype(opts)
+    if result.get("generation_dtype") and result["generation_dtype"] != planned:
+        notes.append(f"the static engine's copy in {result['generation_dtype']}, planned {planned}")
     if result["prompt_len"] != opts.prompt_len:
         notes.append(f"prompts of {result['prompt_len']} tokens, planned {opts.prompt_len}")
     if result["completion_len"] < opts.completion_len:
