@@ -723,12 +723,12 @@ def check_generation(ns, model: Path, scratch: Path) -> dict:
                 rollout = engine.generate(prompt_ids, 8)
                 synchronize(device)
                 timings.append((int(rollout.completion_mask.sum()), time.perf_counter() - start))
-            per_run = sorted(tokens / seconds for tokens, seconds in timings)
+            rate = statistics.median(tokens / seconds for tokens, seconds in timings)
             tokens = min(tokens for tokens, _ in timings)
             out[name] = {
                 "engine": type(engine).__name__, "tokens": [t for t, _ in timings],
                 "seconds": [round(s, 3) for _, s in timings],
-                "tokens_per_second": round(per_run[len(per_run) // 2], 1),  # the median
+                "tokens_per_second": round(rate, 1),
                 "tf32": tf32_state(),
             }  # fmt: skip
             passed = passed and tokens > 0
@@ -746,6 +746,7 @@ def check_generation(ns, model: Path, scratch: Path) -> dict:
 
 
 STEP_TIME_WARMUP = 2  # steps left out of the step_time medians (first kernels, allocator)
+STEP_PHASES = ("generation", "update", "step")  # the trainer's time/<phase> metrics
 
 
 def check_step_time(ns, model: Path, scratch: Path) -> dict:
@@ -773,7 +774,7 @@ def check_step_time(ns, model: Path, scratch: Path) -> dict:
             kept = rows[STEP_TIME_WARMUP:] or rows
             medians = {
                 phase: round(statistics.median(row[f"time/{phase}"] for row in kept), 3)
-                for phase in ("generation", "update", "step")
+                for phase in STEP_PHASES
             }
             out[engine] = {
                 "engine": type(trainer.engine).__name__, "steps_logged": len(rows),
@@ -782,7 +783,9 @@ def check_step_time(ns, model: Path, scratch: Path) -> dict:
                     row.get("completions/mean_length", 0.0) * size["prompts"] * size["group_size"]
                     for row in kept)),
             }  # fmt: skip
-            passed = passed and len(rows) == size["steps"]
+            if len(rows) != size["steps"]:
+                out[engine]["error"] = f"{len(rows)} of {size['steps']} steps logged"
+                passed = False
             del trainer
         except Exception as err:  # noqa: BLE001 - recorded; the other engine still runs
             out[engine] = {"error": f"{type(err).__name__}: {err}"[:400]}
@@ -793,7 +796,7 @@ def check_step_time(ns, model: Path, scratch: Path) -> dict:
         hf, static = out["hf"]["median_s"], out["static"]["median_s"]
         out["static_over_hf"] = {
             phase: round(static[phase] / hf[phase], 3) if hf[phase] > 0 else None
-            for phase in ("generation", "update", "step")
+            for phase in STEP_PHASES
         }
         out["summary"] = (
             f"median s/step (generation + update), steps {STEP_TIME_WARMUP + 1}-{size['steps']}: "
@@ -803,8 +806,7 @@ def check_step_time(ns, model: Path, scratch: Path) -> dict:
         )
     else:
         out["summary"] = "failed: " + "; ".join(
-            f"{name} {out[name].get('error', 'fewer steps logged')}" for name in ("hf", "static")
-            if "median_s" not in out.get(name, {}) or out[name].get("error")
+            f"{name} {out[name]['error']}" for name in ("hf", "static") if "error" in out[name]
         )
     return out
 
