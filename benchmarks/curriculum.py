@@ -46,7 +46,10 @@ Design (fixed before any experiment seed of this regime ran):
   B/2 (paired bootstrap over seeds x problems) and informative groups per rollout.
   ``report`` also prints, as exploratory and outside the fixed design (added after six seeds,
   when one evaluation proved able to move the first crossing by most of the budget), the
-  128-problem accuracy averaged over the budget (:func:`curve_mean`), paired t interval.
+  128-problem accuracy averaged over the budget (:func:`curve_mean`), paired t interval; and,
+  to size the next experiment, how much of the seed-to-seed spread of the accuracy difference at
+  B/2 and B is the choice of evaluation problems and how much training's own
+  (:func:`difference_spread`).
 - **Pilot and go/no-go** (``pilot``, seed 0, not an experiment seed): each of seed 0's 192 pool
   prompts sampled 16 times at temperature 1 by the warm start gives the real pass-rate
   distribution and from it the ceiling of any pre-rollout selector (the informative-group rate
@@ -596,6 +599,21 @@ def power(effect: float, sd: float, n: int, draws: int = 200_000, seed: int = 0)
     return float(np.mean(np.abs(t_stat) > crit))
 
 
+def difference_spread(diffs: list[np.ndarray]) -> dict:
+    """Where the seed-to-seed spread of a paired accuracy difference comes from. ``diffs``: per
+    seed, select - uniform per problem (-1, 0 or 1) on one evaluation set. ``between``: the
+    standard deviation over seeds of the per-seed mean difference; ``problems``: the part the
+    choice of evaluation problems contributes, sqrt(mean over seeds of var_j(d_j) / n) (the
+    standard error of a seed's mean over its n problems); the rest, sqrt(between^2 -
+    problems^2), is training's own seed-to-seed noise, which a larger evaluation set does not
+    shrink."""
+    means = [float(d.mean()) for d in diffs]
+    between = statistics.stdev(means)
+    problems = math.sqrt(statistics.mean(float(d.var(ddof=1)) / len(d) for d in diffs))
+    return {"between": between, "problems": problems,
+            "training": math.sqrt(max(0.0, between**2 - problems**2))}  # fmt: skip
+
+
 def bootstrap(diffs: list[np.ndarray], seed: int = 0, n_boot: int = 4000) -> tuple[float, float]:
     """95% interval of the mean difference, resampling seeds and problems within a seed."""
     rng = np.random.default_rng(seed)
@@ -781,7 +799,7 @@ def command_report(results: Path = RESULTS) -> None:
     print(f"\npairs (seed, warm start): {seeds}")
     print(f"{'seed':>4} {'arm':8} {'tokens to target':>17} {'2-digit B/2':>11} {'2-digit B':>9} "
           f"{'1-dig B':>7} {'3-dig B':>7} {'inform/rollout':>14} {'steps':>5}")  # fmt: skip
-    log_ratios, gains, inform_ratios, curve_gains = [], [], [], []
+    log_ratios, gains, final_gains, inform_ratios, curve_gains = [], [], [], [], []
     censored = {a: 0 for a in ARMS}
     for s, w in seeds:
         reached, area = {}, {}
@@ -799,6 +817,7 @@ def command_report(results: Path = RESULTS) -> None:
         log_ratios.append(math.log(reached["select"] / reached["uniform"]))
         chosen, uniform = by[("select", s, w)], by[("uniform", s, w)]
         gains.append(accuracy_at(chosen, 0.5) - accuracy_at(uniform, 0.5))
+        final_gains.append(accuracy_at(chosen, 1.0) - accuracy_at(uniform, 1.0))
         inform_ratios.append(chosen["informative_per_rollout"] / uniform["informative_per_rollout"])
         curve_gains.append(area["select"] - area["uniform"])
     test = t_test(log_ratios)
@@ -829,6 +848,16 @@ def command_report(results: Path = RESULTS) -> None:
         f"(area under the 128-problem curve), select - uniform: {area['mean']:+.3f}"
         + (f" (95% t interval {area['low']:+.3f}, {area['high']:+.3f})" if "sd" in area else "")
     )
+    if len(seeds) > 1:
+        parts = []
+        for name, whole in (("B/2", gains), ("B", final_gains)):
+            for rows in (FREQUENT, slice(None)):
+                spread = difference_spread([d[rows] for d in whole])
+                parts.append(f"{name} on {len(whole[0][rows])} problems {spread['between']:.3f} "
+                             f"(problems {spread['problems']:.3f}, training "
+                             f"{spread['training']:.3f})")  # fmt: skip
+        print("spread over seeds of the 2-digit accuracy difference, select - uniform, and its "
+              f"sources: {'; '.join(parts)}")  # fmt: skip
     if "sd" in test:
         tokens = [math.exp(test[k]) for k in ("mean", "low", "high")]
         print(f"goal, at most {GOAL_TOKEN_RATIO:.2f}x uniform's tokens to the target: "

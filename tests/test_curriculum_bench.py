@@ -79,6 +79,22 @@ def test_curve_mean_is_the_trapezoid_area_over_the_tokens(bench: ModuleType) -> 
     assert bench.curve_mean({"points": points}, 0.25) == pytest.approx(0.4375)
 
 
+def test_difference_spread_splits_problems_from_training(bench: ModuleType) -> None:
+    import numpy as np
+
+    # Seed 1: differences [1, 1, 0, 0], mean 0.5, sample variance 1/3; seed 2: all 0.
+    # Between seeds: stdev(0.5, 0) = sqrt(0.125). Problems: sqrt(mean(1/3 / 4, 0)) = sqrt(1/24).
+    # Training: sqrt(0.125 - 1/24) = sqrt(1/12).
+    spread = bench.difference_spread([np.array([1.0, 1, 0, 0]), np.zeros(4)])
+    assert spread["between"] == pytest.approx(0.125**0.5)
+    assert spread["problems"] == pytest.approx((1 / 24) ** 0.5)
+    assert spread["training"] == pytest.approx((1 / 12) ** 0.5)
+    # Seeds that agree exactly while problems disagree: all of it is the problems', none training's.
+    spread = bench.difference_spread([np.array([1.0, -1]), np.array([-1.0, 1])])
+    assert spread["between"] == 0.0 and spread["training"] == 0.0
+    assert spread["problems"] == pytest.approx(1.0)
+
+
 def test_paired_statistics(bench: ModuleType) -> None:
     t = bench.t_test([0.1, 0.3])
     # mean 0.2, sd 0.1414, se 0.1, t(1) 12.706 -> half width 1.2706
