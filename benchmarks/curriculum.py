@@ -38,18 +38,19 @@ Design (fixed before any experiment seed of this regime ran):
 - **Evaluation.** Greedy on a fixed 128-problem 2-digit set at every tenth of the budget; at
   B/2 and B on 400 two-digit (the 128 are its first rows) + every held-out one-digit (24) + 100
   three-digit.
-- **Primary endpoint.** Generated tokens until the 128-problem accuracy first reaches the
-  target (linear interpolation between evaluations), the target being the accuracy the uniform
-  pilot reached at 60% of the budget. Paired t-test on log(tokens select / tokens uniform) over
-  seeds. A run that never reaches it is censored at the budget (counted as the budget, which
-  favours the arm that missed; the report says how many). Secondary: 2-digit greedy accuracy at
-  B/2 (paired bootstrap over seeds x problems) and informative groups per rollout.
-  ``report`` also prints, as exploratory and outside the fixed design (added after six seeds,
-  when one evaluation proved able to move the first crossing by most of the budget), the
-  128-problem accuracy averaged over the budget (:func:`curve_mean`), paired t interval; and,
-  to size the next experiment, how much of the seed-to-seed spread of the accuracy difference at
-  B/2 and B is the choice of evaluation problems and how much training's own
-  (:func:`difference_spread`).
+- **Primary endpoint.** Generated tokens until the 128-problem accuracy first reaches the target
+  (linear interpolation between evaluations), the target being the accuracy the uniform pilot
+  reached at 60% of the budget. Paired t-test on log(tokens select / tokens uniform) over seeds.
+  A run that never reaches it is censored at the budget (counted as the budget, which favours
+  the arm that missed; the report says how many). Secondary: 2-digit greedy accuracy at B/2
+  (paired bootstrap over seeds x problems) and informative groups per rollout. The goals are
+  judged at ``PLANNED_SEEDS`` pairs, not earlier and not by adding seeds until an interval
+  decides; before then ``report``'s goal lines say "yet". ``report`` also prints, as exploratory
+  and outside the fixed design (added after six seeds, when one evaluation proved able to move
+  the first crossing by most of the budget), the 128-problem accuracy averaged over the budget
+  (:func:`curve_mean`), paired t interval; and, to size the next experiment, how much of the
+  seed-to-seed spread of the accuracy difference at B/2 and B is the choice of evaluation
+  problems and how much training's own (:func:`difference_spread`).
 - **Pilot and go/no-go** (``pilot``, seed 0, not an experiment seed): each of seed 0's 192 pool
   prompts sampled 16 times at temperature 1 by the warm start gives the real pass-rate
   distribution and from it the ceiling of any pre-rollout selector (the informative-group rate
@@ -569,10 +570,15 @@ def t_test(values: list[float]) -> dict:
     return {"n": n, "mean": mean, "sd": sd, "low": mean - half, "high": mean + half}
 
 
-def verdict(estimate: float, low: float, high: float, goal: float, lower_is_better: bool) -> str:
+def verdict(
+    estimate: float, low: float, high: float, goal: float, lower_is_better: bool,
+    complete: bool = False,
+) -> str:
     """Whether a ratio with its 95% interval meets ``goal`` (``lower_is_better``: at most the
     goal, with the interval below 1.0; otherwise at least the goal, with the interval above 1.0),
-    and whether the interval already rules the goal out."""
+    and whether the interval already rules the goal out. Once the planned pairs are all in
+    (``complete``), an interval that neither meets nor rules out the goal is a final "not met":
+    the design stops there rather than adding seeds until the interval decides."""
     if lower_is_better:
         met, ruled_out = estimate <= goal and high < 1.0, low > goal
     else:
@@ -582,6 +588,9 @@ def verdict(estimate: float, low: float, high: float, goal: float, lower_is_bett
     if ruled_out:
         return (f"not met, and ruled out: the whole interval ({low:.2f}-{high:.2f}) is "
                 f"{'above' if lower_is_better else 'below'} {goal:.2f}x")  # fmt: skip
+    if complete:
+        return (f"not met ({estimate:.2f}x, interval {low:.2f}-{high:.2f} includes {goal:.2f}x; "
+                "the planned pairs are complete, so neither shown nor ruled out)")  # fmt: skip
     return f"not met yet ({estimate:.2f}x, interval {low:.2f}-{high:.2f} includes {goal:.2f}x)"
 
 
@@ -859,12 +868,13 @@ def command_report(results: Path = RESULTS) -> None:
         print("spread over seeds of the 2-digit accuracy difference, select - uniform, and its "
               f"sources: {'; '.join(parts)}")  # fmt: skip
     if "sd" in test:
+        complete = len(seeds) >= PLANNED_SEEDS
         tokens = [math.exp(test[k]) for k in ("mean", "low", "high")]
         print(f"goal, at most {GOAL_TOKEN_RATIO:.2f}x uniform's tokens to the target: "
-              f"{verdict(*tokens, GOAL_TOKEN_RATIO, lower_is_better=True)}")  # fmt: skip
+              f"{verdict(*tokens, GOAL_TOKEN_RATIO, True, complete)}")  # fmt: skip
         informative = [ratio[k] for k in ("mean", "low", "high")]
         print(f"goal, at least {GOAL_INFORMATIVE_RATIO:.2f}x uniform's informative groups per "
-              f"rollout: {verdict(*informative, GOAL_INFORMATIVE_RATIO, lower_is_better=False)}")
+              f"rollout: {verdict(*informative, GOAL_INFORMATIVE_RATIO, False, complete)}")
 
 
 def replay_levels(pass_rate: np.ndarray, arm: str, seed: int, steps: int = BUDGET_STEPS) -> dict:

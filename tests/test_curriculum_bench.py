@@ -126,6 +126,12 @@ def test_verdict_meets_rules_out_or_waits(bench: ModuleType) -> None:
     assert bench.verdict(1.6, 0.9, 2.3, 1.5, lower_is_better=False).startswith("not met yet")
     ruled = bench.verdict(1.1, 0.9, 1.3, 1.5, lower_is_better=False)
     assert ruled.startswith("not met, and ruled out") and "below 1.50x" in ruled
+    # With the planned pairs all in, an undecided interval is a final "not met", while met and
+    # ruled out read as before.
+    final = bench.verdict(0.63, 0.39, 1.01, 0.6, lower_is_better=True, complete=True)
+    assert final.startswith("not met (0.63x") and "complete" in final and "yet" not in final
+    assert bench.verdict(0.5, 0.4, 0.8, 0.6, True, complete=True).startswith("met")
+    assert bench.verdict(1.1, 0.9, 1.3, 1.5, False, complete=True).startswith("not met, and ruled")
 
 
 def test_replay_levels_uniform_spreads_and_select_follows_the_informative_level(
