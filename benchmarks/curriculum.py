@@ -588,10 +588,10 @@ def verdict(
     if ruled_out:
         return (f"not met, and ruled out: the whole interval ({low:.2f}-{high:.2f}) is "
                 f"{'above' if lower_is_better else 'below'} {goal:.2f}x")  # fmt: skip
+    undecided = f"{estimate:.2f}x, interval {low:.2f}-{high:.2f} includes {goal:.2f}x"
     if complete:
-        return (f"not met ({estimate:.2f}x, interval {low:.2f}-{high:.2f} includes {goal:.2f}x; "
-                "the planned pairs are complete, so neither shown nor ruled out)")  # fmt: skip
-    return f"not met yet ({estimate:.2f}x, interval {low:.2f}-{high:.2f} includes {goal:.2f}x)"
+        return f"not met ({undecided}; the planned pairs are complete: neither shown nor ruled out)"
+    return f"not met yet ({undecided})"
 
 
 def power(effect: float, sd: float, n: int, draws: int = 200_000, seed: int = 0) -> float:
@@ -870,11 +870,14 @@ def command_report(results: Path = RESULTS) -> None:
     if "sd" in test:
         complete = len(seeds) >= PLANNED_SEEDS
         tokens = [math.exp(test[k]) for k in ("mean", "low", "high")]
-        print(f"goal, at most {GOAL_TOKEN_RATIO:.2f}x uniform's tokens to the target: "
-              f"{verdict(*tokens, GOAL_TOKEN_RATIO, True, complete)}")  # fmt: skip
         informative = [ratio[k] for k in ("mean", "low", "high")]
+        fewer_tokens = verdict(*tokens, GOAL_TOKEN_RATIO, lower_is_better=True, complete=complete)
+        more_informative = verdict(*informative, GOAL_INFORMATIVE_RATIO, lower_is_better=False,
+                                   complete=complete)  # fmt: skip
+        print(f"goal, at most {GOAL_TOKEN_RATIO:.2f}x uniform's tokens to the target: "
+              f"{fewer_tokens}")  # fmt: skip
         print(f"goal, at least {GOAL_INFORMATIVE_RATIO:.2f}x uniform's informative groups per "
-              f"rollout: {verdict(*informative, GOAL_INFORMATIVE_RATIO, False, complete)}")
+              f"rollout: {more_informative}")
 
 
 def replay_levels(pass_rate: np.ndarray, arm: str, seed: int, steps: int = BUDGET_STEPS) -> dict:

@@ -80,8 +80,6 @@ def test_curve_mean_is_the_trapezoid_area_over_the_tokens(bench: ModuleType) -> 
 
 
 def test_difference_spread_splits_problems_from_training(bench: ModuleType) -> None:
-    import numpy as np
-
     # Seed 1: differences [1, 1, 0, 0], mean 0.5, sample variance 1/3; seed 2: all 0.
     # Between seeds: stdev(0.5, 0) = sqrt(0.125). Problems: sqrt(mean(1/3 / 4, 0)) = sqrt(1/24).
     # Training: sqrt(0.125 - 1/24) = sqrt(1/12).
