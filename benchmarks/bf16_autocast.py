@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from groupwise.logprobs import completion_logprobs
-from groupwise.models import load_model_and_tokenizer
+from groupwise.policy.logprobs import completion_logprobs
+from groupwise.runtime.models import load_model_and_tokenizer
 
 
 def matmul_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:

@@ -95,11 +95,11 @@ import torch
 
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum
-from groupwise.data import arithmetic_dataset, arithmetic_split_size
+from groupwise.data.prompts import tokenize_prompts
 from groupwise.evaluation import evaluate_model
-from groupwise.models import load_model_and_tokenizer
-from groupwise.prompts import tokenize_prompts
 from groupwise.rewards import accuracy_reward
+from groupwise.runtime.models import load_model_and_tokenizer
+from groupwise.tasks.arithmetic import arithmetic_dataset, arithmetic_split_size
 
 RESULTS = Path(__file__).resolve().parent / "results_curriculum"
 LEVELS = (1, 2, 3)  # operand digits; the difficulty column is digits * 10 + 2 operands

@@ -3,7 +3,7 @@
 Every prompt has a known pass rate p = sigmoid(theta). Levels (the ``difficulty`` column):
 easy (40%, theta ~ N(1.5, 0.7), p ~ 0.8), medium (35%, N(-1, 0.7), p ~ 0.27) and hard (25%,
 N(-4, 0.7), p ~ 0.02). Each step a curriculum's real code runs on the global batch: the sampler
-draws candidates (``Curriculum.candidates`` / ``choose``, as ``groupwise.sampler.PromptBatches``
+draws candidates (``Curriculum.candidates`` / ``choose``, as ``groupwise.curriculum.base.PromptBatches``
 does), ``plan`` sizes the groups, the rollouts are Bernoulli(p) draws, and ``observe_global``
 gets GlobalRows with the on-policy policy term (-A, GRPO advantages) and the correctness.
 The "policy" then learns: a prompt whose group was informative gains ``LEARN_SELF`` logits and
@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from groupwise.curriculum import (  # noqa: E402
+from groupwise.curriculum import (
     GlobalRows,
     NoCurriculum,
     PromptBatch,
@@ -41,7 +41,7 @@ from groupwise.curriculum import (  # noqa: E402
     RolloutGDROCurriculum,
     SelectCurriculum,
 )
-from groupwise.sampler import PromptSampler  # noqa: E402
+from groupwise.curriculum.base import PromptSampler
 
 # Per regime, (share, mean initial logit) of the easy, medium and hard levels.
 REGIMES = {

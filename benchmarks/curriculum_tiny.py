@@ -29,7 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.evaluation import evaluate_model
-from groupwise.models import smollm2_tokenizer
+from groupwise.runtime.models import smollm2_tokenizer
 
 MIX = {1: 0.6, 2: 0.3, 3: 0.1}
 

@@ -50,8 +50,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from groupwise.logprobs import completion_logprobs
-    from groupwise.models import load_model_and_tokenizer
+    from groupwise.policy.logprobs import completion_logprobs
+    from groupwise.runtime.models import load_model_and_tokenizer
 
     torch.manual_seed(0)
     model, _ = load_model_and_tokenizer(args.model)

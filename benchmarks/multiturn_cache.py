@@ -18,10 +18,11 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
-from groupwise.data import arithmetic_dataset, tokenize_prompts
-from groupwise.models import smollm2_path, smollm2_tokenizer
+from groupwise.data.prompts import tokenize_prompts
 from groupwise.rollout import SamplingParams
 from groupwise.rollout.multiturn import TurnLimits, TurnRenderer, converse
+from groupwise.runtime.models import smollm2_path, smollm2_tokenizer
+from groupwise.tasks.arithmetic import arithmetic_dataset
 from groupwise.tools import EnvStep
 
 

@@ -36,12 +36,14 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 import groupwise.rollout.hf as rollout_module  # the engine's generation code
-from groupwise.batching import micro_batch_rows, prompt_blocks, trimmed_completions
-from groupwise.core import group_advantages, policy_loss
-from groupwise.data import arithmetic_dataset, tokenize_prompts
-from groupwise.logprobs import completion_logprobs
-from groupwise.models import load_model_and_tokenizer
+from groupwise.algo.advantages import group_advantages
+from groupwise.algo.grpo import policy_loss
+from groupwise.data.prompts import tokenize_prompts
+from groupwise.policy.batching import micro_batch_rows, prompt_blocks, trimmed_completions
+from groupwise.policy.logprobs import completion_logprobs
 from groupwise.rollout import Rollout, SamplingParams, generate
+from groupwise.runtime.models import load_model_and_tokenizer
+from groupwise.tasks.arithmetic import arithmetic_dataset
 
 # ---------------------------------------------------------------------------------------------
 # Generation variants.

@@ -40,10 +40,11 @@ from typing import Any, Protocol
 
 import torch
 
-from groupwise.data import arithmetic_dataset, tokenize_prompts
-from groupwise.models import load_model_and_tokenizer
+from groupwise.data.prompts import tokenize_prompts
 from groupwise.rollout import HFEngine, Rollout, SamplingParams
 from groupwise.rollout.static import StaticEngine
+from groupwise.runtime.models import load_model_and_tokenizer
+from groupwise.tasks.arithmetic import arithmetic_dataset
 
 GROUP = 8  # completions per prompt, as in the demo (configs/demo.yaml)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}

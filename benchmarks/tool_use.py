@@ -28,9 +28,10 @@ from typing import Any
 import torch
 
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.data import arithmetic_dataset, tokenize_prompts
+from groupwise.data.prompts import tokenize_prompts
 from groupwise.rollout import SamplingParams
 from groupwise.tasks import answer_block
+from groupwise.tasks.arithmetic import arithmetic_dataset
 from groupwise.tools.prompting import EXAMPLES
 
 TOOL_SYSTEM = (

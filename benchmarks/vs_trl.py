@@ -79,14 +79,14 @@ PERTURBATION = 0.05  # --check: policy = reference + this x mean|w| x N(0, 1), p
 def model_dir(name: str, root: Path) -> Path:
     """A local HF folder for ``name``, the one both trainers load (TRL builds its reference
     model from a path)."""
-    from groupwise.models import smollm2_path
+    from groupwise.runtime.models import smollm2_path
 
     if name == "smollm2-135m-instruct":
         return smollm2_path()
     if name == "tiny-random":
         target = root / "tiny-random"
         if not (target / "config.json").exists():
-            from groupwise.models import load_model_and_tokenizer
+            from groupwise.runtime.models import load_model_and_tokenizer
 
             model, tok = load_model_and_tokenizer("tiny-random", seed=SEED)
             model.save_pretrained(target)
@@ -96,7 +96,7 @@ def model_dir(name: str, root: Path) -> Path:
 
 
 def dataset_rows(n: int = 200) -> list[dict]:
-    from groupwise.data import arithmetic_dataset
+    from groupwise.tasks.arithmetic import arithmetic_dataset
 
     rows = arithmetic_dataset(n, "train", seed=SEED)
     return [{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]
@@ -170,8 +170,8 @@ def trl_config(opts, beta: float, loss_type: str, steps: int, out: str):
 def worker_groupwise(opts) -> dict:
     import groupwise.rollout.hf as gt  # the engine's generation
     from groupwise import GRPOTrainer
-    from groupwise.models import load_model_and_tokenizer
     from groupwise.rewards import accuracy_reward, format_reward
+    from groupwise.runtime.models import load_model_and_tokenizer
 
     counts: list[tuple[int, int]] = []
     original_generate = gt.generate
@@ -220,8 +220,8 @@ def worker_trl(opts) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from groupwise.models import load_model_and_tokenizer
     from groupwise.rewards import accuracy_reward, format_reward
+    from groupwise.runtime.models import load_model_and_tokenizer
 
     _, tok = load_model_and_tokenizer(opts.path)
     ends: list[float] = []
@@ -435,11 +435,12 @@ def check_equivalence(model_name: str, path: Path, opts) -> list[dict]:
     from trl import GRPOTrainer as TRLTrainer
 
     from groupwise import GRPOTrainer
-    from groupwise.core import group_advantages, policy_loss
-    from groupwise.data import tokenize_prompts
-    from groupwise.models import load_model_and_tokenizer
+    from groupwise.algo.advantages import group_advantages
+    from groupwise.algo.grpo import policy_loss
+    from groupwise.data.prompts import tokenize_prompts
     from groupwise.rewards import accuracy_reward, format_reward
     from groupwise.rollout import generate
+    from groupwise.runtime.models import load_model_and_tokenizer
 
     rewards = [format_reward, accuracy_reward, length_reward]
     rows = dataset_rows()

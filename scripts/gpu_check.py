@@ -75,7 +75,7 @@ SMOLLM2_SHAPE = dict(
     rope_theta=100000.0, rms_norm_eps=1e-5, initializer_range=0.041666666666666664,
     tie_word_embeddings=True,
 )  # fmt: skip
-# groupwise.models.tiny_random_model's shape.
+# groupwise.runtime.models.tiny_random_model's shape.
 TINY_SHAPE = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, vocab_size=49152, max_position_embeddings=1024,
@@ -169,7 +169,7 @@ def load_tokenizer(choice: str, vocab_size: int) -> tuple[Any, str]:
         return AutoTokenizer.from_pretrained(choice), f"folder {choice}"
     if choice != "synthetic":
         try:
-            from groupwise.models import smollm2_tokenizer
+            from groupwise.runtime.models import smollm2_tokenizer
 
             return smollm2_tokenizer(), "smollm2"
         except Exception as err:  # noqa: BLE001 - the GPU machine has no GGUF: fall back
@@ -412,8 +412,8 @@ SDPA_TOLERANCE = 0.25  # mean |difference| / std of the fp32 logits
 
 
 def check_sdpa_left_padding(ns, model: Path, scratch: Path) -> dict:
-    from groupwise.models import load_model_and_tokenizer
     from groupwise.rollout import left_pad
+    from groupwise.runtime.models import load_model_and_tokenizer
 
     device = ns.torch_device
     net, _ = load_model_and_tokenizer(str(model), dtype=torch.float32, device=device,
@@ -493,7 +493,8 @@ def check_memory(ns, model: Path, scratch: Path) -> dict:
     """Peak memory of 2 real GRPO steps against the planner, with the default (HF) engine and
     with the static engine, whose own weight copy the planner counts."""
     from groupwise.memory.measure import run_measurement
-    from groupwise.memory.plan import MemoryOptions, human_bytes
+    from groupwise.memory.plan import MemoryOptions
+    from groupwise.memory.units import human_bytes
 
     sizes = ns.sizes.memory
     what = ("torch.cuda.max_memory_reserved" if ns.torch_device.type == "cuda"
@@ -544,7 +545,7 @@ def groupwise_backend(device_type: str) -> tuple[str, str]:
     from groupwise import distributed as gd
 
     if hasattr(gd, "backend_for"):
-        return gd.backend_for(device_type), "groupwise.distributed.backend_for"
+        return gd.backend_for(device_type), "groupwise.runtime.distributed.backend_for"
     seen: dict[str, Any] = {}
 
     def record(backend=None, **kwargs):
@@ -567,8 +568,8 @@ def groupwise_backend(device_type: str) -> tuple[str, str]:
             else:
                 os.environ[key] = value
     if "backend" not in seen:
-        raise RuntimeError("groupwise.distributed.init_distributed chose no backend")
-    return seen["backend"], "groupwise.distributed.init_distributed"
+        raise RuntimeError("groupwise.runtime.distributed.init_distributed chose no backend")
+    return seen["backend"], "groupwise.runtime.distributed.init_distributed"
 
 
 def free_port() -> int:
@@ -585,7 +586,7 @@ def check_collectives(ns, model: Path, scratch: Path) -> dict:
     import torch.distributed as dist
 
     from groupwise import distributed as gd
-    from groupwise.core import group_advantages
+    from groupwise.algo.advantages import group_advantages
 
     device = ns.torch_device
     cuda = device.type == "cuda"
@@ -817,7 +818,7 @@ def check_static_engine(ns, model: Path, scratch: Path) -> dict:
     largest gap between the static engine's sampling log-probs and the trainer's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from groupwise.logprobs import completion_logprobs
+    from groupwise.policy.logprobs import completion_logprobs
     from groupwise.rollout import HFEngine, SamplingParams
     from groupwise.rollout.static import StaticEngine
 

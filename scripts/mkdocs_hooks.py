@@ -16,7 +16,7 @@ FIELD_LINE = re.compile(r"^    (?P<name>\w+): ")
 
 def option_sections() -> list[tuple[str, list[str]]]:
     """(section title, field names in source order) as config.py's section rules group them."""
-    from groupwise.config import GRPOConfig
+    from groupwise.config.grpo_config import GRPOConfig
 
     names = set(GRPOConfig.field_names())
     sections: list[tuple[str, list[str]]] = []
@@ -48,7 +48,7 @@ def option_reference() -> str:
     """The reference as Markdown: one heading and one table (option, default, meaning) per
     section of GRPOConfig."""
     from groupwise.cli import _defaults
-    from groupwise.config import option_help
+    from groupwise.config.grpo_config import option_help
 
     defaults = _defaults()
     meanings = option_help()

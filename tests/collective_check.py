@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import groupwise.distributed
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import Backend, BackendConfig
 
 import groupwise
-import groupwise.distributed
 
 GROUPWISE = str(Path(groupwise.__file__).resolve().parent) + os.sep
 
@@ -145,7 +145,7 @@ def _wrap(op: str, real: Any) -> Any:
 
 def install() -> None:
     """Wrap ``init_distributed`` (wherever groupwise imported it) and the collectives."""
-    real_init = groupwise.distributed.init_distributed
+    real_init = groupwise.runtime.distributed.init_distributed
     real_init_process_group = dist.init_process_group
     real_is_available = torch.cuda.is_available
 

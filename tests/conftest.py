@@ -6,8 +6,8 @@ import torch
 
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.curriculum import Outcome
-from groupwise.models import smollm2_tokenizer, tiny_random_model
-from groupwise.run import PhaseTimer
+from groupwise.runtime.models import smollm2_tokenizer, tiny_random_model
+from groupwise.trainer.base import PhaseTimer
 
 
 def pytest_configure(config):

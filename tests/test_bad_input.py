@@ -15,21 +15,19 @@ from pathlib import Path
 import pytest
 
 from groupwise import data as data_module
-from groupwise.build import ScorerOptions, build_scorer
-from groupwise.checkpoint import check_output_dir
+from groupwise.build.rewards import ScorerOptions, build_scorer
 from groupwise.cli import main
-from groupwise.config import GRPOConfig
-from groupwise.data import (
-    arithmetic_dataset,
-    arithmetic_split_size,
-    is_eval_problem,
-    load_dataset_rows,
-    prompt_text,
-)
+from groupwise.config.grpo_config import GRPOConfig
+from groupwise.data.prompts import prompt_text
+from groupwise.data.rows import load_dataset_rows
+from groupwise.data.splits import is_eval_problem
 from groupwise.errors import ConfigError, ModelLoadError, OutputDirError, TaskSizeError
-from groupwise.models import load_model_and_tokenizer, tiny_random_model
-from groupwise.rewards.combine import SLOW_REWARD_WARNING_S, RewardScorer
+from groupwise.rewards.calls import SLOW_REWARD_WARNING_S
+from groupwise.rewards.scoring import RewardScorer
+from groupwise.runtime.models import load_model_and_tokenizer, tiny_random_model
 from groupwise.tasks import build_task
+from groupwise.tasks.arithmetic import arithmetic_dataset, arithmetic_split_size
+from groupwise.trainer.records import check_output_dir
 
 # --- gdro_bin_edges ------------------------------------------------------------------------------
 
@@ -106,7 +104,7 @@ def test_cli_refuses_too_many_train_prompts(tmp_path, capsys, monkeypatch):
     def no_model(*args, **kwargs):
         raise AssertionError("the model must not load")
 
-    monkeypatch.setattr("groupwise.build.load_model_and_tokenizer", no_model)
+    monkeypatch.setattr("groupwise.build.rewards.load_model_and_tokenizer", no_model)
     argv = ["train", "--num_train_prompts", "100000", "--output_dir", str(tmp_path / "run")]
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -179,7 +177,7 @@ def test_cli_checks_output_dir_before_loading_the_model(tmp_path, capsys, monkey
     def no_model(*args, **kwargs):
         raise AssertionError("the model must not load")
 
-    monkeypatch.setattr("groupwise.build.load_model_and_tokenizer", no_model)
+    monkeypatch.setattr("groupwise.build.rewards.load_model_and_tokenizer", no_model)
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     assert main(["train", "--output_dir", str(blocker / "run"), "--max_steps", "1"]) == 2

@@ -1,4 +1,4 @@
-"""groupwise.build, the wiring layer: reward functions by name configured from a GRPOConfig, the
+"""groupwise.build.rewards, the wiring layer: reward functions by name configured from a GRPOConfig, the
 run's default reward names, and the import rule it exists for (rewards/ imports neither the
 config nor the tasks; the config does not import the tasks)."""
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from groupwise.build import REWARD_NAMES, build_reward_func, default_reward_names
-from groupwise.config import GRPOConfig
+from groupwise.build.rewards import REWARD_NAMES, build_reward_func, default_reward_names
+from groupwise.config.grpo_config import GRPOConfig
 from groupwise.rewards import correctness_index, format_reward, reward_func_name
 from groupwise.tasks import TASKS
 
@@ -168,7 +168,7 @@ def _violations(paths, package: str, forbidden: tuple[str, ...]) -> list[str]:
 def test_rewards_import_neither_the_config_nor_the_tasks():
     paths = sorted((PACKAGE / "rewards").rglob("*.py"))  # rewards.math is a package of its own
     assert len(paths) >= 8  # the package was found
-    forbidden = ("groupwise.config", "groupwise.tasks", "groupwise.build")
+    forbidden = ("groupwise.config.grpo_config", "groupwise.tasks", "groupwise.build.rewards")
     bad = []
     for path in paths:
         package = ".".join(("groupwise", *path.parent.relative_to(PACKAGE).parts))
@@ -177,7 +177,7 @@ def test_rewards_import_neither_the_config_nor_the_tasks():
 
 
 def test_the_config_does_not_import_the_tasks_or_the_rewards():
-    forbidden = ("groupwise.tasks", "groupwise.rewards", "groupwise.build")
+    forbidden = ("groupwise.tasks", "groupwise.rewards", "groupwise.build.rewards")
     assert _violations([PACKAGE / "config.py"], "groupwise", forbidden) == []
 
 
@@ -191,4 +191,4 @@ def test_the_import_check_sees_relative_and_guarded_imports(tmp_path):
         "def f():\n    from ..tasks import task_reward_func\n    from .. import build\n"
     )
     found = _imported_modules(sample, "groupwise.rewards")
-    assert {"groupwise.config", "groupwise.tasks", "groupwise.build"} <= found
+    assert {"groupwise.config.grpo_config", "groupwise.tasks", "groupwise.build.rewards"} <= found

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise import checkpoint as ckpt
-from groupwise.config import ConfigError
+from groupwise.errors import ConfigError
 
 # Keys whose values depend on the wall clock; everything else must match bitwise.
 TIMING_KEYS = ("time/", "tokens_per_second", "generation_tokens_per_second", "perf/throughput")

@@ -61,7 +61,7 @@ def test_python_dash_m_works(tmp_path):
 
 
 def test_train_help_gives_every_option_its_meaning(capsys):
-    from groupwise.config import GRPOConfig, option_help
+    from groupwise.config.grpo_config import GRPOConfig, option_help
 
     meanings = option_help()
     assert set(meanings) == set(GRPOConfig.field_names())
@@ -77,9 +77,9 @@ def test_train_help_gives_every_option_its_meaning(capsys):
 def test_demo_yaml_matches_builtin_demo():
     from pathlib import Path
 
-    from groupwise.build import default_reward_names
-    from groupwise.cli import DEMO_CONFIG
-    from groupwise.config import GRPOConfig
+    from groupwise.build.rewards import default_reward_names
+    from groupwise.cli.train import DEMO_CONFIG
+    from groupwise.config.grpo_config import GRPOConfig
 
     path = Path(__file__).parent.parent / "configs" / "demo.yaml"
     from_yaml = GRPOConfig.from_yaml(path)
@@ -174,7 +174,7 @@ def test_the_package_exports_load_on_first_use():
 
 
 def test_max_steps_help_says_what_the_loop_counts(tmp_path):
-    from groupwise.config import option_help
+    from groupwise.config.grpo_config import option_help
 
     # Two optimizer steps per generation batch: max_steps=2 is 2 generation batches, 4 updates.
     text = option_help()["max_steps"]
@@ -236,7 +236,7 @@ def test_an_inherited_ignored_sigint_stays_ignored():
     import signal
 
     from groupwise.cli import _StartupInterrupt
-    from groupwise.run.loop import StopSignals
+    from groupwise.trainer.loop import StopSignals
 
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:
@@ -294,7 +294,7 @@ def test_without_a_bar_each_logged_step_and_evaluation_is_one_line(tmp_path, cap
 def test_the_progress_bar_fits_80_columns():
     from tqdm import tqdm
 
-    from groupwise.console import progress_postfix
+    from groupwise.trainer.console import progress_postfix
 
     logs = {"reward": 1.234567, "kl": 0.012345, "completions/mean_length": 41.2,
             "rewards/format_reward/mean": 0.875, "rewards/accuracy_reward/mean": 0.5,

@@ -10,9 +10,10 @@ import pytest
 
 from conftest import TargetToken, tiny_config
 from groupwise import GRPOTrainer
-from groupwise.checkpoint import CheckpointError
-from groupwise.cli import build_datasets, main
-from groupwise.config import ConfigError
+from groupwise.build.rows import build_datasets
+from groupwise.cli import main
+from groupwise.errors import ConfigError
+from groupwise.trainer.checkpoints import CheckpointError
 
 ROWS = [{"prompt": f"Say something number {i}"} for i in range(8)]
 
@@ -110,7 +111,7 @@ def test_trl_names_model_name_or_path_dataset_name_and_config(tmp_path):
     assert "model: tiny-random" in saved and f"task: {data}" in saved
     assert _steps(out) == [1]
 
-    from groupwise.cli import _config_from_argv
+    from groupwise.cli.args import _config_from_argv
 
     args = _config_from_argv(["--model_name_or_path", "some/model", "--dataset_name", str(data)])
     assert (args.model, args.task) == ("some/model", str(data))
@@ -129,7 +130,7 @@ def test_dataset_name_a_saved_datasetdict_takes_train_and_test_splits(tmp_path):
                                            for i in range(n)])  # fmt: skip
 
     datasets.DatasetDict({"train": rows("t", 5), "test": rows("e", 3)}).save_to_disk(str(folder))
-    from groupwise.cli import _config_from_argv
+    from groupwise.cli.args import _config_from_argv
 
     train, evals = build_datasets(_config_from_argv(["--dataset_name", str(folder)]))
     assert [row["prompt"] for row in train] == [f"t{i}" for i in range(5)]
@@ -151,7 +152,7 @@ def test_dataset_name_a_hub_id_loads_from_the_hub_or_says_it_is_offline(tmp_path
         )
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    from groupwise.cli import _config_from_argv
+    from groupwise.cli.args import _config_from_argv
 
     train, evals = build_datasets(_config_from_argv(["--dataset_name", "trl-lib/tldr"]))
     assert loaded == ["trl-lib/tldr"] and len(train) == 2 and evals is None
@@ -207,7 +208,7 @@ def test_difficulty_levels_are_named_in_words():
 # --- a model name that is a typo'd local path, not a hub id ----------------------------------
 def test_a_near_miss_of_a_local_folder_is_not_sent_to_the_hub(tmp_path, monkeypatch):
     from groupwise.errors import ModelLoadError
-    from groupwise.models import check_model_name, load_model_and_tokenizer
+    from groupwise.runtime.models import check_model_name, load_model_and_tokenizer
 
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)  # the hub counts as reachable

@@ -1,12 +1,13 @@
-"""Tests for groupwise.config: defaults, typed loading from dicts/YAML/CLI strings, validation."""
+"""Tests for groupwise.config.grpo_config: defaults, typed loading from dicts/YAML/CLI strings, validation."""
 
 import dataclasses
 from typing import Any
 
 import pytest
 
-from groupwise.config import ConfigError, GRPOConfig, coerce, parse_cli_overrides
-from groupwise.trl_compat import TRL_IGNORED, TRL_TRANSLATED
+from groupwise.config.grpo_config import GRPOConfig, coerce, parse_cli_overrides
+from groupwise.config.trl import TRL_IGNORED, TRL_TRANSLATED
+from groupwise.errors import ConfigError
 
 # ---------------------------------------------------------------------------------------------
 # Defaults

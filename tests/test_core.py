@@ -1,20 +1,18 @@
-"""Tests for groupwise.core against values computed by hand (arithmetic in the comments)."""
+"""Tests for groupwise.<deleted> against values computed by hand (arithmetic in the comments)."""
 
 import math
 
 import pytest
 import torch
 
-from groupwise.core import (
+from groupwise.algo.advantages import (
     group_advantages,
     group_reward_std,
-    kl_k3,
-    masked_mean,
     pass_at_k,
-    policy_loss,
-    rollout_correction_weights,
     zero_std_groups_fraction,
 )
+from groupwise.algo.grpo import kl_k3, policy_loss
+from groupwise.algo.losses import masked_mean, rollout_correction_weights
 
 NAN = float("nan")
 LN2 = math.log(2.0)

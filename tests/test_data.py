@@ -8,14 +8,14 @@ import re
 
 import pytest
 
-from groupwise.data import (
-    arithmetic_dataset,
+from groupwise.data.files import load_jsonl
+from groupwise.data.prompts import (
     filter_long_prompts,
     is_conversational,
-    load_jsonl,
     prompt_text,
     tokenize_prompts,
 )
+from groupwise.tasks.arithmetic import arithmetic_dataset
 
 
 def evaluate(expression: str) -> int:

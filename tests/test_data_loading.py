@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from groupwise.data import LoadReport, load_dataset_rows
+from groupwise.data.rows import LoadReport, load_dataset_rows
 
 CONVERSATION = [{"role": "user", "content": "hi"}]
 

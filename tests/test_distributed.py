@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from groupwise.trainer import PromptSampler
+from groupwise.curriculum.base import PromptSampler
 
 # Runs in each process. Generation is replaced by a deterministic function of the prompt (random
 # tokens and lengths from a generator seeded by the prompt), so that the single process and the
@@ -410,7 +410,7 @@ def test_torchrun_fsdp_cli_saves_full_weights_and_resumes(tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from groupwise.models import load_model_and_tokenizer
+    from groupwise.runtime.models import load_model_and_tokenizer
 
     out = tmp_path / "run"
     cmd = _torchrun(
@@ -605,8 +605,8 @@ def test_ppo_with_fsdp_is_refused(tmp_path, monkeypatch):
     raised before anything is loaded (a world of two is faked; no process group is joined)."""
     import groupwise.run as run_module
     from groupwise import GRPOConfig, PPOTrainer
-    from groupwise.config import ConfigError
-    from groupwise.distributed import DistributedContext
+    from groupwise.errors import ConfigError
+    from groupwise.runtime.distributed import DistributedContext
 
     monkeypatch.setattr(
         run_module, "init_distributed", lambda device: DistributedContext(world_size=2)
@@ -665,7 +665,7 @@ def test_collectives_fit_the_process_group_of_a_cuda_run(tmp_path, data_parallel
     and objects are pickled into host memory, not moved to the GPU and back."""
     from torch.distributed.distributed_c10d import Backend, BackendConfig
 
-    from groupwise.trainer import PromptSampler
+    from groupwise.curriculum.base import PromptSampler
 
     script = tmp_path / "step.py"
     script.write_text(CHECKED_SCRIPT)
@@ -721,7 +721,7 @@ def test_init_distributed_asks_for_the_backend_of_the_device(
     rank 1 of 2 (no process group is created)."""
     import torch.distributed as dist
 
-    from groupwise.distributed import DistributedContext, init_distributed
+    from groupwise.runtime.distributed import DistributedContext, init_distributed
 
     calls: dict = {}
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -742,7 +742,7 @@ def test_backend_for_serves_host_and_gpu_tensors():
     """As torch reads the backend strings: on CUDA, host tensors go to gloo and GPU tensors to
     NCCL; on the CPU everything goes to gloo."""
     from collective_check import object_device, served_devices
-    from groupwise.distributed import backend_for
+    from groupwise.runtime.distributed import backend_for
 
     assert served_devices(backend_for("cuda")) == {"cpu": "gloo", "cuda": "nccl"}
     assert object_device(backend_for("cuda")) == "cpu"
@@ -758,7 +758,7 @@ def test_fsdp_mixed_precision_gathers_bf16_and_keeps_fp32_master_weights(tmp_pat
     to a bf16 grid (whose steps near these weights are ~1e-4), exactly as under DDP."""
     from safetensors.torch import load_file
 
-    from groupwise.models import tiny_random_model
+    from groupwise.runtime.models import tiny_random_model
 
     script = tmp_path / "train.py"
     script.write_text(RESUME_SCRIPT)

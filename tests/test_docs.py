@@ -251,7 +251,7 @@ def test_readme_examples_say_what_they_do(page):
     """The first command of the README (and of the quickstart, which carries the same section)
     says tiny-random cannot learn; the Python example uses the demo's learning rate (the
     quickstart reports that 2e-5 collapsed the entropy)."""
-    from groupwise.cli import DEMO_CONFIG
+    from groupwise.cli.train import DEMO_CONFIG
 
     readme = (ROOT / page).read_text(encoding="utf-8")
     use_it = readme[readme.index("## Use it") :]
@@ -342,7 +342,7 @@ def test_the_nav_lists_every_page_and_only_pages_that_exist():
 
 
 def test_the_option_reference_is_generated_from_every_field():
-    from groupwise.config import GRPOConfig, option_help
+    from groupwise.config.grpo_config import GRPOConfig, option_help
 
     hooks = _hooks()
     page = (DOCS / "options.md").read_text(encoding="utf-8")
@@ -384,7 +384,7 @@ def _build(command: list[str]) -> subprocess.CompletedProcess:
 
 def test_the_site_builds_strictly_with_the_generated_reference(tmp_path):
     pytest.importorskip("mkdocs", reason="mkdocs is installed by make setup (the test extra)")
-    from groupwise.config import GRPOConfig
+    from groupwise.config.grpo_config import GRPOConfig
 
     build = _build(_docs_build_command(tmp_path / "site"))
     assert build.returncode == 0, build.stderr[-3000:]

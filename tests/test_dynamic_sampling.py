@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling (groupwise.dynamic): the informative-group test by hand, selection and
+"""DAPO dynamic sampling (groupwise.curriculum.dynamic): the informative-group test by hand, selection and
 trimming, the loop on the real trainer (uniform groups never reach the loss, the cap), default
 off is the plain step, exact resume, and 2 ranks against one process."""
 
@@ -11,20 +11,14 @@ import torch
 
 from conftest import PlainStepTrainer, tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.config import ConfigError
+from groupwise.algo.advantages import informative_groups
 from groupwise.curriculum import Plan, PromptBatch
-from groupwise.dynamic import (
-    Draw,
-    informative_groups,
-    join_groups,
-    select_keys,
-    shares,
-    split_groups,
-)
+from groupwise.curriculum.base import PromptSampler
+from groupwise.curriculum.dynamic import Draw, join_groups, select_keys, shares, split_groups
+from groupwise.errors import ConfigError
+from groupwise.rewards.scoring import Scores
 from groupwise.rollout import Rollout
-from groupwise.run import PhaseTimer
-from groupwise.sampler import PromptSampler
-from groupwise.scoring import Scores
+from groupwise.trainer.base import PhaseTimer
 
 # ----------------------------------------------------------------------------------------------
 # Pure helpers, by hand

@@ -12,13 +12,13 @@ import torch
 from conftest import TargetToken
 from conftest import tiny_config as _config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.config import ConfigError
-from groupwise.core import BatchCounts
-from groupwise.distributed import DistributedContext
-from groupwise.entropy import EntropyControl, adapt_entropy_coef, entropy_bonus
-from groupwise.logprobs import ChunkedLMHeadLogprob, completion_logprobs
-from groupwise.models import load_model_and_tokenizer
-from groupwise.policy import GRPOLoss, MicroBatch
+from groupwise.algo.grpo import adapt_entropy_coef, entropy_bonus
+from groupwise.algo.losses import BatchCounts, MicroBatch
+from groupwise.errors import ConfigError
+from groupwise.policy.logprobs import ChunkedLMHeadLogprob, completion_logprobs
+from groupwise.policy.loss import EntropyControl, GRPOLoss
+from groupwise.runtime.distributed import DistributedContext
+from groupwise.runtime.models import load_model_and_tokenizer
 
 ROWS = [{"prompt": f"Say something number {i}"} for i in range(8)]
 SINGLE = DistributedContext()
@@ -113,7 +113,7 @@ def test_the_three_implementations_give_the_same_entropy_gradient(tiny_model):
 
 
 # ----------------------------------------------------------------------------------------------
-# the controller (Eqs. 2-3 of groupwise.entropy)
+# the controller (Eqs. 2-3 of groupwise.policy.loss)
 
 
 def test_adapt_entropy_coef_by_hand():

@@ -365,7 +365,7 @@ def test_a_run_stopped_before_its_first_step_does_not_block_a_rerun(
 def test_no_shipped_config_overwrites_an_earlier_run() -> None:
     import yaml
 
-    from groupwise.cli import DEMO_CONFIG
+    from groupwise.cli.train import DEMO_CONFIG
 
     configs = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
     assert configs
@@ -387,7 +387,7 @@ def test_the_demo_keeps_an_earlier_demo_and_says_where_it_writes(
         seen.append(kwargs["args"].output_dir)
         raise cli.ConfigError("stop here")
 
-    monkeypatch.setattr("groupwise.trainer.GRPOTrainer", fake_trainer)
+    monkeypatch.setattr("groupwise.trainer.grpo.GRPOTrainer", fake_trainer)
     assert _run(["demo"], capsys)[0] == 2
     assert seen == [str(Path("runs") / "demo-2")]
     assert (tmp_path / "runs" / "demo" / "metrics.jsonl").read_text() == '{"step": 30}\n'
@@ -417,7 +417,7 @@ def test_overwrite_removes_every_artefact_of_the_earlier_run_and_says_so(
 def test_runs_without_output_dir_get_a_new_folder_each(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    from groupwise.config import GRPOConfig
+    from groupwise.config.grpo_config import GRPOConfig
 
     assert GRPOConfig().output_dir is None
     monkeypatch.chdir(tmp_path)
@@ -551,7 +551,8 @@ def test_an_internal_bug_keeps_its_traceback(tmp_path: Path, monkeypatch) -> Non
 
 # --- rewards that give no usable number -----------------------------------------------------
 def test_a_reward_returning_inf_is_named() -> None:
-    from groupwise.rewards.combine import RewardFunctionError, RewardScorer
+    from groupwise.rewards.calls import RewardFunctionError
+    from groupwise.rewards.scoring import RewardScorer
 
     def blows_up(prompts, completions, **kw):
         return [1.0, float("inf")]
@@ -562,7 +563,7 @@ def test_a_reward_returning_inf_is_named() -> None:
 
 
 def test_a_reward_returning_nan_or_none_everywhere_is_named(caplog) -> None:
-    from groupwise.rewards.combine import RewardScorer
+    from groupwise.rewards.scoring import RewardScorer
 
     def all_nan(prompts, completions, **kw):
         return [float("nan")] * len(completions)
@@ -588,7 +589,7 @@ def test_a_reward_returning_nan_or_none_everywhere_is_named(caplog) -> None:
 
 def test_the_zero_variance_warning_names_a_silent_reward() -> None:
     from groupwise import GRPOConfig
-    from groupwise.monitor import TrainingMonitor
+    from groupwise.trainer.monitor import TrainingMonitor
 
     monitor = TrainingMonitor(GRPOConfig(warn_zero_std_steps=1))
     logs = {"frac_reward_zero_std": 1.0, "rewards/all_none/frac_none": 1.0,
@@ -600,7 +601,8 @@ def test_the_zero_variance_warning_names_a_silent_reward() -> None:
 def test_a_reward_past_its_timeout_is_named() -> None:
     import time
 
-    from groupwise.rewards.combine import RewardFunctionError, RewardScorer
+    from groupwise.rewards.calls import RewardFunctionError
+    from groupwise.rewards.scoring import RewardScorer
 
     def slow(prompts, completions, **kw):
         time.sleep(5)
@@ -627,8 +629,8 @@ def test_a_reward_past_its_timeout_is_named() -> None:
 
 def test_reward_timeout_is_an_option() -> None:
     from groupwise import GRPOConfig
-    from groupwise.build import ScorerOptions, build_scorer
-    from groupwise.config import ConfigError
+    from groupwise.build.rewards import ScorerOptions, build_scorer
+    from groupwise.errors import ConfigError
 
     options = ScorerOptions.from_sections(GRPOConfig(reward_timeout=3.0).sections())
     assert build_scorer(["format"], options).combine.timeout == 3.0
@@ -639,6 +641,7 @@ def test_reward_timeout_is_an_option() -> None:
 # --- models, data encodings, long prompts --------------------------------------------------
 def test_a_model_typo_suggests_the_built_in_name_without_asking_the_hub(monkeypatch) -> None:
     import groupwise.models as models
+
     from groupwise.errors import ModelLoadError
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -691,7 +694,7 @@ def test_a_mistyped_local_path_without_dot_slash_fails_before_any_hub(
 
 @pytest.mark.parametrize("suffix", ["jsonl", "csv"])
 def test_bom_and_crlf_files_are_read(suffix: str, tmp_path: Path) -> None:
-    from groupwise.data import load_dataset_rows
+    from groupwise.data.rows import load_dataset_rows
 
     if suffix == "jsonl":
         text = '{"prompt": "1+1?", "answer": "2"}\r\n{"prompt": "caf\u00e9?", "answer": "4"}\r\n'
@@ -704,7 +707,7 @@ def test_bom_and_crlf_files_are_read(suffix: str, tmp_path: Path) -> None:
 
 
 def test_utf16_and_latin1_files_are_refused_with_file_and_line(tmp_path: Path) -> None:
-    from groupwise.data import load_dataset_rows
+    from groupwise.data.rows import load_dataset_rows
 
     path = tmp_path / "d.jsonl"
     path.write_bytes('{"prompt": "x", "answer": "1"}\n'.encode("utf-16"))

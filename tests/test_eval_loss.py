@@ -11,7 +11,7 @@ import torch
 from conftest import TargetToken
 from conftest import tiny_config as _config
 from groupwise import GRPOTrainer
-from groupwise.policy import GRPOLoss
+from groupwise.policy.loss import GRPOLoss
 
 ROWS = [{"prompt": f"Say something number {i}"} for i in range(8)]
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from groupwise.core import pass_at_k
+from groupwise.algo.advantages import pass_at_k
 from groupwise.evaluation import (
     EvalConfig,
     PromptResult,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from groupwise.build import build_reward_func, resolve_environment
+from groupwise.build.rewards import build_reward_func
+from groupwise.build.rollout import resolve_environment
 from groupwise.cli import main
 from groupwise.errors import ConfigError
 from groupwise.imports import import_callable, is_import_spec

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from groupwise.loggers import WANDB_RUN_ID_FILE, MissingLoggerError, RunLoggers, scalars
-from groupwise.monitor import TrainingWarning
+from groupwise.trainer.loggers import WANDB_RUN_ID_FILE, MissingLoggerError, RunLoggers, scalars
+from groupwise.trainer.monitor import TrainingWarning
 
 ROWS = [
     {"step": 1, "reward": 0.25, "kl": 0.0, "rewards/accuracy_reward/mean": 0.5, "note": "text"},

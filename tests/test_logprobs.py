@@ -6,14 +6,13 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from groupwise.logprobs import (
+from groupwise.policy.logprobs import (
     ChunkedLMHeadLogprob,
     _is_plain_linear,
-    cache_keyword,
     completion_logprobs,
     full_logits_logprobs,
-    returned_cache,
 )
+from groupwise.runtime.models import cache_keyword, returned_cache
 
 
 def _batch(group: int = 3):
@@ -111,7 +110,7 @@ def test_gradients_match_full_logits_and_shared_prompt(tiny_model):
 
 
 def _naive(h, y, weight, bias, temperature, softcap):
-    """Eqs. 1-3 of groupwise.logprobs with all [M, V] logits, differentiated by autograd."""
+    """Eqs. 1-3 of groupwise.policy.logprobs with all [M, V] logits, differentiated by autograd."""
     z = F.linear(h, weight, bias).to(torch.promote_types(h.dtype, torch.float32))
     if softcap:
         z = torch.tanh(z / softcap) * softcap

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from conftest import TargetToken, tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.models import load_model_and_tokenizer
+from groupwise.runtime.models import load_model_and_tokenizer
 
 ROWS = [{"prompt": f"Say something number {i}", "answer": str(i)} for i in range(16)]
 

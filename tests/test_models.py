@@ -4,7 +4,7 @@ import torch
 
 from conftest import TargetToken, tiny_config
 from groupwise import GRPOTrainer, models
-from groupwise.models import (
+from groupwise.runtime.models import (
     _atomic_save,
     build_tiny_random_model,
     cache_dir,
@@ -159,7 +159,7 @@ def test_an_architecture_without_sdpa_loads_with_eager_attention(tmp_path, token
     # not make it unloadable; it falls back to eager, as transformers' own default does.
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    from groupwise.models import load_model_and_tokenizer
+    from groupwise.runtime.models import load_model_and_tokenizer
 
     config = Gemma2Config(
         vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -167,7 +167,7 @@ def test_an_architecture_without_sdpa_loads_with_eager_attention(tmp_path, token
     )  # fmt: skip
     Gemma2ForCausalLM(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    with caplog.at_level("WARNING", logger="groupwise.models"):
+    with caplog.at_level("WARNING", logger="groupwise.runtime.models"):
         model, _ = load_model_and_tokenizer(str(tmp_path), attn_implementation="sdpa")
     assert model.config._attn_implementation == "eager"
     assert "no SDPA attention" in caplog.text

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from groupwise.config import GRPOConfig
-from groupwise.monitor import MonitorThresholds, TrainingMonitor, TrainingWarning
+from groupwise.config.grpo_config import GRPOConfig
+from groupwise.trainer.monitor import MonitorThresholds, TrainingMonitor, TrainingWarning
 
 
 def row(step, **changes):

@@ -3,13 +3,13 @@ events.jsonl, TensorBoard gets the metrics, the loss-is-zero note appears once."
 
 import json
 
+import groupwise.grpo_loss as grpo_loss_module
 import pytest
 import torch
 
-import groupwise.grpo_loss as grpo_loss_module
 from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.checkpoint import TrainingStopped
+from groupwise.trainer.checkpoints import TrainingStopped
 
 ROWS = [{"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1)} for i in range(12)]
 

@@ -11,12 +11,7 @@ import torch
 
 from conftest import TargetToken, tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.data import tokenize_prompts
-from groupwise.models import tiny_random_model
-from groupwise.ppo import (
-    PPOTrainer,
-    ValueModel,
-    completion_values,
+from groupwise.algo.ppo import (
     explained_variance,
     gae_advantages,
     masked_whiten,
@@ -24,7 +19,11 @@ from groupwise.ppo import (
     token_rewards,
     value_loss,
 )
+from groupwise.data.prompts import tokenize_prompts
+from groupwise.policy.critic import ValueModel, completion_values
 from groupwise.rollout import generate
+from groupwise.runtime.models import tiny_random_model
+from groupwise.trainer.ppo import PPOTrainer
 
 PROMPT_ROWS = [{"prompt": "Say something"}] * 4
 
@@ -249,7 +248,7 @@ def test_completions_without_reward_leave_the_update(tmp_path, monkeypatch):
         seen["mask"] = mask.clone()
         return gae_advantages(rewards, values, mask, gamma, lam)
 
-    monkeypatch.setattr("groupwise.ppo.gae_advantages", spy)
+    monkeypatch.setattr("groupwise.algo.ppo.gae_advantages", spy)
     trainer = PPOTrainer("tiny-random", even_tokens_or_none, PROMPT_ROWS, args=_config(tmp_path))
     rewards = []
     scorer_class = type(trainer.scorer)

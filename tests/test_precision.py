@@ -1,4 +1,4 @@
-"""Precision modes (groupwise.precision): what the options resolve to on each device, that fp32
+"""Precision modes (groupwise.runtime.precision): what the options resolve to on each device, that fp32
 master weights with bf16 autocast keep every small update while pure bf16 weights lose them, and
 the GPU-facing pieces that run the same arithmetic on this CPU (reference offload, host syncs
 per pass, CUDA-synchronised timers, TF32, RNG state across devices)."""
@@ -13,10 +13,11 @@ import torch
 from conftest import tiny_config
 from groupwise import GRPOTrainer, precision
 from groupwise import checkpoint as ckpt
-from groupwise.config import ConfigError, GRPOConfig
-from groupwise.precision import PrecisionWarning, resolve_precision
-from groupwise.reference import OffloadedWeights, frozen_copy
-from groupwise.run import PhaseTimer
+from groupwise.config.grpo_config import GRPOConfig
+from groupwise.errors import ConfigError
+from groupwise.policy.reference import OffloadedWeights, frozen_copy
+from groupwise.runtime.precision import PrecisionWarning, resolve_precision
+from groupwise.trainer.base import PhaseTimer
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 

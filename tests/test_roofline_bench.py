@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 from transformers import LlamaConfig
 
-from groupwise.models import tiny_random_model
+from groupwise.runtime.models import tiny_random_model
 
 PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "roofline.py"
 

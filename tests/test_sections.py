@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from groupwise.config import ConfigError, GRPOConfig
+from groupwise.config.grpo_config import GRPOConfig
+from groupwise.errors import ConfigError
 from groupwise.sections import (
     SECTION_TYPES,
     BatchOptions,
@@ -69,8 +70,8 @@ def test_cispo_upper_clip_comes_from_the_loss_section():
 
 
 def test_the_curricula_options_are_made_of_the_curriculum_sections_fields():
-    from groupwise.curriculum.options import GDROOptions, SelectOptions
     from groupwise.sections import GDROFields, SelectFields
+    from groupwise.sections.curriculum import GDROOptions, SelectOptions
 
     def names(kind):
         return {f.name for f in dataclasses.fields(kind)}
@@ -104,8 +105,9 @@ def test_range_errors_name_the_option_its_range_and_the_value(changes, message):
 
 
 def test_a_section_group_holds_the_sections_named_by_its_fields():
-    from groupwise.build import EngineOptions, ScorerOptions
-    from groupwise.policy import PolicyOptions
+    from groupwise.build.rewards import ScorerOptions
+    from groupwise.build.rollout import EngineOptions
+    from groupwise.policy.update import PolicyOptions
 
     s = GRPOConfig(max_completion_length=24, seed=5).sections()
     engine = EngineOptions.from_sections(s)
@@ -131,7 +133,7 @@ def test_a_section_group_holds_the_sections_named_by_its_fields():
 def test_sequence_ratio_with_a_token_summed_loss_warns(caplog, loss_type, level, warns):
     import logging
 
-    from groupwise.grpo_loss import GRPOLoss
+    from groupwise.policy.loss import GRPOLoss
 
     options = LossOptions(
         **_values(LossOptions, loss_type=loss_type, importance_sampling_level=level)

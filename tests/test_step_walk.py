@@ -74,7 +74,7 @@ def test_train_step_walks_few_files_once_each(tmp_path):
     """The step's walk is at most MAX_FILES files besides the trainer's, none re-entered."""
     args = tiny_config(tmp_path, warn_kl_max=2.5, select_top_up_first=3)
     trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
-    # The parts were assembled from the config's sections (groupwise.assemble).
+    # The parts were assembled from the config's sections (groupwise.build.assemble).
     options = trainer.options
     assert options == args.sections() and trainer.loss.options is options.loss
     assert trainer.monitor.thresholds.kl_max == 2.5 and trainer.top_up.first == 3

@@ -14,13 +14,15 @@ import torch
 
 from conftest import PlainStepTrainer, tiny_config
 from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
-from groupwise.batching import minibatch_prompts, select_prompts
-from groupwise.config import ConfigError
-from groupwise.core import equal_prompt_factors, informative_groups, policy_loss
+from groupwise.algo.advantages import equal_prompt_factors, informative_groups
+from groupwise.algo.grpo import policy_loss
 from groupwise.curriculum import CURRICULA, Curriculum, Plan, PromptBatch
 from groupwise.curriculum.gdro import PromptGDROCurriculum
+from groupwise.errors import ConfigError
+from groupwise.policy.batching import minibatch_prompts
 from groupwise.rollout import Rollout
-from groupwise.run.metrics import sequence_tokens, verl_throughput
+from groupwise.rollout.base import select_prompts
+from groupwise.trainer.metrics import sequence_tokens, verl_throughput
 
 ROWS = [{"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1)} for i in range(12)]
 TIMING_KEYS = ("time/", "tokens_per_second", "generation_tokens_per_second", "perf/throughput")
@@ -179,10 +181,10 @@ def test_one_definition_of_informative_serves_metric_dynamic_sampling_and_curric
     from types import SimpleNamespace
 
     from groupwise import core, dynamic, run, topup
-    from groupwise.config import GRPOConfig
+    from groupwise.config.grpo_config import GRPOConfig
     from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum
-    from groupwise.distributed import DistributedContext
-    from groupwise.scoring import Scores
+    from groupwise.rewards.scoring import Scores
+    from groupwise.runtime.distributed import DistributedContext
 
     assert dynamic.informative_groups is core.informative_groups
     assert topup.informative_groups is core.informative_groups

@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from conftest import SELECT_ROWS, first_token_parity, select_config
-from groupwise.config import ConfigError, GRPOConfig
+from groupwise.config.grpo_config import GRPOConfig
 from groupwise.curriculum import Plan, PromptBatch
+from groupwise.curriculum.topup import TopUp, first_round, next_round
+from groupwise.errors import ConfigError
+from groupwise.rewards.scoring import Scores
 from groupwise.rollout import Rollout
-from groupwise.scoring import Scores
-from groupwise.topup import TopUp, first_round, next_round
 
 # --- the allocation, by hand ---------------------------------------------------------------------
 
@@ -250,7 +251,7 @@ def test_config_refusals_name_the_option(overrides):
 
 
 def test_refused_under_data_parallel():
-    from groupwise.distributed import DistributedContext
+    from groupwise.runtime.distributed import DistributedContext
 
     args, two = GRPOConfig(curriculum="select", select_top_up=True), DistributedContext(0, 2)
     section = args.sections().curriculum

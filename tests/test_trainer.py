@@ -9,10 +9,10 @@ from transformers import AutoModelForCausalLM
 from conftest import TargetToken
 from conftest import tiny_config as _config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.batching import micro_batch_rows, prompt_blocks, scatter_rows
-from groupwise.logprobs import completion_logprobs
-from groupwise.policy import lr_factor
-from groupwise.rewards.combine import RewardFunctionError
+from groupwise.policy.batching import micro_batch_rows, prompt_blocks, scatter_rows
+from groupwise.policy.logprobs import completion_logprobs
+from groupwise.policy.optimizer import lr_factor
+from groupwise.rewards.calls import RewardFunctionError
 from groupwise.rollout import Rollout
 
 ROWS = [{"prompt": f"Say something number {i}", "tag": i} for i in range(16)]
@@ -94,7 +94,7 @@ def test_beta_zero_never_builds_reference_model(tmp_path, monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a reference model copy was made with beta == 0")
 
-    monkeypatch.setattr("groupwise.reference.frozen_copy", forbidden)
+    monkeypatch.setattr("groupwise.policy.reference.frozen_copy", forbidden)
     trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=_config(tmp_path, beta=0.0))
     assert trainer.ref_model is None
     trainer.train()
@@ -224,7 +224,7 @@ def test_logprobs_trim_padding_per_micro_batch(tmp_path, monkeypatch):
         widths.append(c_ids.shape[1])
         return completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, **kw)
 
-    monkeypatch.setattr("groupwise.policy.completion_logprobs", recording)
+    monkeypatch.setattr("groupwise.policy.policy.completion_logprobs", recording)
     rows = torch.tensor([4, 5, 0, 1])
     with torch.no_grad():
         logps, entropy = trainer.policy.logprobs(rollout, rows)
@@ -306,7 +306,7 @@ def test_none_rewards_are_not_applicable(tmp_path):
         "tiny-random", [half_none, all_none], ROWS, args=_config(tmp_path, max_steps=1)
     )
     rows = ROWS[:2]
-    from groupwise.data import tokenize_prompts
+    from groupwise.data.prompts import tokenize_prompts
     from groupwise.rollout import generate
 
     rollout = generate(
@@ -390,7 +390,7 @@ def test_an_overwrite_leaves_no_metrics_of_the_earlier_run(tmp_path):
 
 
 def test_periodic_eval_logs_pass_at_k_per_difficulty(tmp_path):
-    from groupwise.data import arithmetic_dataset
+    from groupwise.tasks.arithmetic import arithmetic_dataset
 
     rows = arithmetic_dataset(4, "eval", max_operands=3)
     args = _config(
@@ -478,7 +478,7 @@ def test_a_run_records_run_json_and_its_report_leads_with_held_out_accuracy(tmp_
 
 
 def test_the_loop_cadence_by_hand():
-    from groupwise.run.loop import Cadence
+    from groupwise.trainer.loop import Cadence
 
     # logging_steps=3 of max_steps=10: every third step and the last; completions every 4;
     # eval_steps=4: steps 4 and 8 in the loop (step 10's evaluation follows the loop, as would

@@ -1,7 +1,7 @@
 """TRL drop-in: a TRL GRPO script runs on groupwise with only its import changed.
 
 TRL's GRPOConfig / TrainingArguments names are translated or accepted-and-reported
-(groupwise.trl_compat); GRPOTrainer takes processing_class, peft_config, callbacks,
+(groupwise.config.trl); GRPOTrainer takes processing_class, peft_config, callbacks,
 reward_processing_classes; ``trainer.state`` is a transformers ``TrainerState``; real
 ``datasets.Dataset`` objects are training and evaluation sets.
 """
@@ -19,9 +19,9 @@ import torch
 
 from conftest import tiny_config
 from groupwise import ConfigError, GRPOConfig, GRPOTrainer
-from groupwise.checkpoint import config_differences
-from groupwise.policy import lr_factor
-from groupwise.trl_compat import TRL_IGNORED, TRL_REFUSED, TRL_TRANSLATED, IgnoredOptionsWarning
+from groupwise.config.trl import TRL_IGNORED, TRL_REFUSED, TRL_TRANSLATED, IgnoredOptionsWarning
+from groupwise.policy.optimizer import lr_factor
+from groupwise.trainer.checkpoints import config_differences
 
 datasets = pytest.importorskip("datasets")
 
@@ -503,7 +503,7 @@ def test_real_dataset_map_filter_conversational_columns_reach_rewards(tmp_path, 
 
 
 def test_real_dataset_through_load_dataset_rows(tmp_path):
-    from groupwise.data import load_dataset_rows
+    from groupwise.data.rows import load_dataset_rows
 
     dataset = datasets.Dataset.from_dict({"text": ["A?", "B?", "C?"], "answer": [1, 2, 3]})
     rows, report = load_dataset_rows(dataset.filter(lambda r: r["answer"] > 1),

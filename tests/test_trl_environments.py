@@ -9,9 +9,9 @@ import torch
 
 from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.config import ConfigError
+from groupwise.errors import ConfigError
+from groupwise.rewards.scoring import score_rollout
 from groupwise.rollout.multiturn import with_observation
-from groupwise.scoring import score_rollout
 from groupwise.tools.calls import ToolCall, format_tool_call
 from groupwise.tools.environment import (
     PLACEHOLDER_PROMPT,
@@ -203,7 +203,7 @@ def test_environments_column_reaches_reward_functions():
         lengths = torch.tensor([1, 1])
         env_states = [{"environment": "e0"}, {"environment": "e1"}]
 
-    from groupwise.rewards.combine import RewardScorer
+    from groupwise.rewards.scoring import RewardScorer
 
     score_rollout(RewardScorer([reward]), [{"prompt": "p"}], Rollout())
     assert seen["environments"] == ["e0", "e1"]

@@ -14,18 +14,12 @@ import torch
 from conftest import TargetToken
 from conftest import tiny_config as _config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.config import ConfigError
-from groupwise.core import (
-    BatchCounts,
-    batch_normalize,
-    high_entropy_mask,
-    normalize_then_sum,
-    off_policy_sequence_mask,
-    policy_loss,
-    vespo_weights,
-)
-from groupwise.policy import GRPOLoss, MicroBatch
-from groupwise.reference import mix_weights
+from groupwise.algo.advantages import batch_normalize, normalize_then_sum
+from groupwise.algo.grpo import high_entropy_mask, off_policy_sequence_mask, policy_loss
+from groupwise.algo.losses import BatchCounts, MicroBatch, vespo_weights
+from groupwise.errors import ConfigError
+from groupwise.policy.loss import GRPOLoss
+from groupwise.policy.reference import mix_weights
 
 ROWS = [{"prompt": f"Say something number {i}"} for i in range(8)]
 
@@ -358,7 +352,7 @@ THINKING_TEMPLATE = (
 def _thinking_tokenizer():
     import copy
 
-    from groupwise.models import smollm2_tokenizer
+    from groupwise.runtime.models import smollm2_tokenizer
 
     tok = copy.deepcopy(smollm2_tokenizer())
     tok.chat_template = THINKING_TEMPLATE
@@ -393,7 +387,7 @@ def test_chat_template_kwargs_reach_the_prompts(tmp_path, with_tools):
 def test_trl_bf16_on_cpu_trains_fp32_weights_under_bf16_autocast(tmp_path):
     """TRL's bf16=True is mixed precision: a bf16 checkpoint is trained as fp32 master weights,
     the forwards run under bf16 autocast (on a CPU too), never as pure bf16 weights."""
-    from groupwise.models import smollm2_tokenizer, tiny_random_model
+    from groupwise.runtime.models import smollm2_tokenizer, tiny_random_model
 
     model = tiny_random_model(seed=0).to(torch.bfloat16)
     tokenizer = smollm2_tokenizer()
@@ -406,7 +400,7 @@ def test_trl_bf16_on_cpu_trains_fp32_weights_under_bf16_autocast(tmp_path):
 
 
 def test_shuffle_dataset_false_draws_the_prompts_in_dataset_order(tmp_path):
-    from groupwise.sampler import PromptSampler
+    from groupwise.curriculum.base import PromptSampler
 
     assert PromptSampler(5, seed=0, shuffle=False).take(7) == [0, 1, 2, 3, 4, 0, 1]
     assert PromptSampler(5, seed=0).take(5) != [0, 1, 2, 3, 4]  # shuffled by default

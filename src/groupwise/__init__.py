@@ -8,25 +8,24 @@ from typing import TYPE_CHECKING, Any
 # Each public name and the module that defines it. They are imported on first use (PEP 562):
 # torch and transformers take seconds to import, and `groupwise --help` needs neither.
 _EXPORTS = {
-    "ConfigError": ".config",
+    "ConfigError": ".errors",
     "GRPOConfig": ".config",
-    "group_advantages": ".advantages",
-    "kl_k3": ".grpo_loss",
-    "pass_at_k": ".advantages",
-    "policy_loss": ".grpo_loss",
-    "PPOTrainer": ".ppo",
+    "group_advantages": ".algo",
+    "kl_k3": ".algo",
+    "pass_at_k": ".algo",
+    "policy_loss": ".algo",
+    "PPOTrainer": ".trainer",
     "accuracy_reward": ".rewards",
     "format_reward": ".rewards",
     "GRPOTrainer": ".trainer",
 }
 
 if TYPE_CHECKING:
-    from .advantages import group_advantages, pass_at_k
-    from .config import ConfigError, GRPOConfig
-    from .grpo_loss import kl_k3, policy_loss
-    from .ppo import PPOTrainer
+    from .algo import group_advantages, kl_k3, pass_at_k, policy_loss
+    from .config import GRPOConfig
+    from .errors import ConfigError
     from .rewards import accuracy_reward, format_reward
-    from .trainer import GRPOTrainer
+    from .trainer import GRPOTrainer, PPOTrainer
 
 __all__ = [
     "ConfigError",

@@ -12,7 +12,7 @@ Definitions (per prompt, then averaged over prompts, every prompt weighted equal
   ``>= correct_threshold`` (default ``1 - 1e-6``: "the reward is 1", with room for float32
   rounding; a None / NaN reward is not correct);
 - ``pass@k``: the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` of the probability that at
-  least one of k samples is correct (:func:`groupwise.advantages.pass_at_k`);
+  least one of k samples is correct (:func:`groupwise.algo.advantages.pass_at_k`);
 - ``mean@k``: the fraction of the *first k* samples that are correct. Samples are i.i.d., so
   every mean@k estimates the same per-sample accuracy; a smaller k is a noisier estimate, as if
   only k samples had been drawn. ``mean@n`` is ``c / n``, i.e. ``accuracy``;
@@ -39,13 +39,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .advantages import pass_at_k
-from .data import tokenize_prompts
+from .algo.advantages import pass_at_k
+from .data.prompts import tokenize_prompts
 from .files import atomic_write_text
 from .rewards.basic import correctness_index
-from .rewards.combine import RewardScorer
+from .rewards.scoring import RewardScorer, score_rollout
 from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams
-from .scoring import score_rollout
 
 DEFAULT_THRESHOLD = 1.0 - 1e-6
 

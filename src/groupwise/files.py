@@ -4,7 +4,7 @@ truncated mix, whatever kills the process (the one helper behind every output a 
 A file is written to a temporary file in the same folder (same filesystem, so ``os.replace`` is
 an atomic rename), flushed to disk, then renamed over the target; the folder is fsynced so the
 rename itself survives a power loss. Whole folders of checkpoints are staged the same way in
-:mod:`groupwise.checkpoint`.
+:mod:`groupwise.trainer.checkpoints`.
 """
 
 from __future__ import annotations

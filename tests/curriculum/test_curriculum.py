@@ -71,7 +71,7 @@ def test_per_response_loss_on_policy_is_minus_advantage():
     # The adversary's signal is the loss variant's per-sequence policy term (core.py).
     import torch
 
-    from groupwise.core import sequence_surrogate
+    from groupwise.algo.grpo import sequence_surrogate
 
     logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
@@ -523,7 +523,7 @@ def test_rollout_gdro_sampling_is_seeded_and_resumes_exactly():
 
     import torch
 
-    from groupwise.checkpoint import plain
+    from groupwise.trainer.checkpoints import plain
 
     bins = [0, 0, 1, 2, 2, 2]
 
@@ -603,8 +603,8 @@ def test_curriculum_state_round_trip_and_identical_ranks():
 
     import torch
 
-    from groupwise.checkpoint import plain
     from groupwise.curriculum import RolloutGDROCurriculum
+    from groupwise.trainer.checkpoints import plain
 
     uids = ["a", "b", "c", "d", "e", "f"]
     outcomes = [
@@ -644,8 +644,9 @@ def test_curriculum_state_round_trip_and_identical_ranks():
 
 
 def test_config_options_of_the_rollout_allocator():
-    from groupwise.config import ConfigError, GRPOConfig
+    from groupwise.config.grpo_config import GRPOConfig
     from groupwise.curriculum import RolloutGDROCurriculum
+    from groupwise.errors import ConfigError
 
     defaults = GRPOConfig()
     assert defaults.rollout_allocator == "sqrt" and defaults.rollout_variance == "prompt"

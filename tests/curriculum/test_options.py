@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from groupwise.config import ConfigError, GRPOConfig
+from groupwise.config.grpo_config import GRPOConfig
 from groupwise.curriculum import (
     GDROOptions,
     PromptGDROCurriculum,
@@ -18,6 +18,7 @@ from groupwise.curriculum import (
     SelectOptions,
 )
 from groupwise.curriculum.diagnostics import step_metrics
+from groupwise.errors import ConfigError
 
 
 def test_gdro_options_read_from_a_config_or_its_dict():

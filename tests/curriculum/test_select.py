@@ -13,7 +13,7 @@ import torch
 
 from conftest import SELECT_ROWS, first_token_parity, select_config
 from groupwise import checkpoint as ckpt
-from groupwise.config import ConfigError, GRPOConfig
+from groupwise.config.grpo_config import GRPOConfig
 from groupwise.curriculum import CURRICULA, GlobalRows, PromptBatch, SelectCurriculum
 from groupwise.curriculum.select import (
     best_k,
@@ -30,6 +30,7 @@ from groupwise.curriculum.select import (
     selection_weights,
     weighted_choice,
 )
+from groupwise.errors import ConfigError
 
 # --- the math, by hand ---------------------------------------------------------------------------
 
@@ -347,8 +348,8 @@ def test_state_round_trip_through_a_checkpoint_is_exact(tmp_path):
 
 
 def test_sampler_draws_candidates_and_the_curriculum_chooses(tokenizer):
-    from groupwise.distributed import DistributedContext
-    from groupwise.sampler import PromptBatches
+    from groupwise.curriculum.base import PromptBatches
+    from groupwise.runtime.distributed import DistributedContext
 
     rows = [{"prompt": f"question {i}", "difficulty": i % 2} for i in range(12)]
     cur = SelectCurriculum(num_generations=4, oversample=3)
@@ -363,7 +364,7 @@ def test_sampler_draws_candidates_and_the_curriculum_chooses(tokenizer):
 
 
 def test_sampler_never_draws_a_prompt_twice_across_an_epoch_boundary():
-    from groupwise.sampler import PromptSampler, defer
+    from groupwise.curriculum.base import PromptSampler, defer
 
     assert defer([4, 0, 3, 1, 2], [3, 2]) == [4, 0, 1, 3, 2]
     for size, count in ((5, 3), (7, 4), (18, 16), (6, 6)):
@@ -378,8 +379,8 @@ def test_sampler_never_draws_a_prompt_twice_across_an_epoch_boundary():
 
 
 def test_batches_cap_the_candidates_at_the_dataset_size(tokenizer):
-    from groupwise.distributed import DistributedContext
-    from groupwise.sampler import PromptBatches
+    from groupwise.curriculum.base import PromptBatches
+    from groupwise.runtime.distributed import DistributedContext
 
     rows = [{"prompt": f"question {i}"} for i in range(6)]
     cur = SelectCurriculum(num_generations=4)  # best_k: 4 candidates per slot, 8 > 6 rows
@@ -532,8 +533,8 @@ def test_report_plots_what_select_skipped_and_how_it_sized_groups(tmp_path):
 def test_two_ranks_choose_plan_and_learn_identically(tokenizer):
     """Each rank draws the same candidates, chooses and plans the same global batch from the
     same state, keeps its own share, and observes the same global rows."""
-    from groupwise.distributed import DistributedContext
-    from groupwise.sampler import PromptBatches
+    from groupwise.curriculum.base import PromptBatches
+    from groupwise.runtime.distributed import DistributedContext
 
     rows = [{"prompt": f"question {i}", "difficulty": i % 3} for i in range(40)]
     ranks = [DistributedContext(rank=r, world_size=2) for r in (0, 1)]
@@ -556,7 +557,8 @@ def test_two_ranks_choose_plan_and_learn_identically(tokenizer):
 
 
 def test_equal_prompt_weighting_is_not_applied_twice():
-    from groupwise.config import ConfigError, GRPOConfig
+    from groupwise.config.grpo_config import GRPOConfig
+    from groupwise.errors import ConfigError
 
     with pytest.raises(ConfigError, match="prompt_weighting=equal with curriculum=select"):
         GRPOConfig(curriculum="select", prompt_weighting="equal")

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum
-from groupwise.sampler import PromptSampler
+from groupwise.curriculum.base import PromptSampler
 
 
 @dataclass(frozen=True)

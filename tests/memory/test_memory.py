@@ -257,7 +257,7 @@ def test_measurement_names_a_static_copy_in_another_dtype():
 
 
 def test_num_params_matches_tiny_random():
-    from groupwise.models import tiny_random_model
+    from groupwise.runtime.models import tiny_random_model
 
     with torch.device("meta"):
         model = tiny_random_model()
@@ -269,7 +269,7 @@ def test_num_params_matches_tiny_random():
 def test_num_params_matches_smollm2_config():
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from groupwise.models import cache_dir
+    from groupwise.runtime.models import cache_dir
 
     folder = cache_dir() / "models" / "smollm2-135m-instruct"
     if not (folder / "config.json").exists():
@@ -301,8 +301,9 @@ def test_json_shape_exactly(capsys):
 
 def _arithmetic_prompt_tokens(max_prompt_length=None) -> int:
     """The longest default arithmetic training prompt in the SmolLM2 tokenizer's tokens."""
-    from groupwise.data import arithmetic_dataset, tokenize_prompts
-    from groupwise.models import smollm2_tokenizer
+    from groupwise.data.prompts import tokenize_prompts
+    from groupwise.runtime.models import smollm2_tokenizer
+    from groupwise.tasks.arithmetic import arithmetic_dataset
 
     rows = arithmetic_dataset(200, "train", seed=42)
     ids = tokenize_prompts([r["prompt"] for r in rows], smollm2_tokenizer(), max_prompt_length)

@@ -24,7 +24,6 @@ import pytest
 
 from groupwise import sandbox
 from groupwise.rewards.code import (
-    SandboxUnavailableError,
     code_reward,
     code_reward_binary,
     extract_code,
@@ -32,6 +31,7 @@ from groupwise.rewards.code import (
     parse_tests,
     run_tests,
 )
+from groupwise.sandbox.info import SandboxUnavailableError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 

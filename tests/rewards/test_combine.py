@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from groupwise.rewards.combine import RewardFunctionError, RewardScorer
+from groupwise.rewards.calls import RewardFunctionError
+from groupwise.rewards.scoring import RewardScorer
 
 PROMPTS = ["p0", "p1", "p2", "p3"]
 COMPLETIONS = ["a", "bb", "ccc", "dddd"]

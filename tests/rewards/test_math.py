@@ -6,7 +6,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from groupwise.data import arithmetic_dataset
 from groupwise.rewards.math import (
     _WORKER,
     HARD_KILL_GRACE_S,
@@ -17,6 +16,7 @@ from groupwise.rewards.math import (
     make_accuracy_reward,
     verify_answer,
 )
+from groupwise.tasks.arithmetic import arithmetic_dataset
 
 
 def conv(text):

@@ -15,8 +15,7 @@ import pytest
 import torch
 
 import fake_vllm
-from groupwise.logprobs import completion_logprobs
-from groupwise.models import tiny_random_model
+from groupwise.policy.logprobs import completion_logprobs
 from groupwise.rollout import (
     Engine,
     HFEngine,
@@ -25,6 +24,7 @@ from groupwise.rollout import (
     SamplingParams,
     eos_token_ids,
 )
+from groupwise.runtime.models import tiny_random_model
 
 VOCAB = 16  # a small vocabulary: EOS is drawn often enough that rows both end and truncate
 MAX_NEW = 10

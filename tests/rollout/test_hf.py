@@ -156,7 +156,7 @@ def test_keeping_finished_rows_gives_the_same_greedy_completions(tiny_model, tok
 def test_sampling_logprobs_match_the_trainers_logprobs(tiny_model, tokenizer):
     # The sampler's record of log softmax(logits / T) for each drawn token equals what the
     # trainer computes for the same completions (same numerics: fp32 both).
-    from groupwise.logprobs import completion_logprobs
+    from groupwise.policy.logprobs import completion_logprobs
 
     prompts = _prompts(tokenizer)
     params = SamplingParams(8, temperature=0.7)

@@ -4,9 +4,10 @@ its cache holds recurrent (conv + SSM) states next to keys and values."""
 import pytest
 import torch
 
-from groupwise.logprobs import completion_logprobs, has_recurrent_state
+from groupwise.policy.logprobs import completion_logprobs
 from groupwise.rollout import SamplingParams, generate
 from groupwise.rollout.hf import prefill, repeat_cache_rows, select_cache_rows
+from groupwise.runtime.models import has_recurrent_state
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "NemotronHConfig"):

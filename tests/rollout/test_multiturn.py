@@ -11,12 +11,12 @@ import torch
 
 from conftest import TargetToken, tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.build import build_interaction
-from groupwise.config import ConfigError
-from groupwise.core import policy_loss
-from groupwise.data import arithmetic_dataset, prompt_text
+from groupwise.algo.grpo import policy_loss
+from groupwise.build.rollout import build_interaction
+from groupwise.data.prompts import prompt_text
+from groupwise.errors import ConfigError
 from groupwise.evaluation import evaluate_model
-from groupwise.logprobs import completion_logprobs
+from groupwise.policy.logprobs import completion_logprobs
 from groupwise.rollout import HFEngine, SamplingParams
 from groupwise.rollout.multiturn import (
     MultiTurnEngine,
@@ -25,6 +25,7 @@ from groupwise.rollout.multiturn import (
     conversation_logs,
     converse,
 )
+from groupwise.tasks.arithmetic import arithmetic_dataset
 from groupwise.tools import EnvStep, ToolBox, ToolEnvironment, calculator
 from groupwise.tools.prompting import prompt_text_with_tools, template_supports_tools
 

@@ -11,11 +11,11 @@ from transformers import GenerationMixin
 
 from conftest import tiny_config
 from groupwise import GRPOTrainer
-from groupwise.models import tiny_random_model
 from groupwise.rollout import HFEngine, SamplingParams, generate
 from groupwise.rollout import hf as hf_module
 from groupwise.rollout.hf import completion_lengths, replaced_generate
 from groupwise.rollout.multiturn import MultiTurnEngine, TurnLimits, TurnRenderer, converse
+from groupwise.runtime.models import tiny_random_model
 from groupwise.tools import EnvStep
 
 

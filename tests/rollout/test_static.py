@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from groupwise.logprobs import completion_logprobs
+from groupwise.policy.logprobs import completion_logprobs
 from groupwise.rollout import SamplingParams, generate
 from groupwise.rollout.static import StaticEngine, packing_available, supports
-from groupwise.rollout.weights import checkpoint_weights
+from groupwise.rollout.weight_sync import checkpoint_weights
 
 COUNTS = [3, 1, 4]
 

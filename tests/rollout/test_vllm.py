@@ -14,7 +14,7 @@ import fake_vllm
 import groupwise.rollout.vllm as vllm_engine
 from conftest import TargetToken, tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.config import ConfigError
+from groupwise.errors import ConfigError
 from groupwise.rollout import SamplingParams, eos_token_ids
 
 
@@ -125,7 +125,7 @@ def test_weights_are_pushed_layer_by_layer_under_checkpoint_names(fake, tokenize
 
 
 def test_checkpoint_names_strip_peft_and_skip_adapters():
-    from groupwise.rollout.weights import checkpoint_name as name
+    from groupwise.rollout.weight_sync import checkpoint_name as name
 
     assert name("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight") == (
         "model.layers.0.self_attn.q_proj.weight"

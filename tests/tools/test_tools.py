@@ -14,8 +14,8 @@ import time
 import pytest
 
 from groupwise import sandbox
-from groupwise.config import ConfigError
-from groupwise.data import is_eval_problem
+from groupwise.data.splits import is_eval_problem
+from groupwise.errors import ConfigError
 from groupwise.tools import (
     BUILTIN_TOOLS,
     ENVIRONMENTS,

@@ -14,8 +14,11 @@ import os
 import sys
 from typing import Any
 
-from ..config import ConfigError, GRPOConfig, option_help
-from ..errors import UserError, cli_style
+from ..build.rows import apply_long_prompt_policy as apply_long_prompt_policy
+from ..build.rows import build_datasets as build_datasets
+from ..build.rows import check_reward_columns as check_reward_columns
+from ..config.grpo_config import GRPOConfig, option_help
+from ..errors import ConfigError, UserError, cli_style
 
 # The commands' public names are importable from here too; main() calls the commands by
 # these names, so patching one here replaces it.
@@ -24,9 +27,6 @@ from .args import MODEL_FILES as MODEL_FILES
 from .args import _config_from_argv, _folder_config
 from .chat import _pop_prompts, run_chat
 from .evaluate import run_eval
-from .rows import apply_long_prompt_policy as apply_long_prompt_policy
-from .rows import build_datasets as build_datasets
-from .rows import check_reward_columns as check_reward_columns
 from .train import DEMO_CONFIG, run_demo, run_train
 from .train import DEMO_OUTPUT_DIR as DEMO_OUTPUT_DIR
 

@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, GRPOConfig, parse_cli_overrides
+from ..config.grpo_config import GRPOConfig, parse_cli_overrides
+from ..errors import ConfigError
 
 # TRL's command-line names for options groupwise spells differently (`trl grpo
 # --model_name_or_path M --dataset_name D --config F`): accepted on the command line and in YAML.
@@ -104,7 +105,7 @@ def _folder_config(folder: str, rest: list[str], command: str) -> GRPOConfig:
     model folder), with the run's own task and generation settings from its config.yaml (the
     run folder's, also for one of its checkpoints), the options in ``rest`` on top. eval
     writes its results into that folder."""
-    from ..checkpoint import latest_checkpoint
+    from ..trainer.checkpoints import latest_checkpoint
 
     path = Path(folder)
     model = path

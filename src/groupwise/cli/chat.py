@@ -5,19 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import GRPOConfig
-from .rows import build_datasets
+from ..build.rows import build_datasets
+from ..config.grpo_config import GRPOConfig
 
 
 def run_chat(args: GRPOConfig, prompts: list[str], count: int = 3) -> list[dict[str, Any]]:
     """Print ``args.model``'s answers to ``prompts`` (or to ``count`` held-out prompts of the
     task), sampled with the run's generation settings; returns them."""
-    from ..build import build_interaction, resolve_device, sampling_params, with_interaction
-    from ..data import tokenize_prompts
+    from ..build.model import resolve_device
+    from ..build.rollout import build_interaction, sampling_params, with_interaction
+    from ..data.prompts import tokenize_prompts
     from ..evaluation import prompt_render
-    from ..models import load_model_and_tokenizer
-    from ..precision import resolve_precision
     from ..rollout import HFEngine, SamplingParams
+    from ..runtime.models import load_model_and_tokenizer
+    from ..runtime.precision import resolve_precision
 
     if prompts:
         rows: list[dict] = [{"prompt": [{"role": "user", "content": text}]} for text in prompts]

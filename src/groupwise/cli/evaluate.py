@@ -5,20 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import ConfigError, GRPOConfig, default_output_dir
-from ..errors import OutputDirError
-from .rows import build_datasets
+from ..build.rows import build_datasets
+from ..config.grpo_config import GRPOConfig, default_output_dir
+from ..errors import ConfigError, OutputDirError
 
 
 def run_eval(args: GRPOConfig) -> dict:
     """Evaluate ``args.model`` (and ``args.compare_model``) on the task's held-out prompts."""
-    from ..build import (
-        build_interaction,
-        build_reward_func,
-        default_reward_names,
-        resolve_device,
-        with_interaction,
-    )
+    from ..build.model import resolve_device
+    from ..build.rewards import build_reward_func, default_reward_names
+    from ..build.rollout import build_interaction, with_interaction
     from ..evaluation import (
         EvalConfig,
         compare,
@@ -27,9 +23,9 @@ def run_eval(args: GRPOConfig) -> dict:
         format_table,
         save_json,
     )
-    from ..models import load_model_and_tokenizer
-    from ..precision import resolve_precision
     from ..rollout import HFEngine, SamplingParams
+    from ..runtime.models import load_model_and_tokenizer
+    from ..runtime.precision import resolve_precision
 
     if args.output_dir is None and not args.eval_output:
         args.output_dir = default_output_dir(args.model, args.task)

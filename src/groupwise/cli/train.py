@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, GRPOConfig, unused_dir
-from .rows import apply_long_prompt_policy, build_datasets
+from ..build.rows import apply_long_prompt_policy, build_datasets
+from ..config.grpo_config import GRPOConfig, unused_dir
+from ..errors import ConfigError
 
 # The demo's settings: measured to raise held-out greedy accuracy well within 15 minutes on a
 # 2-core CPU (docs/quickstart.md has the numbers).
@@ -35,10 +36,10 @@ DEMO_OUTPUT_DIR = "runs/demo"
 
 
 def run_train(args: GRPOConfig) -> dict[str, float]:
-    from ..build import default_reward_names
-    from ..checkpoint import check_output_dir
-    from ..ppo import PPOTrainer
-    from ..trainer import GRPOTrainer
+    from ..build.rewards import default_reward_names
+    from ..trainer.grpo import GRPOTrainer
+    from ..trainer.ppo import PPOTrainer
+    from ..trainer.records import check_output_dir
 
     trainer_class = PPOTrainer if args.algorithm == "ppo" else GRPOTrainer
 
@@ -61,9 +62,9 @@ def run_train(args: GRPOConfig) -> dict[str, float]:
 
 def run_demo(args: GRPOConfig) -> tuple[float, float]:
     """Held-out greedy accuracy, GRPO training, held-out greedy accuracy again."""
-    from ..build import default_reward_names
-    from ..checkpoint import check_output_dir
-    from ..trainer import GRPOTrainer
+    from ..build.rewards import default_reward_names
+    from ..trainer.grpo import GRPOTrainer
+    from ..trainer.records import check_output_dir
 
     start = time.perf_counter()
     if args.output_dir is None:

@@ -9,6 +9,7 @@ class's ``options_type`` when it names one, else a mapping); adding a curriculum
 here and one line below.
 """
 
+from ..sections.curriculum import GDROOptions, SelectOptions
 from .adversary import (
     PromptGDRO,
     RolloutGDRO,
@@ -29,7 +30,6 @@ from .base import (
 from .bins import DifficultyClassifier, bin_of, default_edges
 from .diagnostics import lead_lag, variance_proxy, weighted_standard_error
 from .gdro import GDROCurriculum, PromptGDROCurriculum, RolloutGDROCurriculum
-from .options import GDROOptions, SelectOptions
 from .select import (
     SelectCurriculum,
     best_k,

@@ -15,11 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-# What Prompt-GDRO's EMA is fed (GDROCurriculum's ``prompt_signal``).
-PROMPT_SIGNALS = ("pg_loss", "failure_rate")
-ARM_CHOICES = ("sample", "greedy")
-MU_UPDATES = ("best_response", "expected", "realized")
-
+from ..sections.curriculum import ARM_CHOICES, MU_UPDATES
 
 # ----------------------------------------------------------------------------------------------
 # Prompt-GDRO: EMA-debiased exponential weights (section 3.2)

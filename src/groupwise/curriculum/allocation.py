@@ -9,11 +9,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# Rollout-GDRO's allocator (``rollout_allocator``) and the square-root law's variance
-# (``rollout_variance``).
-ALLOCATORS = ("sqrt", "bandit")
-VARIANCE_MODES = ("prompt", "bin")
-
 
 def sqrt_allocation(
     bin_ids: Sequence[int],

@@ -12,6 +12,8 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from ..sections.curriculum import UNSEEN_MODES
+
 
 def default_edges(num_bins: int) -> list[float]:
     """Equal-width bin edges inside (0, 1): 10 bins -> [0.1, 0.2, ..., 0.9] (eq. 11)."""
@@ -28,8 +30,6 @@ def bin_of(accuracy: float, edges: Sequence[float]) -> int:
     return len(edges)
 
 
-CLASSIFIER_SIGNALS = ("rollout_fraction", "any_correct")
-UNSEEN_MODES = ("unseen", "hardest", "difficulty")
 
 
 class DifficultyClassifier:

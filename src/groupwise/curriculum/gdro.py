@@ -28,13 +28,19 @@ from typing import Any
 
 import numpy as np
 
-from ..distributed import DistributedContext, concat_over_ranks
-from .adversary import PROMPT_SIGNALS, PromptGDRO, RolloutGDRO
-from .allocation import ALLOCATORS, VARIANCE_MODES, shrunk_rate, sqrt_allocation
+from ..runtime.distributed import DistributedContext, concat_over_ranks
+from ..sections.curriculum import (
+    ALLOCATORS,
+    CLASSIFIER_SIGNALS,
+    PROMPT_SIGNALS,
+    VARIANCE_MODES,
+    GDROOptions,
+)
+from .adversary import PromptGDRO, RolloutGDRO
+from .allocation import shrunk_rate, sqrt_allocation
 from .base import GlobalBatchCurriculum, GlobalRows, Plan, PromptBatch
-from .bins import CLASSIFIER_SIGNALS, DifficultyClassifier, level_key
+from .bins import DifficultyClassifier, level_key
 from .diagnostics import step_metrics
-from .options import GDROOptions
 
 
 class GDROCurriculum(GlobalBatchCurriculum):
@@ -66,7 +72,7 @@ class GDROCurriculum(GlobalBatchCurriculum):
 
     Prompt-GDRO's signal (``prompt_signal``): ``pg_loss``, the paper's per-response clipped
     policy loss (eqs. 5-6, unweighted advantages; the loss variant's
-    :func:`~groupwise.grpo_loss.sequence_surrogate`), or ``failure_rate``, 1 - correct per rollout.
+    :func:`~groupwise.algo.grpo.sequence_surrogate`), or ``failure_rate``, 1 - correct per rollout.
     With one optimisation pass per batch the former is -A_i, whose mean over every group and
     so every bin is exactly 0, which leaves all bin weights equal (algorithms.md 1.1 [obs]).
     ``failure_rate`` with share normalisation is refused: dividing a mean by the bin's share

@@ -17,7 +17,7 @@ The method, per step (every rank runs it on the same global draw with the same s
    (:func:`informative_probability`). ``rule``:
 
    - ``best_k`` (default): GRESO's keep rule first. A candidate whose last z groups were all
-     alike (:func:`groupwise.advantages.informative_groups` false) stays a candidate with
+     alike (:func:`groupwise.algo.advantages.informative_groups` false) stays a candidate with
      probability ``max(keep^z, keep_floor)`` (:func:`keep_probability`; 1 at z = 0). That random
      keep is the exploration: a prompt is never skipped for good, and a prompt whose groups turned
      informative again is back at z = 0. Of the candidates kept, the ``count`` with the largest
@@ -46,7 +46,7 @@ Why over-sampling rather than ``counts = 0`` for skipped prompts: the batch keep
 an empty group or an empty share, and the rollout budget per step is exactly that of uniform
 GRPO. The price is a sampler hook (:meth:`groupwise.curriculum.base.Curriculum.choose`) and an
 epoch that passes ``oversample`` times faster. Sequential top-up within a step (Reinforce-Ada,
-``select_top_up``) is :mod:`groupwise.topup`: it spends the same budget in rounds, on groups
+``select_top_up``) is :mod:`groupwise.curriculum.topup`: it spends the same budget in rounds, on groups
 still uniform.
 """
 
@@ -59,13 +59,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..advantages import informative_groups
-from ..distributed import DistributedContext
+from ..algo.advantages import informative_groups
+from ..runtime.distributed import DistributedContext
+from ..sections.curriculum import SELECT_ALLOCATORS as ALLOCATORS
+from ..sections.curriculum import SELECT_RULES as RULES
+from ..sections.curriculum import SelectOptions
 from .allocation import sqrt_allocation
 from .base import GlobalBatchCurriculum, GlobalRows, Plan, PromptBatch
-from .options import SELECT_ALLOCATORS as ALLOCATORS
-from .options import SELECT_RULES as RULES
-from .options import SelectOptions
 
 # Candidates per prompt slot when ``oversample`` is not given: best_k gains up to about 4 (its
 # keep rule keeps it exploring); legacy's proportional draw was run at 2.

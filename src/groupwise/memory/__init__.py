@@ -71,10 +71,7 @@ from .shapes import (
     shape_from_hf_config,
 )
 from .table import format_table, quoted_lines
-from .units import (
-    human_bytes,
-    human_count,
-)
+from .units import human_bytes, human_count
 
 __all__ = [
     "ACCOUNTINGS",

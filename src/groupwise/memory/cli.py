@@ -2,7 +2,7 @@
 
 ``groupwise memory [CONFIG.yaml] [--model NAME | --params 7e9 --layers ..] [--json] [--measure]``
 
-Options: command line over a YAML config's values over :class:`groupwise.config.GRPOConfig`'s
+Options: command line over a YAML config's values over :class:`groupwise.config.grpo_config.GRPOConfig`'s
 defaults. Prints :func:`~groupwise.memory.table.format_table` or, with ``--json``, the plan's
 JSON; ``--measure`` adds :mod:`groupwise.memory.measure`'s results. The hidden ``--_child SPEC``
 is the entry of a measurement's subprocess.
@@ -20,13 +20,7 @@ from dataclasses import replace as dataclass_replace
 from pathlib import Path
 from typing import Any
 
-from .measure import (
-    _RESULT_MARK,
-    _child_main,
-    format_measurement,
-    ppo_available,
-    run_measurement,
-)
+from .measure import _RESULT_MARK, _child_main, format_measurement, ppo_available, run_measurement
 from .plan import (
     ACCOUNTINGS,
     DTYPE_BYTES,
@@ -36,13 +30,7 @@ from .plan import (
     MemoryOptions,
     make_plan,
 )
-from .shapes import (
-    MemoryPlanError,
-    ModelShape,
-    _flags,
-    infer_intermediate,
-    resolve_model_shape,
-)
+from .shapes import MemoryPlanError, ModelShape, _flags, infer_intermediate, resolve_model_shape
 from .table import format_table
 
 
@@ -145,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
 def load_run_config(path: str | None, overrides: dict[str, Any] | None = None) -> Any:
     """The run's GRPOConfig: a YAML file, a run's output_dir (its config.yaml), or the defaults;
     ``overrides`` are train options (``{"max_completion_length": "64"}``)."""
-    from ..config import ConfigError, GRPOConfig
+    from ..config.grpo_config import GRPOConfig
+    from ..errors import ConfigError
 
     try:
         if path is None:
@@ -173,14 +162,14 @@ def resolve_run_device(device: str) -> str:
 
 
 def resolve_run_dtype(cfg: Any, device: str) -> str:
-    """The dtype the trainer stores the weights in (groupwise.precision.resolve_precision):
+    """The dtype the trainer stores the weights in (groupwise.runtime.precision.resolve_precision):
     fp32 for dtype auto (LoRA on a bf16 GPU: the frozen base in bf16), else the one asked for."""
     if cfg.dtype in _CONFIG_DTYPES:
         return _CONFIG_DTYPES[cfg.dtype]
     if cfg.use_peft and device == "cuda":
         import torch
 
-        from ..precision import bf16_capable
+        from ..runtime.precision import bf16_capable
 
         return "bf16" if bf16_capable(torch.device("cuda")) else "fp32"
     return "fp32"
@@ -188,11 +177,11 @@ def resolve_run_dtype(cfg: Any, device: str) -> str:
 
 def resolve_generation_dtype(cfg: Any, device: str) -> str:
     """The dtype of the static engine's weight copy in the run ``cfg`` describes
-    (groupwise.build_rollout.static_dtype): bf16 wherever the run generates in bf16."""
+    (groupwise.build.rollout.static_dtype): bf16 wherever the run generates in bf16."""
     import torch
 
-    from ..build_rollout import static_dtype
-    from ..precision import resolve_precision
+    from ..build.rollout import static_dtype
+    from ..runtime.precision import resolve_precision
 
     precision = resolve_precision(
         cfg.dtype, cfg.bf16_autocast, cfg.generation_dtype, torch.device(device),
@@ -207,13 +196,13 @@ def task_prompt_length(cfg: Any, model: str) -> int | None:
     or the task cannot be read here."""
     import contextlib
 
-    from ..data import tokenize_prompts
+    from ..data.prompts import tokenize_prompts
     from ..errors import UserError
     from .measure import _load_tokenizer
 
     try:
         tokenizer = _load_tokenizer(model)
-        from ..cli import build_datasets
+        from ..build.rows import build_datasets
 
         with contextlib.redirect_stdout(sys.stderr):  # the loader's summary; keeps --json clean
             rows, _ = build_datasets(cfg)
@@ -319,7 +308,7 @@ def options_from_args(
 
 def replace_config(cfg: Any, **changes: Any) -> Any:
     """``cfg`` with ``changes`` (validated again)."""
-    from ..config import ConfigError
+    from ..errors import ConfigError
 
     try:
         return dataclass_replace(cfg, **changes)
@@ -331,7 +320,7 @@ def _split_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[
     """The planner's own arguments, and the train options among them (``--name value`` with a
     GRPOConfig field's name and no planner flag of that name, as ``groupwise train`` takes
     them): ``(planner argv, {name: value})``."""
-    from ..config import GRPOConfig
+    from ..config.grpo_config import GRPOConfig
 
     fields = set(GRPOConfig.field_names())
     actions = parser._option_string_actions  # flag -> action
@@ -388,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure:
         if not ppo_available():
             print(
-                "groupwise memory: groupwise.ppo is not available yet: measuring GRPO only",
+                "groupwise memory: groupwise.trainer.ppo is not available yet: measuring GRPO only",
                 file=sys.stderr,
             )
         measured = run_measurement(

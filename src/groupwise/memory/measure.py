@@ -23,13 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .plan import (
-    MemoryOptions,
-    generation_dtype,
-    plan_grpo,
-    plan_ppo,
-    total_bytes,
-)
+from .plan import MemoryOptions, generation_dtype, plan_grpo, plan_ppo, total_bytes
 from .shapes import shape_from_hf_config
 from .units import human_bytes
 
@@ -69,7 +63,7 @@ def _peak_rss() -> int:
 def _load_tokenizer(model: str):
     from transformers import AutoTokenizer
 
-    from ..models import smollm2_path, smollm2_tokenizer
+    from ..runtime.models import smollm2_path, smollm2_tokenizer
 
     if model == "tiny-random":
         tok = smollm2_tokenizer()
@@ -90,15 +84,15 @@ def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from ..build import default_reward_names
-    from ..cli import build_datasets
-    from ..config import GRPOConfig
-    from ..data import tokenize_prompts
+    from ..build.rewards import default_reward_names
+    from ..build.rows import build_datasets
+    from ..config.grpo_config import GRPOConfig
+    from ..data.prompts import tokenize_prompts
 
     if spec["algorithm"] == "ppo":
-        from ..ppo import PPOTrainer as Trainer
+        from ..trainer.ppo import PPOTrainer as Trainer
     else:
-        from ..trainer import GRPOTrainer as Trainer
+        from ..trainer.grpo import GRPOTrainer as Trainer
 
     steps = spec["steps"]
     with tempfile.TemporaryDirectory(prefix="groupwise-memory-") as out:
@@ -198,7 +192,7 @@ def ppo_available() -> bool:
     import importlib.util
 
     try:
-        return importlib.util.find_spec("groupwise.ppo") is not None
+        return importlib.util.find_spec("groupwise.trainer.ppo") is not None
     except (ImportError, ValueError):
         return False
 
@@ -224,7 +218,7 @@ def run_measurement(
     run_config = config if config is not None else config_for(model, opts)
     for algorithm in algorithms:
         if algorithm == "ppo" and not ppo_available():
-            results.append({"algorithm": "ppo", "error": "groupwise.ppo is not available yet"})
+            results.append({"algorithm": "ppo", "error": "groupwise.trainer.ppo is not available yet"})
             continue
         spec = {
             "algorithm": algorithm,

@@ -9,16 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import atomic_write_text
-from .html import (
-    config_value,
-    event_groups,
-    headline,
-    page,
-    plots_section,
-    run_facts,
-    table,
-    td,
-)
+from .html import config_value, event_groups, headline, page, plots_section, run_facts, table, td
 from .load import ReportError, RunData, esc, load_run, metric_keys
 from .panels import plot_plan
 from .plot import require_matplotlib

@@ -18,12 +18,12 @@ from .load import (
     fmt,
     metric_keys,
     natural,
-    number,
     reward_names,
     rows_for,
     series,
     token_axis,
 )
+from .record import number
 
 # ----------------------------------------------------------------------------------------------
 # The table

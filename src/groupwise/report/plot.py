@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from .load import ReportError, RunData, number, rows_for, series, token_axis
+from .load import ReportError, RunData, rows_for, series, token_axis
 from .panels import Line, Panel, PlotGroup
+from .record import number
 
 INSTALL_HINT = "pip install groupwise[report]"
 LINESTYLES = ("-", "--", ":", "-.")

@@ -1,6 +1,6 @@
 """Calling one reward function on a batch: awaiting a coroutine from any context, a warning
 naming a call that runs long, and ``reward_timeout``, past which the call is an error naming the
-function. :class:`~groupwise.rewards.combine.RewardScorer` calls every function through
+function. :class:`~groupwise.rewards.scoring.RewardScorer` calls every function through
 :func:`call_reward`."""
 
 from __future__ import annotations

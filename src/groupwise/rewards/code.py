@@ -74,7 +74,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import sandbox
-from ..sandbox import (  # re-exported: part of this module's API
+from ..sandbox import (
     ParsedTests,
     ProgramResult,
     SandboxInfo,

@@ -48,7 +48,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from ..data import is_conversational
+from ..data.prompts import is_conversational
 from .basic import completion_text
 
 # tokenizer.model_max_length is a huge sentinel (int(1e30)) when the checkpoint sets none.

@@ -176,3 +176,35 @@ class Engine(RolloutEngine):
     def sample(self, request: Request) -> Rollout:
         """The completions of a checked request."""
         raise NotImplementedError(f"{type(self).__name__} must define sample()")
+
+
+def select_prompts(rollout: Rollout, prompts: torch.Tensor) -> tuple[Rollout, torch.Tensor]:
+    """The part of ``rollout`` answering ``prompts`` (group indices, ascending): a Rollout of
+    those groups (group ids renumbered 0..len(prompts)-1) and its rows' indices in ``rollout``."""
+    group_ids = rollout.group_ids.cpu()
+    renumber = torch.full((rollout.prompt_ids.shape[0],), -1, dtype=torch.long)
+    renumber[prompts] = torch.arange(prompts.numel())
+    rows = torch.nonzero(renumber[group_ids] >= 0).flatten()
+
+    def take(x: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
+        return None if x is None else x[index.to(x.device)]
+
+    part = Rollout(
+        prompt_ids=take(rollout.prompt_ids, prompts),
+        prompt_mask=take(rollout.prompt_mask, prompts),
+        completion_ids=take(rollout.completion_ids, rows),
+        completion_mask=take(rollout.completion_mask, rows),
+        truncated=take(rollout.truncated, rows),
+        group_ids=renumber[group_ids[rows]].to(rollout.group_ids.device),
+        texts=[rollout.texts[i] for i in rows.tolist()],
+        sampling_logprobs=take(rollout.sampling_logprobs, rows),
+        loss_mask=take(rollout.loss_mask, rows),
+        conversations=pick(rollout.conversations, rows),
+        env_states=pick(rollout.env_states, rows),
+    )
+    return part, rows
+
+
+def pick(values: list | None, rows: torch.Tensor) -> list | None:
+    """The entries of a per-row list (None stays None) at ``rows``."""
+    return None if values is None else [values[i] for i in rows.tolist()]

@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
-from ..logprobs import cache_keyword, has_recurrent_state, returned_cache, wrapped_models
+from ..runtime.models import cache_keyword, has_recurrent_state, returned_cache, wrapped_models
 from .base import Engine, Request, Rollout, SamplingParams, per_prompt_counts
 
 

@@ -37,20 +37,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..data import is_conversational, prompt_text
+from ..data.prompts import is_conversational, prompt_text
 from ..errors import ConfigError
+from ..runtime.models import cache_keyword, has_recurrent_state
 from ..tools.environment import PLACEHOLDER_PROMPT, EnvironmentFactories
 from ..tools.prompting import prompt_text_with_tools
 from .base import Engine, Request, Rollout, SamplingParams
 from .hf import (
     HFEngine,
-    cache_keyword,
     call_generate,
     completion_lengths,
     decode_one,
     eos_token_ids,
     generate_options,
-    has_recurrent_state,
     left_pad,
     prefill,
     replaced_generate,

@@ -51,7 +51,7 @@ from .hf import (
     seen_tokens,
     token_logprobs,
 )
-from .weights import checkpoint_weights
+from .weight_sync import checkpoint_weights
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 

@@ -54,7 +54,7 @@ from transformers import PreTrainedTokenizerBase
 from ..errors import ConfigError
 from .base import Engine, Request, Rollout, SamplingParams
 from .hf import left_pad
-from .weights import checkpoint_weights
+from .weight_sync import checkpoint_weights
 
 INSTALL_HINT = (
     'generation_engine=vllm needs the vllm package: pip install "groupwise[vllm]" (vLLM needs a '
@@ -304,7 +304,7 @@ def require_cuda(device: torch.device) -> None:
 
 def engine_dtype(device: torch.device, weights: torch.dtype) -> torch.dtype:
     """vLLM's dtype: bf16 on a bf16 GPU (what vLLM and TRL generate in), else the weights'."""
-    from ..precision import bf16_capable
+    from ..runtime.precision import bf16_capable
 
     return torch.bfloat16 if bf16_capable(device) else weights
 

@@ -12,13 +12,7 @@ import secrets
 import time
 from typing import Any
 
-from .info import (
-    CLONE_NEWNET,
-    MAX_FILE_BYTES,
-    MAX_OPEN_FILES,
-    SandboxInfo,
-    SandboxUnavailableError,
-)
+from .info import CLONE_NEWNET, MAX_FILE_BYTES, MAX_OPEN_FILES, SandboxInfo, SandboxUnavailableError
 from .process import Output, spawn, user_task_count, workdir
 from .uids import shared_pool
 

@@ -197,7 +197,7 @@ def check_across(s: Sections) -> None:
         raise ConfigError("select_top_up works with algorithm=grpo only")
     # The curricula's own options check themselves (each error names its option), whatever
     # the curriculum, so a bad value is refused when the config is made.
-    from ..curriculum.options import GDROOptions, SelectOptions
+    from .curriculum import GDROOptions, SelectOptions
 
     values = c.with_run(s.batch.num_generations, s.runtime.seed)
     GDROOptions.from_config(values)

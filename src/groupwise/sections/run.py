@@ -149,7 +149,7 @@ class EvaluationOptions(Section):
 
 @dataclass(frozen=True)
 class MonitorOptions(Section):
-    """The failure monitor's thresholds (:class:`groupwise.monitor.TrainingMonitor`)."""
+    """The failure monitor's thresholds (:class:`groupwise.trainer.monitor.TrainingMonitor`)."""
 
     name: ClassVar[str] = "monitor"
     max_bad_steps: int

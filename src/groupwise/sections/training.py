@@ -205,7 +205,7 @@ class LossOptions(Section):
                 )
         # The registries are read now, so a variant registered before the config is valid
         # (imported here: they need torch, which `groupwise --help` never loads).
-        from ..losses import IMPORTANCE_SAMPLING_LEVELS, LOSSES, ROLLOUT_CORRECTION_MODES
+        from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSSES, ROLLOUT_CORRECTION_MODES
 
         choice(self, "loss_type", tuple(LOSSES))
         choice(self, "importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS)
@@ -240,7 +240,7 @@ class AdvantageOptions(Section):
     prompt_weighting: str
 
     def validate(self) -> None:
-        from ..advantages import AGGREGATIONS, SCALE_MODES
+        from ..algo.advantages import AGGREGATIONS, SCALE_MODES
 
         choice(self, "scale_rewards", SCALE_MODES)
         choice(self, "multi_objective_aggregation", AGGREGATIONS)

@@ -21,7 +21,7 @@ their task.
 
 Tasks (``difficulty`` is a level of :data:`LEVELS`; None picks :data:`DEFAULT_LEVEL`):
 
-- ``arithmetic``: :func:`groupwise.data.arithmetic_dataset`; difficulty ``10 * digits +
+- ``arithmetic``: :func:`groupwise.tasks.arithmetic.arithmetic_dataset`; difficulty ``10 * digits +
   operands`` (as that function reports it), e.g. 12 = one digit, two operands (default).
 - ``countdown``: reach a target with each given number once (:mod:`.countdown`); difficulty =
   how many numbers (3..6, default 4).
@@ -34,7 +34,7 @@ Tasks (``difficulty`` is a level of :data:`LEVELS`; None picks :data:`DEFAULT_LE
 Reward names (:func:`task_reward_funcs`): ``format`` and ``accuracy`` / ``code`` are the
 built-ins of :mod:`groupwise.rewards`; ``countdown``, ``reasoning_gym`` and ``task`` are this
 package's (:func:`task_reward_func` returns them by name; each is marked ``is_correctness``).
-:mod:`groupwise.build` resolves all of them by name.
+:mod:`groupwise.build.rewards` resolves all of them by name.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..data import check_split, is_eval_problem
+from ..data.splits import check_split, is_eval_problem
 from ..errors import TaskSizeError
 from ..rewards.basic import completion_text
 
@@ -220,9 +220,9 @@ class TaskRequest:
 
 
 def arithmetic_rows(request: TaskRequest) -> list[dict[str, Any]]:
-    """Rows of the arithmetic task: :func:`groupwise.data.arithmetic_dataset` at the level's
+    """Rows of the arithmetic task: :func:`groupwise.tasks.arithmetic.arithmetic_dataset` at the level's
     digits (tens) and operands (units)."""
-    from ..data import arithmetic_dataset
+    from .arithmetic import arithmetic_dataset
 
     level = request.level
     assert level is not None

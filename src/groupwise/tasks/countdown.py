@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-from ..data import STALL_DRAWS
-from . import TaskRequest, answer_rewards, build_task, is_eval_problem
+from ..data.splits import STALL_DRAWS, is_eval_problem
+from . import TaskRequest, answer_rewards, build_task
 
 MAX_EXPRESSION_CHARS = 200
 MAX_LITERAL = 10**6

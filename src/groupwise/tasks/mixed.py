@@ -23,8 +23,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from ..data.splits import check_split
 from ..errors import TaskSizeError
-from . import CORRECTNESS_REWARDS, LEVELS, TaskRequest, _lazy, build_task, check_split
+from . import CORRECTNESS_REWARDS, LEVELS, TaskRequest, _lazy, build_task
 
 MIXED_TASKS = ("arithmetic", "countdown", "gsm", "logic", "python")
 MAX_RANK = 6

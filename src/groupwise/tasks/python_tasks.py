@@ -25,7 +25,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from . import TaskRequest, build_task, check_split, is_eval_problem
+from ..data.splits import check_split, is_eval_problem
+from . import TaskRequest, build_task
 
 SYSTEM_PROMPT = (
     "You are a careful Python programmer. Think step by step inside <think> </think>, then give "

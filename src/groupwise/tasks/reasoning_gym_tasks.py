@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from . import TaskRequest, answer_rewards, build_task, is_eval_problem
+from ..data.splits import is_eval_problem
+from . import TaskRequest, answer_rewards, build_task
 
 RG_NAMES = {"gsm": "gsm_symbolic", "logic": "knights_knaves"}
 Rows = list[dict[str, Any]]

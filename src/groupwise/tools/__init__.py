@@ -1,13 +1,7 @@
 """Multi-turn tool use: tool schemas, the tool-call format, safe execution and environments."""
 
 from .builtin import BUILTIN_TOOLS, calculator, python, resolve_tools
-from .calls import (
-    TOOL_CALL_CLOSE,
-    TOOL_CALL_OPEN,
-    ToolCall,
-    format_tool_call,
-    parse_tool_calls,
-)
+from .calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, format_tool_call, parse_tool_calls
 from .environment import (
     ENVIRONMENTS,
     Environment,

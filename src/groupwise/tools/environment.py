@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..data import is_eval_problem
+from ..data.splits import is_eval_problem
 from ..errors import ConfigError
 from .calls import parse_tool_calls
 from .toolbox import ToolBox, resolved

@@ -17,7 +17,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..data import is_conversational
+from ..data.prompts import is_conversational
 
 TOOL_INSTRUCTIONS = (
     "You can call tools. To call one, write\n"

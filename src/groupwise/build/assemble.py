@@ -1,0 +1,184 @@
+"""One step from a run's options to its parts: :func:`assemble` turns the config (with the
+model, tokenizer, device and processes already given) into a frozen :class:`Components`, and
+:func:`assemble_grpo` adds GRPO's own (curriculum, loss, dynamic sampling, top-up) from their
+sections. ``run.Trainer.__init__`` and ``GRPOTrainer.setup`` read their attributes from these,
+so what each part is built from is written once, here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+import torch
+from transformers import PreTrainedModel
+from transformers import PreTrainedTokenizerBase
+from .rollout import EngineOptions
+from .rollout import build_engine
+from .rewards import ScorerOptions
+from .rewards import build_scorer
+from ..config.grpo_config import GRPOConfig
+from ..curriculum import Curriculum
+from ..curriculum import NoCurriculum
+from ..runtime.distributed import DistributedContext
+from ..curriculum.dynamic import DynamicSampling
+from ..policy.loss import GRPOLoss
+from ..trainer.monitor import TrainingMonitor
+from ..policy.policy import Policy
+from ..policy.update import PolicyOptions
+from ..runtime.precision import Precision
+from ..rewards import RewardFunc
+from ..rollout import RolloutEngine
+from ..curriculum.base import PromptBatches
+from ..rewards.scoring import RolloutScorer
+from ..sections import Sections
+from ..curriculum.topup import TopUp
+import difflib
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+from transformers import AutoTokenizer
+from .rollout import GUESS_TASK
+from .rollout import Interaction
+from .rollout import build_interaction
+from .rollout import environment_dataset
+from .rollout import resolve_environment
+from .rollout import sampling_params
+from .rollout import with_interaction
+from ..errors import ConfigError
+from ..curriculum import CURRICULA
+from ..imports import import_callable
+from ..imports import is_import_spec
+from ..runtime.models import is_peft_model
+from ..runtime.models import load_model_and_tokenizer
+from ..runtime.precision import configure_tf32
+from ..runtime.precision import resolve_precision
+from ..runtime.precision import warn_lost_updates
+from ..rewards import reward_func_name
+from ..sections import CurriculumSection
+from ..sections import GenerationOptions
+from ..sections import ModelOptions
+from ..sections import RewardOptions
+from ..sections import RuntimeOptions
+from ..sections import SectionGroup
+from .model import apply_lora
+
+if TYPE_CHECKING:
+    from ..rewards.model import RewardModel
+
+
+@dataclass(frozen=True)
+class Components:
+    """What every trainer runs a step with: the options by section, the reward functions
+    (``scorer``), the trained ``policy`` with its optimizer and reference, the ``engine`` that
+    samples from it with ``generator``, the prompt batches, the curriculum (none until a trainer
+    sets one up) and the failure monitor."""
+
+    options: Sections
+    scorer: RolloutScorer
+    policy: Policy
+    generator: torch.Generator
+    engine: RolloutEngine
+    prompts: PromptBatches
+    curriculum: Curriculum
+    monitor: TrainingMonitor
+
+
+def assemble(
+    args: GRPOConfig,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    device: torch.device,
+    precision: Precision,
+    dist: DistributedContext,
+    train_dataset: Sequence[dict[str, Any]],
+    reward_funcs: RewardFunc | str | Sequence[RewardFunc | str] | None,
+    reward_processing_classes: Any = None,
+    interaction: Any = None,
+    environment_rewards: Sequence[Callable[..., Any]] = (),
+) -> Components:
+    """The run's parts, built in the order their random draws depend on (the reward models,
+    then the policy, then the engine's sampling generator seeded ``seed + rank``)."""
+    options = args.sections()
+    scorer = build_scorer(
+        reward_funcs,
+        ScorerOptions.from_sections(options),
+        reward_processing_classes,
+        device,
+        environment_rewards,
+    )
+    policy = Policy(model, PolicyOptions.from_sections(options), dist, device, precision)
+    # Each rank samples its own completions (the model and prompt order are shared).
+    seed = options.runtime.seed
+    generator = torch.Generator(device=device).manual_seed(seed + dist.rank)
+    engine = build_engine(
+        policy, tokenizer, EngineOptions.from_sections(options), generator, precision, interaction
+    )
+    prompts = PromptBatches(
+        train_dataset,
+        tokenizer,
+        options.batch.prompts_per_step,
+        options.data.max_prompt_length,
+        seed,
+        dist,
+        getattr(engine, "prompt_text", None),  # with tools: shown in the prompt
+        shuffle=options.data.shuffle_dataset,
+    )
+    return Components(
+        options=options,
+        scorer=scorer,
+        policy=policy,
+        generator=generator,
+        engine=engine,
+        prompts=prompts,
+        curriculum=NoCurriculum(options.batch.num_generations),
+        # Failure-mode warnings (checkpointed), reading the reward that says "solved".
+        monitor=TrainingMonitor(options.monitor, correctness_reward=scorer.correctness_name),
+    )
+
+
+@dataclass(frozen=True)
+class GRPOComponents:
+    """GRPO's own parts: the curriculum's plan and observation, the loss of a micro-batch, DAPO's
+    dynamic sampling and Reinforce-Ada's top-up rounds (both off unless configured)."""
+
+    curriculum: Curriculum
+    loss: GRPOLoss
+    dynamic: DynamicSampling
+    top_up: TopUp
+
+
+def assemble_grpo(
+    options: Sections, dist: DistributedContext, pad_token_id: int
+) -> GRPOComponents:
+    """GRPO's parts from their sections (``pad_token_id`` pads the groups joined across
+    draws)."""
+    batch = options.batch
+    return GRPOComponents(
+        curriculum=build_curriculum(
+            options.curriculum, batch.num_generations, options.runtime.seed, dist
+        ),
+        loss=GRPOLoss(options.loss, options.generation.max_completion_length),
+        dynamic=DynamicSampling.from_section(  # DAPO
+            options.dynamic_sampling, batch.prompts_per_step, dist, pad_token_id
+        ),
+        top_up=TopUp.from_section(options.curriculum, dist, pad_token_id),  # Reinforce-Ada
+    )
+
+
+def build_curriculum(
+    section: CurriculumSection, num_generations: int, seed: int, dist: DistributedContext
+) -> Curriculum:
+    """The ``curriculum`` option's class (:data:`groupwise.curriculum.CURRICULA`), built from
+    the run's ``curriculum`` section with the mean group size ``num_generations`` and the
+    ``seed`` of its own draws (the same on every rank): as the class's typed ``options_type``
+    (:mod:`groupwise.sections.curriculum`), else as a mapping of those values."""
+    kind = CURRICULA[section.curriculum]
+    values = section.with_run(num_generations, seed)
+    # A registered class without typed options is given them as a mapping (the seam's form).
+    options = values if kind.options_type is None else kind.options_type.from_config(values)
+    return kind.from_options(options, dist)

@@ -1,0 +1,28 @@
+"""The run's options: :class:`GRPOConfig` (:mod:`.grpo_config`: one dataclass with TRL's names,
+loadable from YAML and overridable from the command line) and the TRL / transformers names it
+translates or accepts (:mod:`.trl`). ``GRPOConfig.sections()`` splits it into the sections that
+the components read (:mod:`groupwise.sections`)."""
+
+from .grpo_config import (
+    CISPO_DEFAULT_CAP,
+    GENERATION_ENGINES,
+    PPO_MULTI_TURN,
+    STATIC_MULTI_TURN,
+    UNBOUNDED_FIELDS,
+    VLLM_MULTI_TURN,
+    ConfigError,
+    GRPOConfig,
+    coerce,
+    default_output_dir,
+    option_help,
+    parse_cli_overrides,
+    unused_dir,
+    world_size_from_env,
+)
+
+__all__ = [
+    "CISPO_DEFAULT_CAP", "GENERATION_ENGINES", "PPO_MULTI_TURN", "STATIC_MULTI_TURN",
+    "UNBOUNDED_FIELDS", "VLLM_MULTI_TURN", "ConfigError", "GRPOConfig", "coerce",
+    "default_output_dir", "option_help", "parse_cli_overrides", "unused_dir",
+    "world_size_from_env",
+]  # fmt: skip

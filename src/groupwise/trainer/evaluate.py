@@ -1,0 +1,103 @@
+"""Evaluation during training: what ``Trainer.evaluate()`` computes on one evaluation set.
+
+The mean of every reward function over one completion per prompt, and with
+``eval_num_generations`` pass@k / mean@k (overall and per difficulty level), generated through
+the training engine (so in the rollouts' numerics); the reward functions' ``log_metric`` values
+as ``eval/<metric>``. ``Trainer.evaluate()`` (run/trl_api.py) takes TRL's argument forms and a dict
+of sets and calls :func:`evaluation_metrics` per set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from .. import evaluation
+from ..build.rollout import sampling_params
+from ..config.grpo_config import GRPOConfig
+from ..policy.policy import Policy
+from ..rewards.scoring import RolloutScorer
+from ..rollout import Rollout
+
+Score = Callable[[Sequence[dict[str, Any]], Rollout], tuple[torch.Tensor, torch.Tensor]]
+
+
+def evaluation_metrics(
+    dataset: Sequence[dict[str, Any]],
+    args: GRPOConfig,
+    *,
+    engine: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    policy: Policy,
+    scorer: RolloutScorer,
+    score: Score,
+    batch_size: int | None,
+    greedy: bool,
+    loss: Callable[[Sequence[dict[str, Any]], int], dict[str, float]] | None = None,
+) -> dict[str, float]:
+    """The ``eval/*`` metrics of ``dataset`` (a list of rows): ``batch_size`` (default
+    ``per_device_eval_batch_size``) prompts at a time, greedy or sampled at the training
+    temperature; ``score(rows, rollout)`` rewards the completions; ``loss(rows, batch_size)``
+    adds the algorithm's ``eval_loss`` (TRL's) where it has one."""
+    batch_size = batch_size or args.per_device_eval_batch_size
+    combine = scorer.combine
+    # log_metric values of training steps stay apart from this evaluation's
+    training, combine.pending_metrics = combine.pending_metrics, {}
+    try:
+        with policy.full_weights():  # FSDP: generation calls the unwrapped model
+            result = evaluation.reward_means(
+                engine,
+                tokenizer,
+                dataset,
+                score,
+                scorer.names,
+                sampling_params(args.sections().generation, greedy=greedy),
+                batch_size=batch_size,
+                max_prompt_length=args.max_prompt_length,
+            )
+            if greedy and args.eval_num_generations > 0:
+                result.update(_pass_at_k(dataset, args, engine, tokenizer, scorer))
+        policy.model.train()
+        if loss is not None:
+            result.update(loss(dataset, batch_size))
+        result.update({f"eval/{k}": v for k, v in combine.take_metrics().items()})
+    finally:
+        combine.pending_metrics = training
+    return result
+
+
+def _pass_at_k(
+    dataset: Sequence[dict[str, Any]],
+    args: GRPOConfig,
+    engine: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    scorer: RolloutScorer,
+) -> dict[str, float]:
+    """pass@k / mean@k of ``eval_num_generations`` samples per prompt, overall and per
+    difficulty level."""
+    res = evaluation.evaluate_model(
+        engine,
+        tokenizer,
+        dataset,
+        scorer.funcs,
+        n=args.eval_num_generations,
+        ks=args.eval_ks,
+        temperature=args.temperature if args.temperature > 0 else 1.0,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_completion_length=args.max_completion_length,
+        max_prompt_length=args.max_prompt_length,
+        seed=args.seed,
+    )
+    result = {}
+    for key, value in res.summary["overall"].items():
+        if key != "num_prompts" and isinstance(value, (int, float)):
+            result[f"eval/{key}"] = float(value)
+    for level, block in res.summary["by_difficulty"].items():
+        for key, value in block.items():
+            if key.startswith(("pass@", "mean@")) or key in ("accuracy", "num_prompts"):
+                result[f"eval/difficulty_{level}/{key}"] = float(value)
+    return result

@@ -1,0 +1,241 @@
+"""Step metrics: one step's rollout, scores and update statistics as the metric dict the run
+logs (docs/metrics.md), with the phase timer and the compute ledger behind them.
+
+:class:`StepMetrics` is what a trainer's ``train_step`` ends with (through
+``Trainer.step_logs``, or :meth:`StepMetrics.report` with what the step ends on: the
+curriculum's observation and the records' copy of the batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from ..algo.advantages import group_reward_std, zero_std_groups_fraction
+from ..curriculum import Plan
+from ..policy.policy import Policy
+from ..policy.update import UpdateStats
+from ..rewards.scoring import RolloutScorer, Scores
+from ..rollout import Rollout
+from ..rollout.multiturn import conversation_logs
+from ..runtime.distributed import DistributedContext, all_reduce_sum, reduce_metrics
+from .records import RunRecords
+
+
+class Timings(Protocol):
+    """A step's wall time by phase (``run.PhaseTimer``): seconds per phase, and in all."""
+
+    phases: dict[str, float]
+
+    @property
+    def total(self) -> float: ...
+
+
+class ComputeLedger:
+    """What the run has spent so far (checkpointed, so a resumed run continues the totals):
+    generated completion tokens, rollouts, prompt groups and informative groups (correctness
+    that varies, :func:`groupwise.algo.advantages.informative_groups`) and optimizer steps, over every
+    rank. :meth:`record` adds one step and returns its ``compute/*`` metrics."""
+
+    KEYS = ("generated_tokens", "rollouts", "groups", "informative_groups", "optimizer_steps")
+
+    def __init__(self) -> None:
+        self.totals: dict[str, int] = dict.fromkeys(self.KEYS, 0)
+
+    def record(self, step: dict[str, int]) -> dict[str, float]:
+        for key in self.KEYS:
+            self.totals[key] += step[key]
+        logs: dict[str, float] = {}
+        for key in ("generated_tokens", "rollouts", "informative_groups", "optimizer_steps"):
+            logs[f"compute/{key}"] = float(step[key])
+            logs[f"compute/{key}_total"] = float(self.totals[key])
+        logs["compute/informative_groups_per_rollout"] = step["informative_groups"] / max(
+            step["rollouts"], 1
+        )
+        logs["compute/informative_groups_per_rollout_total"] = self.totals[
+            "informative_groups"
+        ] / max(self.totals["rollouts"], 1)
+        return logs
+
+    def state_dict(self) -> dict[str, int]:
+        return dict(self.totals)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.totals = {key: int(state.get(key, 0)) for key in self.KEYS}
+
+
+def sequence_tokens(rollout: Rollout) -> tuple[int, int]:
+    """A rollout's prompt and completion tokens (padding excluded), counted as verl counts a
+    batch: verl's batch holds every completion with its own copy of the prompt, so a prompt's
+    tokens count once per completion, not once per group."""
+    per_prompt = rollout.prompt_mask.sum(dim=1)
+    prompt = int(per_prompt[rollout.group_ids.to(per_prompt.device)].sum())
+    return prompt, int(rollout.completion_mask.sum())
+
+
+def verl_throughput(
+    prompt_tokens: int, completion_tokens: int, step_seconds: float, world_size: int
+) -> dict[str, float]:
+    """verl's ``perf/*`` throughput metrics, so its users can compare runs at a glance: the
+    step's prompt + completion tokens over every rank, and those tokens per second per device
+    (total / (step seconds x world size)). Unlike ``tokens_per_second`` (completion tokens
+    only), prompts count, which is the work the update's forward passes do."""
+    total = prompt_tokens + completion_tokens
+    return {
+        "perf/total_num_tokens": float(total),
+        "perf/throughput": total / (max(step_seconds, 1e-9) * world_size),
+    }
+
+
+def rollout_mismatch_logs(
+    stats: Sequence[tuple[torch.Tensor, torch.Tensor]],
+) -> dict[str, float]:
+    """TRL's sampling/* metrics over a step: |logp_trainer - logp_sampler| per token and the
+    rollout-correction weights (whether or not they are applied)."""
+    diff = torch.cat([d for d, _ in stats])
+    weights = torch.cat([w for _, w in stats])
+    if diff.numel() == 0:  # every token masked; all ranks must still log the same keys
+        diff = weights = torch.zeros(1)
+    return {
+        "sampling/sampling_logp_difference/mean": float(diff.mean()),
+        "sampling/sampling_logp_difference/max": float(diff.max()),
+        "sampling/importance_sampling_ratio/min": float(weights.min()),
+        "sampling/importance_sampling_ratio/mean": float(weights.mean()),
+        "sampling/importance_sampling_ratio/max": float(weights.max()),
+    }
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one GRPO step produced on this rank: its prompt rows and plan, the rollout, its
+    scores and (weighted-before-the-curriculum) advantages, and the update's statistics."""
+
+    rows: list[dict[str, Any]]
+    plan: Plan
+    rollout: Rollout
+    scores: Scores
+    advantages: torch.Tensor
+    stats: UpdateStats
+
+
+class StepMetrics:
+    """A step's metric dict: rewards, completion lengths, loss terms, optimisation, timing and
+    throughput, the trainer's ``extra`` blocks, the reward functions' ``log_metric`` values and
+    the compute ledger's ``compute/*``, averaged over ranks (docs/metrics.md).
+
+    ``spent(rollout, scores)`` counts what the step cost (``Trainer.compute_spent``: a trainer
+    that generated more than it trained on, as dynamic sampling does, adds its drops);
+    ``num_iterations`` turns the update's summed entropy into a per-token mean."""
+
+    def __init__(
+        self,
+        dist: DistributedContext,
+        scorer: RolloutScorer,
+        policy: Policy,
+        ledger: ComputeLedger,
+        spent: Callable[[Rollout, Scores], dict[str, int]],
+        num_generations: int,
+        num_iterations: int,
+    ) -> None:
+        self.dist, self.scorer, self.policy, self.ledger = dist, scorer, policy, ledger
+        self.spent = spent
+        self.num_generations, self.num_iterations = num_generations, num_iterations
+
+    def __call__(
+        self,
+        step: int,
+        rollout: Rollout,
+        scores: Scores,
+        stats: UpdateStats,
+        timer: Timings,
+        extra: Sequence[dict[str, float]] = (),
+        *,
+        zero_std: bool = True,
+        engine: Any = None,
+    ) -> dict[str, float]:
+        """``zero_std=False`` (PPO, whose critic gives equal rewards nonzero advantages) leaves
+        out ``frac_reward_zero_std``; ``engine`` is read for a multi-turn run's timing."""
+        rewards, group_ids = scores.rewards, rollout.group_ids.cpu()
+        logs: dict[str, float] = {
+            "step": step,
+            "reward": float(torch.nanmean(rewards)) if not torch.isnan(rewards).all() else 0.0,
+        }
+        if zero_std:
+            logs["reward_std"] = float(torch.nanmean(group_reward_std(rewards, group_ids)))
+            logs["frac_reward_zero_std"] = zero_std_groups_fraction(rewards, group_ids)
+        elif self.num_generations > 1:
+            logs["reward_std"] = float(torch.nanmean(group_reward_std(rewards, group_ids)))
+        logs.update(self.scorer.logs(scores.per_func))
+        logs.update(self._update_and_timing(rollout, stats, timer))
+        # verl's perf/throughput: every rank's prompt + completion tokens, per device-second.
+        tokens = torch.tensor(sequence_tokens(rollout), dtype=torch.float64)
+        prompt_tokens, completion_tokens = (int(v) for v in all_reduce_sum(tokens, self.dist))
+        world = self.dist.world_size
+        logs.update(verl_throughput(prompt_tokens, completion_tokens, timer.total, world))
+        if rollout.conversations is not None:  # multi-turn: tool use, turns, masked tokens
+            logs.update(conversation_logs(rollout, scores.correctness))
+            timing = getattr(engine, "timing", {})
+            logs["time/environment"] = timing.get("env_s", 0.0)
+            logs["time/context_insert"] = timing.get("insert_s", 0.0)
+        for block in extra:
+            logs.update(block)
+        logs.update(self.scorer.combine.take_metrics())  # the reward functions' log_metric
+        logs.update(self.ledger.record(self.spent(rollout, scores)))
+        if stats.mismatch:
+            logs.update(rollout_mismatch_logs(stats.mismatch))
+        logs = reduce_metrics(logs, self.dist)
+        if stats.skipped:
+            logs["nonfinite_step"] = 1.0
+        return logs
+
+    def report(
+        self,
+        step: int,
+        result: StepResult,
+        timer: Timings,
+        extra: Sequence[dict[str, float]],
+        *,
+        records: RunRecords,
+        engine: Any = None,
+    ) -> dict[str, float]:
+        """The end of a step: the records keep the batch for completions.jsonl, then the
+        step's metrics (:meth:`__call__`)."""
+        rollout, scores, stats = result.rollout, result.scores, result.stats
+        records.keep_batch(result.rows, rollout, scores, result.advantages, result.plan)
+        return self(step, rollout, scores, stats, timer, extra, engine=engine)
+
+    def _update_and_timing(
+        self, rollout: Rollout, stats: UpdateStats, timer: Timings
+    ) -> dict[str, float]:
+        """Completion lengths, the update's loss terms and the phases' wall times."""
+        lengths = rollout.lengths.float()
+        gen_tokens = int(rollout.completion_mask.sum())
+        generation = timer.phases.get("generation", 0.0)
+        sums = stats.sums
+        # Entropy per token: tokens counts every rank's tokens and reduce_metrics averages the
+        # ranks' shares, hence the world size.
+        world = self.dist.world_size
+        entropy = stats.entropy_sum * world / float(stats.tokens) / self.num_iterations
+        return {
+            "completions/mean_length": float(lengths.mean()),
+            "completions/min_length": float(lengths.min()),
+            "completions/max_length": float(lengths.max()),
+            "completions/clipped_ratio": float(rollout.truncated.float().mean()),
+            "loss": sums.get("loss", 0.0),
+            "kl": sums.get("kl", 0.0),
+            "clip_ratio/low_mean": sums.get("clip_ratio/low_mean", 0.0),
+            "clip_ratio/high_mean": sums.get("clip_ratio/high_mean", 0.0),
+            "clip_ratio/region_mean": sums.get("clip_ratio/region_mean", 0.0),
+            "entropy": entropy,
+            "grad_norm": float(stats.grad_norm),
+            "learning_rate": self.policy.learning_rate,
+            "time/generation": generation,
+            "time/scoring": timer.phases.get("scoring", 0.0),
+            "time/update": timer.phases.get("update", 0.0),
+            "time/step": timer.total,
+            "tokens_per_second": gen_tokens / timer.total,
+            "generation_tokens_per_second": gen_tokens / max(generation, 1e-9),
+        }
