@@ -39,8 +39,8 @@ import groupwise.rollout.hf as rollout_module  # the engine's generation code
 from groupwise.algo.advantages import group_advantages
 from groupwise.algo.grpo import policy_loss
 from groupwise.data.prompts import tokenize_prompts
-from groupwise.policy.batching import micro_batch_rows, prompt_blocks, trimmed_completions
 from groupwise.policy.logprobs import completion_logprobs
+from groupwise.policy.update import micro_batch_rows, prompt_blocks, trimmed_completions
 from groupwise.rollout import Rollout, SamplingParams, generate
 from groupwise.runtime.models import load_model_and_tokenizer
 from groupwise.tasks.arithmetic import arithmetic_dataset

@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import groupwise.distributed
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import Backend, BackendConfig
 
 import groupwise
+import groupwise.runtime.distributed
 
 GROUPWISE = str(Path(groupwise.__file__).resolve().parent) + os.sep
 

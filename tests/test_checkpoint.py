@@ -16,8 +16,9 @@ from safetensors.torch import load_file
 
 from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise import checkpoint as ckpt
 from groupwise.errors import ConfigError
+from groupwise.trainer import checkpoints as ckpt
+from groupwise.trainer.records import clear_earlier_run
 
 # Keys whose values depend on the wall clock; everything else must match bitwise.
 TIMING_KEYS = ("time/", "tokens_per_second", "generation_tokens_per_second", "perf/throughput")
@@ -312,5 +313,5 @@ def test_overwrite_clears_the_run_record_with_the_rest(tmp_path):
     # run.json (version, device, dates, wall time) describes the earlier run: it goes with it.
     for name in ("run.json", "rewards.json", "config.yaml", "notes.txt"):
         (tmp_path / name).write_text("{}")
-    assert ckpt.clear_earlier_run(tmp_path) == ["config.yaml", "rewards.json", "run.json"]
+    assert clear_earlier_run(tmp_path) == ["config.yaml", "rewards.json", "run.json"]
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]

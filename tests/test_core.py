@@ -1,4 +1,4 @@
-"""Tests for groupwise.<deleted> against values computed by hand (arithmetic in the comments)."""
+"""Tests for groupwise.algo against values computed by hand (arithmetic in the comments)."""
 
 import math
 

@@ -603,7 +603,7 @@ def test_torchrun_fsdp_matches_ddp_with_real_generation(tmp_path):
 def test_ppo_with_fsdp_is_refused(tmp_path, monkeypatch):
     """The critic is replicated with DDP only: ppo + fsdp under torchrun is a ConfigError,
     raised before anything is loaded (a world of two is faked; no process group is joined)."""
-    import groupwise.run as run_module
+    import groupwise.trainer.base as run_module
     from groupwise import GRPOConfig, PPOTrainer
     from groupwise.errors import ConfigError
     from groupwise.runtime.distributed import DistributedContext
@@ -646,7 +646,7 @@ CHECKED_SCRIPT = (
         f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
-        import groupwise.run  # imports init_distributed by name: patched there too
+        import groupwise.trainer.base  # imports init_distributed by name: patched there too
         import collective_check
         collective_check.install()
         """
@@ -787,8 +787,9 @@ MIXED_PRECISION_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
     import torch.distributed as dist
-    from groupwise.distributed import DistributedContext, fsdp_full_weights, shard_fsdp
-    from groupwise.models import tiny_random_model
+    from groupwise.policy.parallel import fsdp_full_weights, shard_fsdp
+    from groupwise.runtime.distributed import DistributedContext
+    from groupwise.runtime.models import tiny_random_model
 
     dist.init_process_group("gloo", rank=0, world_size=1)
     out = {}
@@ -828,7 +829,7 @@ EXIT_SCRIPT = textwrap.dedent(
     import torch
     import torch.distributed as dist
 
-    from groupwise.distributed import all_reduce_sum, init_distributed
+    from groupwise.runtime.distributed import all_reduce_sum, init_distributed
 
     # Each rank writes its own file (the ranks share stdout, where lines can interleave).
     path = f"rank-{os.environ['RANK']}.txt"

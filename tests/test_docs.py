@@ -196,10 +196,10 @@ def test_every_named_function_exists():
 
 def test_resolver_rejects_a_wrong_name():
     modules = _groupwise_modules()
-    assert resolve("core.pass_at_k", modules) is groupwise.core.pass_at_k
+    assert resolve("algo.pass_at_k", modules) is groupwise.algo.pass_at_k
     assert resolve("torch.std", modules) is None
     with pytest.raises(AttributeError, match="no pass_at_kk"):
-        resolve("core.pass_at_kk", modules)
+        resolve("algo.pass_at_kk", modules)
     with pytest.raises(AttributeError):
         resolve("groupwise.curriculum.gdro.PromptGDRO.no_such_method", modules)
 

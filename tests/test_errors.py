@@ -640,8 +640,7 @@ def test_reward_timeout_is_an_option() -> None:
 
 # --- models, data encodings, long prompts --------------------------------------------------
 def test_a_model_typo_suggests_the_built_in_name_without_asking_the_hub(monkeypatch) -> None:
-    import groupwise.models as models
-
+    import groupwise.runtime.models as models
     from groupwise.errors import ModelLoadError
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

@@ -3,7 +3,8 @@ import shutil
 import torch
 
 from conftest import TargetToken, tiny_config
-from groupwise import GRPOTrainer, models
+from groupwise import GRPOTrainer
+from groupwise.runtime import models
 from groupwise.runtime.models import (
     _atomic_save,
     build_tiny_random_model,

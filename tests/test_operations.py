@@ -3,10 +3,10 @@ events.jsonl, TensorBoard gets the metrics, the loss-is-zero note appears once."
 
 import json
 
-import groupwise.grpo_loss as grpo_loss_module
 import pytest
 import torch
 
+import groupwise.policy.loss as grpo_loss_module
 from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.trainer.checkpoints import TrainingStopped

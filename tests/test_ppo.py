@@ -480,7 +480,7 @@ def test_lora_policy_gets_a_plain_critic(tmp_path):
 def test_policy_loss_gets_whitened_token_advantages(tmp_path, monkeypatch):
     # The wiring: the surrogate sees each token's own GAE advantage, whitened over the batch (not
     # one advantage per sequence), and the critic sees the GAE returns.
-    import groupwise.ppo as ppo
+    import groupwise.trainer.ppo as ppo
 
     seen = {"policy": [], "value": []}
 

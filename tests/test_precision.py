@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from groupwise import GRPOTrainer, precision
-from groupwise import checkpoint as ckpt
+from groupwise import GRPOTrainer
 from groupwise.config.grpo_config import GRPOConfig
 from groupwise.errors import ConfigError
-from groupwise.policy.reference import OffloadedWeights, frozen_copy
+from groupwise.policy.weights import OffloadedWeights, frozen_copy
+from groupwise.runtime import precision
 from groupwise.runtime.precision import PrecisionWarning, resolve_precision
+from groupwise.trainer import checkpoints as ckpt
 from groupwise.trainer.base import PhaseTimer
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)

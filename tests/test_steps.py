@@ -19,7 +19,7 @@ from groupwise.algo.grpo import policy_loss
 from groupwise.curriculum import CURRICULA, Curriculum, Plan, PromptBatch
 from groupwise.curriculum.gdro import PromptGDROCurriculum
 from groupwise.errors import ConfigError
-from groupwise.policy.batching import minibatch_prompts
+from groupwise.policy.update import minibatch_prompts
 from groupwise.rollout import Rollout
 from groupwise.rollout.base import select_prompts
 from groupwise.trainer.metrics import sequence_tokens, verl_throughput
@@ -176,7 +176,7 @@ def test_informative_groups_use_the_population_std():
 
 def test_one_definition_of_informative_serves_metric_dynamic_sampling_and_curricula():
     """The compute metric, DAPO dynamic sampling, select's top-up and select's curriculum all
-    count a group as informative by groupwise.core.informative_groups on the correctness
+    count a group as informative by groupwise.algo.informative_groups on the correctness
     score, not the shaped total."""
     from types import SimpleNamespace
 

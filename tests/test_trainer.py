@@ -9,9 +9,9 @@ from transformers import AutoModelForCausalLM
 from conftest import TargetToken
 from conftest import tiny_config as _config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.policy.batching import micro_batch_rows, prompt_blocks, scatter_rows
 from groupwise.policy.logprobs import completion_logprobs
-from groupwise.policy.optimizer import lr_factor
+from groupwise.policy.policy import lr_factor
+from groupwise.policy.update import micro_batch_rows, prompt_blocks, scatter_rows
 from groupwise.rewards.calls import RewardFunctionError
 from groupwise.rollout import Rollout
 
@@ -94,7 +94,7 @@ def test_beta_zero_never_builds_reference_model(tmp_path, monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a reference model copy was made with beta == 0")
 
-    monkeypatch.setattr("groupwise.policy.reference.frozen_copy", forbidden)
+    monkeypatch.setattr("groupwise.policy.policy.frozen_copy", forbidden)
     trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=_config(tmp_path, beta=0.0))
     assert trainer.ref_model is None
     trainer.train()

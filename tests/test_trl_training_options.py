@@ -19,7 +19,7 @@ from groupwise.algo.grpo import high_entropy_mask, off_policy_sequence_mask, pol
 from groupwise.algo.losses import BatchCounts, MicroBatch, vespo_weights
 from groupwise.errors import ConfigError
 from groupwise.policy.loss import GRPOLoss
-from groupwise.policy.reference import mix_weights
+from groupwise.policy.weights import mix_weights
 
 ROWS = [{"prompt": f"Say something number {i}"} for i in range(8)]
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from conftest import SELECT_ROWS, first_token_parity, select_config
-from groupwise import checkpoint as ckpt
 from groupwise.config.grpo_config import GRPOConfig
 from groupwise.curriculum import CURRICULA, GlobalRows, PromptBatch, SelectCurriculum
 from groupwise.curriculum.select import (
@@ -31,6 +30,7 @@ from groupwise.curriculum.select import (
     weighted_choice,
 )
 from groupwise.errors import ConfigError
+from groupwise.trainer import checkpoints as ckpt
 
 # --- the math, by hand ---------------------------------------------------------------------------
 

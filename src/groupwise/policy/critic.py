@@ -13,8 +13,8 @@ from ..rollout import Rollout
 from ..runtime.distributed import DistributedContext
 from ..runtime.models import load_model_and_tokenizer
 from ..sections import Sections
-from .batching import trimmed_completions
-from .optimizer import Trainable
+from .policy import Trainable
+from .update import trimmed_completions
 
 CRITIC_DIR = "critic"
 

@@ -2,11 +2,11 @@
 weights in and out.
 
 :class:`Policy` composes three parts: the trained network under data parallel
-(:class:`~groupwise.policy.optimizer.Trainable`: its DDP wrapper or FSDP2 root, AdamW and LR
-schedule), the frozen reference (:class:`~groupwise.policy.reference.Reference`: a copy,
+(:class:`~groupwise.policy.policy.Trainable`: its DDP wrapper or FSDP2 root, AdamW and LR
+schedule), the frozen reference (:class:`~groupwise.policy.policy.Reference`: a copy,
 offloaded or not, or the LoRA adapter disabled) and the micro-batched update
-(:class:`~groupwise.policy.update.PolicyUpdate`, which runs this policy's forwards). The two
-calls of a step:
+(:mod:`groupwise.policy.update`, functions that run this policy's forwards). The two calls of
+a step:
 
     inputs = policy.prepare(rollout, advantages, row_weights)  # pi_old (mu > 1), pi_ref (beta > 0)
     stats = policy.update(inputs, loss)                        # one optimizer pass
@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -30,27 +31,260 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import PreTrainedModel
 
 from ..algo.losses import LossTerms, MicroBatch
-from ..errors import first_line
+from ..errors import ConfigError
 from ..rollout import Rollout, RolloutEngine
-from ..runtime.distributed import DistributedContext, any_rank
+from ..runtime.distributed import DistributedContext, all_reduce_sum, any_rank
 from ..runtime.precision import Precision
-from .batching import prompt_blocks, trimmed_completions
+from . import update
 from .logprobs import completion_logprobs
-from .optimizer import Trainable
 from .parallel import LogprobModule, fsdp_full_weights, shard_fsdp
-from .reference import Reference
 from .update import (
     GenerationBatch,
     PolicyInputs,
     PolicyOptions,
-    PolicyUpdate,
+    TrainedNetwork,
     UpdateStats,
+    prompt_blocks,
+    trimmed_completions,
 )
+from .weights import (
+    OffloadedWeights,
+    frozen_copy,
+    full_state_dict,
+    load_weights,
+    mix_weights,
+    save_pretrained,
+)
+
+if TYPE_CHECKING:
+    from ..sections import BatchOptions, OptimizationOptions
+
+
+# ----------------------------------------------------------------------------------------------
+# The trained network
+#
+# One trained network under data parallel, and its optimizer schedule.
+#
+# :class:`Trainable` is a network with its DDP wrapper or FSDP2 root, its AdamW and LR schedule,
+# gradient sync, clipping and the optimizer step; the policy (:class:`groupwise.policy.policy.Policy`)
+# and the PPO critic are each one. :func:`apply_lora` makes only a LoRA adapter's parameters
+# train.
+
+
+def lr_factor(optimization: OptimizationOptions, total_steps: int) -> Callable[[int], float]:
+    """The LR multiplier per optimizer step: linear warm-up over ``warmup_steps`` (or
+    ``ceil(warmup_ratio * total_steps)``), then constant, linear decay or cosine decay to 0 at
+    ``total_steps``."""
+    warmup = optimization.warmup_steps_for(total_steps)
+    schedule = optimization.lr_scheduler_type
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        progress = min(max(progress, 0.0), 1.0)
+        if schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def optimizer_steps(batch: BatchOptions, steps: int) -> int:
+    """Optimizer steps in ``steps`` groupwise steps (generation batches): every generation
+    batch is split into ``optimizer_steps_per_generation`` mini-batches, each stepped once per
+    pass, ``num_iterations`` passes."""
+    return steps * batch.optimizer_steps_per_generation * batch.num_iterations
+
+
+
+
+class Trainable:
+    """A network trained under data parallel: ``module`` (the plain network, which checkpoints
+    and ``save_pretrained`` read), ``wrapper`` (what its training forward goes through: DDP, the
+    FSDP2 root, or None in one process), AdamW and its LR schedule (from ``optimization``, over
+    the optimizer steps that ``batch`` makes of ``max_steps``)."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        wrapper: Any,
+        optimization: OptimizationOptions,
+        batch: BatchOptions,
+        dist: DistributedContext,
+        learning_rate: float,
+        after_step: Callable[[], None] | None = None,
+    ) -> None:
+        self.module, self.wrapper, self.dist = module, wrapper, dist
+        self.optimization, self.after_step = optimization, after_step
+        self.optimizer = torch.optim.AdamW(
+            [p for p in module.parameters() if p.requires_grad],
+            lr=learning_rate,
+            betas=(optimization.adam_beta1, optimization.adam_beta2),
+            eps=optimization.adam_epsilon,
+            weight_decay=optimization.weight_decay,
+        )
+        # The schedule spans the run's optimizer steps: max_steps generation batches (the
+        # sections are read after max_steps=-1 is made concrete for the dataset).
+        total = optimizer_steps(batch, optimization.max_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(optimization, total)
+        )
+
+    @property
+    def sharded(self) -> bool:
+        return self.wrapper is not None and not isinstance(self.wrapper, DistributedDataParallel)
+
+    @contextlib.contextmanager
+    def gradient_sync(self, sync: bool) -> Iterator[None]:
+        """Gradient accumulation: DDP all-reduces (FSDP reduce-scatters) only when ``sync``."""
+        if self.sharded:
+            self.wrapper.set_requires_gradient_sync(sync)
+        if isinstance(self.wrapper, DistributedDataParallel) and not sync:
+            with self.wrapper.no_sync():
+                yield
+        else:
+            yield
+
+    def clip_grad_norm(self) -> Tensor:
+        max_norm = self.optimization.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
+        if hasattr(norm, "full_tensor"):  # FSDP: a DTensor (a partial norm per rank)
+            norm = norm.full_tensor()
+        return norm
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        """The optimizer step and the schedule's, then ``after_step`` (the policy's: TR-DPO's
+        reference update)."""
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.after_step is not None:
+            self.after_step()
+
+    def global_sum(self, value: Tensor) -> Tensor:
+        """``value`` summed over every rank (itself in one process)."""
+        return all_reduce_sum(value, self.dist)
+
+    @property
+    def learning_rate(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def optimizer_state_dict(self) -> dict[str, Any]:
+        """The optimizer state; under FSDP the full (unsharded) state keyed by parameter name,
+        gathered to rank 0 (a collective; other ranks get an empty dict)."""
+        if not self.sharded:
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(self.module, self.optimizer, options=options)
+
+    def load_optimizer_state_dict(self, state: dict[str, Any]) -> None:
+        if not self.sharded:
+            self.optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        # Every rank read the full state (keyed by parameter name); each keeps its own shards.
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(self.module, self.optimizer, state, options=options)
+
+
+# ----------------------------------------------------------------------------------------------
+# The frozen reference
+#
+# The frozen reference policy pi_ref of the KL term (DeepSeekMath eq. 3: beta * KL[pi, pi_ref]).
+#
+# A full fine-tune keeps a frozen copy of the initial weights, in one of three layouts:
+#
+# - resident: on the policy's device, beside the policy;
+# - offloaded (``ref_model_offload``): in pinned CPU memory; each step copies it to the GPU once
+#   (asynchronously, from page-locked memory), computes every micro-batch's reference log-probs,
+#   and drops the GPU copy. Nothing is copied back: the weights are frozen;
+# - sharded (``data_parallel: fsdp``): FSDP2-sharded like the policy, each rank holding 1/N; its
+#   full weights are gathered once per step for the no-grad forwards.
+#
+# The copy is made tensor by tensor straight onto its target, so an offloaded reference never
+# exists twice on the GPU. With LoRA there is no copy at all: the reference is the policy with its
+# adapter disabled (:class:`groupwise.policy.policy.Policy`).
+#
+# "Frozen" unless ``sync_ref_model`` (TRL's TR-DPO option) mixes the policy into it every
+# ``ref_model_sync_steps`` optimizer steps (:func:`mix_weights`).
+
+
+
+
+
+
+
+
+class Reference:
+    """The frozen copy of the policy's initial weights (``module``) and :meth:`weights`, the
+    block inside which its forwards run.
+
+    ``shard``: the FSDP2 sharding function (``distributed.shard_fsdp`` bound to the run's mesh)
+    when the policy is sharded; ``gather``: the matching full-weights context
+    (``distributed.fsdp_full_weights``)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        *,
+        offload: bool = False,
+        shard: Callable[[torch.nn.Module], Any] | None = None,
+        gather: Callable[[Any], contextlib.AbstractContextManager] | None = None,
+    ) -> None:
+        if offload and shard is not None:
+            raise ConfigError(
+                "ref_model_offload with data_parallel=fsdp: the reference is already sharded "
+                "over the ranks (1/N of it per GPU); drop ref_model_offload"
+            )
+        offload = offload and device.type != "cpu"
+        target = torch.device("cpu") if offload else device
+        self.module = frozen_copy(model, target, pin=offload and torch.cuda.is_available())
+        self.offloaded = OffloadedWeights(self.module, device) if offload else None
+        self.root = shard(self.module) if shard is not None else None
+        self._gather = gather
+
+    def mix_from(self, policy: torch.nn.Module, alpha: float) -> None:
+        """The soft update of :func:`mix_weights` from the policy (same layout: both sharded
+        alike under FSDP, each rank mixing its own shards)."""
+        mix_weights(self.module, policy, alpha)
+
+    @contextlib.contextmanager
+    def weights(self) -> Iterator[None]:
+        """The full reference weights on the policy's device for the block: moved there
+        (offloaded), gathered (sharded), or already there."""
+        if self.offloaded is not None:
+            with self.offloaded.on_device():
+                yield
+        elif self.root is not None and self._gather is not None:
+            with self._gather(self.root):
+                yield
+        else:
+            yield
+
+
+# ----------------------------------------------------------------------------------------------
+# The policy
 
 
 class Policy:
     """The language model being trained, its reference and its forwards; its network and
-    optimizer are :attr:`network`'s, its update :attr:`updater`'s.
+    optimizer are :attr:`network`'s (a :class:`~groupwise.policy.policy.Trainable`), its
+    update the functions of :mod:`groupwise.policy.update`, which call back into its methods.
 
     Data parallel (torchrun): with ``data_parallel: ddp`` the training forward goes through
     DistributedDataParallel (constructing it broadcasts rank 0's parameters); with ``fsdp`` the
@@ -100,7 +334,8 @@ class Policy:
             model, wrapper, optimization, options.batch, dist, optimization.learning_rate,
             after_step=self._sync_reference,
         )  # fmt: skip
-        self.updater = PolicyUpdate(self, self.network, options, dist, device)
+        # A derived count of the batch section, read once (the update runs every step).
+        self.optimizer_steps_per_generation = options.batch.optimizer_steps_per_generation
         self._full_weights_depth = 0
 
     def _sync_reference(self) -> None:
@@ -111,9 +346,11 @@ class Policy:
             if self.scheduler.last_epoch % reference.ref_model_sync_steps == 0:
                 self.reference.mix_from(self.model, reference.ref_model_mixup_alpha)
 
-    # -- the update's calls (PolicyUpdate) --------------------------------------------------------
+    # -- the update (policy/update.py): each call goes through these methods --------------------
     def micro_batches(self, rollout: Rollout) -> list[Tensor]:
-        return self.updater.micro_batches(rollout)
+        """Row-index micro-batches of ``per_device_train_batch_size`` rows (whole groups when
+        the groups are uniform and fit, sorted by length with ``group_by_length``)."""
+        return update.micro_batches(self.options, rollout)
 
     def prepare(
         self,
@@ -124,32 +361,39 @@ class Policy:
         need_old: bool | None = None,
         exclude_rows: Tensor | None = None,
     ) -> PolicyInputs:
-        return self.updater.prepare(
-            rollout, advantages, row_weights, need_old=need_old, exclude_rows=exclude_rows
+        """The batch prepared for :meth:`update` (:func:`groupwise.policy.update.prepare`)."""
+        return update.prepare(
+            self, rollout, advantages, row_weights, need_old=need_old, exclude_rows=exclude_rows
         )
 
     def update(
         self,
         inputs: PolicyInputs,
         loss: Callable[[Tensor, MicroBatch], LossTerms],
-        also: Sequence[Trainable] = (),
+        also: Sequence[TrainedNetwork] = (),
     ) -> UpdateStats:
-        return self.updater.update(inputs, loss, also)
+        """One optimizer pass over a prepared batch (:func:`groupwise.policy.update.update`)."""
+        return update.update(self, inputs, loss, also)
 
     def prepare_generation(
         self, rollout: Rollout, advantages: Tensor, row_weights: Tensor | None = None
     ) -> GenerationBatch:
-        return self.updater.prepare_generation(rollout, advantages, row_weights)
+        """A generation batch's mini-batches, each prepared
+        (:func:`groupwise.policy.update.prepare_generation`)."""
+        return update.prepare_generation(self, rollout, advantages, row_weights)
 
     def train_generation(
         self, batch: GenerationBatch, loss: Callable[[Tensor, MicroBatch], LossTerms]
     ) -> UpdateStats:
-        return self.updater.train_generation(batch, loss)
+        """``num_iterations`` passes over a prepared generation batch
+        (:func:`groupwise.policy.update.train_generation`)."""
+        return update.train_generation(self, batch, loss)
 
     def loss_value(
         self, rollout: Rollout, advantages: Tensor, loss: Callable[[Tensor, MicroBatch], LossTerms]
     ) -> float:
-        return self.updater.loss_value(rollout, advantages, loss)
+        """The batch's objective without an update (:func:`groupwise.policy.update.loss_value`)."""
+        return update.loss_value(self, rollout, advantages, loss)
 
     # -- the network and its optimizer (Trainable) ------------------------------------------------
     @property
@@ -171,6 +415,15 @@ class Policy:
     @property
     def learning_rate(self) -> float:
         return self.network.learning_rate
+
+    def zero_grad(self) -> None:
+        self.network.zero_grad()
+
+    def gradient_sync(self, sync: bool) -> contextlib.AbstractContextManager:
+        return self.network.gradient_sync(sync)
+
+    def clip_grad_norm(self) -> Tensor:
+        return self.network.clip_grad_norm()
 
     def step(self) -> None:
         """The optimizer step (then TR-DPO's reference update, with ``sync_ref_model``)."""
@@ -318,105 +571,3 @@ class Policy:
         load_weights(
             self.model, path, use_peft=self.options.model.use_peft, sharded=self.sharded
         )
-
-
-class CheckpointMismatch(ValueError):
-    """Saved weights that do not fit the model (the caller names the checkpoint)."""
-
-
-def full_state_dict(model: torch.nn.Module, sharded: bool) -> dict[str, Tensor] | None:
-    """Under FSDP (``sharded``) the full model weights on rank 0, in CPU memory (a collective:
-    every rank calls it; the others get an empty dict); None without FSDP (save_pretrained
-    reads the model itself)."""
-    if not sharded:
-        return None
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-    )
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(model, options=options)
-    # Tied weights (the LM head) come back as separate copies; save_pretrained would keep
-    # both. Drop the duplicates, as a plain save_pretrained does.
-    for name, _ in tied_parameter_names(model):
-        weights.pop(name, None)
-    return weights
-
-
-def save_pretrained(
-    model: PreTrainedModel, folder: Path, weights: dict[str, Tensor] | None
-) -> None:
-    """``model.save_pretrained(folder)``, of ``weights`` when given (:func:`full_state_dict`)."""
-    if weights is None:
-        model.save_pretrained(folder)
-    else:
-        model.save_pretrained(folder, state_dict=weights)
-
-
-def load_weights(model: PreTrainedModel, path: Path, *, use_peft: bool, sharded: bool) -> None:
-    """Load the weights ``save_pretrained`` wrote into ``path`` (the adapter with ``use_peft``;
-    each rank keeps its own shards when ``sharded``); :class:`CheckpointMismatch` when they are
-    missing or do not fit."""
-    from safetensors.torch import load_file
-
-    if use_peft:
-        from peft import set_peft_model_state_dict
-
-        file = path / "adapter_model.safetensors"
-        if not file.is_file():
-            raise CheckpointMismatch(f"{file.name} is missing")
-        try:
-            adapter = load_file(file)
-        except Exception as err:  # noqa: BLE001 - a damaged file is named, not traced
-            raise CheckpointMismatch(f"{file.name} cannot be read ({err}): damaged") from err
-        result = set_peft_model_state_dict(model, adapter)
-        if getattr(result, "unexpected_keys", None):
-            raise CheckpointMismatch(
-                f"adapter does not match this model ({result.unexpected_keys[:3]} ...)"
-            )
-        return
-    files = sorted(path.glob("model*.safetensors"))
-    if not files:
-        raise CheckpointMismatch("no model*.safetensors weights")
-    weights: dict[str, Tensor] = {}
-    for file in files:
-        try:
-            weights.update(load_file(file))
-        except Exception as err:  # noqa: BLE001 - a damaged file is named, not traced
-            message = first_line(err)
-            raise CheckpointMismatch(
-                f"{file.name} cannot be read ({type(err).__name__}: {message}): the file is "
-                "damaged; resume from an earlier checkpoint, or start over"
-            ) from err
-    if sharded:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-        )
-
-        # Every rank read the full weights; each keeps its own shards.
-        options = StateDictOptions(full_state_dict=True, strict=False)
-        missing, unexpected = set_model_state_dict(model, weights, options=options)
-    else:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-    tied = {name for name, _ in tied_parameter_names(model)}
-    missing = [m for m in missing if m not in tied]
-    if missing or unexpected:
-        raise CheckpointMismatch(
-            f"weights do not match the model (missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]})"
-        )
-
-
-def tied_parameter_names(model: torch.nn.Module) -> list[tuple[str, str]]:
-    """(name, first name) pairs for parameters that share storage with an earlier one."""
-    seen: dict[int, str] = {}
-    tied = []
-    for name, param in model.named_parameters(remove_duplicate=False):
-        key = id(param)
-        if key in seen:
-            tied.append((name, seen[key]))
-        else:
-            seen[key] = name
-    return tied

@@ -40,7 +40,7 @@ from ..build.rollout import build_interaction, environment_dataset
 from ..config.grpo_config import GRPOConfig, default_output_dir
 from ..curriculum import Curriculum
 from ..errors import ConfigError
-from ..policy.optimizer import optimizer_steps
+from ..policy.policy import optimizer_steps
 from ..policy.update import UpdateStats
 from ..rewards import RewardFunc, RewardModel
 from ..rewards.scoring import Scores

@@ -29,7 +29,8 @@ from transformers import PreTrainedTokenizerBase
 
 from ..errors import ConfigError, UserError, first_line, option
 from ..files import fsync_dir, staged_files
-from ..policy.policy import CheckpointMismatch, Policy
+from ..policy.policy import Policy
+from ..policy.weights import CheckpointMismatch
 from ..runtime.distributed import DistributedContext, all_gather_objects, barrier
 from ..runtime.models import record_adapter_base
 from . import console

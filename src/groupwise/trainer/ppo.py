@@ -19,7 +19,7 @@ The math is in pure functions (:func:`token_rewards`, :func:`gae_advantages`,
 :func:`masked_whiten`, :func:`value_loss`, :func:`ppo_policy_loss`,
 :func:`explained_variance`); :class:`PPOTrainer` only wires them to models: it is built from
 the same pieces as the GRPO trainer (:class:`~groupwise.trainer.base.Trainer`), and its critic is a second
-trained network (:class:`~groupwise.policy.optimizer.Trainable`) stepped with the policy.
+trained network (:class:`~groupwise.policy.policy.Trainable`) stepped with the policy.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from ..algo.ppo import (
 from ..config.grpo_config import GRPOConfig
 from ..errors import ConfigError
 from ..files import staged_files
-from ..policy.batching import scatter_rows
 from ..policy.critic import (
     CRITIC_CONFIG,
     CRITIC_DIR,
@@ -54,6 +53,7 @@ from ..policy.critic import (
     ValueModel,
     build_value_model,
 )
+from ..policy.update import scatter_rows
 from ..rollout import Rollout
 from ..runtime.distributed import DistributedContext
 from ..sections import PPO_MULTI_TURN
