@@ -22,8 +22,7 @@ from groupwise.data.prompts import prompt_text
 from groupwise.data.rows import load_dataset_rows
 from groupwise.data.splits import is_eval_problem
 from groupwise.errors import ConfigError, ModelLoadError, OutputDirError, TaskSizeError
-from groupwise.rewards.calls import SLOW_REWARD_WARNING_S
-from groupwise.rewards.scoring import RewardScorer
+from groupwise.rewards.scoring import SLOW_REWARD_WARNING_S, RewardScorer
 from groupwise.runtime.models import load_model_and_tokenizer, tiny_random_model
 from groupwise.tasks import build_task
 from groupwise.tasks.arithmetic import arithmetic_dataset, arithmetic_split_size

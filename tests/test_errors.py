@@ -551,8 +551,7 @@ def test_an_internal_bug_keeps_its_traceback(tmp_path: Path, monkeypatch) -> Non
 
 # --- rewards that give no usable number -----------------------------------------------------
 def test_a_reward_returning_inf_is_named() -> None:
-    from groupwise.rewards.calls import RewardFunctionError
-    from groupwise.rewards.scoring import RewardScorer
+    from groupwise.rewards.scoring import RewardFunctionError, RewardScorer
 
     def blows_up(prompts, completions, **kw):
         return [1.0, float("inf")]
@@ -601,8 +600,7 @@ def test_the_zero_variance_warning_names_a_silent_reward() -> None:
 def test_a_reward_past_its_timeout_is_named() -> None:
     import time
 
-    from groupwise.rewards.calls import RewardFunctionError
-    from groupwise.rewards.scoring import RewardScorer
+    from groupwise.rewards.scoring import RewardFunctionError, RewardScorer
 
     def slow(prompts, completions, **kw):
         time.sleep(5)

@@ -12,7 +12,7 @@ from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.policy.logprobs import completion_logprobs
 from groupwise.policy.policy import lr_factor
 from groupwise.policy.update import micro_batch_rows, prompt_blocks, scatter_rows
-from groupwise.rewards.calls import RewardFunctionError
+from groupwise.rewards.scoring import RewardFunctionError
 from groupwise.rollout import Rollout
 
 ROWS = [{"prompt": f"Say something number {i}", "tag": i} for i in range(16)]

@@ -6,8 +6,7 @@ import math
 import pytest
 import torch
 
-from groupwise.rewards.calls import RewardFunctionError
-from groupwise.rewards.scoring import RewardScorer
+from groupwise.rewards.scoring import RewardFunctionError, RewardScorer
 
 PROMPTS = ["p0", "p1", "p2", "p3"]
 COMPLETIONS = ["a", "bb", "ccc", "dddd"]

@@ -6,8 +6,8 @@ import torch
 
 from groupwise.policy.logprobs import completion_logprobs
 from groupwise.rollout import SamplingParams, generate
+from groupwise.rollout.base import has_recurrent_state
 from groupwise.rollout.hf import prefill, repeat_cache_rows, select_cache_rows
-from groupwise.runtime.models import has_recurrent_state
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "NemotronHConfig"):

@@ -243,7 +243,7 @@ def build_engine(
             tokenizer,
             sampling_params(generation),
             generator,
-            numerics=lambda: precision.generation_context(policy.device),
+            numerics=functools.partial(precision.generation_context, policy.device),
             weights=policy.full_weights,
             records_logprobs=precision.generation_only,
             generate_kwargs=generation.generation_kwargs,

@@ -47,7 +47,7 @@ from torch.nn.modules import module as nn_module
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedModel
 
-from ..runtime.models import cache_keyword, has_recurrent_state, returned_cache
+from ..rollout.base import cache_keyword, has_recurrent_state, returned_cache
 
 IMPLS = ("chunked", "checkpoint", "naive")
 

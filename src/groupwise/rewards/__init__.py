@@ -10,12 +10,11 @@ in a sandbox), ``model`` (a learned reward model), ``remote`` (an HTTP verifier)
 """
 
 from .basic import RewardFunc, completion_text, correctness_index, parse_number, reward_func_name
-from .calls import RewardFunctionError
 from .code import code_reward, code_reward_binary, make_code_reward
 from .math import accuracy_reward, extract_final_answer, make_accuracy_reward, verify_answer
 from .model import RewardModel
 from .remote import RemoteReward
-from .scoring import RewardScorer
+from .scoring import RewardFunctionError, RewardScorer
 from .shaping import format_reward, make_length_penalty, make_repetition_penalty, soft_format_reward
 
 __all__ = [

@@ -26,8 +26,17 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
-from ..runtime.models import cache_keyword, has_recurrent_state, returned_cache, wrapped_models
-from .base import Engine, Request, Rollout, SamplingParams, per_prompt_counts
+from .base import (
+    Engine,
+    Request,
+    Rollout,
+    SamplingParams,
+    cache_keyword,
+    has_recurrent_state,
+    per_prompt_counts,
+    returned_cache,
+    wrapped_models,
+)
 
 
 def seen_tokens(ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -39,10 +39,9 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data.prompts import is_conversational, prompt_text
 from ..errors import ConfigError
-from ..runtime.models import cache_keyword, has_recurrent_state
 from ..tools.environment import PLACEHOLDER_PROMPT, EnvironmentFactories
 from ..tools.prompting import prompt_text_with_tools
-from .base import Engine, Request, Rollout, SamplingParams
+from .base import Engine, Request, Rollout, SamplingParams, cache_keyword, has_recurrent_state
 from .hf import (
     HFEngine,
     call_generate,

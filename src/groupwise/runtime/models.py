@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-import functools
 import importlib.util
-import inspect
 import json
 import logging
 import os
@@ -35,7 +33,6 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
 from ..errors import ModelLoadError, first_line
 from ..files import atomic_write_text
@@ -437,50 +434,3 @@ def load_model_and_tokenizer(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
-
-
-def wrapped_models(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """``model`` and the models it wraps, outermost first: PEFT's ``get_base_model()``, DDP's /
-    FSDP1's ``module``, ``torch.compile``'s ``_orig_mod``."""
-    found = [model]
-    while True:
-        outer, inner = found[-1], None
-        if hasattr(outer, "get_base_model"):
-            inner = outer.get_base_model()
-        else:
-            for name in ("module", "_orig_mod"):
-                candidate = outer._modules.get(name)
-                if candidate is not None:
-                    inner = candidate
-                    break
-        if inner is None or any(inner is m for m in found):
-            return found
-        found.append(inner)
-
-
-def cache_keyword(model: torch.nn.Module) -> str:
-    """The keyword ``model``'s forward takes its KV cache by: ``cache`` in transformers 5.24 and
-    later (which deprecate ``past_key_values``, to be removed in 5.40), ``past_key_values``
-    before, and in remote-code models that kept the old name. Read from the forward signature
-    of the model under any PEFT, DDP or ``torch.compile`` wrapper (which pass it through)."""
-    inner = wrapped_models(model)[-1]
-    return _forward_cache_keyword(type(inner))
-
-
-@functools.cache
-def _forward_cache_keyword(cls: type) -> str:
-    parameters = inspect.signature(cls.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
-
-
-def returned_cache(output: Any) -> Cache | None:
-    """The KV cache a forward returned: ``output.cache`` from transformers 5.24, else
-    ``output.past_key_values`` (reading the old name on 5.24 warns)."""
-    cache = getattr(output, "cache", None)
-    return cache if cache is not None else getattr(output, "past_key_values", None)
-
-
-def has_recurrent_state(cache: Cache) -> bool:
-    """Whether ``cache`` holds recurrent layers (Mamba / linear attention: a conv and SSM state
-    per row instead of per-token keys and values), as hybrid models such as Nemotron-H have."""
-    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)

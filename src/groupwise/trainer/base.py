@@ -23,6 +23,7 @@ config, every rank's RNG state and the metrics so far (:meth:`Trainer.state_dict
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -199,6 +200,8 @@ class Trainer(TRLSurface):
         self.scorer, self.policy, self.engine = parts.scorer, parts.policy, parts.engine
         self.generator, self.prompts, self.monitor = parts.generator, parts.prompts, parts.monitor
         self.curriculum: Curriculum = parts.curriculum
+        # One pass over the prompts, in steps (TrainerState.epoch); the train_dataset setter redoes it.
+        self.steps_per_epoch = args.steps_per_epoch(len(self.prompts.dataset), self.dist.world_size)
         self.scorer.combine.trainer_state = lambda: self.state  # TRL's trainer_state kwarg
         # TRL's attribute: each reward function's tokenizer (a reward model's), else None.
         self.reward_processing_classes = [
@@ -307,6 +310,29 @@ class Trainer(TRLSurface):
     def _clear_earlier_run(self) -> None:
         """overwrite_output_dir: remove the earlier run in output_dir and say what went."""
         self.records.clear_earlier_run()
+
+    @property
+    def state(self) -> TrainerState:
+        """A ``transformers.TrainerState`` of this run, up to date: global_step, max_steps,
+        log_history (``self.log_history``'s rows with, as in transformers, the summary row each
+        ``train()`` call added at its end: train_loss, train_runtime, ..., and the final step's
+        metrics), epoch, ..."""
+        state, args, per_epoch = self._state, self.args, self.steps_per_epoch
+        state.global_step = self.global_step
+        state.max_steps = args.max_steps
+        history = list(self.records.history)
+        for position, row in reversed(self.records.summaries):
+            history.insert(min(position, len(history)), row)
+        state.log_history = history
+        state.epoch = self.global_step / per_epoch
+        state.num_train_epochs = math.ceil(args.max_steps / per_epoch)
+        state.logging_steps = args.logging_steps
+        state.save_steps = args.save_steps
+        state.eval_steps = args.eval_steps
+        state.train_batch_size = args.per_device_train_batch_size
+        state.is_world_process_zero = self.dist.is_main
+        state.is_local_process_zero = self.dist.local_rank == 0
+        return state
 
     # -- checkpoints ----------------------------------------------------------------------------
     def components(self) -> dict[str, Any]:

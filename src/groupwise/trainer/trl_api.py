@@ -230,31 +230,7 @@ class TRLSurface:
         path = path if path is not None else output_dir
         return self.checkpoints.save_model(Path(path) if path is not None else self.output_dir)
 
-    # -- TrainerState and callbacks -------------------------------------------------------------
-    @property
-    def state(self: Trainer) -> TrainerState:
-        """A ``transformers.TrainerState`` of this run, up to date: global_step, max_steps,
-        log_history (``self.log_history``'s rows with, as in transformers, the summary row each
-        ``train()`` call added at its end: train_loss, train_runtime, ..., and the final step's
-        metrics), epoch, ..."""
-        state, args = self._state, self.args
-        per_epoch = args.steps_per_epoch(len(self.prompts.dataset), self.dist.world_size)
-        state.global_step = self.global_step
-        state.max_steps = args.max_steps
-        history = list(self.records.history)
-        for position, row in reversed(self.records.summaries):
-            history.insert(min(position, len(history)), row)
-        state.log_history = history
-        state.epoch = self.global_step / per_epoch
-        state.num_train_epochs = math.ceil(args.max_steps / per_epoch)
-        state.logging_steps = args.logging_steps
-        state.save_steps = args.save_steps
-        state.eval_steps = args.eval_steps
-        state.train_batch_size = args.per_device_train_batch_size
-        state.is_world_process_zero = self.dist.is_main
-        state.is_local_process_zero = self.dist.local_rank == 0
-        return state
-
+    # -- log history and callbacks ---------------------------------------------------------------
     @property
     def log_history(self: Trainer) -> list[dict[str, float]]:
         """Every logged row: one per logged step, one per evaluation (metrics.jsonl's rows)."""
@@ -318,6 +294,7 @@ class TRLSurface:
     @train_dataset.setter
     def train_dataset(self: Trainer, dataset: Sequence[dict[str, Any]]) -> None:
         self.prompts.dataset = dataset
+        self.steps_per_epoch = self.args.steps_per_epoch(len(dataset), self.dist.world_size)
 
     @property
     def reward_funcs(self: Trainer) -> list[RewardFunc]:
