@@ -3,12 +3,12 @@
 Every prompt has a known pass rate p = sigmoid(theta). Levels (the ``difficulty`` column):
 easy (40%, theta ~ N(1.5, 0.7), p ~ 0.8), medium (35%, N(-1, 0.7), p ~ 0.27) and hard (25%,
 N(-4, 0.7), p ~ 0.02). Each step a curriculum's real code runs on the global batch: the sampler
-draws candidates (``Curriculum.candidates`` / ``choose``, as ``groupwise.curriculum.base.PromptBatches``
-does), ``plan`` sizes the groups, the rollouts are Bernoulli(p) draws, and ``observe_global``
-gets GlobalRows with the on-policy policy term (-A, GRPO advantages) and the correctness.
-The "policy" then learns: a prompt whose group was informative gains ``LEARN_SELF`` logits and
-every prompt of its level ``LEARN_LEVEL`` / prompts-per-step (generalisation): a cheap
-stand-in for a softmax policy learned with Adam.
+draws candidates (``Curriculum.candidates`` / ``choose``, as
+``groupwise.curriculum.base.PromptBatches`` does), ``plan`` sizes the groups, the rollouts are
+Bernoulli(p) draws, and ``observe_global`` gets GlobalRows with the on-policy policy term (-A, GRPO
+advantages) and the correctness. The "policy" then learns: a prompt whose group was informative
+gains ``LEARN_SELF`` logits and every prompt of its level ``LEARN_LEVEL`` / prompts-per-step
+(generalisation): a cheap stand-in for a softmax policy learned with Adam.
 
 Printed per arm: informative groups (not all rollouts alike) per rollout,
 averaged over the random seeds, with its ratio to uniform GRPO (mean and standard error over them),

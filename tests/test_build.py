@@ -1,6 +1,6 @@
-"""groupwise.build.rewards, the wiring layer: reward functions by name configured from a GRPOConfig, the
-run's default reward names, and the import rule it exists for (rewards/ imports neither the
-config nor the tasks; the config does not import the tasks)."""
+"""groupwise.build.rewards, the wiring layer: reward functions by name configured from a
+GRPOConfig, the run's default reward names, and the import rule it exists for (rewards/ imports
+neither the config nor the tasks; the config does not import the tasks)."""
 
 import ast
 from pathlib import Path

@@ -1,4 +1,5 @@
-"""Tests for groupwise.config.grpo_config: defaults, typed loading from dicts/YAML/CLI strings, validation."""
+"""Tests for groupwise.config.grpo_config: defaults, typed loading from dicts/YAML/CLI strings,
+validation."""
 
 import dataclasses
 from typing import Any

@@ -1,6 +1,6 @@
-"""DAPO dynamic sampling (groupwise.curriculum.dynamic): the informative-group test by hand, selection and
-trimming, the loop on the real trainer (uniform groups never reach the loss, the cap), default
-off is the plain step, exact resume, and 2 ranks against one process."""
+"""DAPO dynamic sampling (groupwise.curriculum.dynamic): the informative-group test by hand,
+selection and trimming, the loop on the real trainer (uniform groups never reach the loss, the cap),
+default off is the plain step, exact resume, and 2 ranks against one process."""
 
 import json
 import math

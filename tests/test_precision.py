@@ -1,6 +1,6 @@
-"""Precision modes (groupwise.runtime.precision): what the options resolve to on each device, that fp32
-master weights with bf16 autocast keep every small update while pure bf16 weights lose them, and
-the GPU-facing pieces that run the same arithmetic on this CPU (reference offload, host syncs
+"""Precision modes (groupwise.runtime.precision): what the options resolve to on each device, that
+fp32 master weights with bf16 autocast keep every small update while pure bf16 weights lose them,
+and the GPU-facing pieces that run the same arithmetic on this CPU (reference offload, host syncs
 per pass, CUDA-synchronised timers, TF32, RNG state across devices)."""
 
 from __future__ import annotations

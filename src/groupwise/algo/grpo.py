@@ -4,9 +4,9 @@ Per token, the importance ratio against the sampling policy (or GSPO's per seque
 registered loss variant's policy term (:data:`groupwise.algo.losses.LOSSES`), the masks that drop
 tokens from it (TRL's ``top_entropy_quantile``, DeepSeek-V3.2's off-policy sequence mask) and the
 k3 KL to the reference: :func:`policy_loss`, pure math on tensors. :class:`GRPOLoss` binds it to
-a run's options and to one micro-batch of the update (:mod:`groupwise.policy.update`): its share of the
-global batch, the per-completion policy term a curriculum reads and the entropy bonus. Section
-numbers refer to docs/algorithms.md.
+a run's options and to one micro-batch of the update
+(:mod:`groupwise.policy.update`): its share of the global batch, the per-completion policy term a
+curriculum reads and the entropy bonus. Section numbers refer to docs/algorithms.md.
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from ..curriculum import NoCurriculum
 from ..runtime.distributed import DistributedContext
 from ..curriculum.dynamic import DynamicSampling
 from ..policy.loss import GRPOLoss
-from ..trainer.monitor import TrainingMonitor
 from ..policy.policy import Policy
 from ..policy.update import PolicyOptions
 from ..runtime.precision import Precision
@@ -74,8 +73,8 @@ if TYPE_CHECKING:
 class Components:
     """What every trainer runs a step with: the options by section, the reward functions
     (``scorer``), the trained ``policy`` with its optimizer and reference, the ``engine`` that
-    samples from it with ``generator``, the prompt batches, the curriculum (none until a trainer
-    sets one up) and the failure monitor."""
+    samples from it with ``generator``, the prompt batches and the curriculum (none until a
+    trainer sets one up)."""
 
     options: Sections
     scorer: RolloutScorer
@@ -84,7 +83,6 @@ class Components:
     engine: RolloutEngine
     prompts: PromptBatches
     curriculum: Curriculum
-    monitor: TrainingMonitor
 
 
 def assemble(
@@ -137,7 +135,6 @@ def assemble(
         prompts=prompts,
         curriculum=NoCurriculum(options.batch.num_generations),
         # Failure-mode warnings (checkpointed), reading the reward that says "solved".
-        monitor=TrainingMonitor(options.monitor, correctness_reward=scorer.correctness_name),
     )
 
 

@@ -46,8 +46,8 @@ Why over-sampling rather than ``counts = 0`` for skipped prompts: the batch keep
 an empty group or an empty share, and the rollout budget per step is exactly that of uniform
 GRPO. The price is a sampler hook (:meth:`groupwise.curriculum.base.Curriculum.choose`) and an
 epoch that passes ``oversample`` times faster. Sequential top-up within a step (Reinforce-Ada,
-``select_top_up``) is :mod:`groupwise.curriculum.topup`: it spends the same budget in rounds, on groups
-still uniform.
+``select_top_up``) is :mod:`groupwise.curriculum.topup`: it spends the same budget in rounds, on
+groups still uniform.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 ``groupwise memory [CONFIG.yaml] [--model NAME | --params 7e9 --layers ..] [--json] [--measure]``
 
-Options: command line over a YAML config's values over :class:`groupwise.config.grpo_config.GRPOConfig`'s
-defaults. Prints :func:`~groupwise.memory.table.format_table` or, with ``--json``, the plan's
-JSON; ``--measure`` adds :mod:`groupwise.memory.measure`'s results. The hidden ``--_child SPEC``
-is the entry of a measurement's subprocess.
+Options: command line over a YAML config's values over
+:class:`groupwise.config.GRPOConfig`'s defaults. Prints :func:`~groupwise.memory.table.format_table`
+or, with ``--json``, the plan's JSON; ``--measure`` adds :mod:`groupwise.memory.measure`'s results.
+The hidden ``--_child SPEC`` is the entry of a measurement's subprocess.
 """
 
 from __future__ import annotations

@@ -218,7 +218,8 @@ def run_measurement(
     run_config = config if config is not None else config_for(model, opts)
     for algorithm in algorithms:
         if algorithm == "ppo" and not ppo_available():
-            results.append({"algorithm": "ppo", "error": "groupwise.trainer.ppo is not available yet"})
+            error = "groupwise.trainer.ppo is not available yet"
+            results.append({"algorithm": "ppo", "error": error})
             continue
         spec = {
             "algorithm": algorithm,

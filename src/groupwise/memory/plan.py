@@ -491,12 +491,3 @@ def make_plan(shape: ModelShape, opts: MemoryOptions, accounting: str = "full") 
             )  # fmt: skip
             plan.alternatives[text] = (plan_ppo(shape, alt)[LOGITS], plan_grpo(shape, alt)[LOGITS])
     return plan
-
-
-def __getattr__(name: str) -> Any:
-    """The table (:mod:`.table`, which imports this module) by its names here too."""
-    if name in ("format_table", "quoted_lines"):
-        from . import table
-
-        return getattr(table, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

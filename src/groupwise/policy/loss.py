@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -45,7 +45,6 @@ from ..runtime.distributed import DistributedContext, all_reduce_sum
 from ..sections import LossOptions
 
 if TYPE_CHECKING:
-    from ..config.grpo_config import GRPOConfig
     from .update import UpdateStats
 
 
@@ -161,8 +160,9 @@ class GRPOLoss:
             )
 
     @classmethod
-    def from_config(cls, config: GRPOConfig) -> GRPOLoss:
-        """The loss of a run's flat options (its ``loss`` section and completion length)."""
+    def from_config(cls, config: Any) -> GRPOLoss:
+        """The loss of a run's flat options (a ``GRPOConfig``: its ``loss`` section and
+        completion length)."""
         return cls(LossOptions.from_config(config), config.max_completion_length)
 
     @property

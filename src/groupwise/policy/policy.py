@@ -66,8 +66,8 @@ if TYPE_CHECKING:
 # One trained network under data parallel, and its optimizer schedule.
 #
 # :class:`Trainable` is a network with its DDP wrapper or FSDP2 root, its AdamW and LR schedule,
-# gradient sync, clipping and the optimizer step; the policy (:class:`groupwise.policy.policy.Policy`)
-# and the PPO critic are each one. :func:`apply_lora` makes only a LoRA adapter's parameters
+# gradient sync, clipping and the optimizer step; the policy (:class:`Policy`) and the PPO
+# critic are each one. :func:`apply_lora` makes only a LoRA adapter's parameters
 # train.
 
 
@@ -291,8 +291,8 @@ class Policy:
     model is sharded in place (FSDP2) and no-grad calls of the Hugging Face model run inside
     :meth:`full_weights`.
 
-    ``options`` holds the sections it reads (:class:`~groupwise.policy.update.PolicyOptions`, made by
-    ``PolicyOptions.from_sections(config.sections())``)."""
+    ``options`` holds the sections it reads (:class:`~groupwise.policy.update.PolicyOptions`,
+    made by ``PolicyOptions.from_sections(config.sections())``)."""
 
     def __init__(
         self,

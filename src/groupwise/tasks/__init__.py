@@ -220,8 +220,8 @@ class TaskRequest:
 
 
 def arithmetic_rows(request: TaskRequest) -> list[dict[str, Any]]:
-    """Rows of the arithmetic task: :func:`groupwise.tasks.arithmetic.arithmetic_dataset` at the level's
-    digits (tens) and operands (units)."""
+    """Rows of the arithmetic task: :func:`groupwise.tasks.arithmetic.arithmetic_dataset` at the
+    level's digits (tens) and operands (units)."""
     from .arithmetic import arithmetic_dataset
 
     level = request.level

@@ -15,7 +15,8 @@ subclass writes ``train_step()``: :class:`groupwise.trainer.grpo.GRPOTrainer`,
   ``state``, callbacks, TRL's attribute names);
 - ``datasets``: the checks a dataset must pass, streams read into rows.
 
-The parts themselves are built from the options in one step, :func:`groupwise.build.assemble.assemble`.
+The parts themselves are built from the options in one step,
+:func:`groupwise.build.assemble.assemble`.
 
 A checkpoint's training state is ``{component: component.state_dict()}`` plus the step, the
 config, every rank's RNG state and the metrics so far (:meth:`Trainer.state_dict`).
@@ -57,6 +58,7 @@ from ..sections import Sections
 from .checkpoints import Checkpoints, plain
 from .datasets import check_dataset, check_eval_dataset, stream_prefix
 from .metrics import ComputeLedger, StepMetrics
+from .monitor import TrainingMonitor
 from .records import RunRecords
 from .trl_api import CallbackHandler, TRLSurface, trl_arguments
 
@@ -198,9 +200,11 @@ class Trainer(TRLSurface):
         )
         self.options: Sections = parts.options
         self.scorer, self.policy, self.engine = parts.scorer, parts.policy, parts.engine
-        self.generator, self.prompts, self.monitor = parts.generator, parts.prompts, parts.monitor
+        self.generator, self.prompts = parts.generator, parts.prompts
+        self.monitor = TrainingMonitor(self.options.monitor, self.scorer.correctness_name)
         self.curriculum: Curriculum = parts.curriculum
-        # One pass over the prompts, in steps (TrainerState.epoch); the train_dataset setter redoes it.
+        # One pass over the prompts in steps (TrainerState.epoch); the train_dataset setter redoes
+        # it
         self.steps_per_epoch = args.steps_per_epoch(len(self.prompts.dataset), self.dist.world_size)
         self.scorer.combine.trainer_state = lambda: self.state  # TRL's trainer_state kwarg
         # TRL's attribute: each reward function's tokenizer (a reward model's), else None.

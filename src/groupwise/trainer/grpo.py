@@ -14,7 +14,8 @@
 DAPO's dynamic sampling and Reinforce-Ada's top-up stay behind :meth:`GRPOTrainer.draw_batch`.
 The step's parts come from :func:`groupwise.build.assemble.assemble_grpo`.
 
-Everything else (the loop, logging, evaluation, checkpoints) is the run's (:mod:`groupwise.trainer.base`).
+Everything else (the loop, logging, evaluation, checkpoints) is the run's
+(:mod:`groupwise.trainer.base`).
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ class GRPOTrainer(Trainer):
 
     def draw_batch(self, timer: PhaseTimer) -> Draw:
         """The step's batch: one prompt batch (:meth:`draw`), or with DAPO's dynamic sampling
-        as many as it takes to fill the step with informative groups (:mod:`groupwise.curriculum.dynamic`,
-        which calls :meth:`draw` itself)."""
+        as many as it takes to fill the step with informative groups
+        (:mod:`groupwise.curriculum.dynamic`, which calls :meth:`draw` itself)."""
         if self.dynamic.enabled:
             return self.dynamic.collect(lambda: self.draw(timer))
         return self.draw(timer)

@@ -13,7 +13,9 @@ import math
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tqdm.auto import tqdm
 from transformers import TrainerControl
@@ -27,7 +29,47 @@ from .checkpoints import TrainingInterrupted, TrainingStopped, resolve_resume_pa
 from .records import check_output_dir, earlier_run, run_facts
 
 if TYPE_CHECKING:
-    from .base import Trainer
+    import torch
+    from transformers import TrainerControl
+
+    from ..policy.policy import Policy
+    from ..rewards.scoring import RolloutScorer
+    from ..runtime.distributed import DistributedContext
+    from ..runtime.precision import Precision
+    from .monitor import TrainingMonitor
+    from .records import RunRecords
+
+
+class LoopTrainer(Protocol):
+    """What the loop uses of the trainer it runs (:class:`groupwise.trainer.base.Trainer`): its
+    options, parts and services, its step, evaluation, checkpoints and callbacks."""
+
+    args: GRPOConfig
+    control: TrainerControl
+    device: torch.device
+    dist: DistributedContext
+    dtype: torch.dtype
+    eval_dataset: Any
+    global_step: int
+    log_history: list[dict[str, float]]
+    monitor: TrainingMonitor
+    output_dir: Path
+    policy: Policy
+    precision: Precision
+    records: RunRecords
+    reward_names: list[str]
+    scorer: RolloutScorer
+
+    def train_step(self) -> dict[str, float]: ...
+    def evaluate(self) -> dict[str, float]: ...
+    def train_summary(
+        self, seconds: float, steps: int, losses: Sequence[float]
+    ) -> dict[str, float]: ...
+    def save_checkpoint(self) -> Path: ...
+    def load_checkpoint(self, path: str | Path) -> None: ...
+    def save_model(self, path: str | Path | None = None) -> Path: ...
+    def _log(self, logs: dict[str, float]) -> None: ...
+    def _callback(self, event: str, **kwargs: Any) -> None: ...
 
 
 class Cadence:
@@ -94,7 +136,7 @@ class TrainingLoop:
     services as they are when it runs (a test or callback may have replaced ``train_step`` or
     changed ``args``)."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: LoopTrainer) -> None:
         self.trainer = trainer
         self.losses: list[float] = []  # this call's finite per-step losses, for train_loss
         self.signals = StopSignals()

@@ -37,8 +37,8 @@ class Timings(Protocol):
 class ComputeLedger:
     """What the run has spent so far (checkpointed, so a resumed run continues the totals):
     generated completion tokens, rollouts, prompt groups and informative groups (correctness
-    that varies, :func:`groupwise.algo.advantages.informative_groups`) and optimizer steps, over every
-    rank. :meth:`record` adds one step and returns its ``compute/*`` metrics."""
+    that varies, :func:`groupwise.algo.advantages.informative_groups`) and optimizer steps, over
+    every rank. :meth:`record` adds one step and returns its ``compute/*`` metrics."""
 
     KEYS = ("generated_tokens", "rollouts", "groups", "informative_groups", "optimizer_steps")
 

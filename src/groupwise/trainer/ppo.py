@@ -18,8 +18,8 @@ the position whose policy hidden state predicts completion token t.
 The math is in pure functions (:func:`token_rewards`, :func:`gae_advantages`,
 :func:`masked_whiten`, :func:`value_loss`, :func:`ppo_policy_loss`,
 :func:`explained_variance`); :class:`PPOTrainer` only wires them to models: it is built from
-the same pieces as the GRPO trainer (:class:`~groupwise.trainer.base.Trainer`), and its critic is a second
-trained network (:class:`~groupwise.policy.policy.Trainable`) stepped with the policy.
+the same pieces as the GRPO trainer (:class:`~groupwise.trainer.base.Trainer`), and its critic
+is a second trained network (:class:`~groupwise.policy.policy.Trainable`) stepped with the policy.
 """
 
 from __future__ import annotations

@@ -31,7 +31,10 @@ from .evaluate import evaluation_metrics
 from .loop import TrainingLoop
 
 if TYPE_CHECKING:
-    from .base import Trainer
+    from ..policy.policy import Policy
+    from ..rewards.scoring import RolloutScorer
+    from ..rollout import RolloutEngine
+    from ..runtime.distributed import DistributedContext
 
 
 def trl_arguments(
@@ -120,15 +123,24 @@ class CallbackHandler:
 
 
 class TRLSurface:
-    """TRL's and transformers' methods and attribute names on :class:`groupwise.trainer.base.Trainer`,
-    over the parts its constructor built (``policy``, ``engine``, ``scorer``, ``prompts``,
-    ``records``, ``checkpoints``, ``callback_handler``)."""
+    """TRL's and transformers' methods and attribute names on
+    :class:`groupwise.trainer.base.Trainer`, over the parts its constructor built (``policy``,
+    ``engine``, ``scorer``, ``prompts``, ``records``, ``checkpoints``, ``callback_handler``)."""
+
+    # What the surface reads of the trainer it is mixed into (groupwise.trainer.base.Trainer).
+    args: GRPOConfig
+    dist: DistributedContext
+    policy: Policy
+    engine: RolloutEngine
+    scorer: RolloutScorer
+    global_step: int
+    output_dir: Path
 
     # TRL's flag: whether the loss adds a Mixture-of-Experts model's router load-balancing loss
     # (then logged as aux_loss). groupwise trains on its policy loss alone, so never.
     aux_loss_enabled: bool = False
 
-    def train(self: Trainer, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
         """Run ``max_steps`` steps (continuing from a checkpoint when
         ``resume_from_checkpoint`` is set), logging to ``output_dir/metrics.jsonl``, evaluating
         every ``eval_steps`` and saving every ``save_steps``, on SIGINT/SIGTERM, and at the end
@@ -151,7 +163,7 @@ class TRLSurface:
         return TrainOutput(self.global_step, metrics["train_loss"], metrics)
 
     def train_summary(
-        self: Trainer, seconds: float, steps: int, losses: Sequence[float]
+        self, seconds: float, steps: int, losses: Sequence[float]
     ) -> dict[str, float]:
         """transformers' end-of-training metrics of a ``train()`` call that ran ``steps`` steps
         in ``seconds`` with these finite per-step ``losses``: ``train_loss``, their mean (NaN
@@ -171,7 +183,7 @@ class TRLSurface:
 
     @torch.no_grad()
     def evaluate(
-        self: Trainer,
+        self,
         dataset: Sequence[dict[str, Any]] | None = None,
         batch_size: int | None = None,
         greedy: bool = True,
@@ -217,7 +229,7 @@ class TRLSurface:
         )
 
     def save_model(
-        self: Trainer, path: str | Path | None = None, output_dir: str | None = None
+        self, path: str | Path | None = None, output_dir: str | None = None
     ) -> Path:
         """Save model and tokenizer in Hugging Face format (``from_pretrained``-loadable; with
         LoRA the adapter, ``PeftModel.from_pretrained``-loadable).
@@ -232,23 +244,23 @@ class TRLSurface:
 
     # -- log history and callbacks ---------------------------------------------------------------
     @property
-    def log_history(self: Trainer) -> list[dict[str, float]]:
+    def log_history(self) -> list[dict[str, float]]:
         """Every logged row: one per logged step, one per evaluation (metrics.jsonl's rows)."""
         return self.records.history
 
     @log_history.setter
-    def log_history(self: Trainer, rows: list[dict[str, float]]) -> None:
+    def log_history(self, rows: list[dict[str, float]]) -> None:
         self.records.history = rows
 
     @property
-    def callbacks(self: Trainer) -> list[Any]:
+    def callbacks(self) -> list[Any]:
         return self.callback_handler.callbacks
 
-    def add_callback(self: Trainer, callback: Any) -> None:
+    def add_callback(self, callback: Any) -> None:
         """Add a ``TrainerCallback``-like object (or class), as transformers' Trainer does."""
         self.callback_handler.add(callback)
 
-    def _callback(self: Trainer, event: str, **kwargs: Any) -> None:
+    def _callback(self, event: str, **kwargs: Any) -> None:
         """Call ``event`` on every callback that has it, with transformers' arguments."""
         if not self.callback_handler.callbacks:  # the state is not built for nobody
             return
@@ -268,61 +280,61 @@ class TRLSurface:
 
     # -- the components' parts users reach for (TRL's attribute names) -------------------------
     @property
-    def model(self: Trainer) -> PreTrainedModel:
+    def model(self) -> PreTrainedModel:
         return self.policy.model
 
     @property
-    def ref_model(self: Trainer) -> PreTrainedModel | None:
+    def ref_model(self) -> PreTrainedModel | None:
         return self.policy.ref_model
 
     @property
-    def optimizer(self: Trainer) -> torch.optim.Optimizer:
+    def optimizer(self) -> torch.optim.Optimizer:
         return self.policy.optimizer
 
     @property
-    def scheduler(self: Trainer) -> torch.optim.lr_scheduler.LRScheduler:
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
         return self.policy.scheduler
 
     @property
-    def sampling(self: Trainer) -> Any:
+    def sampling(self) -> Any:
         return self.engine.params
 
     @property
-    def train_dataset(self: Trainer) -> Sequence[dict[str, Any]]:
+    def train_dataset(self) -> Sequence[dict[str, Any]]:
         return self.prompts.dataset
 
     @train_dataset.setter
-    def train_dataset(self: Trainer, dataset: Sequence[dict[str, Any]]) -> None:
+    def train_dataset(self, dataset: Sequence[dict[str, Any]]) -> None:
         self.prompts.dataset = dataset
         self.steps_per_epoch = self.args.steps_per_epoch(len(dataset), self.dist.world_size)
 
     @property
-    def reward_funcs(self: Trainer) -> list[RewardFunc]:
+    def reward_funcs(self) -> list[RewardFunc]:
         return self.scorer.funcs
 
     @property
-    def reward_names(self: Trainer) -> list[str]:
+    def reward_names(self) -> list[str]:
         return self.scorer.names
 
     @property
-    def reward_func_names(self: Trainer) -> list[str]:
+    def reward_func_names(self) -> list[str]:
         """TRL's name for :attr:`reward_names`."""
         return self.scorer.names
 
     @property
-    def reward_weights(self: Trainer) -> torch.Tensor:
+    def reward_weights(self) -> torch.Tensor:
         """The reward functions' weights (those of environment-owned rewards are 1)."""
         return self.scorer.combine.weights
 
     @property
-    def tools(self: Trainer) -> list[Callable[..., Any]]:
+    def tools(self) -> list[Callable[..., Any]]:
         """TRL's ``trainer.tools``: the tool functions of an environment_factory run (every
         environment's methods, bound to its first instance, and the standalone tools)."""
         environments = self.interaction.environments if self.interaction else None
         return environments.all_tools if environments is not None else []
 
     @property
-    def environments(self: Trainer) -> list[Any] | None:
+    def environments(self) -> list[Any] | None:
         """TRL's ``trainer.environments``: the environment instance of each rollout of the
         last generated batch (an environment_factory run; None before the first or without)."""
         environments = self.interaction.environments if self.interaction else None
