@@ -1,6 +1,6 @@
 """MkDocs hook (mkdocs.yml `hooks:`): writes the option reference into docs/options.md while the
 site builds, from GRPOConfig itself: each field's default as `groupwise train --help` prints it
-and its meaning from its comment in src/groupwise/config.py (`config.option_help`), grouped by
+and its meaning from its comment in src/groupwise/config/grpo_config.py (`config.option_help`), grouped by
 the config's `# --- section ---` rules. Nothing generated is committed, so it cannot drift."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ FIELD_LINE = re.compile(r"^    (?P<name>\w+): ")
 
 
 def option_sections() -> list[tuple[str, list[str]]]:
-    """(section title, field names in source order) as config.py's section rules group them."""
+    """(section title, field names in source order) as grpo_config.py's section rules group them."""
     from groupwise.config.grpo_config import GRPOConfig
 
     names = set(GRPOConfig.field_names())

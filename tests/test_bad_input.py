@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from groupwise import data as data_module
+from groupwise.tasks import arithmetic as data_module
 from groupwise.build.rewards import ScorerOptions, build_scorer
 from groupwise.cli import main
 from groupwise.config.grpo_config import GRPOConfig

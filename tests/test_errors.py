@@ -665,7 +665,7 @@ def test_a_mistyped_local_path_without_dot_slash_fails_before_any_hub(
 ) -> None:
     import huggingface_hub
 
-    from groupwise import models
+    from groupwise.runtime import models
     from groupwise.errors import ModelLoadError
 
     def no_hub(*args, **kwargs):

@@ -47,7 +47,7 @@ def test_missing_package_names_the_extra(tmp_path, monkeypatch, backend, module)
 
 
 def test_a_failing_backend_closes_the_ones_already_open(tmp_path, monkeypatch):
-    from groupwise import loggers as module
+    from groupwise.trainer import loggers as module
 
     closed = []
     monkeypatch.setattr(module.TensorBoardLogger, "close", lambda self: closed.append(True))

@@ -248,7 +248,7 @@ def test_completions_without_reward_leave_the_update(tmp_path, monkeypatch):
         seen["mask"] = mask.clone()
         return gae_advantages(rewards, values, mask, gamma, lam)
 
-    monkeypatch.setattr("groupwise.algo.ppo.gae_advantages", spy)
+    monkeypatch.setattr("groupwise.trainer.ppo.gae_advantages", spy)
     trainer = PPOTrainer("tiny-random", even_tokens_or_none, PROMPT_ROWS, args=_config(tmp_path))
     rewards = []
     scorer_class = type(trainer.scorer)

@@ -161,7 +161,7 @@ def test_lora_adapters_stay_fp32_on_a_bf16_base(tmp_path):
 def test_saved_models_are_read_straight_into_their_dtype(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from groupwise import models
+    from groupwise.runtime import models
 
     models.tiny_random_model(seed=0).save_pretrained(tmp_path / "m")
     models.smollm2_tokenizer().save_pretrained(tmp_path / "m")

@@ -180,7 +180,9 @@ def test_one_definition_of_informative_serves_metric_dynamic_sampling_and_curric
     score, not the shaped total."""
     from types import SimpleNamespace
 
-    from groupwise import core, dynamic, run, topup
+    from groupwise import algo as core
+    from groupwise.curriculum import dynamic, topup
+    from groupwise.trainer import base as run
     from groupwise.config.grpo_config import GRPOConfig
     from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum
     from groupwise.rewards.scoring import Scores

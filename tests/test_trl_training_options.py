@@ -215,14 +215,14 @@ def test_sync_ref_model_mixes_the_policy_in_every_n_optimizer_steps(tmp_path, mo
     name, initial = next(iter(trainer.model.named_parameters()))
     initial = initial.detach().clone()
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-    policy_step = type(trainer.policy).__mro__[1].step
+    policy_step = type(trainer.policy.network).step
 
     def step(self):  # record policy and reference right after each optimizer step
         policy_step(self)
         seen.append((trainer.model.get_parameter(name).detach().clone(),
                      trainer.ref_model.get_parameter(name).detach().clone()))  # fmt: skip
 
-    monkeypatch.setattr(type(trainer.policy).__mro__[1], "step", step)
+    monkeypatch.setattr(type(trainer.policy.network), "step", step)
     trainer.train()
     ref = trainer.ref_model.get_parameter(name).detach()
     # Steps 1 and 3 leave the reference alone; step 2 sets it to (policy_2 + initial) / 2.

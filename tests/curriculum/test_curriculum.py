@@ -68,7 +68,7 @@ def test_classifier_state_round_trip():
 
 
 def test_per_response_loss_on_policy_is_minus_advantage():
-    # The adversary's signal is the loss variant's per-sequence policy term (core.py).
+    # The adversary's signal is the loss variant's per-sequence policy term (groupwise.algo).
     import torch
 
     from groupwise.algo.grpo import sequence_surrogate

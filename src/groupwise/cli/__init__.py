@@ -43,8 +43,8 @@ def _is_user_error(err: BaseException) -> bool:
     class is looked up only if its module was imported (otherwise it cannot have been raised)."""
     if isinstance(err, UserError):
         return True
-    combine = sys.modules.get(f"{_ROOT}.rewards.combine")
-    return combine is not None and isinstance(err, combine.RewardFunctionError)
+    scoring = sys.modules.get(f"{_ROOT}.rewards.scoring")
+    return scoring is not None and isinstance(err, scoring.RewardFunctionError)
 
 
 USAGE = """usage: groupwise <command> [CONFIG.yaml] [--option value ...]
@@ -151,7 +151,7 @@ def _exit_code(err: Exception) -> int | None:
     if _is_user_error(err):
         print(f"groupwise: error: {err}", file=sys.stderr)
         return 2 if isinstance(err, UserError) else 1  # 1: a reward function failed
-    checkpoint = sys.modules.get(f"{_ROOT}.checkpoint")
+    checkpoint = sys.modules.get(f"{_ROOT}.trainer.checkpoints")
     if checkpoint is not None and isinstance(err, checkpoint.TrainingInterrupted):
         print(f"groupwise: {err}", file=sys.stderr)
         return 128 + err.signum
@@ -232,7 +232,7 @@ def _run_command(command: str, rest: list[str], watch: _StartupInterrupt | None 
     else:
         args = _config_from_argv(rest, base=DEMO_CONFIG if command == "demo" else None)
     # What every command imports anyway (seconds), then a Ctrl-C during it is honoured.
-    importlib.import_module(".ppo" if args.algorithm == "ppo" else ".trainer", _ROOT)
+    importlib.import_module(".trainer.ppo" if args.algorithm == "ppo" else ".trainer.grpo", _ROOT)
     if watch is not None:
         watch.check()
     if not sys.stderr.isatty():  # a log file: transformers' bars would fill it with \r updates

@@ -45,7 +45,7 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
   checkpointing is off, so its prompt tokens are batch / G x prompt, plus the prompt's keys and
   values repeated G times for the completions' attention; PPO's critic runs every completion
   with its own prompt (batch x (prompt + completion) tokens).
-- logits (fp32 math, groupwise's logprobs.py): ``chunked`` (``logprob_impl``, the default)
+- logits (fp32 math, groupwise's policy/logprobs.py): ``chunked`` (``logprob_impl``, the default)
   applies the LM head to at most ``logprob_chunk_size`` completion tokens at a time and keeps
   only logsumexp per token, recomputing the chunk in the backward pass: one chunk's logits and
   exponentials, 2 x min(chunk, batch x completion) x vocab x 4 B. ``naive``: full logits at

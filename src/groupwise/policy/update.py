@@ -498,7 +498,7 @@ def update(
         share = terms.weight / inputs.passes
         for key, value in {"loss": terms.loss.detach(), **terms.metrics}.items():
             sums[key] = sums.get(key, 0.0) + value * share
-        if terms.bonus is not None:  # loss = policy_loss + bonus (Eq. 1 of entropy.py)
+        if terms.bonus is not None:  # loss = policy_loss + bonus (Eq. 1 of policy/loss.py)
             sums["policy_loss"] = sums.get("policy_loss", 0.0) + terms.loss.detach() * share
             sums["loss"] = sums["loss"] + terms.bonus.detach() / inputs.passes
         entropy_sum = entropy_sum + (entropy.detach() * mb.mask).sum()

@@ -1,5 +1,5 @@
 """Scoring a batch with several reward functions: robust calls (each through
-:func:`~groupwise.rewards.calls.call_reward`) and the weighted combination.
+:func:`~groupwise.rewards.scoring.call_reward`) and the weighted combination.
 
 - Each function gets TRL's call ``f(prompts=..., completions=..., completion_ids=..., **columns,
   trainer_state=..., log_extra=..., log_metric=...)``; ``async def`` functions are awaited

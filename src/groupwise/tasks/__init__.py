@@ -49,6 +49,7 @@ from typing import Any
 from ..data.splits import check_split, is_eval_problem
 from ..errors import TaskSizeError
 from ..rewards.basic import completion_text
+from .arithmetic import arithmetic_dataset
 
 TASKS = ("arithmetic", "countdown", "gsm", "logic", "python", "mixed")
 
@@ -222,8 +223,6 @@ class TaskRequest:
 def arithmetic_rows(request: TaskRequest) -> list[dict[str, Any]]:
     """Rows of the arithmetic task: :func:`groupwise.tasks.arithmetic.arithmetic_dataset` at the
     level's digits (tens) and operands (units)."""
-    from .arithmetic import arithmetic_dataset
-
     level = request.level
     assert level is not None
     rows = arithmetic_dataset(
@@ -294,6 +293,7 @@ def task_reward_func(name: str) -> Callable[..., list[float | None]]:
 
 
 __all__ = [
+    "arithmetic_dataset",
     "DEFAULT_LEVEL",
     "LEVELS",
     "level_name",
