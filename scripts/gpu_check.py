@@ -538,8 +538,8 @@ class _Recorded(Exception):
 def groupwise_backend(device_type: str) -> tuple[str, str]:
     """The backend groupwise's init path gives a run on ``device_type``, and where it was read.
 
-    ``backend_for`` when runtime/distributed.py has it; else init_distributed is run as a two-rank world
-    with init_process_group replaced by a stand-in that records its backend and stops."""
+    ``backend_for`` when runtime/distributed.py has it; else init_distributed is run as a two-rank
+    world with init_process_group replaced by a stand-in that records its backend and stops."""
     import torch.distributed as dist
 
     from groupwise import distributed as gd

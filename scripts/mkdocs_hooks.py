@@ -1,7 +1,8 @@
 """MkDocs hook (mkdocs.yml `hooks:`): writes the option reference into docs/options.md while the
 site builds, from GRPOConfig itself: each field's default as `groupwise train --help` prints it
-and its meaning from its comment in src/groupwise/config/grpo_config.py (`config.option_help`), grouped by
-the config's `# --- section ---` rules. Nothing generated is committed, so it cannot drift."""
+and its meaning from its comment in src/groupwise/config/grpo_config.py (`config.option_help`),
+grouped by the config's `# --- section ---` rules. Nothing generated is committed, so it cannot
+drift."""
 
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from groupwise.tasks import arithmetic as data_module
 from groupwise.build.rewards import ScorerOptions, build_scorer
 from groupwise.cli import main
 from groupwise.config.grpo_config import GRPOConfig
@@ -24,6 +23,7 @@ from groupwise.data.splits import is_eval_problem
 from groupwise.errors import ConfigError, ModelLoadError, OutputDirError, TaskSizeError
 from groupwise.rewards.scoring import SLOW_REWARD_WARNING_S, RewardScorer
 from groupwise.runtime.models import load_model_and_tokenizer, tiny_random_model
+from groupwise.tasks import arithmetic as data_module
 from groupwise.tasks import build_task
 from groupwise.tasks.arithmetic import arithmetic_dataset, arithmetic_split_size
 from groupwise.trainer.records import check_output_dir

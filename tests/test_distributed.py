@@ -691,7 +691,8 @@ def test_collectives_fit_the_process_group_of_a_cuda_run(tmp_path, data_parallel
         assert report["set_device"] == [rank]  # each rank on its own GPU
         assert report["device_id"] == f"cuda:{rank}"
         helpers = {
-            site.split(" <- ")[0].removeprefix("runtime/distributed.py:") for site in report["calls"]
+            site.split(" <- ")[0].removeprefix("runtime/distributed.py:")
+            for site in report["calls"]
         }
         assert expected <= helpers, report["calls"]
         assert any("curriculum" in site for site in report["calls"]), report["calls"]

@@ -665,8 +665,8 @@ def test_a_mistyped_local_path_without_dot_slash_fails_before_any_hub(
 ) -> None:
     import huggingface_hub
 
-    from groupwise.runtime import models
     from groupwise.errors import ModelLoadError
+    from groupwise.runtime import models
 
     def no_hub(*args, **kwargs):
         raise AssertionError(f"the hub was asked for {args}")

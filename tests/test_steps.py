@@ -181,12 +181,11 @@ def test_one_definition_of_informative_serves_metric_dynamic_sampling_and_curric
     from types import SimpleNamespace
 
     from groupwise import algo as core
-    from groupwise.curriculum import dynamic, topup
-    from groupwise.trainer import base as run
     from groupwise.config.grpo_config import GRPOConfig
-    from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum
+    from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum, dynamic, topup
     from groupwise.rewards.scoring import Scores
     from groupwise.runtime.distributed import DistributedContext
+    from groupwise.trainer import base as run
 
     assert dynamic.informative_groups is core.informative_groups
     assert topup.informative_groups is core.informative_groups

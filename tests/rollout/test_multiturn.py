@@ -22,12 +22,12 @@ from groupwise.rollout.multiturn import (
     MultiTurnEngine,
     TurnLimits,
     TurnRenderer,
-    conversation_logs,
     converse,
 )
 from groupwise.tasks.arithmetic import arithmetic_dataset
 from groupwise.tools import EnvStep, ToolBox, ToolEnvironment, calculator
 from groupwise.tools.prompting import prompt_text_with_tools, template_supports_tools
+from groupwise.trainer.metrics import conversation_logs
 
 
 class Scripted:

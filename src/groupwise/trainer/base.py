@@ -203,7 +203,7 @@ class Trainer(TRLSurface):
         self.generator, self.prompts = parts.generator, parts.prompts
         self.monitor = TrainingMonitor(self.options.monitor, self.scorer.correctness_name)
         self.curriculum: Curriculum = parts.curriculum
-        # One pass over the prompts in steps (TrainerState.epoch); the train_dataset setter redoes it
+        # One pass over the prompts in steps (TrainerState.epoch); redone by train_dataset's setter
         self.steps_per_epoch = args.steps_per_epoch(len(self.prompts.dataset), self.dist.world_size)
         self.scorer.combine.trainer_state = lambda: self.state  # TRL's trainer_state kwarg
         # TRL's attribute: each reward function's tokenizer (a reward model's), else None.

@@ -20,7 +20,6 @@ from ..policy.policy import Policy
 from ..policy.update import UpdateStats
 from ..rewards.scoring import RolloutScorer, Scores
 from ..rollout import Rollout
-from ..rollout.multiturn import conversation_logs
 from ..runtime.distributed import DistributedContext, all_reduce_sum, reduce_metrics
 from .records import RunRecords
 
@@ -239,3 +238,33 @@ class StepMetrics:
             "tokens_per_second": gen_tokens / timer.total,
             "generation_tokens_per_second": gen_tokens / max(generation, 1e-9),
         }
+
+
+def conversation_logs(rollout: Rollout, correctness: torch.Tensor) -> dict[str, float]:
+    """A multi-turn rollout's metrics (docs/metrics.md "tools"): tool calls per conversation,
+    the share of conversations with a call, the failed share of calls, turns, the share of
+    completion tokens masked from the loss, and the mean correctness score of conversations
+    with and without a tool call (NaN when there are none)."""
+    states = rollout.env_states or [{} for _ in rollout.texts]
+    calls = torch.tensor([float(s.get("tool_calls", 0)) for s in states])
+    errors = torch.tensor([float(s.get("tool_errors", 0)) for s in states])
+    turns = torch.tensor([float(s.get("turns", 1)) for s in states])
+    used = calls > 0
+    score = correctness.detach().float().cpu()
+
+    def mean(values: torch.Tensor) -> float:
+        values = values[~torch.isnan(values)]
+        return float(values.mean()) if values.numel() else float("nan")
+
+    tokens = float(rollout.completion_mask.sum())
+    trained = float(rollout.loss_mask.sum())
+    return {
+        "tools/call_frequency": float(calls.mean()),
+        "tools/call_rate": float(used.float().mean()),
+        "tools/failure_frequency": float(errors.sum() / calls.sum()) if calls.sum() > 0 else 0.0,
+        "tools/accuracy_with_call": mean(score[used]),
+        "tools/accuracy_without_call": mean(score[~used]),
+        "turns/mean": float(turns.mean()),
+        "turns/max": float(turns.max()),
+        "tokens/masked_fraction": 1.0 - trained / tokens if tokens else 0.0,
+    }
