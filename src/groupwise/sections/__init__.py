@@ -4,7 +4,7 @@
 
 A component's constructor takes the sections it reads (``GRPOLoss(loss, max_completion_length)``,
 ``build_curriculum(curriculum, ...)``, ``TrainingMonitor(monitor)``), so its signature says what
-it depends on. Every ``GRPOConfig`` field belongs to exactly one section (tests/test_sections.py
+it depends on. Every ``GRPOConfig`` field belongs to exactly one section (tests/sections/test_sections.py
 walks the fields). Each section checks its own fields when made (every error names the option);
 the rules that join two sections live in :func:`check_across`. Choices read from registries
 above this layer (the curricula) are checked by ``GRPOConfig.validate``.

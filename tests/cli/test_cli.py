@@ -81,7 +81,7 @@ def test_demo_yaml_matches_builtin_demo():
     from groupwise.cli.train import DEMO_CONFIG
     from groupwise.config.grpo_config import GRPOConfig
 
-    path = Path(__file__).parent.parent / "configs" / "demo.yaml"
+    path = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
     from_yaml = GRPOConfig.from_yaml(path)
     builtin = GRPOConfig.from_dict(DEMO_CONFIG)
     for name, value in DEMO_CONFIG.items():
@@ -192,7 +192,7 @@ def test_max_steps_help_says_what_the_loop_counts(tmp_path):
 def test_curriculum_simulation_answers_help():
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "curriculum_sim.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "curriculum_sim.py"
     result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True,
                             text=True, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stderr

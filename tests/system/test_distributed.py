@@ -139,7 +139,7 @@ SCRIPT = textwrap.dedent(
 
 
 def _env():
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     return {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -645,7 +645,7 @@ CHECKED_SCRIPT = (
     textwrap.dedent(
         f"""
         import sys
-        sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
         import groupwise.trainer.base  # imports init_distributed by name: patched there too
         import collective_check
         collective_check.install()

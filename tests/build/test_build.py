@@ -12,7 +12,7 @@ from groupwise.config.grpo_config import GRPOConfig
 from groupwise.rewards import correctness_index, format_reward, reward_func_name
 from groupwise.tasks import TASKS
 
-PACKAGE = Path(__file__).resolve().parent.parent / "src" / "groupwise"
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "groupwise"
 BUILT_BY_NAME = [n for n in REWARD_NAMES if ":" not in n]  # not reward_model:PATH, remote:URL
 
 

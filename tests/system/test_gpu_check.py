@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WRAPPER = ROOT / "scripts" / "gpu_check.sh"
 PROJECTIONS_AND_NORMS = ("attention", "mlp", "norm")
 

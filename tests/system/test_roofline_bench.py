@@ -14,7 +14,7 @@ from transformers import LlamaConfig
 
 from groupwise.runtime.models import tiny_random_model
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "roofline.py"
+PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "roofline.py"
 
 
 @pytest.fixture(scope="module")

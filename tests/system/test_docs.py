@@ -25,7 +25,7 @@ import pytest
 
 import groupwise
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "algorithms.md"
 SRC = ROOT / "src"
 

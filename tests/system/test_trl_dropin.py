@@ -25,6 +25,8 @@ from groupwise.trainer.checkpoints import config_differences
 
 datasets = pytest.importorskip("datasets")
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
 # A TRL quickstart (https://huggingface.co/docs/trl/quickstart, GRPO) as a TRL user writes it,
 # with `from trl import` changed to `from groupwise import`. Not TRL's: the model is the built-in
 # "tiny-random" (no hub here) and the dataset is in memory instead of load_dataset(...).
@@ -93,7 +95,7 @@ def _trl_fields() -> set[str]:
     try:
         import trl
     except ImportError:
-        text = (Path(__file__).parent / "data" / "trl-1.16.0-grpo-config-fields.txt").read_text()
+        text = (FIXTURES / "trl-1.16.0-grpo-config-fields.txt").read_text()
         return {line for line in text.splitlines() if line and not line.startswith("#")}
     return {f.name for f in dataclasses.fields(trl.GRPOConfig)}
 

@@ -367,7 +367,7 @@ def test_no_shipped_config_overwrites_an_earlier_run() -> None:
 
     from groupwise.cli.train import DEMO_CONFIG
 
-    configs = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+    configs = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
     assert configs
     for path in configs:
         assert not yaml.safe_load(path.read_text()).get("overwrite_output_dir"), path

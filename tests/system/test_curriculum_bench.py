@@ -12,7 +12,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "curriculum.py"
+PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "curriculum.py"
 
 
 @pytest.fixture(scope="module")
