@@ -3,10 +3,11 @@
 Per token, the importance ratio against the sampling policy (or GSPO's per sequence), the
 registered loss variant's policy term (:data:`groupwise.algo.losses.LOSSES`), the masks that drop
 tokens from it (TRL's ``top_entropy_quantile``, DeepSeek-V3.2's off-policy sequence mask) and the
-k3 KL to the reference: :func:`policy_loss`, pure math on tensors. :class:`GRPOLoss` binds it to
-a run's options and to one micro-batch of the update
-(:mod:`groupwise.policy.update`): its share of the global batch, the per-completion policy term a
-curriculum reads and the entropy bonus. Section numbers refer to docs/algorithms.md.
+k3 KL to the reference: :func:`policy_loss`, pure math on tensors, with the per-sequence term a
+curriculum reads (:func:`sequence_surrogate`) and the entropy bonus and its adaptive coefficient
+(:func:`entropy_bonus`, :func:`adapt_entropy_coef`). :class:`groupwise.policy.loss.GRPOLoss`
+binds them to a run's options and to one micro-batch of the update. Section numbers refer to
+docs/algorithms.md.
 """
 
 from __future__ import annotations

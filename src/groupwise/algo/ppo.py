@@ -1,4 +1,15 @@
-"""TODO docstring."""
+"""PPO's math with a learned critic and GAE, the actor-critic baseline for GRPO comparisons.
+One step (algorithms.md §3.6, verl core_algos.py; DeepSeekMath eqs. 1-2):
+
+    token rewards  r_t = -beta (logp_t - logp_ref_t) + R * 1[t = last]    (token_rewards)
+    GAE advantages and returns, advantages whitened over the batch      (gae_advantages,
+                                                                         masked_whiten)
+    clipped policy surrogate + vf_coef * clipped value loss             (ppo_policy_loss,
+                                                                         value_loss)
+
+Pure functions on tensors; :class:`groupwise.trainer.ppo.PPOTrainer` wires them to the policy
+and its critic (:mod:`groupwise.policy.critic`).
+"""
 
 from __future__ import annotations
 

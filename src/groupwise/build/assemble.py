@@ -1,7 +1,7 @@
 """One step from a run's options to its parts: :func:`assemble` turns the config (with the
 model, tokenizer, device and processes already given) into a frozen :class:`Components`, and
 :func:`assemble_grpo` adds GRPO's own (curriculum, loss, dynamic sampling, top-up) from their
-sections. ``run.Trainer.__init__`` and ``GRPOTrainer.setup`` read their attributes from these,
+sections. ``Trainer.__init__`` and ``GRPOTrainer.setup`` read their attributes from these,
 so what each part is built from is written once, here.
 """
 

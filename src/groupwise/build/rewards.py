@@ -1,9 +1,7 @@
-"""A run's options (:class:`~groupwise.config.grpo_config.GRPOConfig`) -> its components.
-
-With :mod:`groupwise.build.rollout` (the rollout engine and its tools or environment), the only
-module that maps option names to components: the machine (device, dtype), the model (gradient
-checkpointing, LoRA), the rewards (built-in names, weights, the correctness reward) and the
-curriculum. Everything below them takes plain arguments.
+"""A run's options (:class:`~groupwise.config.GRPOConfig`) -> its reward functions and the
+scorer: built-in names, weights, the correctness reward, reward models and remote verifiers.
+The rest of :mod:`groupwise.build` maps the other option names to components (the model, the
+rollout engine, the curriculum); everything below it takes plain arguments.
 
 Names accepted in ``reward_funcs`` (YAML and the command line):
 

@@ -1,6 +1,7 @@
-"""The curriculum seam: what a curriculum sees before a step (:class:`PromptBatch`), what it decides
-(:class:`Plan`: rollouts and weight per prompt) and what it learns from after the update
-(:class:`Outcome`).
+"""The curriculum seam: what a curriculum sees before a step (:class:`PromptBatch`), what it
+decides (:class:`Plan`: rollouts and weight per prompt) and what it learns from after the update
+(:class:`Outcome`); and the uniform draw of each step's prompts that it chooses from
+(:class:`PromptBatches`: the same global batch on every rank, this rank's share tokenised).
 
 Every rank plans the *global* batch from the same state and keeps its own share; after the
 update, :class:`GlobalBatchCurriculum` gathers every rank's rows so each rank observes the same

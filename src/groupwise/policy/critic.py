@@ -1,4 +1,8 @@
-"""TODO docstring."""
+"""PPO's critic: a decoder backbone (a copy of the policy's, or ``critic_model``'s) with a
+scalar value head (:class:`ValueModel`), V(s_t) read from its hidden state at the position whose
+policy hidden state predicts completion token t (:func:`completion_values`), and the trained
+network that holds it (:class:`Critic`: replicated with DDP under data parallel, its own AdamW
+and schedule)."""
 
 from __future__ import annotations
 

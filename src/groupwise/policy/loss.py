@@ -1,5 +1,8 @@
-"""The entropy bonus of the GRPO objective, with Skywork-OR1's adaptive coefficient (TRL's
-``entropy_coef`` / ``use_adaptive_entropy`` options and names).
+"""The GRPO loss of one micro-batch, bound to a run's options (:class:`GRPOLoss`: the registered
+loss variant, its share of the global batch, the per-completion policy term a curriculum reads,
+the masks), and the entropy bonus with Skywork-OR1's adaptive coefficient
+(:class:`EntropyControl`; TRL's ``entropy_coef`` / ``use_adaptive_entropy`` options and names).
+The math is :mod:`groupwise.algo.grpo`'s.
 
 With the bonus the objective to minimise is
 

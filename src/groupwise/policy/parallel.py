@@ -1,4 +1,9 @@
-"""TODO docstring."""
+"""The policy's network under data parallel: DDP's module (:class:`LogprobModule`, the
+training forward as one module call, so DistributedDataParallel synchronises every parameter it
+used) and FSDP2 sharding (:func:`shard_fsdp`: each decoder layer one unit, the wrapper the root
+holding the embeddings, final norm and LM head; :func:`fsdp_full_weights` gathers the full
+weights for the Hugging Face model's no-grad calls: generation, evaluation, old log-probs).
+With LoRA the base weights are sharded frozen and only the adapters train."""
 
 from __future__ import annotations
 

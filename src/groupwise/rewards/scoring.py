@@ -1,5 +1,7 @@
-"""Scoring a batch with several reward functions: robust calls (each through
-:func:`~groupwise.rewards.scoring.call_reward`) and the weighted combination.
+"""A rollout's scores: every reward function called robustly on a batch (:func:`call_reward`:
+a coroutine awaited from any context, a warning naming a call that runs long,
+``reward_timeout``), their weighted combination (:class:`RewardScorer`) and a rollout's rewards
+with its correctness score (:class:`RolloutScorer`).
 
 - Each function gets TRL's call ``f(prompts=..., completions=..., completion_ids=..., **columns,
   trainer_state=..., log_extra=..., log_metric=...)``; ``async def`` functions are awaited

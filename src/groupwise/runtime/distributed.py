@@ -7,10 +7,12 @@ the average equals the single-process gradient of the global batch (token-normal
 all-reduce the token count). Metrics are averaged across ranks; only rank 0 writes files.
 
 ``data_parallel: fsdp`` shards instead of replicating (FSDP2 ``fully_shard``): each decoder layer
-is one unit, and the :class:`LogprobModule` wrapper is the root, holding the embeddings, final
-norm and LM head, which its forward all-gathers. Generation and other no-grad forwards call the
-Hugging Face model directly, so they run inside :func:`fsdp_full_weights`. With LoRA the base
-weights are sharded frozen and only the adapters train.
+is one unit, and the :class:`~groupwise.policy.parallel.LogprobModule` wrapper is the root,
+holding the embeddings, final norm and LM head, which its forward all-gathers. Generation and
+other no-grad forwards call the Hugging Face model directly, so they run inside
+:func:`~groupwise.policy.parallel.fsdp_full_weights`. With LoRA the base weights are sharded
+frozen and only the adapters train. This module holds the processes and their collectives; the
+wrapping is :mod:`groupwise.policy.parallel`'s.
 
 With a curriculum every rank observes the global batch (:func:`concat_over_ranks`), so its state
 stays identical on every rank; Rollout-GDRO gives ranks different numbers of rows, so losses are

@@ -4,10 +4,11 @@
 
 A component's constructor takes the sections it reads (``GRPOLoss(loss, max_completion_length)``,
 ``build_curriculum(curriculum, ...)``, ``TrainingMonitor(monitor)``), so its signature says what
-it depends on. Every ``GRPOConfig`` field belongs to exactly one section (tests/sections/test_sections.py
-walks the fields). Each section checks its own fields when made (every error names the option);
-the rules that join two sections live in :func:`check_across`. Choices read from registries
-above this layer (the curricula) are checked by ``GRPOConfig.validate``.
+it depends on. Every ``GRPOConfig`` field belongs to exactly one section
+(tests/sections/test_sections.py walks the fields). Each section checks its own fields when made
+(every error names the option); the rules that join two sections live in :func:`check_across`.
+Choices read from registries above this layer (the curricula) are checked by
+``GRPOConfig.validate``.
 
 Fields carry the config's own names, so an error names the option to change. List options
 become tuples (a section is immutable). The sections live by family: :mod:`.inputs` (model,

@@ -1,7 +1,8 @@
-"""The curriculum's options: the field groups the curricula's typed options are made of
-(:class:`GDROFields`, :class:`SelectFields`; :mod:`groupwise.sections.curriculum` adds the mean
-group size and the seed and checks them) and the section that holds them all
-(:class:`CurriculumSection`). Each field is declared once, here."""
+"""The curriculum's options: the field groups (:class:`GDROFields`, :class:`SelectFields`), the
+section that holds them all (:class:`CurriculumSection`), the choices each option takes, and
+the curricula's typed options made of those groups (:class:`GDROOptions`, :class:`SelectOptions`:
+the mean group size and the seed added, and checked). Each field and each choice is declared
+once, here, with its option; the curricula import them."""
 
 from __future__ import annotations
 
@@ -90,30 +91,18 @@ class CurriculumSection(Section, GDROFields, SelectFields):
         require(self, ("select_top_up_first", first >= 2, ">= 2 (a group of one has no variance)"))
 
 
+# The choices of the curricula's options, checked by their typed options below.
 # Rollout-GDRO's allocator (``rollout_allocator``) and the square-root law's variance
 # (``rollout_variance``).
 ALLOCATORS = ("sqrt", "bandit")
-
-
 VARIANCE_MODES = ("prompt", "bin")
-
-
-# What Prompt-GDRO's EMA is fed (GDROCurriculum's ``prompt_signal``).
+# What Prompt-GDRO's EMA is fed (``prompt_signal``), how it picks its arm and updates mu.
 PROMPT_SIGNALS = ("pg_loss", "failure_rate")
-
-
 ARM_CHOICES = ("sample", "greedy")
-
-
 MU_UPDATES = ("best_response", "expected", "realized")
-
-
+# The difficulty classifier's signal and what it does with a prompt never seen.
 CLASSIFIER_SIGNALS = ("rollout_fraction", "any_correct")
-
-
 UNSEEN_MODES = ("unseen", "hardest", "difficulty")
-
-
 # The select curriculum's rule and group-size allocator (``select_rule``, ``select_allocator``).
 SELECT_RULES = ("best_k", "legacy")
 SELECT_ALLOCATORS = ("knapsack", "sqrt", "uniform")

@@ -1,10 +1,10 @@
 """Saving and restoring a run's weights and checkpoints.
 
-The folder format (atomic ``checkpoint-<step>``, manifest, rotation, RNG states, the resume
-config check) is :mod:`groupwise.trainer.checkpoints`'s; the trainer decides what its state is
-(``Trainer.state_dict`` / ``load_checkpoint``). This module is the glue between them: the
-collectives a save needs under data parallel, the model and tokenizer files, the weights read
-back into the policy.
+Two parts: the folder format (atomic ``checkpoint-<step>`` folders, the manifest, rotation, RNG
+states, reading ``training_state.pt``, the resume config check), and :class:`Checkpoints`, the
+glue between it and the trainer, which decides what its state is (``Trainer.state_dict`` /
+``load_checkpoint``): the collectives a save needs under data parallel, the model and tokenizer
+files, the weights read back into the policy.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """The GRPO trainer: one step of DeepSeekMath Alg. 1, with GDRO's plan and observe around it.
 
-    prompts  -> the curriculum's plan: rollouts and weight per prompt  (sampler, curriculum/)
-             -> generate the completions                                (rollout/: an engine)
-             -> score with every reward function                        (scoring.RolloutScorer)
-             -> group-relative advantages and row weights   (credit: advantages, row_weights)
+    prompts  -> the curriculum's plan: rollouts and weight per prompt       (curriculum/)
+             -> generate the completions                             (rollout/: an engine)
+             -> score with every reward function             (rewards/scoring.RolloutScorer)
+             -> group-relative advantages and row weights   (algo/advantages, Plan.row_weights)
              -> mini-batches of whole groups, old and reference log-probs, mu passes of the
                 loss, one optimizer step per mini-batch; the engine takes the new weights
-                                                             (Policy.learn, with grpo_loss)
+                                                      (policy/: Policy.learn, with GRPOLoss)
              -> the curriculum observes the outcome                       (curriculum/)
              -> the batch is kept for the records, the step's metrics
-                                                             (run.metrics.StepMetrics.report)
+                                                             (trainer/metrics.StepMetrics)
 
 DAPO's dynamic sampling and Reinforce-Ada's top-up stay behind :meth:`GRPOTrainer.draw_batch`.
 The step's parts come from :func:`groupwise.build.assemble.assemble_grpo`.
