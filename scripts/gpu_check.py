@@ -542,7 +542,7 @@ def groupwise_backend(device_type: str) -> tuple[str, str]:
     world with init_process_group replaced by a stand-in that records its backend and stops."""
     import torch.distributed as dist
 
-    from groupwise import distributed as gd
+    from groupwise.runtime import distributed as gd
 
     if hasattr(gd, "backend_for"):
         return gd.backend_for(device_type), "groupwise.runtime.distributed.backend_for"
@@ -585,8 +585,8 @@ def check_collectives(ns, model: Path, scratch: Path) -> dict:
     collective path on."""
     import torch.distributed as dist
 
-    from groupwise import distributed as gd
-    from groupwise.algo.advantages import group_advantages
+    from groupwise.algo.advantages import global_group_advantages, group_advantages
+    from groupwise.runtime import distributed as gd
 
     device = ns.torch_device
     cuda = device.type == "cuda"
@@ -634,7 +634,7 @@ def check_collectives(ns, model: Path, scratch: Path) -> dict:
         attempt("concat_over_ranks", lambda: gd.concat_over_ranks(([1, 2], [3.5]), ctx),
                 lambda v: tuple(v) == ([1, 2], [3.5]))  # fmt: skip
         attempt("global_group_advantages(batch)",
-                lambda: gd.global_group_advantages(rewards, groups, "batch", ctx),
+                lambda: global_group_advantages(rewards, groups, "batch", ctx),
                 lambda v: torch.allclose(v, local))  # fmt: skip
         attempt("barrier", lambda: gd.barrier(ctx), lambda v: True)
     finally:
