@@ -7,66 +7,29 @@ so what each part is built from is written once, here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
 import torch
-from transformers import PreTrainedModel
-from transformers import PreTrainedTokenizerBase
-from .rollout import EngineOptions
-from .rollout import build_engine
-from .rewards import ScorerOptions
-from .rewards import build_scorer
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 from ..config.grpo_config import GRPOConfig
-from ..curriculum import Curriculum
-from ..curriculum import NoCurriculum
-from ..runtime.distributed import DistributedContext
+from ..curriculum import CURRICULA, Curriculum, NoCurriculum
+from ..curriculum.base import PromptBatches
 from ..curriculum.dynamic import DynamicSampling
+from ..curriculum.topup import TopUp
 from ..policy.loss import GRPOLoss
 from ..policy.policy import Policy
 from ..policy.update import PolicyOptions
-from ..runtime.precision import Precision
 from ..rewards import RewardFunc
-from ..rollout import RolloutEngine
-from ..curriculum.base import PromptBatches
 from ..rewards.scoring import RolloutScorer
-from ..sections import Sections
-from ..curriculum.topup import TopUp
-import difflib
-import importlib.util
-import os
-import re
-from pathlib import Path
-from typing import TYPE_CHECKING
-from transformers import AutoTokenizer
-from .rollout import GUESS_TASK
-from .rollout import Interaction
-from .rollout import build_interaction
-from .rollout import environment_dataset
-from .rollout import resolve_environment
-from .rollout import sampling_params
-from .rollout import with_interaction
-from ..errors import ConfigError
-from ..curriculum import CURRICULA
-from ..imports import import_callable
-from ..imports import is_import_spec
-from ..runtime.models import is_peft_model
-from ..runtime.models import load_model_and_tokenizer
-from ..runtime.precision import configure_tf32
-from ..runtime.precision import resolve_precision
-from ..runtime.precision import warn_lost_updates
-from ..rewards import reward_func_name
-from ..sections import CurriculumSection
-from ..sections import GenerationOptions
-from ..sections import ModelOptions
-from ..sections import RewardOptions
-from ..sections import RuntimeOptions
-from ..sections import SectionGroup
-from .model import apply_lora
-
-if TYPE_CHECKING:
-    from ..rewards.model import RewardModel
+from ..rollout import RolloutEngine
+from ..runtime.distributed import DistributedContext
+from ..runtime.precision import Precision
+from ..sections import CurriculumSection, Sections
+from .rewards import ScorerOptions, build_scorer
+from .rollout import EngineOptions, build_engine
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ Options come from the run's config, so one YAML file describes the whole reward.
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import os
 import re
 from collections.abc import Sequence
@@ -40,20 +39,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from .rollout import GUESS_TASK, EngineOptions, Interaction, build_engine, build_interaction, environment_dataset, resolve_environment, sampling_params, with_interaction
-from ..errors import ConfigError
 from ..config.grpo_config import GRPOConfig
-from ..curriculum import CURRICULA, Curriculum
-from ..runtime.distributed import DistributedContext
+from ..errors import ConfigError
 from ..imports import import_callable, is_import_spec
-from ..runtime.models import is_peft_model, load_model_and_tokenizer
-from ..runtime.precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
 from ..rewards import RewardFunc, reward_func_name
 from ..rewards.scoring import RolloutScorer
-from ..sections import CurriculumSection, GenerationOptions, ModelOptions, RewardOptions, RuntimeOptions, SectionGroup
-from .model import apply_lora
+from ..sections import (
+    GenerationOptions,
+    ModelOptions,
+    RewardOptions,
+    RuntimeOptions,
+    SectionGroup,
+)
+from .model import resolve_device
+from .rollout import GUESS_TASK
 
 if TYPE_CHECKING:
     from ..rewards.model import RewardModel

@@ -14,16 +14,23 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..sections.generation import STATIC_MULTI_TURN, VLLM_MULTI_TURN
-from ..errors import ConfigError
 from ..config.grpo_config import GRPOConfig
 from ..data.prompts import prompt_text
+from ..errors import ConfigError
 from ..imports import import_callable, is_import_spec
 from ..policy.policy import Policy
-from ..runtime.precision import Precision
 from ..rollout import HFEngine, RolloutEngine, SamplingParams, eos_token_ids
 from ..rollout.multiturn import MultiTurnEngine, TurnLimits
-from ..sections import DataOptions, GenerationOptions, OptimizationOptions, RuntimeOptions, SectionGroup, ToolOptions
+from ..runtime.precision import Precision
+from ..sections import (
+    DataOptions,
+    GenerationOptions,
+    OptimizationOptions,
+    RuntimeOptions,
+    SectionGroup,
+    ToolOptions,
+)
+from ..sections.generation import STATIC_MULTI_TURN, VLLM_MULTI_TURN
 from ..tools import ENVIRONMENTS, Environment, ToolBox, ToolEnvironment, resolve_tools
 from ..tools.calls import TOOL_CALL_CLOSE
 from ..tools.environment import PLACEHOLDER_PROMPT, EnvironmentFactories, is_groupwise_environment

@@ -10,9 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
 from ..config.grpo_config import GRPOConfig
-from ..errors import DataError, first_line
+from ..errors import ConfigError, DataError, first_line
 
 
 def _file_rows(
@@ -81,9 +80,9 @@ def _arithmetic(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
 
 
 def _task_rows(args: GRPOConfig) -> tuple[list[dict], list[dict] | None]:
-    from .rollout import GUESS_TASK
-    from .rewards import default_reward_names
     from ..tasks import TASKS, build_task
+    from .rewards import default_reward_names
+    from .rollout import GUESS_TASK
 
     if _is_data_file(args.task):
         if not os.path.exists(args.task):

@@ -61,14 +61,8 @@ if TYPE_CHECKING:
 
 
 # ----------------------------------------------------------------------------------------------
-# The trained network
-#
-# One trained network under data parallel, and its optimizer schedule.
-#
-# :class:`Trainable` is a network with its DDP wrapper or FSDP2 root, its AdamW and LR schedule,
-# gradient sync, clipping and the optimizer step; the policy (:class:`Policy`) and the PPO
-# critic are each one. :func:`apply_lora` makes only a LoRA adapter's parameters
-# train.
+# The trained network: a network with its DDP wrapper or FSDP2 root, its AdamW and LR schedule,
+# gradient sync, clipping and the optimizer step. The policy and PPO's critic each hold one.
 
 
 def lr_factor(optimization: OptimizationOptions, total_steps: int) -> Callable[[int], float]:
@@ -97,8 +91,6 @@ def optimizer_steps(batch: BatchOptions, steps: int) -> int:
     batch is split into ``optimizer_steps_per_generation`` mini-batches, each stepped once per
     pass, ``num_iterations`` passes."""
     return steps * batch.optimizer_steps_per_generation * batch.num_iterations
-
-
 
 
 class Trainable:
@@ -202,10 +194,7 @@ class Trainable:
 
 
 # ----------------------------------------------------------------------------------------------
-# The frozen reference
-#
 # The frozen reference policy pi_ref of the KL term (DeepSeekMath eq. 3: beta * KL[pi, pi_ref]).
-#
 # A full fine-tune keeps a frozen copy of the initial weights, in one of three layouts:
 #
 # - resident: on the policy's device, beside the policy;
@@ -215,18 +204,10 @@ class Trainable:
 # - sharded (``data_parallel: fsdp``): FSDP2-sharded like the policy, each rank holding 1/N; its
 #   full weights are gathered once per step for the no-grad forwards.
 #
-# The copy is made tensor by tensor straight onto its target, so an offloaded reference never
-# exists twice on the GPU. With LoRA there is no copy at all: the reference is the policy with its
-# adapter disabled (:class:`groupwise.policy.policy.Policy`).
-#
-# "Frozen" unless ``sync_ref_model`` (TRL's TR-DPO option) mixes the policy into it every
-# ``ref_model_sync_steps`` optimizer steps (:func:`mix_weights`).
-
-
-
-
-
-
+# The copy is made tensor by tensor straight onto its target (policy/weights.py), so an offloaded
+# reference never exists twice on the GPU. With LoRA there is no copy at all: the reference is the
+# policy with its adapter disabled. "Frozen" unless ``sync_ref_model`` (TRL's TR-DPO option) mixes
+# the policy into it every ``ref_model_sync_steps`` optimizer steps (``mix_weights``).
 
 
 class Reference:

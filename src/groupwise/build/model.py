@@ -1,0 +1,109 @@
+"""A run's options -> its machine and model: the device (:func:`resolve_device`), the precision
+(:func:`resolve_run_precision`), the attention implementation (:func:`check_attn_implementation`)
+and the model itself (:func:`build_model`: loaded or built in, gradient checkpointing, LoRA with
+:func:`apply_lora`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..config.grpo_config import GRPOConfig
+from ..errors import ConfigError
+from ..runtime.models import is_peft_model, load_model_and_tokenizer
+from ..runtime.precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
+from ..sections import ModelOptions
+
+
+def apply_lora(
+    model: PreTrainedModel, options: ModelOptions, peft_config: Any | None = None
+) -> PreTrainedModel:
+    """Wrap ``model`` in a peft LoRA adapter; only the adapter's parameters train.
+    ``peft_config`` (a ``peft.LoraConfig``, TRL's ``GRPOTrainer(peft_config=...)``) is used as
+    given; otherwise one is made from ``lora_r``, ``lora_alpha``, ``lora_dropout`` and
+    ``lora_target_modules``."""
+    from peft import LoraConfig, get_peft_model
+
+    if peft_config is not None:
+        return get_peft_model(model, peft_config)
+    config = LoraConfig(
+        r=options.lora_r,
+        lora_alpha=options.lora_alpha,
+        lora_dropout=options.lora_dropout,
+        # "all-linear": every nn.Linear except the output layer (peft's rule).
+        target_modules=options.lora_target_modules or "all-linear",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={name!r} was asked for but CUDA is not available on this machine; use "
+            "device: auto or cpu"
+        )
+    return torch.device(name)
+
+
+def resolve_run_precision(args: GRPOConfig, device: torch.device) -> Precision:
+    """The run's numerics (:mod:`groupwise.runtime.precision`) on ``device``, with the pure-bf16
+    warning and TF32 set up."""
+    precision = resolve_precision(
+        args.dtype, args.bf16_autocast, args.generation_dtype, device, use_peft=args.use_peft
+    )
+    warn_lost_updates(precision, args.learning_rate, args.use_peft)
+    configure_tf32(args.tf32, device)
+    return precision
+
+
+def check_attn_implementation(name: str, device: torch.device) -> None:
+    """Refuse flash_attention_2 where it cannot run, before a model is loaded."""
+    if name != "flash_attention_2":
+        return
+    if device.type != "cuda":
+        raise ConfigError(
+            f"attn_implementation=flash_attention_2 needs a CUDA GPU (device is {device.type}); "
+            "use sdpa"
+        )
+    if importlib.util.find_spec("flash_attn") is None:
+        raise ConfigError(
+            "attn_implementation=flash_attention_2 needs the flash-attn package "
+            "(pip install flash-attn --no-build-isolation); or use sdpa, torch's fused kernel"
+        )
+
+
+def build_model(
+    model: str | PreTrainedModel,
+    processing_class: PreTrainedTokenizerBase | None,
+    args: GRPOConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    peft_config: Any | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The policy model on its device and dtype (gradient checkpointing, LoRA: ``peft_config``
+    when given, else the ``lora_*`` options) and tokenizer. A saved model is read straight into
+    ``dtype`` and ``device``; a loaded one is moved there."""
+    check_attn_implementation(args.attn_implementation, device)
+    model, tokenizer = load_model_and_tokenizer(
+        model,
+        processing_class,
+        seed=args.seed,
+        dtype=dtype,
+        device=device,
+        attn_implementation=args.attn_implementation,
+        trust_remote_code=args.trust_remote_code,
+    )
+    model = model.to(device=device, dtype=dtype)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if args.use_peft and not is_peft_model(model):  # a PeftModel given brings its adapter
+        model = apply_lora(model, ModelOptions.from_config(args), peft_config)
+    model.train()
+    return model, tokenizer
