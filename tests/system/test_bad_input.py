@@ -103,7 +103,7 @@ def test_cli_refuses_too_many_train_prompts(tmp_path, capsys, monkeypatch):
     def no_model(*args, **kwargs):
         raise AssertionError("the model must not load")
 
-    monkeypatch.setattr("groupwise.build.rewards.load_model_and_tokenizer", no_model)
+    monkeypatch.setattr("groupwise.build.model.load_model_and_tokenizer", no_model)
     argv = ["train", "--num_train_prompts", "100000", "--output_dir", str(tmp_path / "run")]
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -176,7 +176,7 @@ def test_cli_checks_output_dir_before_loading_the_model(tmp_path, capsys, monkey
     def no_model(*args, **kwargs):
         raise AssertionError("the model must not load")
 
-    monkeypatch.setattr("groupwise.build.rewards.load_model_and_tokenizer", no_model)
+    monkeypatch.setattr("groupwise.build.model.load_model_and_tokenizer", no_model)
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     assert main(["train", "--output_dir", str(blocker / "run"), "--max_steps", "1"]) == 2
