@@ -3,21 +3,23 @@ loadable from YAML and overridable from the command line) and the TRL / transfor
 translates or accepts (:mod:`.trl`). ``GRPOConfig.sections()`` splits it into the sections that
 the components read (:mod:`groupwise.sections`)."""
 
-from .grpo_config import (
+from ..errors import ConfigError
+from ..sections import (
     CISPO_DEFAULT_CAP,
     GENERATION_ENGINES,
     PPO_MULTI_TURN,
     STATIC_MULTI_TURN,
-    UNBOUNDED_FIELDS,
     VLLM_MULTI_TURN,
-    ConfigError,
+    world_size_from_env,
+)
+from .grpo_config import (
+    UNBOUNDED_FIELDS,
     GRPOConfig,
     coerce,
     default_output_dir,
     option_help,
     parse_cli_overrides,
     unused_dir,
-    world_size_from_env,
 )
 
 __all__ = [

@@ -23,17 +23,11 @@ import yaml
 
 from ..errors import ConfigError
 from ..sections import (
-    CISPO_DEFAULT_CAP,
-    GENERATION_ENGINES,
-    PPO_MULTI_TURN,
-    STATIC_MULTI_TURN,
-    VLLM_MULTI_TURN,
     BatchOptions,
     LossOptions,
     OptimizationOptions,
     Sections,
     sections,
-    world_size_from_env,
 )
 from .trl import (
     TRL_IGNORED,
@@ -44,13 +38,6 @@ from .trl import (
     normalise_report_to,
     translate_trl_options,
 )
-
-__all__ = [
-    "CISPO_DEFAULT_CAP", "GENERATION_ENGINES", "PPO_MULTI_TURN", "STATIC_MULTI_TURN",
-    "UNBOUNDED_FIELDS", "VLLM_MULTI_TURN", "ConfigError", "GRPOConfig", "coerce",
-    "default_output_dir", "option_help", "parse_cli_overrides", "unused_dir",
-    "world_size_from_env",
-]  # fmt: skip
 
 # Float options where infinity means "no limit"; NaN is refused everywhere.
 UNBOUNDED_FIELDS = frozenset(

@@ -1,5 +1,6 @@
-"""The train / eval split of generated tasks: a function of a problem's text alone, so the
-two never overlap whatever the seeds or sizes, and the stall rule that sizes a task's space."""
+"""The train / eval split of generated tasks, a function of a problem's text alone (so the two
+never overlap, whatever the seeds or sizes), and ``STALL_DRAWS``: how many draws without a new
+problem mean a generator has found its whole space."""
 
 from __future__ import annotations
 
