@@ -25,7 +25,8 @@ def _reward(completions, completion_ids, **kwargs):
 
 def _qlora(tmp_path, **overrides):
     qlora = dict(use_peft=True, load_in_4bit=True, use_bnb_nested_quant=True, lora_r=4,
-                 lora_alpha=8, lora_dropout=0.0, max_steps=3, learning_rate=5e-3, beta=0.04)  # fmt: skip
+                 lora_alpha=8, lora_dropout=0.0, max_steps=3, learning_rate=5e-3,
+                 beta=0.04)  # fmt: skip
     return tiny_config(tmp_path, **{**qlora, **overrides})
 
 
