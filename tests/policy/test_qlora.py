@@ -108,6 +108,7 @@ def test_qlora_learns(tmp_path):
     trainer = GRPOTrainer("tiny-random", TargetToken(), rows, args=args)
     trainer.train()
     rewards = [row["reward"] for row in trainer.log_history]
+    # Measured: 0.06 -> 0.99 (mean of the last four steps); test_lora_learns' bounds.
     assert rewards[0] < 0.2, rewards
     assert sum(rewards[-4:]) / 4 > 0.8, rewards
 
