@@ -307,7 +307,7 @@ class GRPOConfig:
     # TRL's optim: adamw_torch | adamw_torch_fused (torch's AdamW) | adamw_8bit | adamw_bnb_8bit
     # (bitsandbytes' AdamW8bit: 8-bit states, a quarter of AdamW's) | paged_adamw_8bit |
     # paged_adamw_32bit (states paged to CPU memory under GPU memory pressure; CUDA only);
-    # bitsandbytes' need pip install "groupwise[quant]" (docs/speed-memory.md)
+    # the bitsandbytes ones need pip install "groupwise[quant]" (docs/speed-memory.md)
     optim: str = "adamw_torch"
     learning_rate: float = 1e-6  # AdamW peak learning rate
     lr_scheduler_type: str = "constant"  # constant | linear | cosine
