@@ -2,6 +2,7 @@
 TRL's model_init_kwargs quantization_config), what is refused and why, and the built model."""
 
 import warnings
+from pathlib import Path
 
 import bitsandbytes as bnb
 import pytest
@@ -145,3 +146,17 @@ def test_bnb_config_is_qloras():
     config = bnb_config("nf4", True, torch.bfloat16)
     assert config.load_in_4bit and config.bnb_4bit_use_double_quant
     assert (config.bnb_4bit_quant_type, config.bnb_4bit_compute_dtype) == ("nf4", torch.bfloat16)
+
+
+def test_the_command_line_spelling_of_model_init_kwargs():
+    overrides = {
+        "use_peft": "true",
+        "model_init_kwargs": "{quantization_config: {load_in_4bit: true, "
+        "bnb_4bit_quant_type: nf4, bnb_4bit_use_double_quant: true}}",
+        "optim": "adamw_bnb_8bit",
+    }
+    demo = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+    config = GRPOConfig.from_yaml(demo, overrides)
+    assert (config.load_in_4bit, config.bnb_4bit_quant_type, config.use_bnb_nested_quant) == (
+        True, "nf4", True)  # fmt: skip
+    assert config.optim == "adamw_bnb_8bit"
