@@ -9,7 +9,7 @@ import bitsandbytes.functional as bnbf
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
-from conftest import TargetToken, tiny_config
+from conftest import TargetToken, first_token_parity, tiny_config
 from groupwise import GRPOTrainer
 from groupwise.runtime.models import tiny_random_model
 from groupwise.runtime.quantization import is_4bit, keep_trainable_layout, quantize_4bit
@@ -157,3 +157,20 @@ def test_adamw8bit_resume_is_exact(tmp_path):
     assert type(rest.policy.optimizer).__name__ == "AdamW8bit"
     for (name, p), q in zip(full.model.named_parameters(), rest.model.parameters(), strict=True):
         assert torch.equal(p, q), name
+
+
+def test_qlora_with_gradient_checkpointing_gives_the_same_adapter_gradients(tmp_path):
+    # prepare_for_kbit_training's input grads: with checkpointed layers whose inputs need no
+    # grad (the frozen embeddings), the adapters inside must still get their gradients.
+    grads = []
+    for checkpointing in (False, True):
+        args = _qlora(tmp_path / str(checkpointing), max_steps=1, beta=0.0, max_grad_norm=1e9,
+                      gradient_checkpointing=checkpointing, learning_rate=0.0)  # fmt: skip
+        trainer = GRPOTrainer("tiny-random", first_token_parity, ROWS, args=args)
+        trainer.train()
+        grads.append({n: p.grad for n, p in trainer.model.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys()
+    first = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight"
+    assert grads[1][first] is not None and grads[1][first].abs().sum() > 0
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-7, msg=name)
