@@ -16,6 +16,7 @@ keeps per layer, then the same bytes for a Llama-3-8B-shaped model (hidden 4096,
 are static / hf.
 
     python benchmarks/qlora_generation.py [--rows 1 16 64] [--repeats 50] [--rank 16]
+        [--device cuda]   # on a GPU the 4-bit layers compute in bf16
 """
 
 from __future__ import annotations
@@ -38,9 +39,12 @@ def projections(hidden: int, mlp: int, kv: int) -> list[tuple[int, int]]:
 
 def timed(fn, repeats: int) -> float:
     fn()  # warm-up
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+    sync()
     start = time.perf_counter()
     for _ in range(repeats):
         fn()
+    sync()  # CUDA launches are asynchronous: time the work, not the launches
     return (time.perf_counter() - start) / repeats * 1e3
 
 
@@ -60,7 +64,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
+    device = torch.device(args.device)
+    # The run's compute dtype (runtime.quantization.compute_dtype): bf16 on a GPU, fp32 on a CPU.
+    compute = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     shapes = projections(576, 1536, 192)
     plain = torch.nn.ModuleList(torch.nn.Linear(i, o, bias=False) for o, i in shapes)
@@ -69,16 +77,17 @@ def main() -> None:
     four = keep_trainable_layout(
         quantize_4bit(
             torch.nn.ModuleList(torch.nn.Linear(i, o, bias=False) for o, i in shapes),
-            "nf4", True, torch.float32, torch.device("cpu"),
+            "nf4", True, compute, device,
         )
     )  # fmt: skip
     for src, dst in zip(plain, four, strict=True):  # the same weights in both
-        q = quantize_4bit(torch.nn.Sequential(src), "nf4", True, torch.float32, torch.device("cpu"))
+        q = quantize_4bit(torch.nn.Sequential(src), "nf4", True, compute, device)
         dst.weight = q[0].weight
-    lora = [(torch.randn(args.rank, i) * 0.01, torch.randn(o, args.rank) * 0.01) for o, i in shapes]
+    lora = [(torch.randn(args.rank, i, device=device) * 0.01,
+             torch.randn(o, args.rank, device=device) * 0.01) for o, i in shapes]  # fmt: skip
     merged = {
         dtype: [
-            (bnbf.dequantize_4bit(m.weight.data, m.weight.quant_state) + b @ a).to(dtype)
+            (bnbf.dequantize_4bit(m.weight.data, m.weight.quant_state).float() + b @ a).to(dtype)
             for m, (a, b) in zip(four, lora, strict=True)
         ]
         for dtype in (torch.float32, torch.bfloat16)
@@ -87,7 +96,9 @@ def main() -> None:
     def hf_step(x: torch.Tensor) -> None:
         with torch.no_grad():
             for layer, (a, b) in zip(four, lora, strict=True):
-                layer(x[..., : layer.in_features]) + (x[..., : layer.in_features] @ a.T) @ b.T
+                inputs = x[..., : layer.in_features]
+                # peft runs the fp32 adapter on the input cast to its dtype, beside the base.
+                layer(inputs) + ((inputs.to(a.dtype) @ a.T) @ b.T).to(inputs.dtype)
 
     def static_step(x: torch.Tensor, dtype: torch.dtype) -> None:
         x = x.to(dtype)
@@ -97,7 +108,9 @@ def main() -> None:
 
     def rebuild() -> None:
         for m, (a, b) in zip(four, lora, strict=True):
-            (bnbf.dequantize_4bit(m.weight.data, m.weight.quant_state) + b @ a).to(torch.bfloat16)
+            (bnbf.dequantize_4bit(m.weight.data, m.weight.quant_state).float() + b @ a).to(
+                torch.bfloat16
+            )
 
     print(f"torch {torch.__version__}, bitsandbytes {bnb.__version__}, "
           f"{torch.get_num_threads()} thread(s); one SmolLM2-135M decoder layer, "
@@ -106,7 +119,7 @@ def main() -> None:
           "static bf16 merged (ms) | ratio |")
     print("|---|---|---|---|---|---|")
     for rows in args.rows:
-        x = torch.randn(rows, 1536)
+        x = torch.randn(rows, 1536, device=device, dtype=compute)
         hf = timed(lambda: hf_step(x), args.repeats)  # noqa: B023
         fp32 = timed(lambda: static_step(x, torch.float32), args.repeats)  # noqa: B023
         bf16 = timed(lambda: static_step(x, torch.bfloat16), args.repeats)  # noqa: B023
