@@ -330,9 +330,10 @@ def _lora_policy(model, target_modules, modules_to_save=None):
         lora_dropout=0.0,
     )
     policy = get_peft_model(model, config)
-    with torch.no_grad():  # peft starts B at 0 (no update); give the adapters a real one
+    with torch.no_grad():  # peft starts one factor at 0 (no update); give them a real one
+        pieces = ("lora_B", "lora_embedding_A", "lora_embedding_B", "modules_to_save")
         for name, param in policy.named_parameters():
-            if "lora_B" in name or "lora_embedding_B" in name or "modules_to_save" in name:
+            if any(piece in name for piece in pieces):
                 param.normal_(0, 0.5)
     return policy
 
@@ -352,6 +353,7 @@ def test_lora_on_the_embedding_is_merged_into_the_pushed_weights(fake, tokenizer
     a = module.lora_embedding_A["default"].double()  # [r, vocab]
     b = module.lora_embedding_B["default"].double()  # [hidden, r]
     expected = module.base_layer.weight.double() + (8 / 4) * (b @ a).T
+    assert (b @ a).abs().max() > 0.1  # a real update
     pushed = dict(engine.llm.model.lm.named_parameters())
     torch.testing.assert_close(
         pushed["model.embed_tokens.weight"].double(), expected, atol=1e-5, rtol=1e-5
