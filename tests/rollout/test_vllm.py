@@ -510,3 +510,24 @@ def test_the_fake_samples_in_vllms_order_and_honours_logprobs_mode():
         logits * 2, rows, sp, "raw_logits", torch.Generator().manual_seed(0)
     )
     assert abs(float(logit) - 2 * math.log(float(p[0, int(token)]))) < 1e-6  # the logit itself
+
+
+def test_a_prompt_longer_than_vllms_context_is_refused_naming_the_options(
+    fake, tokenizer, tiny_model, tmp_path
+):
+    engine = build(tiny_model, tokenizer, max_model_len=6)
+    engine.generate([[5, 6, 7, 8, 9]], 1, SamplingParams(1))  # 5 < 6: fits
+    with pytest.raises(ConfigError, match=r"prompt of 6 tokens .*context length 6 \(vllm_max"):
+        engine.generate([[5, 6, 7, 8, 9, 10]], 1)
+    config = tiny_config(
+        tmp_path, generation_engine="vllm", max_prompt_length=16, vllm_max_model_length=16
+    )
+    rows = [{"prompt": "Say something"}] * 8
+    with pytest.raises(ConfigError, match="vllm_max_model_length=16 leaves no room"):
+        GRPOTrainer("tiny-random", TargetToken(), rows, args=config)
+
+
+def test_a_quantised_policy_is_refused(fake, tokenizer, tiny_model):
+    tiny_model.config.quantization_config = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    with pytest.raises(ConfigError, match="quantization_config"):
+        build(tiny_model, tokenizer)

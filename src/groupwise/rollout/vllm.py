@@ -32,7 +32,8 @@ pi_old / pi_rollout whenever a rollout carries ``sampling_logprobs``.
 
 Weights. :meth:`VLLMEngine.sync` pushes the policy's full weights into the vLLM model with the
 model's own ``load_weights(iterable of (name, tensor))``, one decoder layer at a time (so the
-model is never duplicated at once on the GPU), under the plain Hugging Face checkpoint names vLLM
+model is never duplicated at once on the GPU; under FSDP the policy's full-weights context
+gathers every unit first), under the plain Hugging Face checkpoint names vLLM
 expects (PEFT prefixes stripped, adapters merged, the tied LM head sent once as the embedding),
 then resets vLLM's prefix cache: cached KV blocks were computed with the old weights and would
 otherwise be served for every prompt seen before. Under FSDP2 each tensor is gathered with
@@ -144,7 +145,8 @@ class VLLMEngine(Engine):
     tensors go (the policy's device); ``dtype``: the vLLM model's dtype, which pushed weights are
     cast to; ``sleep_mode``: the LLM was made with ``enable_sleep_mode``, so it sleeps (level 1:
     weights offloaded to CPU memory, KV cache freed) between generations, leaving the GPU to the
-    update. ``weights`` wraps :meth:`sync` (the policy's full-weights context under FSDP)."""
+    update. ``weights`` wraps :meth:`sync` (the policy's full-weights context under FSDP).
+    ``max_model_len``: vLLM's context length, which every prompt must be shorter than."""
 
     records_logprobs = True  # every rollout carries sampling_logprobs: rollout correction is on
 
@@ -159,8 +161,10 @@ class VLLMEngine(Engine):
         dtype: torch.dtype,
         sleep_mode: bool = False,
         weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        max_model_len: int | None = None,
     ) -> None:
         self.llm, self.tokenizer, self.params = llm, tokenizer, params
+        self.max_model_len = max_model_len  # vLLM's context length (None: not known here)
         self.eos_token_ids = sorted(int(i) for i in eos_token_ids)
         self.device, self.dtype = device, dtype
         self.sleep_mode, self.weights = sleep_mode, weights
@@ -227,6 +231,14 @@ class VLLMEngine(Engine):
                 0, 2**31 - 1, (len(prompts),), generator=generator, device=generator.device
             )
             seeds = [int(s) for s in drawn.tolist()]
+        longest = max((len(p) for p in prompts), default=0)
+        if self.max_model_len is not None and longest >= self.max_model_len:
+            # vLLM refuses such a request in the middle of generate(); name the options instead.
+            raise ConfigError(
+                f"a prompt of {longest} tokens does not fit vLLM's context length "
+                f"{self.max_model_len} (vllm_max_model_length, by default max_prompt_length + "
+                "max_completion_length): set max_prompt_length below it"
+            )
         requests = [{"prompt_token_ids": p} for p in prompts]
         sampling = [self.sampling_params(params, c, s) for c, s in zip(counts, seeds, strict=True)]
         self.wake()
@@ -330,6 +342,11 @@ class VLLMEngine(Engine):
 # Construction
 
 
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a peft wrapper (``model`` itself otherwise)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def model_folder(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     """Write what vLLM reads to build the model (config, generation config, tokenizer) into
     ``folder``. No weights: the LLM starts from ``load_format="dummy"`` and :meth:`VLLMEngine.sync`
@@ -340,7 +357,13 @@ def model_folder(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, fol
     would otherwise guess from ``model_type``; and it is untied when the policy's LM head
     computes with other weights than its embedding (a head trained apart, or LoRA on one of
     them): a tied vLLM model has one matrix for both and would refuse a separate head."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrap(model)
+    if getattr(base.config, "quantization_config", None) is not None:
+        raise ConfigError(
+            "generation_engine=vllm pushes full-precision weights into its own copy of the model "
+            "and cannot load them into a quantised one (the policy's config has a "
+            "quantization_config); use an unquantised model or generation_engine: hf"
+        )
     config = copy.deepcopy(base.config)
     if not getattr(config, "architectures", None):
         config.architectures = [type(base).__name__]
@@ -412,8 +435,7 @@ def position_limit(config: Any) -> int | None:
 def check_max_model_len(model: torch.nn.Module, max_model_len: int | None) -> None:
     """Refuse a vLLM context longer than the model's positions: vLLM refuses to build with it
     (unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``), so the options that set it are named now."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    limit = position_limit(base.config)
+    limit = position_limit(unwrap(model).config)
     if max_model_len is None or limit is None or max_model_len <= limit:
         return
     if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":
@@ -523,6 +545,7 @@ def build_vllm_engine(
         dtype=dtype,
         sleep_mode=enable_sleep_mode,
         weights=weights,
+        max_model_len=max_model_len or position_limit(unwrap(model).config),
     )
     weakref.finalize(engine, shutil.rmtree, folder, ignore_errors=True)  # the folder goes with it
     engine.sync(model)
