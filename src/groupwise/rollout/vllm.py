@@ -34,7 +34,8 @@ Weights. :meth:`VLLMEngine.sync` pushes the policy's full weights into the vLLM 
 model's own ``load_weights(iterable of (name, tensor))``, one decoder layer at a time (so the
 model is never duplicated at once on the GPU; under FSDP the policy's full-weights context
 gathers every unit first), under the plain Hugging Face checkpoint names vLLM
-expects (PEFT prefixes stripped, adapters merged, the tied LM head sent once as the embedding),
+expects (PEFT prefixes stripped, adapters merged, the tied LM head sent once as the embedding;
+a head that differs from its tied embedding is sent too, into an untied vLLM copy),
 then resets vLLM's prefix cache: cached KV blocks were computed with the old weights and would
 otherwise be served for every prompt seen before. Under FSDP2 each tensor is gathered with
 ``DTensor.full_tensor()`` (a collective every rank makes in the same order: each rank has its own
@@ -189,7 +190,7 @@ class VLLMEngine(Engine):
             return
         awake = self.llm.wake_up(tags=missing)
         self.asleep -= set(missing)
-        # vLLM >= 0.12 returns whether it is fully awake (older versions: None, nothing to check).
+        # vLLM 0.33 returns whether it is fully awake (0.11 returns None: nothing to check).
         if awake is False and not self.asleep:
             raise RuntimeError(
                 f"vLLM did not wake up (wake_up(tags={missing}) returned False): its sleep state "
