@@ -955,7 +955,8 @@ def check_vllm(ns, model: Path, scratch: Path) -> dict:
     def top20_mass(t: float) -> float:
         return float(torch.softmax(logits / t, -1).topk(20).values.sum())
 
-    while temperature > 0.01 and top20_mass(temperature) < 0.5:
+    # Never below 0.01: vLLM would silently sample at 0.01 (the vLLM engine refuses lower).
+    while temperature / 2 >= 0.01 and top20_mass(temperature) < 0.5:
         temperature /= 2
     first = SamplingParams(1, temperature=temperature)
     hf = HFEngine(policy, tokenizer, first, torch.Generator(device=device).manual_seed(1),

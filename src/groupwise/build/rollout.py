@@ -335,6 +335,13 @@ def build_vllm(
 
     generation, max_prompt_length = options.generation, options.data.max_prompt_length
     max_len = generation.vllm_max_model_length
+    if max_len is not None and max_prompt_length is not None and max_len <= max_prompt_length:
+        # vLLM refuses a prompt as long as its context, in the middle of generate().
+        raise ConfigError(
+            f"vllm_max_model_length={max_len} leaves no room to generate after a prompt of "
+            f"max_prompt_length={max_prompt_length} tokens; set it above max_prompt_length "
+            "(by default it is max_prompt_length + max_completion_length)"
+        )
     if max_len is None and max_prompt_length is not None:
         max_len = max_prompt_length + generation.max_completion_length
     return build_vllm_engine(

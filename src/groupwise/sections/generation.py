@@ -20,6 +20,9 @@ STATIC_MULTI_TURN = (
     "generation_engine=static does not run tools or environments (multi-turn rollouts continue "
     "from the HF engine's KV cache); use generation_engine: hf with tools / environment"
 )
+# vLLM's SamplingParams (vllm/sampling_params.py, 0.33) silently raises a temperature in (0, 0.01)
+# to 0.01 and refuses one above 2; rollout/vllm.py checks each request the same way.
+VLLM_TEMPERATURES = (0.01, 2.0)
 VLLM_MULTI_TURN = (
     "generation_engine=vllm does not run tools or environments (multi-turn rollouts continue "
     "from the HF engine's KV cache); use generation_engine: hf with tools / environment"
@@ -82,6 +85,14 @@ class GenerationOptions(Section):
                 "training process (vllm_mode: colocate), where weights are pushed in memory "
                 "after every step; a separate vLLM server and its weight-transfer channel are "
                 "not implemented"
+            )
+        low, high = VLLM_TEMPERATURES
+        if not low <= self.temperature <= high:
+            raise ConfigError(
+                f"temperature={self.temperature} is outside what generation_engine=vllm samples "
+                f"at: vLLM needs {low} <= temperature <= {high} (it silently raises a lower one "
+                "to 0.01, so rollouts would not follow the configured temperature, and refuses "
+                "a higher one); use generation_engine: hf for it"
             )
         if self.vllm_tensor_parallel_size != 1:
             raise ConfigError(
