@@ -470,9 +470,11 @@ def test_calls_from_several_threads():
 
 
 def test_a_garbled_result_is_an_error():
-    assert _decode(b'["ok", null]') == ("ok", None)
-    assert _decode(b"\x80garbage") == ("", "the tool's result could not be read back")
-    assert _decode(b'["ok", 3]') == ("", "the tool's result could not be read back")
+    assert _decode(b'["[1]", null, [1]]') == ("[1]", None, [1])
+    garbled = ("", "the tool's result could not be read back", None)
+    assert _decode(b"\x80garbage") == garbled
+    assert _decode(b'["ok", 3, "ok"]') == garbled
+    assert _decode(b'["ok", null]') == garbled  # (text, error, content) expected
 
 
 def test_toolbox_configuration_errors():
@@ -546,9 +548,12 @@ def test_tool_environment_steps():
         "error: bad arguments for tool 'add': missing a required argument: 'b'"
     )
     assert step.messages[2]["content"].startswith("error: tool call is not valid JSON")
+    assert [m.get("name") for m in step.messages] == ["calculator", "add", None]
     assert (step.done, step.tool_calls, step.tool_errors) == (False, 3, 2)
     step = env.step(calls_text(ToolCall("add", {"a": 2, "b": 3}), ToolCall("nope", {})))
-    assert step.messages[0] == {"role": "tool", "content": "5"}
+    # TRL's tool message: the called tool's name; a malformed block (above) has none.
+    assert step.messages[0] == {"role": "tool", "name": "add", "content": "5"}
+    assert step.messages[1]["name"] == "nope"
     assert (step.done, step.tool_calls, step.tool_errors) == (False, 2, 1)
     assert env.step("The answer is 1081.") == EnvStep([], True, 0, 0)
     # Unknown tools are not "used".

@@ -39,11 +39,19 @@ _JSON_TYPES = (bool, int, float, list, dict, type(None))
 
 @dataclass
 class ToolResult:
-    """One call's outcome; ``text`` goes back to the model, ``error`` is set when it failed."""
+    """One call's outcome; ``text`` goes back to the model, ``error`` is set when it failed.
+    ``content`` is what the conversation's tool message holds for the reward functions, as TRL's
+    tool loop builds it: the list the tool returned (an isolated tool's through JSON, so its
+    tuples arrive as lists), else ``str`` of the value; the text when the call failed."""
 
     name: str
     text: str
     error: str | None = None
+    content: Any = None
+
+    def __post_init__(self) -> None:
+        if self.content is None:
+            self.content = self.text
 
 
 def truncate(text: str, max_chars: int) -> str:
@@ -84,16 +92,20 @@ async def _awaited(value: Any) -> Any:
 
 def _run_contained(
     fn: Callable[..., Any], arguments: dict[str, Any], max_chars: int
-) -> tuple[str, str | None]:
-    """Call ``fn`` (awaiting an ``async def`` tool) and turn any outcome into (text, error),
-    both truncated."""
+) -> tuple[str, str | None, Any]:
+    """Call ``fn`` (awaiting an ``async def`` tool) and turn any outcome into (text, error,
+    content), text and error truncated; content is TRL's tool-message content: a returned list
+    as is (None, i.e. the text, when its text is cut), else the value's ``str``, truncated."""
     try:
-        text, error = to_text(resolved(fn(**arguments)))
+        value = resolved(fn(**arguments))
+        text, error = to_text(value)
     except Exception as exc:
-        text, error = "", _describe(exc)
+        value, text, error = None, "", _describe(exc)
     if error is not None:
-        return "", truncate(error, max_chars)
-    return truncate(text, max_chars), None
+        return "", truncate(error, max_chars), None
+    if isinstance(value, list):  # as is; cut, it is the text the model is shown
+        return truncate(text, max_chars), None, value if len(text) <= max_chars else None
+    return truncate(text, max_chars), None, truncate(str(value), max_chars)
 
 
 def _child_main(
@@ -109,7 +121,7 @@ def _child_main(
     try:
         result = _run_contained(fn, arguments, max_chars)
     except BaseException as exc:  # SystemExit, KeyboardInterrupt from the tool
-        result = ("", truncate(_describe(exc), max_chars))
+        result = ("", truncate(_describe(exc), max_chars), None)
     try:
         conn.send_bytes(json.dumps(result).encode())  # JSON, not pickle: nothing to unpickle
     finally:
@@ -162,19 +174,19 @@ class ToolBox:
             error = f"unknown tool {call.name!r}; available: {', '.join(self._tools) or 'none'}"
         else:
             error = self._bind_error(fn, call)
-        text = ""
+        text, content = "", None
         if error is None and fn is not None:
             if getattr(fn, "trusted", False):
-                text, error = _run_contained(fn, call.arguments, self.max_output_chars)
+                text, error, content = _run_contained(fn, call.arguments, self.max_output_chars)
             else:
-                text, error, timed_out = self._run_isolated(fn, call)
+                text, error, content, timed_out = self._run_isolated(fn, call)
         with self._lock:
             self.stats["calls"] += 1
             self.stats["errors"] += error is not None
             self.stats["timeouts"] += timed_out
         if error is not None:
             return ToolResult(call.name, f"error: {error}", error)
-        return ToolResult(call.name, text)
+        return ToolResult(call.name, text, content=content)
 
     @staticmethod
     def _bind_error(fn: Callable[..., Any], call: ToolCall) -> str | None:
@@ -184,8 +196,10 @@ class ToolBox:
             return f"bad arguments for tool {call.name!r}: {err}"
         return None
 
-    def _run_isolated(self, fn: Callable[..., Any], call: ToolCall) -> tuple[str, str | None, bool]:
-        """(text, error, timed_out) from running ``fn`` in a forked child."""
+    def _run_isolated(
+        self, fn: Callable[..., Any], call: ToolCall
+    ) -> tuple[str, str | None, Any, bool]:
+        """(text, error, content, timed_out) from running ``fn`` in a forked child."""
         ctx = multiprocessing.get_context("fork")
         receiver, sender = ctx.Pipe(duplex=False)
         args = (sender, fn, call.arguments, self.max_output_chars)
@@ -196,7 +210,7 @@ class ToolBox:
             if not receiver.poll(self.timeout_s):
                 _kill(proc)
                 proc.join()
-                return "", f"tool {call.name!r} timed out after {self.timeout_s:g}s", True
+                return "", f"tool {call.name!r} timed out after {self.timeout_s:g}s", None, True
             try:
                 result = _decode(receiver.recv_bytes())
             except (EOFError, OSError):
@@ -213,20 +227,22 @@ class ToolBox:
             receiver.close()
             sender.close()
         if result is None:
-            return "", f"tool {call.name!r} exited without a result ({_exit_text(proc)})", False
-        text, error = result
-        return text, error, False
+            exited = f"tool {call.name!r} exited without a result ({_exit_text(proc)})"
+            return "", exited, None, False
+        text, error, content = result
+        return text, error, content, False
 
 
-def _decode(data: bytes) -> tuple[str, str | None]:
-    """The child's (text, error); anything else (the tool wrote to the pipe) is an error."""
+def _decode(data: bytes) -> tuple[str, str | None, Any]:
+    """The child's (text, error, content); anything else (the tool wrote to the pipe) is an
+    error."""
     try:
-        text, error = json.loads(data)
+        text, error, content = json.loads(data)
         if isinstance(text, str) and (error is None or isinstance(error, str)):
-            return text, error
+            return text, error, content
     except (ValueError, TypeError):
         pass
-    return "", "the tool's result could not be read back"
+    return "", "the tool's result could not be read back", None
 
 
 def _kill(proc: Any) -> None:
