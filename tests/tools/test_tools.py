@@ -631,3 +631,42 @@ def test_guess_reward():
     states = [{"solved": True, "guesses": 3, "secret": 1}, {"solved": False}, None]
     assert guess_reward(["p"] * 3, ["c"] * 3, env_state=states) == [1.0, 0.0, 0.0]
     assert guess_reward.is_correctness is True
+
+
+def nap(seconds: float) -> str:
+    """Sleep, then say so.
+
+    Args:
+        seconds: How long to sleep.
+    """
+    time.sleep(seconds)
+    return "awake"
+
+
+def test_a_slow_tool_is_named_once_with_the_time_it_took(caplog):
+    import logging
+
+    def trusted_nap(seconds: float) -> str:
+        """Sleep in process, then say so.
+
+        Args:
+            seconds: How long to sleep.
+        """
+        return nap(seconds)
+
+    trusted_nap.trusted = True
+    trusted_nap.__name__ = "nap"
+    trusted = ToolBox([trusted_nap], slow_call_s=0.05)
+    isolated = ToolBox([nap], slow_call_s=0.05)  # a forked child: the wait is timed the same
+    off = ToolBox([nap], slow_call_s=None)
+    with caplog.at_level(logging.WARNING, logger="groupwise.tools"):
+        for box in (trusted, isolated, off):
+            assert box.call(ToolCall("nap", {"seconds": 0.01})).text == "awake"  # fast: quiet
+            for _ in range(2):  # slow twice: named once per box
+                assert box.call(ToolCall("nap", {"seconds": 0.15})).text == "awake"
+    messages = [r.getMessage() for r in caplog.records if "slow_call_warning" in r.getMessage()]
+    assert len(messages) == 2
+    for message in messages:
+        assert message.startswith("tool 'nap' took ")
+        assert 0.1 <= float(message.split(" took ")[1].split(" s ")[0]) < 2.0
+        assert "slow_call_warning=0.05 s" in message and "tool_timeout=10 s" in message

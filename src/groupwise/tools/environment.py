@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from ..data.splits import is_eval_problem
 from ..errors import ConfigError
 from .calls import parse_tool_calls
-from .toolbox import ToolBox, resolved
+from .toolbox import SLOW_CALL_WARNING_S, ToolBox, resolved
 
 
 @dataclass
@@ -291,9 +291,11 @@ class MethodEnvironment(ToolEnvironment):
         timeout_s: float = 10.0,
         max_output_chars: int = 4000,
         max_tool_calls: int = 8,
+        slow_call_s: float | None = SLOW_CALL_WARNING_S,
     ) -> None:
         methods = [_in_process(m) for m in environment_methods(instance)]
-        super().__init__(ToolBox([*tools, *methods], timeout_s, max_output_chars), max_tool_calls)
+        box = ToolBox([*tools, *methods], timeout_s, max_output_chars, slow_call_s)
+        super().__init__(box, max_tool_calls)
         self.instance = instance
         self.observation: Any = None
 
@@ -342,6 +344,7 @@ class EnvironmentFactories:
         timeout_s: float = 10.0,
         max_output_chars: int = 4000,
         max_tool_calls: int = 8,
+        slow_call_s: float | None = SLOW_CALL_WARNING_S,
     ) -> None:
         self.multiple = isinstance(factory, Mapping)
         self.factories: dict[str | None, Callable[[], Any]] = (
@@ -354,6 +357,7 @@ class EnvironmentFactories:
             timeout_s=timeout_s,
             max_output_chars=max_output_chars,
             max_tool_calls=max_tool_calls,
+            slow_call_s=slow_call_s,
         )
         self.pools: dict[str | None, list[MethodEnvironment]] = {}
         self.tools: dict[str | None, list[Callable[..., Any]]] = {}

@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import multiprocessing
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +37,11 @@ from .calls import ToolCall
 from .schema import tool_name, tool_schema
 
 _JSON_TYPES = (bool, int, float, list, dict, type(None))
+# A user function (a tool here, a reward function in groupwise.rewards.scoring) whose one call
+# took longer than this is named, once, with the time it took (the slow_call_warning option):
+# a slow user function is otherwise an unexplained slow step.
+SLOW_CALL_WARNING_S = 5.0
+logger = logging.getLogger("groupwise.tools")
 
 
 @dataclass
@@ -136,6 +143,7 @@ class ToolBox:
         tools: Sequence[Callable[..., Any]],
         timeout_s: float = 10.0,
         max_output_chars: int = 4000,
+        slow_call_s: float | None = SLOW_CALL_WARNING_S,
     ) -> None:
         if not timeout_s > 0:
             raise ConfigError(f"tool timeout_s must be > 0, got {timeout_s}")
@@ -149,8 +157,9 @@ class ToolBox:
             if name in self._tools:
                 raise ConfigError(f"tools: two tools are named {name!r}; tool names must differ")
             self._tools[name] = fn
-        self.timeout_s = timeout_s
+        self.timeout_s, self.slow_call_s = timeout_s, slow_call_s
         self.max_output_chars = max_output_chars
+        self._slow_logged: set[str] = set()
         self.stats = {"calls": 0, "errors": 0, "timeouts": 0}
         self._lock = threading.Lock()  # conversations may run tools from several threads
         self._schemas: list[dict[str, Any]] | None = None
@@ -174,16 +183,27 @@ class ToolBox:
             error = f"unknown tool {call.name!r}; available: {', '.join(self._tools) or 'none'}"
         else:
             error = self._bind_error(fn, call)
-        text, content = "", None
+        text, content, start = "", None, time.perf_counter()
         if error is None and fn is not None:
             if getattr(fn, "trusted", False):
                 text, error, content = _run_contained(fn, call.arguments, self.max_output_chars)
             else:
                 text, error, content, timed_out = self._run_isolated(fn, call)
+        seconds = time.perf_counter() - start
+        slow = self.slow_call_s is not None and seconds > self.slow_call_s and not timed_out
         with self._lock:
             self.stats["calls"] += 1
             self.stats["errors"] += error is not None
             self.stats["timeouts"] += timed_out
+            first = slow and call.name not in self._slow_logged
+            if first:
+                self._slow_logged.add(call.name)
+        if first:  # named once: every conversation waits for its calls
+            logger.warning(
+                "tool %r took %.1f s on one call (more than slow_call_warning=%g s); the "
+                "conversations wait for it: make it faster (tool_timeout=%g s kills a call) "
+                "(logged once)", call.name, seconds, self.slow_call_s, self.timeout_s,
+            )  # fmt: skip
         if error is not None:
             return ToolResult(call.name, f"error: {error}", error)
         return ToolResult(call.name, text, content=content)
