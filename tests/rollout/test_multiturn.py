@@ -558,6 +558,9 @@ def test_a_tool_conversation_scores_under_trls_agent_rewards_as_under_trl(
         {"role": "tool", "name": "query_biogrid", "content": [["JNKK", "MAPK8"]]},
         {"role": "assistant", "content": "It does: *Yes*"},
     ]
+    n = int(rollout.completion_mask[0].sum())
+    seen = tokenizer.decode(rollout.completion_ids[0, :n].tolist())
+    assert '[["JNKK", "MAPK8"]]' in seen  # the model is shown the rows as JSON
     # The completions log shows the turns as written and the rows as the model saw them.
     assert rollout.texts[0] == (
         f"Let me check.\n<tool_call>\n{call}\n</tool_call>\n"
@@ -570,3 +573,16 @@ def test_a_tool_conversation_scores_under_trls_agent_rewards_as_under_trl(
     # query with WHERE (+0.4) whose rows support "yes" (+2.0).
     assert per_func[0].tolist() == pytest.approx([0.6, 0.1, 2.4])
     assert env.state() == {"tool_calls": 1, "tool_errors": 0, "tools_used": ["query_biogrid"]}
+
+
+def test_a_tool_list_cut_for_the_model_is_kept_as_the_text_it_saw(tokenizer):
+    from groupwise.rollout.multiturn import _cut, _kept
+
+    rows = [[i, "gene"] for i in range(40)]
+    message = {"role": "tool", "name": "query", "content": rows}
+    whole = _cut(message, tokenizer, 1000)
+    assert whole == {"role": "tool", "name": "query", "content": json.dumps(rows)}
+    assert _kept(message, whole) == message  # shown whole: the conversation keeps the list
+    cut = _cut(message, tokenizer, 5)
+    assert cut["content"].endswith("tokens]") and cut["name"] == "query"
+    assert _kept(message, cut) == cut  # cut: the conversation keeps what the model saw

@@ -670,3 +670,66 @@ def test_a_slow_tool_is_named_once_with_the_time_it_took(caplog):
         assert message.startswith("tool 'nap' took ")
         assert 0.1 <= float(message.split(" took ")[1].split(" s ")[0]) < 2.0
         assert "slow_call_warning=0.05 s" in message and "tool_timeout=10 s" in message
+
+
+def test_assistant_message_is_trls_parsed_turn():
+    from groupwise.tools.calls import assistant_message, assistant_text
+
+    add_call = ToolCall("add", {"a": 1, "b": 2})
+    calc = ToolCall("calculator", {"expression": "2 * 3"})
+    text = "I will add.\n" + format_tool_call(add_call) + "\n" + format_tool_call(calc) + "\n"
+    message = assistant_message(text)
+    # TRL's parse_response (Qwen3 schema): the text before the calls, less one newline; the
+    # calls in transformers' chat shape, arguments as objects.
+    assert message == {
+        "role": "assistant",
+        "content": "I will add.",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}},
+            {"type": "function",
+             "function": {"name": "calculator", "arguments": {"expression": "2 * 3"}}},
+        ],
+    }  # fmt: skip
+    # The log shows the turn as written (up to the final whitespace).
+    assert assistant_text(message) == text.strip()
+    assert assistant_message(format_tool_call(calc))["content"] == ""
+    # TRL's fallback, plain text: no call, a malformed block, or text after the calls.
+    for plain in ("The answer is 6.",
+                  format_tool_call(calc) + "<tool_call>not json</tool_call>",
+                  format_tool_call(calc) + "\nso the answer is 6",
+                  format_tool_call(calc) + " and " + format_tool_call(add_call)):  # fmt: skip
+        assert assistant_message(plain) == {"role": "assistant", "content": plain}
+
+
+def test_tool_content_is_the_returned_value_as_trl_passes_it():
+    def rows(n: int) -> list:
+        """Rows.
+
+        Args:
+            n: How many.
+        """
+        return [(i, f"r{i}") for i in range(n)]
+
+    def record(key: str) -> dict:
+        """A record.
+
+        Args:
+            key: The key.
+        """
+        return {"key": key, "ok": True}
+
+    for trusted in (False, True):
+        rows.trusted = record.trusted = trusted  # forked child, or in process
+        box = ToolBox([rows, record], max_output_chars=40)
+        result = box.call(ToolCall("rows", {"n": 2}))
+        # The list itself (tuples as lists through the child's JSON); the model sees JSON.
+        assert result.content == ([(0, "r0"), (1, "r1")] if trusted else [[0, "r0"], [1, "r1"]])
+        assert result.text == '[[0, "r0"], [1, "r1"]]'
+        # Other values: str(value), as TRL's tool loop writes them.
+        result = box.call(ToolCall("record", {"key": "k"}))
+        assert result.content == "{'key': 'k', 'ok': True}" == str({"key": "k", "ok": True})
+        # A list whose text is cut: the content is the cut text the model saw.
+        result = box.call(ToolCall("rows", {"n": 9}))
+        assert result.content == result.text and result.text.endswith("chars]")
+        failed = box.call(ToolCall("rows", {}))
+        assert failed.content == failed.text and failed.text.startswith("error: ")
