@@ -85,6 +85,7 @@ def build_interaction(
             timeout_s=args.tool_timeout,
             max_output_chars=16 * args.max_tool_output_tokens,
             max_tool_calls=args.max_tool_calls,
+            slow_call_s=args.slow_call_warning,
         )
         schemas = {s["function"]["name"]: s for each in environments.schemas.values() for s in each}
 
@@ -115,6 +116,7 @@ def build_interaction(
         timeout_s=args.tool_timeout,
         # Characters: a generous bound before the token cut (max_tool_output_tokens).
         max_output_chars=16 * args.max_tool_output_tokens,
+        slow_call_s=args.slow_call_warning,
     )
 
     def make_env() -> Environment:

@@ -47,6 +47,7 @@ UNBOUNDED_FIELDS = frozenset(
         "code_timeout",
         "remote_timeout",
         "reward_timeout",
+        "slow_call_warning",
         "warn_kl_max",
         "gdro_weight_cap",
         "gdro_clip",
@@ -85,6 +86,8 @@ class GRPOConfig:
     # stop if one reward call on a batch takes longer (s; None: no limit, a warning names a call
     # still running after 10 minutes)
     reward_timeout: float | None = None
+    # warn once per reward function or tool whose one call takes longer (s; None: never)
+    slow_call_warning: float | None = 5.0
     accuracy_timeout: float = 5.0  # seconds per symbolic comparison (math-verify)
     overlong_buffer_len: int | None = None  # length_penalty: L_cache (None: max_len // 4)
     overlong_penalty_factor: float = 1.0  # length_penalty: penalty at and beyond max length
