@@ -17,13 +17,19 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
   which is what groupwise's own trainer does with ``dtype=bfloat16`` (torch's AdamW keeps its
   states in the parameters' dtype).
 - optimizer states: AdamW m and v, 2 x 4 B per trained parameter in mixed precision and fp32
-  (2 x bytes(dtype) when pure); adamw8bit 2 x 1 B (block-wise absmax scales, under 1%, are not
-  counted); sgd (no momentum) nothing. So full fine-tuning in mixed precision costs the usual
-  2 + 2 + 4 + 4 + 4 = 16 B per trained parameter, and fp32 costs 4 + 4 + 8 = 16 B too.
+  (2 x bytes(dtype) when pure); 8-bit AdamW (``adamw_8bit`` / ``adamw_bnb_8bit``, and
+  ``paged_adamw_8bit`` in unified memory) 2 x 1 B plus one fp32 absmax per 256 elements of each,
+  tensor by tensor, tensors under 4096 elements in fp32 (quant.py); sgd (no momentum) nothing.
+  So full fine-tuning in mixed precision costs the usual 2 + 2 + 4 + 4 + 4 = 16 B per trained
+  parameter, and fp32 costs 4 + 4 + 8 = 16 B too.
 - LoRA (``--lora_r R``): P_t = R x (d_in + d_out) summed over the targeted linears of every
   layer (default: q, k, v, o, gate, up, down; never the LM head); the frozen base has no
   gradients or optimizer states; the reference model is the base with the adapter disabled, so
-  it costs 0 extra bytes. ``--beta 0`` loads no reference at all (the row disappears).
+  it costs 0 extra bytes. ``--beta 0`` loads no reference at all (the row disappears). The
+  adapters train in ``adapter_dtype`` (groupwise: fp32 under a bf16 base). QLoRA
+  (``--load_in_4bit``): the base's linears in NF4 with double quantisation, the rest of the base
+  in bf16, and one linear dequantised at a time (quant.py); each adapter also saves A's output
+  and, with ``lora_dropout``, its dropped-out input and mask for backward (terms.py).
 - reward model: none for rule rewards (the default), else ``--reward_model_params`` x
   bytes(dtype), frozen, the same for both algorithms.
 - critic (PPO only): a copy of the policy backbone (the LM head dropped unless tied) plus a
@@ -39,7 +45,10 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
   ``34 s b h`` bytes (16-bit) without the ``5 a s^2 / h`` attention-score term, which a fused
   (SDPA/flash) attention never stores. Plus 2h per token for the final norm. With gradient
   checkpointing only each layer's input (h per token per layer) is kept, plus one layer's full
-  activations while it is recomputed in the backward pass.
+  activations while it is recomputed in the backward pass. ``--activation_offloading`` moves
+  the saved tensors to host memory (a row of its own, not in the GPU's total), leaving two
+  layers' worth on the GPU (terms.py); ``--padding_free`` counts the update's real completion
+  tokens (``--mean_completion_len``) instead of rows padded to the longest.
   Tokens per micro-batch: batch x (prompt + completion). groupwise's policy forward (GRPO's and
   PPO's) encodes a group's prompt once and shares it when a micro-batch holds whole groups and
   checkpointing is off, so its prompt tokens are batch / G x prompt, plus the prompt's keys and
@@ -53,7 +62,7 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
   same size (the entropy's exponentials, or the gradient), 3 x batch x completion x vocab x 4 B.
 - KV cache during generation: 2 x layers x kv_heads x head_dim x (prompt + completion) x N x
   bytes(dtype), N = batch x gradient accumulation, every completion of a step being generated
-  together.
+  together; and the sampler's [N x vocab] logits, scaled logits, probabilities and CDF.
 - generation engine weights (``--generation_engine``): none for ``hf``, which samples from the
   policy's own weights; P x bytes(generation dtype) for ``static``, which keeps its own copy
   (bf16 wherever the run generates in bf16) for the whole run, LoRA merged in; ``vllm``'s own
@@ -61,9 +70,10 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
 
 Total (the peak): weights, master weights, optimizer states and the static engine's copy are
 resident throughout; the generation phase adds the KV cache, the update phase adds gradients,
-activations and logits; peak = resident + max(generation, update). Not counted: the CUDA context
-and allocator slack, small per-token vectors (log-probs, advantages, values), transient buffers
-of no-grad forwards.
+activations and logits; peak = resident + max(generation, update). Planning for a GPU
+(``--gpu_memory``) adds the CUDA context and the caching allocator's slack, both assumed (0.5 GB
+and 5% of the tensors), not measured. Not counted: small per-token vectors (log-probs,
+advantages, values), transient buffers of no-grad forwards.
 
 The often-quoted figures for a 7B model in fp16 (PPO "roughly 112 GB before activations",
 GRPO "roughly 56 GB") are reproduced exactly by one accounting only among the natural ones tried:
