@@ -184,9 +184,10 @@ def test_padding_free_counts_the_real_tokens():
     opts = replace(FP32, share_prompt=False, mean_completion_len=2)
     padded = plan_grpo(TINY, opts)  # without padding_free every row is padded to the longest
     packed = plan_grpo(TINY, replace(opts, padding_free=True))
-    assert padded[planmod.POLICY_ACTS] == plan_grpo(TINY, replace(FP32, share_prompt=False))[
-        planmod.POLICY_ACTS
-    ]
+    assert (
+        padded[planmod.POLICY_ACTS]
+        == plan_grpo(TINY, replace(FP32, share_prompt=False))[planmod.POLICY_ACTS]
+    )
     # 2 rows x (3 + 2) tokens: 2 layers x 120 values + final norm 2 x 8, fp32
     assert packed[planmod.POLICY_ACTS] == (2 * 120 + 16) * 10 * 4
     assert packed[planmod.LOGITS] == 2 * (2 * 2) * 10 * 4  # one chunk of 4 completion tokens
@@ -287,3 +288,25 @@ def test_the_searches_stop_at_the_boundary():
     # A combination that does not fit gets no search.
     full = [r for r in fit_rows(shape, opts, budget) if r.method == "full"]
     assert all(r.longest_completion is None and r.largest_group is None for r in full)
+
+
+def test_measure_runs_the_planned_qlora_or_refuses(monkeypatch, capsys):
+    """--measure runs the setting the plan counts: QLoRA goes into the run's options where
+    GRPOConfig has load_in_4bit, and is refused where it has not."""
+    from groupwise.config.grpo_config import GRPOConfig
+    from groupwise.memory import cli
+
+    seen = {}
+
+    def fake_measurement(model, opts, **kwargs):
+        seen.update(kwargs, opts=opts)
+        return []
+
+    monkeypatch.setattr(cli, "run_measurement", fake_measurement)
+    code = main(["--model", "tiny-random", "--lora_r", "4", "--load_in_4bit", "--measure"])
+    err = capsys.readouterr().err
+    if "load_in_4bit" in GRPOConfig.field_names():
+        assert code == 0 and seen["config"]["load_in_4bit"] is True
+        assert seen["opts"].load_in_4bit
+    else:
+        assert code == 2 and "--measure cannot run --load_in_4bit True" in err

@@ -358,8 +358,35 @@ def options_from_args(
     opts.validate()
     if opts.lora_r:
         shape.lora_params(opts.lora_r, opts.lora_targets)  # raises on missing shapes/targets
+    if args.measure:
+        cfg = _config_for_measure(cfg, args, opts)
     args.resolved_config, args.resolved_device = cfg, device
     return shape, opts, model
+
+
+def _config_for_measure(cfg: Any, args: argparse.Namespace, opts: MemoryOptions) -> Any:
+    """The run ``--measure`` runs: the config with the plan's QLoRA, optimizer, offloading and
+    padding-free choices, where this groupwise has those options; refused where it has not
+    (a measurement of another setting would not check the plan)."""
+    wanted = {
+        "load_in_4bit": opts.load_in_4bit,
+        "activation_offloading": opts.activation_offloading,
+        "padding_free": opts.padding_free,
+    }
+    if args.optim or args.optimizer:
+        wanted["optim"] = args.optim or args.optimizer
+    changes = {}
+    for option, value in wanted.items():
+        if getattr(cfg, option, None) == value or (option != "optim" and not value and
+                                                    not hasattr(cfg, option)):  # fmt: skip
+            continue
+        if not hasattr(cfg, option):
+            raise MemoryPlanError(
+                f"--measure cannot run --{option} {value}: this groupwise's training options "
+                f"have no {option}"
+            )
+        changes[option] = value
+    return replace_config(cfg, **changes) if changes else cfg
 
 
 def _pick_flag(value: bool | None, cfg: Any, option: str) -> bool:
