@@ -310,3 +310,10 @@ def test_measure_runs_the_planned_qlora_or_refuses(monkeypatch, capsys):
         assert seen["opts"].load_in_4bit
     else:
         assert code == 2 and "--measure cannot run --load_in_4bit True" in err
+
+
+def test_gpu_memory_needs_layer_shapes(capsys):
+    assert main(["--params", "7e9", "--gpu_memory", "24"]) == 2
+    assert "--gpu_memory needs the model's layer shapes" in capsys.readouterr().err
+    assert main(["--model", "tiny-random", "--gpu_memory", "24"]) == 0
+    assert "What fits a 24 GiB GPU" in capsys.readouterr().out

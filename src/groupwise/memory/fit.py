@@ -143,6 +143,11 @@ def fit_rows(
     dtypes: dict[str, tuple[str, str, str | None]] | None = None,
 ) -> list[FitRow]:
     """Every combination, smallest peak first."""
+    if not shape.has_layer_shapes or shape.vocab is None:
+        raise MemoryPlanError(
+            "--gpu_memory needs the model's layer shapes: give --model, or --layers, --hidden, "
+            "--heads, --intermediate and --vocab"
+        )
     rows = []
     for method in METHODS:
         for optim in FIT_OPTIMIZERS:
