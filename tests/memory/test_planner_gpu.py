@@ -317,3 +317,30 @@ def test_gpu_memory_needs_layer_shapes(capsys):
     assert "--gpu_memory needs the model's layer shapes" in capsys.readouterr().err
     assert main(["--model", "tiny-random", "--gpu_memory", "24"]) == 0
     assert "What fits a 24 GiB GPU" in capsys.readouterr().out
+
+
+def test_run_options_are_read_from_the_config_where_it_has_them(monkeypatch):
+    """load_in_4bit, optim, activation_offloading and padding_free come from the run's config
+    when it has those options (TRL's names), the command line overriding them."""
+    from groupwise.memory import cli
+
+    real = cli.load_run_config
+
+    class WithOptions:
+        def __init__(self, cfg, **extra):
+            self._cfg, self._extra = cfg, extra
+
+        def __getattr__(self, name):
+            return self._extra[name] if name in self._extra else getattr(self._cfg, name)
+
+    extra = {"load_in_4bit": True, "optim": "paged_adamw_8bit", "activation_offloading": True,
+             "padding_free": True, "use_peft": True, "lora_r": 8}  # fmt: skip
+    monkeypatch.setattr(cli, "load_run_config", lambda *a: WithOptions(real(*a), **extra))
+    args = cli.build_parser().parse_args(["--model", "qwen3-0.6b", "--prompt_len", "64"])
+    _, opts, _ = cli.options_from_args(args)
+    assert (opts.load_in_4bit, opts.optimizer_kind, opts.lora_r) == (True, "paged_adamw8bit", 8)
+    assert opts.activation_offloading and opts.padding_free
+    args = cli.build_parser().parse_args(
+        ["--model", "qwen3-0.6b", "--prompt_len", "64", "--optim", "adamw_torch"]
+    )
+    assert cli.options_from_args(args)[1].optimizer_kind == "adamw"
