@@ -40,9 +40,9 @@ LORA_16 = L * 16 * ((H + Q) + 2 * (H + KV) + (Q + H) + 2 * (H + MLP) + (MLP + H)
 # The question asked: QLoRA, 4 prompts x G 8 per step in micro-batches of 8 rows, 256-token
 # prompts + 512-token completions, gradient checkpointing, generation counted, a 24 GB card.
 QUESTION = [
-    "--model", "qwen3-8b", "--load_in_4bit", "--lora_r", "16", "--batch", "8",
-    "--group_size", "8", "--grad_accum", "4", "--prompt_len", "256", "--completion_len", "512",
-    "--gradient_checkpointing", "--gpu_memory", "24",
+    "--model", "qwen3-8b", "--load_in_4bit", "--use_bnb_nested_quant", "--lora_r", "16",
+    "--batch", "8", "--group_size", "8", "--grad_accum", "4", "--prompt_len", "256",
+    "--completion_len", "512", "--gradient_checkpointing", "--gpu_memory", "24",
 ]  # fmt: skip
 
 
@@ -112,7 +112,9 @@ def test_qlora_weights_by_hand():
     per_linear = [H * Q, H * KV, H * KV, Q * H, H * MLP, H * MLP, MLP * H]
     packed = L * sum(n // 2 + n // 64 + 4 * (n // 64 // 256) + 4 for n in per_linear)
     base = packed + (QWEN3_8B_PARAMS - linears) * 2  # embeddings, norms, LM head in bf16
-    opts = MemoryOptions(lora_r=16, load_in_4bit=True, adapter_dtype="fp32", precision="pure")
+    opts = MemoryOptions(
+        lora_r=16, load_in_4bit=True, double_quant=True, adapter_dtype="fp32", precision="pure"
+    )
     rows = plan_grpo(shape, opts)
     assert rows[planmod.POLICY_WEIGHTS] == base + 4 * LORA_16
     assert rows[planmod.DEQUANT] == H * MLP * 2  # the largest linear in bf16
@@ -273,8 +275,8 @@ def test_the_searches_stop_at_the_boundary():
     budget = 24 * 2**30
     opts = MemoryOptions(
         batch=8, group_size=8, grad_accum=4, prompt_len=256, completion_len=512, lora_r=16,
-        load_in_4bit=True, gradient_checkpointing=True, cuda_context_bytes=500_000_000,
-        allocator_slack=0.05,
+        load_in_4bit=True, double_quant=True, gradient_checkpointing=True,
+        cuda_context_bytes=500_000_000, allocator_slack=0.05,
     )  # fmt: skip
     longest = longest_completion(shape, opts, budget)
     assert total_bytes(plan_grpo(shape, replace(opts, completion_len=longest))) <= budget

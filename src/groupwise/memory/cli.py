@@ -118,7 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--optim", choices=list(OPTIM_NAMES), help="TRL's names (default: adamw_torch)")
     _flag(
         t, "load_in_4bit", action="store_true", default=None,
-        help="QLoRA: the frozen base's linears in NF4 with double quantisation (implies LoRA)",
+        help="QLoRA: the frozen base's linears in 4 bits (implies LoRA)",
+    )  # fmt: skip
+    _flag(
+        t, "use_bnb_nested_quant", action="store_true", default=None,
+        help="load_in_4bit: double quantisation of the 4-bit constants (QLoRA's setting)",
     )  # fmt: skip
     _flag(t, "lora_dropout", type=float, help="> 0: each adapter keeps its dropped-out input")
     _flag(t, "activation_offloading", action="store_true", default=None)
@@ -345,7 +349,7 @@ def options_from_args(
         generation_dtype=engine_dtype,
         adapter_dtype=adapter_dtype,
         load_in_4bit=load_in_4bit,
-        double_quant=bool(getattr(cfg, "use_bnb_nested_quant", True)),
+        double_quant=_pick_flag(args.use_bnb_nested_quant, cfg, "use_bnb_nested_quant"),
         lora_dropout=pick("lora_dropout", "lora_dropout"),
         activation_offloading=_pick_flag(args.activation_offloading, cfg, "activation_offloading"),
         padding_free=_pick_flag(args.padding_free, cfg, "padding_free"),
@@ -373,6 +377,8 @@ def _config_for_measure(cfg: Any, args: argparse.Namespace, opts: MemoryOptions)
         "activation_offloading": opts.activation_offloading,
         "padding_free": opts.padding_free,
     }
+    if opts.load_in_4bit:
+        wanted["use_bnb_nested_quant"] = opts.double_quant
     if args.optim or args.optimizer:
         wanted["optim"] = args.optim or args.optimizer
     changes = {}

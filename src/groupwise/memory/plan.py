@@ -119,11 +119,12 @@ from .units import human_count as human_count
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 GENERATION_ENGINES = ("hf", "static", "vllm")
 VLLM_NOT_COUNTED = "vLLM's own weights and KV cache (vllm_gpu_memory_utilization of the GPU)"
-OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "sgd")
+OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "paged_adamw32bit", "sgd")
 # TRL's (transformers') ``optim`` names, and the planner's optimizer each one counts as.
 OPTIM_NAMES = {
     "adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_8bit": "adamw8bit",
-    "adamw_bnb_8bit": "adamw8bit", "paged_adamw_8bit": "paged_adamw8bit", "sgd": "sgd",
+    "adamw_bnb_8bit": "adamw8bit", "paged_adamw_8bit": "paged_adamw8bit",
+    "paged_adamw_32bit": "paged_adamw32bit", "sgd": "sgd",
 }  # fmt: skip
 PRECISIONS = ("mixed", "pure")
 ACCOUNTINGS = ("full", "quoted", "weights-only")
@@ -215,7 +216,7 @@ class MemoryOptions:
     generation_dtype: str | None = None  # the static engine's copy; None: the same as dtype
     adapter_dtype: str | None = None  # LoRA adapters' dtype; None: dtype (groupwise: fp32)
     load_in_4bit: bool = False  # QLoRA: the frozen base's linears in NF4 (needs lora_r > 0)
-    double_quant: bool = True  # NF4's absmax quantised again (bnb_4bit_use_double_quant)
+    double_quant: bool = False  # NF4's absmax quantised again (TRL's use_bnb_nested_quant)
     lora_dropout: float = 0.05  # > 0: each adapter keeps its dropped-out input for backward
     activation_offloading: bool = False  # saved activations in host memory
     padding_free: bool = False  # the update packs rows without pad tokens

@@ -15,7 +15,8 @@ Pure arithmetic over parameter counts, following bitsandbytes' storage formats:
   bitsandbytes ``Optimizer2State``): m and v in 1 byte each with one fp32 absmax per block of
   256 for each, 2 + 8/256 bytes per parameter; tensors under 4096 elements
   (``min_8bit_size``) keep fp32 m and v, 8 bytes per parameter. The paged variant holds the same
-  bytes in CUDA unified memory, which the driver may evict to host memory under pressure.
+  bytes in CUDA unified memory, which the driver may evict to host memory under pressure;
+  ``paged_adamw32bit`` keeps fp32 m and v (8 bytes per parameter) there.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def adam_state_bytes(numels: Iterable[int], optimizer: str, state_width: int = 4
         return 0
     if optimizer == "adamw":
         return sum(2 * state_width * n for n in numels)
+    if optimizer == "paged_adamw32bit":
+        return sum(8 * n for n in numels)
     total = 0
     for n in numels:
         if n < ADAM8_MIN_SIZE:

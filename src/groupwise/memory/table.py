@@ -138,6 +138,7 @@ def format_table(plan: MemoryPlan) -> str:
             "adamw": "AdamW m and v",
             "adamw8bit": "8-bit AdamW m and v, absmax per 256 (tensors < 4096: fp32)",
             "paged_adamw8bit": "paged 8-bit AdamW (unified memory: may spill to host)",
+            "paged_adamw32bit": "paged fp32 AdamW (unified memory: may spill to host)",
             "sgd": "",
         }[o.optimizer_kind],
         "logits": f"{o.logprob_impl} log-probs",
