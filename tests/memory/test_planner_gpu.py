@@ -166,26 +166,28 @@ def test_offloading_moves_saved_activations_to_host_by_hand():
     split = activation_split(tiny4, 2, 3, 5, 4, False, offload=False)
     assert split == (4 * layer + final, 0)
     assert activation_split(tiny4, 2, 3, 5, 4, False, offload=True) == (
-        2 * layer + final, 4 * layer,
+        layer + final, 4 * layer,
     )  # fmt: skip
     assert activation_split(tiny4, 2, 3, 5, 4, True, offload=False) == (
         4 * layer_input + layer + final, 0,
     )  # fmt: skip
     assert activation_split(tiny4, 2, 3, 5, 4, True, offload=True) == (
-        2 * layer_input + layer + final, 4 * layer_input,
+        layer_input + layer + final, 4 * layer_input,
     )  # fmt: skip
     # In the plan the host bytes are a row of their own, outside the GPU's total.
     on = plan_grpo(tiny4, replace(FP32, activation_offloading=True, share_prompt=False))
     off = plan_grpo(tiny4, replace(FP32, share_prompt=False))
     assert on[planmod.HOST_ACTS] == 4 * layer
-    assert on[planmod.POLICY_ACTS] == 2 * layer + final
-    assert total_bytes(off) - total_bytes(on) == 2 * layer
+    assert on[planmod.POLICY_ACTS] == layer + final
+    assert total_bytes(off) - total_bytes(on) == 3 * layer
 
 
 def test_padding_free_counts_the_real_tokens():
     opts = replace(FP32, share_prompt=False, mean_completion_len=2)
     padded = plan_grpo(TINY, opts)  # without padding_free every row is padded to the longest
     packed = plan_grpo(TINY, replace(opts, padding_free=True))
+    # Packed sequences carry their own prompts: no sharing, whatever share_prompt says.
+    assert plan_grpo(TINY, replace(opts, padding_free=True, share_prompt=True)) == packed
     assert (
         padded[planmod.POLICY_ACTS]
         == plan_grpo(TINY, replace(FP32, share_prompt=False))[planmod.POLICY_ACTS]

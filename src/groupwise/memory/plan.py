@@ -47,8 +47,9 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
   checkpointing only each layer's input (h per token per layer) is kept, plus one layer's full
   activations while it is recomputed in the backward pass. ``--activation_offloading`` moves
   the saved tensors to host memory (a row of its own, not in the GPU's total), leaving two
-  layers' worth on the GPU (terms.py); ``--padding_free`` counts the update's real completion
-  tokens (``--mean_completion_len``) instead of rows padded to the longest.
+  layer's worth on the GPU (terms.py); ``--padding_free`` packs each sequence whole (prompt
+  and completion, no shared prompt) and counts the update's real completion tokens
+  (``--mean_completion_len``) instead of rows padded to the longest.
   Tokens per micro-batch: batch x (prompt + completion). groupwise's policy forward (GRPO's and
   PPO's) encodes a group's prompt once and shares it when a micro-batch holds whole groups and
   checkpointing is off, so its prompt tokens are batch / G x prompt, plus the prompt's keys and
@@ -399,7 +400,9 @@ def _common_rows(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
         rows[DEQUANT] = dequantised_linear_bytes(shape, width)
     if shape.has_layer_shapes:
         group = opts.group_size
-        share = group if opts.share_prompt and opts.batch % group == 0 else 1
+        # padding_free packs each sequence whole (its own prompt), so no prompt is shared.
+        shared = opts.share_prompt and opts.batch % group == 0 and not opts.padding_free
+        share = group if shared else 1
         rows.update(_activation_rows(shape, opts, share, "policy"))
         if shape.vocab is not None:
             rows[LOGITS] = logits_bytes(

@@ -48,10 +48,12 @@ def activation_split(
 
     Without offloading everything stays on the GPU. With ``activation_offloading`` every saved
     tensor moves to host memory as the forward pass saves it and comes back for the backward
-    pass (TRL's ``activation_offloading``, torchtune's ``OffloadActivations``): the GPU holds two
-    layers' worth (the one computing and the one in transfer), the host all of them. With
-    gradient checkpointing only the layers' inputs are saved, so only they move; the layer being
-    recomputed is on the GPU either way. The final norm's 2h per token stays on the GPU.
+    pass (TRL's ``activation_offloading``, ``torch.autograd.graph.save_on_cpu``): copied on
+    the compute stream, one layer's saved tensors are on the GPU at a time, the host holds all
+    of them (a side-stream variant such as torchtune's overlaps the copies and holds more).
+    With gradient checkpointing only the layers' inputs are saved, so only they move; the
+    layer being recomputed is on the GPU either way, with its input. The final norm's 2h per
+    token stays on the GPU.
     """
     per_layer = layer_activation_values(shape)
     if checkpointing or group_size <= 1:
@@ -63,14 +65,13 @@ def activation_split(
     layer = (per_layer * tokens + repeated_kv) * dtype_bytes + lora_token_bytes * tokens
     layer_input = shape.hidden * tokens * dtype_bytes
     final_norm = 2 * shape.hidden * tokens * dtype_bytes
-    in_flight = min(2, shape.layers)
     if checkpointing:
         # Each layer's input is kept; one layer's activations exist while it is recomputed.
         if offload:
-            return in_flight * layer_input + layer + final_norm, shape.layers * layer_input
+            return layer_input + layer + final_norm, shape.layers * layer_input
         return shape.layers * layer_input + layer + final_norm, 0
     if offload:
-        return in_flight * layer + final_norm, shape.layers * layer
+        return layer + final_norm, shape.layers * layer
     return shape.layers * layer + final_norm, 0
 
 
