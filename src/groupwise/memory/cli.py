@@ -369,9 +369,9 @@ def options_from_args(
 
 
 def _config_for_measure(cfg: Any, args: argparse.Namespace, opts: MemoryOptions) -> Any:
-    """The run ``--measure`` runs: the config with the plan's QLoRA, optimizer, offloading and
-    padding-free choices, where this groupwise has those options; refused where it has not
-    (a measurement of another setting would not check the plan)."""
+    """The run ``--measure`` runs: the config with the plan's LoRA rank, QLoRA, optimizer,
+    offloading and padding-free choices, where this groupwise has those options; refused where
+    it has not (a measurement of another setting would not check the plan)."""
     wanted = {
         "load_in_4bit": opts.load_in_4bit,
         "activation_offloading": opts.activation_offloading,
@@ -381,7 +381,9 @@ def _config_for_measure(cfg: Any, args: argparse.Namespace, opts: MemoryOptions)
         wanted["use_bnb_nested_quant"] = opts.double_quant
     if args.optim or args.optimizer:
         wanted["optim"] = args.optim or args.optimizer
-    changes = {}
+    changes: dict[str, Any] = {}
+    if opts.lora_r and (not cfg.use_peft or cfg.lora_r != opts.lora_r):
+        changes.update(use_peft=True, lora_r=opts.lora_r)  # the adapter the plan counts
     for option, value in wanted.items():
         if getattr(cfg, option, None) == value or (option != "optim" and not value and
                                                     not hasattr(cfg, option)):  # fmt: skip
