@@ -188,32 +188,32 @@ def uniform_mean_curve(runs: Sequence[dict], warm_accuracy: float) -> tuple[np.n
     return np.array([0.0] + [m * budget for m in marks]), np.concatenate([[warm_accuracy], acc])
 
 
-def analyse(runs: Sequence[dict], warm_accuracy: float,
-            curricula: Sequence[str]) -> dict:  # fmt: skip
+def analyse(runs: Sequence[dict], warm_accuracy: float, curricula: Sequence[str],
+            looks: Sequence[int] = LOOKS) -> dict:  # fmt: skip
     """Every curriculum's decision from the runs recorded so far: seeds count once both arms
     (the curriculum and uniform) of the seed are in; seeds are taken in increasing order."""
     by = {(r["arm"], r["seed"]): r for r in runs}
     out: dict = {"curricula": {}}
     uniform_seeds = sorted(s for a, s in by if a == "uniform")
-    first = [s for s in uniform_seeds if all((c, s) in by for c in curricula)][: LOOKS[0]]
-    if len(first) >= LOOKS[0]:
+    first = [s for s in uniform_seeds if all((c, s) in by for c in curricula)][: looks[0]]
+    if len(first) >= looks[0]:
         pooled = [endpoint(by[(a, s)], warm_accuracy) for s in first
                   for a in ("uniform", *curricula)]  # fmt: skip
         out["spread"] = spread_alarm(pooled)
     for arm in curricula:
         seeds = [s for s in uniform_seeds if (arm, s) in by]
         if not seeds:
-            out["curricula"][arm] = {"state": CONTINUE, "look": None, "next_look": LOOKS[0],
+            out["curricula"][arm] = {"state": CONTINUE, "look": None, "next_look": looks[0],
                                      "seeds": 0}  # fmt: skip
             continue
         diffs = [endpoint(by[(arm, s)], warm_accuracy) - endpoint(by[("uniform", s)],
                  warm_accuracy) for s in seeds]  # fmt: skip
         # Where it stops does not depend on the 1.35x gain; the gain comes from uniform's runs
         # of the seeds of that look (of every seed so far before the first look).
-        look = decide(diffs, 0.0).get("look") or len(seeds)
+        look = decide(diffs, 0.0, looks).get("look") or len(seeds)
         used = seeds[:look]
         gain = warp_gain(*uniform_mean_curve([by[("uniform", s)] for s in used], warm_accuracy))
-        result = {**decide(diffs, gain), "gain_135": gain}
+        result = {**decide(diffs, gain, looks), "gain_135": gain}
         result["seeds"] = len(seeds)
         result["mean_difference"] = float(np.mean(diffs[:look]))
         arm_values = [endpoint(by[(arm, s)], warm_accuracy) for s in used]
