@@ -604,7 +604,17 @@ def report(results: Path, meta: dict, setup: Setup) -> dict:
                      f"groups per rollout {r['informative']['ratio']:.2f}x")  # fmt: skip
         else:
             line += f" ({r.get('seeds', 0)} seeds; the first look is at {r['next_look']})"
+        if "welch_p" in r:
+            line += f"; Welch (sensitivity) one-sided p {r['welch_p']:.4f}"
         print(line, flush=True)
+    runs = [r for r in read_runs(results) if r["warm"] == meta["supervised"]["digest"]]
+    for arm in ARMS:  # the secondary endpoints, per arm over every run so far
+        mine = [r for r in runs if r["arm"] == arm]
+        parts = [f"{key} {np.mean([np.mean(r[key]) for r in mine]):.3f}"
+                 for key in ("informative_two_digit", "greedy_two", "sampled_four")
+                 if mine and all(key in r for r in mine)]  # fmt: skip
+        if parts:
+            print(f"  {arm} ({len(mine)} runs): " + ", ".join(parts), flush=True)
     return out
 
 
