@@ -57,10 +57,12 @@ PAYS, NOT_135, UNDECIDED, CONTINUE = "pays", "does not pay 1.35x", "undecided", 
 
 def budget_average(tokens: Sequence[float], accuracy: Sequence[float]) -> float:
     """The accuracy averaged over the budget: trapezoid area of (tokens, accuracy), the first
-    point at 0 tokens (the warm start), divided by the last point's tokens."""
+    point at 0 tokens (the warm start), divided by the last point's tokens. Two evaluations
+    after the same step (a step that crossed two marks) share their tokens: a segment of width
+    0, which adds nothing."""
     t, a = np.asarray(tokens, float), np.asarray(accuracy, float)
-    if len(t) < 2 or t[0] != 0.0 or np.any(np.diff(t) <= 0):
-        raise ValueError(f"need increasing tokens from 0, got {t.tolist()}")
+    if len(t) < 2 or t[0] != 0.0 or np.any(np.diff(t) < 0) or t[-1] <= 0:
+        raise ValueError(f"need non-decreasing tokens from 0, got {t.tolist()}")
     return float(np.sum((a[1:] + a[:-1]) / 2 * np.diff(t)) / t[-1])
 
 

@@ -30,8 +30,11 @@ def test_budget_average_is_the_trapezoid_over_the_tokens(an: ModuleType) -> None
     assert an.budget_average([0, 10, 20], [0.2, 0.4, 0.6]) == pytest.approx(0.4)
     # Uneven steps: (0 + 1) / 2 * 10 + 1 * 20 = 25, over 30.
     assert an.budget_average([0, 10, 30], [0.0, 1.0, 1.0]) == pytest.approx(25 / 30)
-    with pytest.raises(ValueError, match="increasing tokens from 0"):
-        an.budget_average([5, 10], [0.1, 0.2])
+    # Two evaluations after one step: a zero-width segment, (0.5 * 10 + 0 + 0.5 * 10) / 20.
+    assert an.budget_average([0, 10, 10, 20], [0.0, 1.0, 0.5, 0.5]) == pytest.approx(0.5)
+    for tokens in ([5, 10], [0, 10, 5], [0, 0]):
+        with pytest.raises(ValueError, match="non-decreasing tokens from 0"):
+            an.budget_average(tokens, [0.1] * len(tokens))
 
 
 def test_paired_t_by_hand_and_against_scipy(an: ModuleType) -> None:
