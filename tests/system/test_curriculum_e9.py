@@ -176,7 +176,6 @@ def test_run_refuses_without_a_go(e9, tmp_path, monkeypatch):
         e9.command_run(tmp_path, tmp_path, e9.tiny(), 1, True, False)
 
 
-@pytest.mark.slow
 def test_tiny_pilot_and_every_arm_end_to_end(e9, tmp_path) -> None:
     results, work = tmp_path / "e9", tmp_path / "work"
     setup = e9.tiny()
@@ -195,6 +194,9 @@ def test_tiny_pilot_and_every_arm_end_to_end(e9, tmp_path) -> None:
         assert len(record["greedy_two"]) == 4 and len(record["sampled_four"]) == 2
         assert record["commit"] == code["commit"]
         assert {d for step in record["groups"] for d, _, _ in step} <= {1, 2, 4}
+        # The analysis reads it: a step that crosses two marks evaluates twice at its tokens.
+        value = e9.analysis.endpoint(record, meta["sampled_accuracy"])
+        assert 0.0 <= value <= 1.0
 
 
 @pytest.mark.slow
