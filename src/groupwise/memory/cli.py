@@ -30,6 +30,7 @@ from .plan import (
     MemoryOptions,
     make_plan,
 )
+from ..sections.generation import resolve_generation_engine
 from .shapes import MemoryPlanError, ModelShape, _flags, infer_intermediate, resolve_model_shape
 from .table import format_table
 
@@ -257,6 +258,12 @@ def options_from_args(
     # trainer does not run), else the run's, as the trainer stores it (AdamW states in the
     # parameters' dtype: pure).
     engine = args.generation_engine or cfg.generation_engine
+    if engine == "auto":  # as the trainer resolves it; the static engine's copy counted on CUDA
+        engine, _ = resolve_generation_engine(
+            engine, device_type=device, static_unsupported=None,
+            multi_turn=bool(cfg.tools or cfg.environment),
+            generation_kwargs=bool(cfg.generation_kwargs),
+        )  # fmt: skip
     if engine != cfg.generation_engine:  # --measure then runs the engine the plan counts
         cfg = replace_config(cfg, generation_engine=engine)
     if args.dtype in DTYPE_BYTES:
