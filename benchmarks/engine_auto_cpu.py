@@ -63,7 +63,8 @@ def main() -> None:
         print(f"round {r + 1}/{args.repeats}: " + ", ".join(
             f"{n} {seconds[n][-1]:.2f} s" for n in engines), flush=True)  # fmt: skip
     print(f"{args.model}, {args.batch} completions, <= {args.new_tokens} new tokens, fp32, "
-          f"{torch.get_num_threads()} threads, medians of {args.repeats} interleaved rounds")  # fmt: skip
+          f"{torch.get_num_threads()} threads, medians of {args.repeats} interleaved "
+          "rounds")  # fmt: skip
     rate = {}
     for name in engines:
         median = statistics.median(seconds[name])

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import peft
 import pytest
 import torch
-from conftest import tiny_config
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.build.rollout import choose_engine
 from groupwise.errors import ConfigError

@@ -1,7 +1,7 @@
 """A run's options -> its rollout engine: the sampling parameters, the engine that
-``generation_engine`` names (auto, hf, static, vllm) over the policy's weights, and what a multi-turn
-run talks to (tools or an environment: :class:`Interaction`), with the rows such a run trains on.
-:mod:`groupwise.build.rewards` builds the rest of a run and offers these names too.
+``generation_engine`` names (auto, hf, static, vllm) over the policy's weights, and what a
+multi-turn run talks to (tools or an environment: :class:`Interaction`), with the rows such a run
+trains on. :mod:`groupwise.build.rewards` builds the rest of a run and offers these names too.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from dataclasses import replace as dataclass_replace
 from pathlib import Path
 from typing import Any
 
+from ..sections.generation import resolve_generation_engine
 from .measure import _RESULT_MARK, _child_main, format_measurement, ppo_available, run_measurement
 from .plan import (
     ACCOUNTINGS,
@@ -30,7 +31,6 @@ from .plan import (
     MemoryOptions,
     make_plan,
 )
-from ..sections.generation import resolve_generation_engine
 from .shapes import MemoryPlanError, ModelShape, _flags, infer_intermediate, resolve_model_shape
 from .table import format_table
 

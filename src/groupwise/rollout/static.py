@@ -44,7 +44,6 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .base import Engine, Request, Rollout, SamplingParams
-from .static_graphs import DecodeGraphs
 from .hf import (
     eos_token_ids,
     finish_rollout,
@@ -53,6 +52,7 @@ from .hf import (
     seen_tokens,
     token_logprobs,
 )
+from .static_graphs import DecodeGraphs
 from .weight_sync import checkpoint_weights
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -509,7 +509,8 @@ class StaticEngine(Engine):
             torch.index_select(cache_k, 1, row_prompt, out=buf.cache_k)
             torch.index_select(cache_v, 1, row_prompt, out=buf.cache_v)
             buf.valid.copy_(valid[row_prompt])
-            cache_k, cache_v, valid, logits = buf.cache_k, buf.cache_v, buf.valid, logits[row_prompt]
+            cache_k, cache_v, valid = buf.cache_k, buf.cache_v, buf.valid
+            logits = logits[row_prompt]
         elif n_rows != n_prompts or counts != [1] * n_prompts:
             cache_k, cache_v = cache_k[:, row_prompt], cache_v[:, row_prompt]
             valid, logits = valid[row_prompt], logits[row_prompt]

@@ -16,7 +16,7 @@ from .base import Section, at_least, choice, require
 # adds its name here and its branch there. auto (the default) is one of them, chosen when the run
 # is built (resolve_generation_engine).
 GENERATION_ENGINES: tuple[str, ...] = ("hf", "static", "vllm")
-GENERATION_ENGINE_CHOICES: tuple[str, ...] = ("auto", *GENERATION_ENGINES)
+GENERATION_ENGINE_CHOICES: tuple[str, ...] = (*GENERATION_ENGINES, "auto")
 
 STATIC_MULTI_TURN = (
     "generation_engine=static does not run tools or environments (multi-turn rollouts continue "
