@@ -128,7 +128,8 @@ class _FakeCuda:
                 fake.events.append("replay")
 
         @contextlib.contextmanager
-        def graph(g):
+        def graph(g, **options):
+            fake.events.append(f"capture mode {options.get('capture_error_mode')}")
             fake.capturing = True
             yield
             fake.capturing = False
@@ -159,7 +160,8 @@ def test_capture_warms_up_on_a_side_stream_then_captures_once_per_shape(monkeypa
     for _ in range(3):
         graphs(None, torch.tensor([1, 2]), torch.tensor([3, 4]), *args[:2], args[2], args[3])
     assert fake.events == ["side waits current", "on side", "run", "run", "current waits side",
-                           "capture", "replay", "replay", "replay"]  # fmt: skip
+                           "capture mode thread_local", "capture", "replay", "replay",
+                           "replay"]  # fmt: skip
     assert graphs.captures == 1
     other = graphs.buffers((1, 3, 1, 64, 4), torch.float32, torch.device("cpu"))
     graphs(None, torch.tensor([1, 2, 3]), torch.tensor([3, 4, 5]), other.cache_k, other.cache_v,

@@ -83,7 +83,8 @@ def supports(model: torch.nn.Module) -> str | None:
         model_type == "mistral" and getattr(config, "sliding_window", None)
     ):
         return "sliding-window attention"
-    if getattr(config, "quantization_config", None) is not None:
+    quantizer = getattr(_base_model(model), "hf_quantizer", None)
+    if getattr(config, "quantization_config", None) is not None or quantizer is not None:
         # 4-/8-bit storage (bitsandbytes QLoRA): the copy would read packed bytes as weights.
         return "quantized weights (quantization_config)"
     peft_configs = getattr(getattr(model, "module", model), "peft_config", None) or {}

@@ -147,7 +147,9 @@ class DecodeGraphs:
                 self._run(w, buf)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: CUDA work of other threads (reward workers, loggers) during the capture
+        # is not an error, as it is under the default "global" mode.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             buf.logits = self._run(w, buf)
         buf.graph = graph
         self.captures += 1
