@@ -169,7 +169,7 @@ def test_gpu_check_real_suite_cpu_path(tmp_path):
         assert run["predicted_bytes"] > 0 and run["peak_reserved_bytes"] is None  # CPU
     assert full["default_over_hf_step"] > 0
     trl = checks["real_trl"]  # installed from scripts/wheels into the check's own site
-    assert trl["trl"] == "1.16.0" and len(trl["step_seconds"]) == full["sizes"]["steps"]
+    assert trl["trl"] == "1.16.0" and len(trl["step_seconds"]) == full["sizes"]["trl_steps"]
     assert trl["weights_dtype"] == "torch.float32"
     assert set(trl["groupwise_over_trl"]) == {"hf_step_over_trl", "default_step_over_trl"}
     for name, needs in (("real_qlora", "load_in_4bit"), ("real_offload", "activation_offloading")):
