@@ -117,7 +117,7 @@ def test_the_default_cpu_run_gets_the_hf_engine_and_says_why(tmp_path, capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if "rollout engine" in line]
     assert lines == [
         "[groupwise] rollout engine: hf (auto: the HF engine on cpu, where the update dominates "
-        "a step and the static engine's weight copy buys no faster step; docs/speed-memory.md)"
+        "a step and the static engine's second weight copy buys little; docs/gpu.md)"
     ]
 
 

@@ -138,11 +138,11 @@ def resolve_generation_engine(
     if generation_kwargs:
         return "hf", "auto: generation_kwargs need the HF engine (transformers' generate())"
     if device_type != "cuda":
-        # benchmarks/engine_auto_cpu.py: the static engine generated 1.6x the tokens/s on a
-        # 2-core CPU, but a CPU step is mostly the update (the demo's median step was no faster).
+        # benchmarks/engine_auto_cpu.py on a 2-core CPU: the static engine generated 1.6x the
+        # tokens/s, but the update is most of a step (demo steps 0.92x as long, within noise).
         return "hf", (
             f"auto: the HF engine on {device_type}, where the update dominates a step and the "
-            "static engine's weight copy buys no faster step; docs/speed-memory.md"
+            "static engine's second weight copy buys little; docs/gpu.md"
         )
     if static_unsupported is not None:
         return "hf", f"auto: the static engine cannot decode this model ({static_unsupported})"
