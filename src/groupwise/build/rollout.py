@@ -328,7 +328,7 @@ def build_static(
     enough to repay the compile time (``static_compile_min_steps``). On a CPU the eager step
     with oneDNN-packed weights is faster than the compiled one (benchmarks/roofline.py). On a
     GPU its decode step (eager or compiled) replays as CUDA graphs unless
-    ``static_cuda_graphs: false``: a capture costs one warm-up step per batch shape."""
+    ``static_cuda_graphs: false``: a capture costs two warm-up steps per batch shape."""
     from ..rollout.static import StaticEngine, supports
 
     reason = supports(policy.model)

@@ -298,7 +298,8 @@ class GRPOConfig:
     static_compile_min_steps: int = 200  # static_compile auto: compile from this many steps on
     static_eos_check_every: int = 8  # static engine: tokens between "has every row ended?" reads
     # static engine: replay its decode step as CUDA graphs (one launch per token; captured once
-    # per batch shape, in milliseconds). None = auto: on a CUDA device. True on a CPU: an error.
+    # per batch shape, after two warm-up steps). None = auto: on a CUDA device. True on a CPU:
+    # an error.
     static_cuda_graphs: bool | None = None
     # vLLM engine options (TRL's names and meanings; used with generation_engine: vllm only).
     vllm_mode: str = "colocate"  # colocate (vLLM in the training process) only; no server mode
