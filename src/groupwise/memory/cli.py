@@ -16,10 +16,10 @@ import math
 import re
 import sys
 from dataclasses import replace
-from dataclasses import replace as dataclass_replace
 from pathlib import Path
 from typing import Any
 
+from ..sections.generation import resolve_generation_engine
 from .fit import fit_rows, format_fits, parse_gpu_memory
 from .measure import _RESULT_MARK, _child_main, format_measurement, ppo_available, run_measurement
 from .plan import (
@@ -294,6 +294,12 @@ def options_from_args(
     # trainer does not run), else the run's, as the trainer stores it (AdamW states in the
     # parameters' dtype: pure).
     engine = args.generation_engine or cfg.generation_engine
+    if engine == "auto":  # as the trainer resolves it; the static engine's copy counted on CUDA
+        engine, _ = resolve_generation_engine(
+            engine, device_type=device, static_unsupported=None,
+            multi_turn=bool(cfg.tools or cfg.environment),
+            generation_kwargs=bool(cfg.generation_kwargs),
+        )  # fmt: skip
     if engine != cfg.generation_engine:  # --measure then runs the engine the plan counts
         cfg = replace_config(cfg, generation_engine=engine)
     # Options other branches add to GRPOConfig, read where present (TRL's names).
@@ -407,7 +413,7 @@ def replace_config(cfg: Any, **changes: Any) -> Any:
     from ..errors import ConfigError
 
     try:
-        return dataclass_replace(cfg, **changes)
+        return replace(cfg, **changes)
     except ConfigError as err:
         raise MemoryPlanError(str(err)) from None
 
