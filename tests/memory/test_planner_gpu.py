@@ -338,7 +338,8 @@ def test_run_options_are_read_from_the_config_where_it_has_them(monkeypatch):
             return self._extra[name] if name in self._extra else getattr(self._cfg, name)
 
     extra = {"load_in_4bit": True, "optim": "paged_adamw_8bit", "activation_offloading": True,
-             "padding_free": True, "use_peft": True, "lora_r": 8}  # fmt: skip
+             "padding_free": True, "use_peft": True, "lora_r": 8,
+             "generation_engine": "hf"}  # fmt: skip
     monkeypatch.setattr(cli, "load_run_config", lambda *a: WithOptions(real(*a), **extra))
     args = cli.build_parser().parse_args(["--model", "qwen3-0.6b", "--prompt_len", "64"])
     _, opts, _ = cli.options_from_args(args)

@@ -290,23 +290,26 @@ def options_from_args(
     if shape.params is None and shape.missing("hidden", "layers", "heads", "intermediate", "vocab"):
         missing = shape.missing("hidden", "layers", "heads", "intermediate", "vocab")
         raise MemoryPlanError(f"give --params, or all of the shapes (missing {_flags(missing)})")
-    # dtype: the planner's fp32/fp16/bf16 (mixed precision by default, for setups groupwise's
-    # trainer does not run), else the run's, as the trainer stores it (AdamW states in the
-    # parameters' dtype: pure).
+    # Options other branches add to GRPOConfig, read where present (TRL's names).
+    load_in_4bit = _pick_flag(args.load_in_4bit, cfg, "load_in_4bit")
     engine = args.generation_engine or cfg.generation_engine
     if engine == "auto":  # as the trainer resolves it; the static engine's copy counted on CUDA
         engine, _ = resolve_generation_engine(
-            engine, device_type=device, static_unsupported=None,
+            engine, device_type=device,
+            # rollout/static.py's supports(): it refuses a quantized base (QLoRA runs the HF
+            # engine on the 4-bit model); an architecture it lacks is refused when built.
+            static_unsupported="quantized weights (load_in_4bit)" if load_in_4bit else None,
             multi_turn=bool(cfg.tools or cfg.environment),
             generation_kwargs=bool(cfg.generation_kwargs),
         )  # fmt: skip
     if engine != cfg.generation_engine:  # --measure then runs the engine the plan counts
         cfg = replace_config(cfg, generation_engine=engine)
-    # Options other branches add to GRPOConfig, read where present (TRL's names).
-    load_in_4bit = _pick_flag(args.load_in_4bit, cfg, "load_in_4bit")
     lora_r = args.lora_r if args.lora_r is not None else (cfg.lora_r if cfg.use_peft else 0)
     if lora_r == 0 and load_in_4bit and args.lora_r is None:
         lora_r = cfg.lora_r  # QLoRA is LoRA on the 4-bit base
+    # dtype: the planner's fp32/fp16/bf16 (mixed precision by default, for setups groupwise's
+    # trainer does not run), else the run's, as the trainer stores it (AdamW states in the
+    # parameters' dtype: pure).
     if args.dtype in DTYPE_BYTES:
         dtype, precision = args.dtype, args.precision or "mixed"
         engine_dtype = None  # the planner's dtype: mixed precision generates in it
