@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast lint browser docs bench bench-speed bench-roofline bench-memory bench-curriculum bench-curriculum-tiny trl-suite clean
+.PHONY: setup demo test test-fast lint browser docs bench bench-speed bench-roofline bench-memory bench-curriculum bench-curriculum-tiny bench-curriculum-e9-freeze bench-curriculum-e9-pilot bench-curriculum-e9-measure bench-curriculum-e9 bench-curriculum-e9-report trl-suite clean
 
 # Exact versions of everything setup installs (pyproject.toml declares ranges).
 CONSTRAINTS := constraints/cpu.txt
@@ -93,6 +93,28 @@ bench-curriculum: setup
 	$(PY) benchmarks/curriculum.py pilot
 	$(PY) benchmarks/curriculum.py run --seeds 1-16
 	$(PY) benchmarks/curriculum.py report
+
+# The premise-regime experiment (benchmarks/curriculum_e9.py; docs/benchmarks.md): uniform,
+# select and Rollout-GDRO with its level prior on SmolLM2-135M, run from a frozen git worktree
+# of this commit (E9_TREE), results in benchmarks/results_curriculum/e9/ (resumable). In order:
+# the pilot and its go/no-go (about 30 minutes), the measuring runs that choose the jobs (one
+# or two processes), then the experiment (up to 60 runs of about 18 minutes, looks at 8, 14
+# and 20 seeds) and its report.
+E9_TREE ?= runs/e9-code
+E9_RESULTS := $(CURDIR)/benchmarks/results_curriculum/e9
+E9_WORK := $(CURDIR)/runs/curriculum-e9-work
+E9 = cd $(E9_TREE) && PYTHONPATH=src $(abspath $(PY)) benchmarks/curriculum_e9.py
+E9_JOBS ?= $(shell $(PY) -c "import json; print(json.load(open('$(E9_RESULTS)/measure.json'))['jobs'])" 2>/dev/null || echo 1)
+bench-curriculum-e9-freeze: setup
+	$(PY) benchmarks/curriculum_e9.py freeze --tree $(E9_TREE) --results $(E9_RESULTS)
+bench-curriculum-e9-pilot: bench-curriculum-e9-freeze
+	$(E9) pilot --results $(E9_RESULTS) --work $(E9_WORK)
+bench-curriculum-e9-measure: bench-curriculum-e9-freeze
+	$(E9) measure --results $(E9_RESULTS) --work $(E9_WORK)
+bench-curriculum-e9: bench-curriculum-e9-freeze
+	$(E9) run --results $(E9_RESULTS) --work $(E9_WORK) --jobs $(E9_JOBS)
+bench-curriculum-e9-report: setup
+	$(PY) benchmarks/curriculum_e9.py report --results $(E9_RESULTS)
 
 # Uniform, dynamic sampling, Prompt-GDRO, Rollout-GDRO and select on a small warm-started
 # random Llama, 3 seeds (about 12 minutes on 2 cores).

@@ -20,13 +20,18 @@ one) and is printed as a table at the end; the exit status is 1 if any check fai
    engine and with the static engine.
 5. collectives: groupwise's collective helpers, with host and device tensors, in a one-rank
    process group made with the backend groupwise's own init path chooses on CUDA.
-6. generation: tokens/s of the rollout engine the trainer builds, fp32 and bf16 autocast (and
-   vLLM when both the package and a groupwise engine for it exist).
+6. generation: tokens/s of the rollout engine the trainer builds, fp32 and bf16 autocast, the
+   static engine eager, compiled (torch.compile's default mode) and replayed as CUDA graphs (on
+   CUDA only), and vLLM when both the package and a groupwise engine for it exist.
 7. static_engine: the static engine's greedy tokens and sampling log-probs against the HF
    engine's on the same fp32 weights.
 8. step_time: whole bf16-mixed GRPO steps with the HF engine and with the static engine, the
    trainer's own generation / update / step timers side by side.
 9. vllm: where vllm imports, its engine against the HF engine.
+
+``--suite real`` runs instead the real-size stages of scripts/gpu_check_real.py (Qwen2.5-1.5B full
+fine-tune and Qwen3-8B QLoRA at 4 prompts x 8, 256 + 512 tokens, against the planner and TRL's
+GRPOTrainer), under 8 minutes on one H100 on their own.
 
 The model has SmolLM2-135M's shape with random weights (``--quick``: the tiny-random shape). Its
 tokenizer is SmolLM2's where groupwise can produce it offline (it is read from the demo model's
@@ -67,6 +72,9 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))  # this tree's groupwise, installed or not
+sys.path.insert(0, str(ROOT / "scripts"))  # gpu_check_real, also when imported from elsewhere
+
+import gpu_check_real  # noqa: E402
 
 # SmolLM2-135M's config.json, with random weights.
 SMOLLM2_SHAPE = dict(
@@ -692,10 +700,15 @@ def check_generation(ns, model: Path, scratch: Path) -> dict:
     engines: dict[str, dict[str, Any]] = {
         "hf_fp32": MODES["fp32"], "hf_bf16_autocast": MODES["bf16_mixed"],
         "static_bf16": {**MODES["bf16_mixed"], "generation_engine": "static",
-                        "static_compile": False},
+                        "static_compile": False, "static_cuda_graphs": False},
         "static_bf16_compiled": {**MODES["bf16_mixed"], "generation_engine": "static",
-                                 "static_compile": True},
+                                 "static_compile": True, "static_cuda_graphs": False},
     }  # fmt: skip
+    if device.type == "cuda":  # a CPU cannot capture graphs
+        engines["static_bf16_graphs"] = {**MODES["bf16_mixed"], "generation_engine": "static",
+                                         "static_compile": False, "static_cuda_graphs": True}
+    else:
+        out["static_bf16_graphs"] = "not run: CUDA graphs need a CUDA device"
     vllm, vllm_note = vllm_option()
     if vllm is not None:
         engines["vllm_bf16_autocast"] = {**MODES["bf16_mixed"], **vllm}
@@ -741,6 +754,13 @@ def check_generation(ns, model: Path, scratch: Path) -> dict:
     out["passed"] = passed
     rates = [f"{name} {out[name].get('tokens_per_second', 'error')}" for name in engines]
     out["summary"] = "tokens/s: " + ", ".join(rates)
+    eager = out.get("static_bf16", {}).get("tokens_per_second")
+    for name in ("static_bf16_compiled", "static_bf16_graphs"):
+        entry = out.get(name)
+        rate = entry.get("tokens_per_second") if isinstance(entry, dict) else None
+        if eager and rate:
+            out[f"{name}_over_eager"] = round(rate / eager, 3)
+            out["summary"] += f"; {name} / eager {out[f'{name}_over_eager']}x"
     if "vllm" in out:
         out["summary"] += f"; vllm {out['vllm']}"
     return out
@@ -955,7 +975,8 @@ def check_vllm(ns, model: Path, scratch: Path) -> dict:
     def top20_mass(t: float) -> float:
         return float(torch.softmax(logits / t, -1).topk(20).values.sum())
 
-    while temperature > 0.01 and top20_mass(temperature) < 0.5:
+    # Never below 0.01: vLLM would silently sample at 0.01 (the vLLM engine refuses lower).
+    while temperature / 2 >= 0.01 and top20_mass(temperature) < 0.5:
         temperature /= 2
     first = SamplingParams(1, temperature=temperature)
     hf = HFEngine(policy, tokenizer, first, torch.Generator(device=device).manual_seed(1),
@@ -1022,6 +1043,12 @@ CHECKS: dict[str, Callable[..., dict]] = {
     "step_time": check_step_time,
     "vllm": check_vllm,
 }
+# --suite real: the real-size stages (scripts/gpu_check_real.py), each given this module.
+REAL_CHECKS: dict[str, Callable[..., dict]] = {
+    name: (lambda stage: lambda ns, model, scratch: stage(ns, scratch, sys.modules[__name__]))(fn)
+    for name, fn in gpu_check_real.STAGES.items()
+}
+SUITES = {"standard": CHECKS, "real": REAL_CHECKS}
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -1057,7 +1084,14 @@ def environment(ns) -> dict[str, Any]:
         info["git_commit"] = done.stdout.strip() or None
     fields = grpo_fields()
     info["grpo_options"] = {name: name in fields
-                            for name in ("bf16_autocast", "tf32", "attn_implementation")}
+                            for name in ("bf16_autocast", "tf32", "attn_implementation",
+                                         "generation_engine", "static_cuda_graphs",
+                                         "load_in_4bit", "activation_offloading",
+                                         "padding_free")}  # fmt: skip
+    if "generation_engine" in fields:
+        from groupwise import GRPOConfig
+
+        info["generation_engine_default"] = GRPOConfig().generation_engine
     if "tf32" in fields:
         from groupwise import GRPOConfig
 
@@ -1086,6 +1120,23 @@ def print_summary(summary: dict, path: Path) -> None:
     print(f"{verdict} in {summary['seconds']} s; summary: {path}")
 
 
+def markdown_summary(summary: dict) -> str:
+    """The summary as a markdown page: the environment, then one row per check."""
+    env = summary["environment"]
+    lines = [
+        f"# gpu_check ({summary.get('suite', 'standard')} suite)", "",
+        f"{env['device']}; torch {env['torch']} (CUDA {env['torch_cuda']}), transformers "
+        f"{env['transformers']}; {summary.get('seconds', 0)} s; "
+        + ("all passed" if summary.get("passed") else "FAILED"), "",
+        "| check | verdict | seconds | result |", "|---|---|---|---|",
+    ]  # fmt: skip
+    for name, check in summary["checks"].items():
+        detail = str(check.get("summary") or check.get("error", "")).replace("|", "/")
+        verdict = "pass" if check["passed"] else "FAIL"
+        lines.append(f"| {name} | {verdict} | {check.get('seconds', 0)} | {detail} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -1095,17 +1146,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="the tiny-random shape and small sizes (the CPU rehearsal)")
     parser.add_argument("--tokenizer", default="auto",
                         help="auto | smollm2 | synthetic | a tokenizer folder (default: auto)")
-    parser.add_argument("--only", default=None, help="comma-separated checks: " + ",".join(CHECKS))
+    parser.add_argument("--suite", default="standard", choices=list(SUITES),
+                        help="standard: the checks 1-9 (default); real: the real-size stages "
+                        "(" + ",".join(REAL_CHECKS) + ")")  # fmt: skip
+    parser.add_argument("--only", default=None, help="comma-separated checks of the suite: "
+                        + ",".join(CHECKS))  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="start no check after this many seconds (default 420: the whole "
                         "run stays under 8 minutes on one H200)")  # fmt: skip
     ns = parser.parse_args(argv)
     if ns.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here (use --device cpu)")
-    names = ns.only.split(",") if ns.only else list(CHECKS)
-    unknown = [n for n in names if n not in CHECKS]
+    checks = SUITES[ns.suite]
+    names = ns.only.split(",") if ns.only else list(checks)
+    unknown = [n for n in names if n not in checks]
     if unknown:
-        parser.error(f"unknown checks {unknown}; choose from {list(CHECKS)}")
+        parser.error(f"unknown checks {unknown}; choose from {list(checks)}")
     ns.sizes = QUICK_SIZES if ns.quick else GPU_SIZES
     ns.torch_device = torch.device(ns.device)
     ns.missing_options = set()
@@ -1119,7 +1175,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "gpu_check.json"
     started = time.perf_counter()
-    summary: dict[str, Any] = {"environment": environment(ns), "quick": ns.quick, "checks": {}}
+    summary: dict[str, Any] = {"environment": environment(ns), "quick": ns.quick,
+                               "suite": ns.suite, "checks": {}}  # fmt: skip
+    ns.results = summary["checks"]  # later stages read earlier ones (ratios)
     print(f"[gpu_check] {json.dumps(summary['environment'])}", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         scratch = Path(tmp)
@@ -1135,7 +1193,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"[gpu_check] {name} ...", flush=True)
                 try:
-                    result = CHECKS[name](ns, model, scratch)
+                    result = checks[name](ns, model, scratch)
                 except Exception as err:  # noqa: BLE001 - one broken check must not hide the rest
                     result = {"passed": False, "error": f"{type(err).__name__}: {err}"[:600],
                               "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
@@ -1147,6 +1205,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["seconds"] = round(time.perf_counter() - started, 1)
             summary["passed"] = all(c["passed"] for c in summary["checks"].values())
             path.write_text(json.dumps(summary, indent=2, default=str))
+            (out / "gpu_check.md").write_text(markdown_summary(summary))
             verdict = "PASS" if result["passed"] else "FAIL"
             print(f"[gpu_check] {name}: {verdict} ({result['seconds']} s) "
                   f"{result.get('summary') or result.get('error', '')}", flush=True)  # fmt: skip

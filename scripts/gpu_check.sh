@@ -7,8 +7,18 @@
 # $OUT, else runs/gpu_check); the table at the end of its output says the same. Exit status 0
 # only if every check passed. Options after the script's name go to gpu_check.py (--help).
 #
+# `--suite real` runs the real-size stages instead (scripts/gpu_check_real.py: Qwen2.5-1.5B full
+# fine-tune and Qwen3-8B QLoRA at 4 prompts x 8, 256 + 512 tokens, the memory planner and TRL's
+# GRPOTrainer side by side), also under 8 minutes on one H100:
+#
+#   command: bash scripts/gpu_check.sh --suite real
+#   carry:   [".whl"]
+#   timeout_s: 540
+#
 # The machine has no network: what groupwise needs and its image lacks travels as wheels in
-# .whl/ (git-ignored; GPU_CHECK_WHEELS names another folder), each installed into
+# scripts/wheels/ (tracked: TRL 1.16.0 and what it needs beyond the image, datasets, dill and
+# multiprocess for Python 3.12) and .whl/ (git-ignored; GPU_CHECK_WHEELS names other folders,
+# colon-separated), each installed into
 # /tmp/gpu-check-site (GPU_CHECK_SITE) only when its package is missing there or older than
 # the floor in pyproject.toml. As the image was read in 2026-11: math-verify and its two
 # dependencies are missing, and its transformers (5.17.0) is below groupwise's floor (5.18), so
@@ -20,6 +30,11 @@
 #     --implementation cp --platform manylinux2014_x86_64 -d .whl \
 #     math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 \
 #     transformers==5.23.0
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_24_x86_64 -d .whl bitsandbytes==0.50.2
+#
+# (bitsandbytes, 43 MB, for the QLoRA stage: 57 MB in .whl with the rest, which with the tree's
+# 5 MB stays under the 64 MiB a device call carries; without it that stage says it did not run.)
 #
 # then call the device tool's run with
 #
@@ -35,11 +50,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-WHEELS=${GPU_CHECK_WHEELS:-.whl}
+WHEELS=${GPU_CHECK_WHEELS:-scripts/wheels:.whl}
 SITE=${GPU_CHECK_SITE:-/tmp/gpu-check-site}
 
 # Carried wheels: install those whose package is missing here or older than groupwise's floor.
-if compgen -G "$WHEELS/*.whl" >/dev/null; then
+found=""
+IFS=: read -ra folders <<<"$WHEELS"
+for folder in "${folders[@]}"; do
+  compgen -G "$folder/*.whl" >/dev/null && found=1
+done
+if [ -n "$found" ]; then
   mapfile -t wheels < <(WHEELS="$WHEELS" "$PYTHON" - <<'PY'
 import glob, importlib.metadata as md, os, re
 def norm(name):
@@ -54,7 +74,9 @@ try:
                 floors[norm(found[1])] = found[2]
 except Exception:
     pass
-for wheel in sorted(glob.glob(os.path.join(os.environ["WHEELS"], "*.whl"))):
+paths = [w for folder in os.environ["WHEELS"].split(":") if folder
+         for w in glob.glob(os.path.join(folder, "*.whl"))]
+for wheel in sorted(paths, key=os.path.basename):
     name = norm(os.path.basename(wheel).split("-")[0])
     try:
         have = md.version(name)

@@ -160,3 +160,17 @@ def test_the_command_line_spelling_of_model_init_kwargs():
     assert (config.load_in_4bit, config.bnb_4bit_quant_type, config.use_bnb_nested_quant) == (
         True, "nf4", True)  # fmt: skip
     assert config.optim == "adamw_bnb_8bit"
+
+
+def test_auto_resolves_a_4bit_base_to_the_hf_engine_on_cuda():
+    # The static engine would read packed bytes as weights: auto must not pick it on a GPU,
+    # whether transformers or groupwise quantised the model.
+    from groupwise.rollout.static import supports
+    from groupwise.sections.generation import resolve_generation_engine
+
+    model = quantize_4bit(tiny_random_model(), "nf4", True, torch.float32, torch.device("cpu"))
+    why = supports(model)
+    assert why is not None and "quantized" in why
+    engine, _ = resolve_generation_engine("auto", device_type="cuda", static_unsupported=why)
+    assert engine == "hf"
+    assert GRPOConfig(**QLORA).generation_engine == "auto"  # the default is accepted

@@ -74,19 +74,28 @@ def test_train_help_gives_every_option_its_meaning(capsys):
     assert meanings["gdro_signal"].startswith("Prompt-GDRO signal: pg_loss")
 
 
-def test_demo_yaml_matches_builtin_demo():
+def test_the_demo_has_one_source_of_settings():
+    """`groupwise demo`, `make demo` and `groupwise train configs/demo.yaml` read one file."""
     from pathlib import Path
 
-    from groupwise.build.rewards import default_reward_names
-    from groupwise.cli.train import DEMO_CONFIG
+    from groupwise.cli.args import _config_from_argv
+    from groupwise.cli.train import DEMO_CONFIG, DEMO_YAML
     from groupwise.config.grpo_config import GRPOConfig
 
-    path = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
-    from_yaml = GRPOConfig.from_yaml(path)
-    builtin = GRPOConfig.from_dict(DEMO_CONFIG)
-    for name, value in DEMO_CONFIG.items():
-        assert getattr(from_yaml, name) == value, name
-    assert default_reward_names(from_yaml) == default_reward_names(builtin)
+    root = Path(__file__).resolve().parents[2]
+    # configs/demo.yaml is the packaged file itself (a link), not a copy that can drift.
+    assert (root / "configs" / "demo.yaml").resolve() == DEMO_YAML.resolve()
+    assert DEMO_YAML.resolve().parent == (root / "src" / "groupwise" / "cli")
+    assert '"cli/demo.yaml"' in (root / "pyproject.toml").read_text()  # shipped in the wheel
+    demo = _config_from_argv([], base=DEMO_CONFIG)
+    from_yaml = GRPOConfig.from_yaml(root / "configs" / "demo.yaml")
+    assert demo.to_dict() == from_yaml.to_dict()
+    # The held-out accuracy is the demo's measure: no sampled eval_loss on top.
+    assert demo.eval_loss is False and DEMO_CONFIG["eval_loss"] is False
+    # make demo runs the command with no settings of its own.
+    makefile = (root / "Makefile").read_text().splitlines()
+    recipe = makefile[makefile.index("demo: setup") + 1]
+    assert recipe.strip() == "$(VENV)/bin/groupwise demo"
 
 
 def test_eval_command_greedy_sampled_and_compare(tmp_path, capsys):

@@ -211,3 +211,100 @@ def test_every_completion_scored_gives_no_unscored_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="groupwise.rewards"):
         RewardScorer([length, half])(PROMPTS, COMPLETIONS)
     assert "All reward functions" not in caplog.text
+
+
+def _slow_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "slow_call_warning" in r.getMessage()]
+
+
+def test_a_slow_reward_function_is_named_once_with_the_time_it_took(caplog):
+    import time
+
+    def slow_reward(prompts, completions, **kwargs):
+        time.sleep(0.15)
+        return [1.0] * len(completions)
+
+    async def slow_async(prompts, completions, **kwargs):
+        await asyncio.sleep(0.15)
+        return [0.5] * len(completions)
+
+    def quick(prompts, completions, **kwargs):
+        return [0.0] * len(completions)
+
+    scorer = RewardScorer([quick, slow_reward, slow_async], slow_call_s=0.05)
+    with caplog.at_level(logging.WARNING, logger="groupwise.rewards"):
+        for _ in range(3):  # three steps: each function is named once
+            rewards, _ = scorer(["p", "q"], ["a", "b"])
+    assert rewards.tolist() == [1.5, 1.5]  # warned, not stopped
+    warnings = _slow_warnings(caplog)
+    assert len(warnings) == 2
+    for name, message in zip(("slow_reward", "slow_async"), warnings, strict=True):
+        assert message.startswith(f"reward function '{name}' took 0.")
+        seconds = float(message.split(" took ")[1].split(" s ")[0])
+        assert 0.1 <= seconds < 1.0  # the time the call took (0.15 s slept)
+        assert "on a batch of 2 completions" in message and "slow_call_warning=0.05 s" in message
+    # A function retried completion by completion (it raised on the batch) is timed per call.
+    def flaky(prompts, completions, **kwargs):
+        if len(completions) > 1:
+            raise ValueError("one at a time")
+        time.sleep(0.15)
+        return [1.0]
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="groupwise.rewards"):
+        RewardScorer([flaky], slow_call_s=0.05)(["p", "q"], ["a", "b"])
+    (message,) = _slow_warnings(caplog)
+    assert message.startswith("reward function 'flaky' took 0.")
+    assert "on a batch of 1 completions" in message
+    # Below the threshold, and with the warning off (None), nothing is said.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="groupwise.rewards"):
+        RewardScorer([quick], slow_call_s=0.05)(["p"], ["a"])
+        RewardScorer([slow_reward], slow_call_s=None)(["p"], ["a"])
+    assert _slow_warnings(caplog) == []
+
+
+def test_a_reward_sleeping_30_s_gets_the_timeout_error_or_the_warning(monkeypatch, caplog):
+    """A reward function that sleeps 30 s on a call: reward_timeout stops it with an error
+    naming it; without a timeout, the default slow_call_warning (5 s) names it once. The 30 s
+    are simulated: the module's clock is advanced instead of sleeping."""
+    import time
+    from types import SimpleNamespace
+
+    from groupwise import GRPOConfig
+    from groupwise.build.rewards import ScorerOptions, build_scorer
+    from groupwise.errors import ConfigError
+    from groupwise.rewards import scoring
+
+    clock = [1000.0]
+    monkeypatch.setattr(scoring, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def sleeps_30_s(prompts, completions, **kwargs):
+        clock[0] += 30.0
+        return [1.0] * len(completions)
+
+    def scorer(**options):
+        config = GRPOConfig(**options)
+        return build_scorer([sleeps_30_s], ScorerOptions.from_sections(config.sections())).combine
+
+    assert GRPOConfig().slow_call_warning == scoring.SLOW_CALL_WARNING_S == 5.0
+    with caplog.at_level(logging.WARNING, logger="groupwise.rewards"):
+        scorer()(["p"], ["a"])
+    assert _slow_warnings(caplog) == [
+        "reward function 'sleeps_30_s' took 30.0 s on a batch of 1 completions (more than "
+        "slow_call_warning=5 s); every step waits for it: make it faster, or set reward_timeout "
+        "to stop a call that runs too long (logged once)"
+    ]
+
+    def really_sleeps(prompts, completions, **kwargs):
+        time.sleep(30)
+        return [1.0] * len(completions)
+
+    monkeypatch.undo()
+    start = time.perf_counter()
+    with pytest.raises(RewardFunctionError, match=r"'really_sleeps' ran past reward_timeout=0.2"):
+        options = ScorerOptions.from_sections(GRPOConfig(reward_timeout=0.2).sections())
+        build_scorer([really_sleeps], options).combine(["p"], ["a"])
+    assert time.perf_counter() - start < 5  # stopped at the timeout, not after 30 s
+    with pytest.raises(ConfigError, match="slow_call_warning must be >= 0 seconds or null"):
+        GRPOConfig(slow_call_warning=-1.0)

@@ -477,3 +477,112 @@ def test_tools_work_with_curriculum_lora_dynamic_sampling_and_mini_batches(tmp_p
 def test_ppo_refuses_tools(tmp_path):
     with pytest.raises(ConfigError, match="algorithm=grpo only"):
         GRPOConfig(algorithm="ppo", tools=["calculator"])
+
+
+def _trl_agent_rewards():
+    """TRL's examples/scripts/grpo_agent.py rewards (tests/fixtures, Apache-2.0)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "trl_grpo_agent_rewards.py"
+    spec = importlib.util.spec_from_file_location("trl_grpo_agent_rewards", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_tool_conversation_scores_under_trls_agent_rewards_as_under_trl(
+    tiny_model, tokenizer, tmp_path, monkeypatch
+):
+    """One scripted conversation (a SQL tool call, its rows, the answer) through the multi-turn
+    engine and a real tool, scored by TRL's grpo_agent rewards: TRL's tool loop hands them the
+    assistant turn with parsed ``tool_calls`` and the tool turn with ``name`` and the returned
+    rows, which give correctness / structure / query = 0.6 / 0.1 / 2.4 (as text, without
+    ``tool_calls``, the same turns gave 0.6 / 0.0 / -1.5)."""
+    import sqlite3
+    from unittest.mock import patch
+
+    from groupwise.rewards.scoring import RewardScorer, score_rollout
+
+    trl = _trl_agent_rewards()
+    database = tmp_path / "biogrid.db"
+    with sqlite3.connect(database) as conn:
+        conn.execute("CREATE TABLE interactions (gene_a TEXT, gene_b TEXT)")
+        conn.execute("INSERT INTO interactions VALUES ('JNKK', 'MAPK8')")
+    monkeypatch.setenv("BIOGRID_DB", str(database))
+
+    def query_biogrid(sql_command: str) -> list[tuple]:
+        """Execute a read-only SQL command on the BioGRID database.
+
+        Args:
+            sql_command: The SQL command to execute.
+        """
+        import os
+
+        conn = sqlite3.connect(f"file:{os.environ['BIOGRID_DB']}?mode=ro", uri=True)
+        try:
+            return conn.execute(sql_command).fetchall()
+        finally:
+            conn.close()
+
+    sql = "SELECT * FROM interactions WHERE gene_a = 'JNKK'"
+    call = json.dumps({"name": "query_biogrid", "arguments": {"sql_command": sql}})
+    turns = [f"Let me check.\n<tool_call>\n{call}\n</tool_call>", "It does: *Yes*"]
+    eos = tokenizer.eos_token_id
+    script = [tokenizer(t, add_special_tokens=False)["input_ids"] + [eos] for t in turns]
+
+    def generate(input_ids, **kwargs):  # one scripted turn per call, as TRL's tool loop calls
+        turn = torch.tensor([script.pop(0)], dtype=input_ids.dtype)
+        return torch.cat([input_ids, turn], dim=-1)
+
+    env = ToolEnvironment(ToolBox([query_biogrid]))  # a user tool: run in a forked child
+    env.reset({})
+    prompt = [{"role": "user", "content": "Does the gene JNKK interact with MAPK8?"}]
+    prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
+    prompt_ids = list(getattr(prompt_ids, "input_ids", prompt_ids))
+    with patch.object(tiny_model, "generate", side_effect=generate):
+        rollout, _ = converse(
+            tiny_model, tokenizer, [prompt_ids], [1], [env], TurnRenderer(tokenizer, True),
+            SamplingParams(200, temperature=1.0), TurnLimits(max_turns=4),
+        )  # fmt: skip
+    assert rollout.conversations[0] == [
+        {
+            "role": "assistant",
+            "content": "Let me check.",
+            "tool_calls": [
+                {"type": "function",
+                 "function": {"name": "query_biogrid", "arguments": {"sql_command": sql}}}
+            ],
+        },  # fmt: skip
+        # the rows as returned (through the child's JSON, the tuples arrive as lists)
+        {"role": "tool", "name": "query_biogrid", "content": [["JNKK", "MAPK8"]]},
+        {"role": "assistant", "content": "It does: *Yes*"},
+    ]
+    n = int(rollout.completion_mask[0].sum())
+    seen = tokenizer.decode(rollout.completion_ids[0, :n].tolist())
+    assert '[["JNKK", "MAPK8"]]' in seen  # the model is shown the rows as JSON
+    # The completions log shows the turns as written and the rows as the model saw them.
+    assert rollout.texts[0] == (
+        f"Let me check.\n<tool_call>\n{call}\n</tool_call>\n"
+        '[tool] [["JNKK", "MAPK8"]]\nIt does: *Yes*'
+    )
+    scorer = RewardScorer([trl.correctness_reward, trl.structure_reward, trl.query_reward])
+    rows = [{"prompt": prompt, "answer": "Yes"}]
+    _, per_func = score_rollout(scorer, rows, rollout)
+    # correctness: *yes* right (+0.6); structure: call, response and text (0.1); query: one
+    # query with WHERE (+0.4) whose rows support "yes" (+2.0).
+    assert per_func[0].tolist() == pytest.approx([0.6, 0.1, 2.4])
+    assert env.state() == {"tool_calls": 1, "tool_errors": 0, "tools_used": ["query_biogrid"]}
+
+
+def test_a_tool_list_cut_for_the_model_is_kept_as_the_text_it_saw(tokenizer):
+    from groupwise.rollout.multiturn import _cut, _kept
+
+    rows = [[i, "gene"] for i in range(40)]
+    message = {"role": "tool", "name": "query", "content": rows}
+    whole = _cut(message, tokenizer, 1000)
+    assert whole == {"role": "tool", "name": "query", "content": json.dumps(rows)}
+    assert _kept(message, whole) == message  # shown whole: the conversation keeps the list
+    cut = _cut(message, tokenizer, 5)
+    assert cut["content"].endswith("tokens]") and cut["name"] == "query"
+    assert _kept(message, cut) == cut  # cut: the conversation keeps what the model saw

@@ -5,6 +5,7 @@ contract itself (rows, masks, log-probs, sync) is tests/rollout/test_engine_cont
 
 from __future__ import annotations
 
+import math
 import sys
 
 import pytest
@@ -16,6 +17,7 @@ from conftest import TargetToken, tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.errors import ConfigError
 from groupwise.rollout import SamplingParams, eos_token_ids
+from groupwise.runtime.models import tiny_random_model
 
 
 @pytest.fixture()
@@ -24,6 +26,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(vllm_engine, "require_cuda", lambda device: None)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
     return module
 
 
@@ -65,6 +68,7 @@ def test_under_torchrun_each_rank_has_its_own_seed_and_the_external_launcher(
 ):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
     options = build(tiny_model, tokenizer).llm.kwargs
     assert options["distributed_executor_backend"] == "external_launcher"
     assert options["seed"] == 8
@@ -76,9 +80,9 @@ def test_one_request_per_prompt_from_token_ids(fake, tokenizer, tiny_model, monk
     seen = {}
     original = engine.llm.generate
 
-    def spy(prompts, sampling_params=None, use_tqdm=True):
+    def spy(prompts, sampling_params=None, *, use_tqdm=True):
         seen["prompts"], seen["params"] = prompts, sampling_params
-        return original(prompts, sampling_params, use_tqdm)
+        return original(prompts, sampling_params, use_tqdm=use_tqdm)
 
     monkeypatch.setattr(engine.llm, "generate", spy)
     engine.generate([[5, 6, 7], [8]], [2, 3])
@@ -90,7 +94,8 @@ def test_one_request_per_prompt_from_token_ids(fake, tokenizer, tiny_model, monk
     assert first.stop_token_ids == eos_token_ids(tiny_model, tokenizer)
     assert first.seed is None  # training: vLLM's own random state
     engine.generate([[5]], 1, SamplingParams(5, temperature=0.0, top_k=4))
-    assert (seen["params"][0].temperature, seen["params"][0].top_k) == (0.0, 4)
+    # vLLM itself drops top-k / top-p / min-p from a greedy request (sampling_params.py).
+    assert (seen["params"][0].temperature, seen["params"][0].top_k) == (0.0, 0)
     # An explicit generator (evaluation) seeds each request: reproducible.
     a = engine.generate([[5], [6]], 2, generator=torch.Generator().manual_seed(3))
     b = engine.generate([[5], [6]], 2, generator=torch.Generator().manual_seed(3))
@@ -241,3 +246,288 @@ def test_a_grpo_run_on_the_vllm_engine_trains_with_rollout_correction(fake, tmp_
     pushed = dict(engine.llm.model.lm.named_parameters())
     for name, param in trainer.policy.model.named_parameters():
         assert torch.equal(pushed[name], param.detach()), name
+
+
+# ----------------------------------------------------------------------------------------------
+# vLLM 0.33's behaviour the engine must meet (each test fails on an engine that ignores it)
+
+
+def test_an_inherited_multiprocessing_flag_does_not_move_the_engine_out_of_reach(
+    fake, tokenizer, tiny_model, monkeypatch
+):
+    # A shell or launcher exporting VLLM_ENABLE_V1_MULTIPROCESSING=1 would start vLLM's engine
+    # core in a child process, where load_weights cannot be reached and apply_model cannot ship
+    # a function (TypeError at the first sync).
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    engine = build(tiny_model, tokenizer)
+    assert engine.vllm_model() is engine.llm.model and not engine.llm.multiprocess
+    private = dict(engine.llm.model.lm.named_parameters())
+    for name, param in tiny_model.named_parameters():
+        assert torch.equal(private[name], param), name
+
+
+def test_an_engine_core_in_another_process_is_refused_clearly(
+    fake, tokenizer, tiny_model, monkeypatch
+):
+    original = fake.LLM.__init__
+
+    def stale(self, model, **kwargs):  # vLLM's cached environment still reads 1
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        original(self, model, **kwargs)
+
+    monkeypatch.setattr(fake.LLM, "__init__", stale)
+    with pytest.raises(RuntimeError, match="engine core in another process"):
+        build(tiny_model, tokenizer)
+
+
+@pytest.mark.parametrize("temperature", [0.005, 2.5])
+def test_temperatures_vllm_would_change_or_refuse_are_refused(
+    fake, tokenizer, tiny_model, temperature
+):
+    # vLLM samples (and reports log-probs) at 0.01 for any T in (0, 0.01), and refuses T > 2.
+    with pytest.raises(ConfigError, match=rf"temperature={temperature} .*0.01 <= temperature"):
+        build(tiny_model, tokenizer, SamplingParams(4, temperature=temperature))
+    engine = build(tiny_model, tokenizer, SamplingParams(4, temperature=1.0))
+    with pytest.raises(ConfigError, match="generation_engine: hf"):  # evaluation's parameters
+        engine.generate([[5]], 2, SamplingParams(4, temperature=temperature))
+    # The range's ends are sampled at as asked.
+    for edge in (0.01, 2.0):
+        engine.generate([[5]], 2, SamplingParams(4, temperature=edge))
+        assert engine.sampling_params(SamplingParams(4, temperature=edge), 2, None).temperature == (
+            edge
+        )
+
+
+@pytest.mark.parametrize("temperature", [0.005, 2.5])
+def test_the_config_refuses_those_temperatures_with_the_vllm_engine_only(temperature):
+    with pytest.raises(ConfigError, match=rf"temperature={temperature} is outside"):
+        GRPOConfig(generation_engine="vllm", temperature=temperature)
+    assert GRPOConfig(generation_engine="hf", temperature=temperature).temperature == temperature
+
+
+def test_greedy_requests_with_several_completions_are_sent_once_and_repeated(
+    fake, tokenizer, tiny_model
+):
+    engine = build(tiny_model, tokenizer)
+    greedy = SamplingParams(5, temperature=0.0)
+    rollout = engine.generate([[5, 6], [7]], [3, 2], greedy)
+    assert rollout.group_ids.tolist() == [0, 0, 0, 1, 1]
+    for rows in (rollout.completion_ids[:3], rollout.completion_ids[3:]):
+        assert all(torch.equal(row, rows[0]) for row in rows)
+    single = engine.generate([[5, 6]], 1, greedy)
+    width = single.completion_ids.shape[1]
+    assert torch.equal(rollout.completion_ids[0, :width], single.completion_ids[0])
+
+
+def _lora_policy(model, target_modules, modules_to_save=None):
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=target_modules,
+        modules_to_save=modules_to_save,
+        lora_dropout=0.0,
+    )
+    policy = get_peft_model(model, config)
+    with torch.no_grad():  # peft starts one factor at 0 (no update); give them a real one
+        pieces = ("lora_B", "lora_embedding_A", "lora_embedding_B", "modules_to_save")
+        for name, param in policy.named_parameters():
+            if any(piece in name for piece in pieces):
+                param.normal_(0, 0.5)
+    return policy
+
+
+def _same_logits(engine, policy):
+    ids = torch.tensor([[5, 9, 11, 3, 7]])
+    with torch.no_grad():
+        expected = policy(input_ids=ids).logits
+        got = engine.llm.model.lm(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_on_the_embedding_is_merged_into_the_pushed_weights(fake, tokenizer, tiny_model):
+    policy = _lora_policy(tiny_model, ["embed_tokens", "q_proj"])
+    engine = build(policy, tokenizer)
+    module = policy.base_model.model.model.embed_tokens
+    a = module.lora_embedding_A["default"].double()  # [r, vocab]
+    b = module.lora_embedding_B["default"].double()  # [hidden, r]
+    expected = module.base_layer.weight.double() + (8 / 4) * (b @ a).T
+    assert (b @ a).abs().max() > 0.1  # a real update
+    pushed = dict(engine.llm.model.lm.named_parameters())
+    torch.testing.assert_close(
+        pushed["model.embed_tokens.weight"].double(), expected, atol=1e-5, rtol=1e-5
+    )
+    # The policy's tied head still multiplies by the bare embedding (peft adapts the input
+    # embedding only), so vLLM's copy is built untied and gets that head: same logits.
+    assert engine.llm.model.lm.config.tie_word_embeddings is False
+    _same_logits(engine, policy)
+
+
+def test_a_tied_model_with_a_trained_lm_head_gets_an_untied_vllm_copy(fake, tokenizer, tiny_model):
+    policy = _lora_policy(tiny_model, ["q_proj"], modules_to_save=["lm_head"])
+    engine = build(policy, tokenizer)  # a tied vLLM model would refuse the separate head
+    assert engine.llm.model.lm.config.tie_word_embeddings is False
+    assert any("lm_head.weight" in call for call in engine.llm.model.loaded)
+    _same_logits(engine, policy)
+    # A plain tied model stays tied, its head sent once (as the embedding).
+    plain = build(tiny_random_model(seed=1), tokenizer)
+    assert plain.llm.model.lm.config.tie_word_embeddings is True
+
+
+def test_the_model_folder_names_the_architecture(fake, tokenizer, tiny_model):
+    assert not getattr(tiny_model.config, "architectures", None)  # built in code
+    engine = build(tiny_model, tokenizer)
+    assert engine.llm.architectures == ["LlamaForCausalLM"]
+    assert not getattr(tiny_model.config, "architectures", None)  # the policy's config untouched
+
+
+def test_a_policy_gpu_vllm_would_not_build_on_is_refused(fake, tokenizer, tiny_model, monkeypatch):
+    with pytest.raises(ConfigError, match="CUDA_VISIBLE_DEVICES=1 so that GPU is cuda:0"):
+        vllm_engine.build_vllm_engine(
+            tiny_model,
+            tokenizer,
+            SamplingParams(4),
+            eos_token_ids(tiny_model, tokenizer),
+            device=torch.device("cuda:1"),
+            weights_dtype=torch.float32,
+            seed=0,
+        )
+    vllm_engine.check_gpu_index(torch.device("cuda:0"), world=1)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    vllm_engine.check_gpu_index(torch.device("cuda:1"), world=2)
+    with pytest.raises(ConfigError, match=r"cuda:LOCAL_RANK \(cuda:1\).*policy is on cuda:0"):
+        vllm_engine.check_gpu_index(torch.device("cuda:0"), world=2)
+
+
+def test_a_context_above_the_model_positions_is_refused_naming_the_options(
+    fake, tokenizer, tiny_model, monkeypatch
+):
+    assert tiny_model.config.max_position_embeddings == 1024
+    assert build(tiny_model, tokenizer, max_model_len=1024).llm.max_model_len == 1024
+    with pytest.raises(ConfigError, match=r"1025 \(vllm_max_model_length.*limit \(1024\)"):
+        build(tiny_model, tokenizer, max_model_len=1025)
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # vLLM's own override
+    assert build(tiny_model, tokenizer, max_model_len=1025).llm.max_model_len == 1025
+
+
+def test_a_refused_wake_up_raises_instead_of_hanging(fake, tokenizer, tiny_model):
+    engine = build(tiny_model, tokenizer, enable_sleep_mode=True)
+    engine.sync(tiny_model)  # "weights" awake, "kv_cache" asleep
+    engine.asleep = {"weights", "kv_cache"}  # the engine's view drifts from vLLM's
+    with pytest.raises(RuntimeError, match=r"vLLM did not wake up .*returned False"):
+        engine.generate([[5, 6]], 2)
+
+
+def test_building_leaves_the_trainers_random_states_alone(fake, tokenizer, tiny_model):
+    import random
+
+    import numpy as np
+
+    random.seed(11)
+    np.random.seed(11)
+    torch.manual_seed(11)
+    python, numpy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    build(tiny_model, tokenizer)  # vLLM's worker re-seeds them all with its seed (7)
+    assert random.getstate() == python
+    assert np.array_equal(np.random.get_state()[1], numpy[1])
+    assert torch.equal(torch.get_rng_state(), cpu)
+
+
+def test_the_model_folder_goes_with_the_engine(fake, tokenizer, tiny_model):
+    import gc
+    from pathlib import Path
+
+    engine = build(tiny_model, tokenizer)
+    folder = Path(engine.llm.model_path)
+    assert (folder / "config.json").exists()
+    assert engine.llm.kwargs["max_num_batched_tokens"] == 4096  # TRL's colocate setting
+    del engine
+    gc.collect()
+    assert not folder.exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# The fake is as strict as vLLM 0.33 (tests/fake_vllm.py)
+
+
+def test_the_fake_llm_accepts_only_vllms_keywords(fake, tokenizer, tiny_model, tmp_path):
+    tiny_model.config.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    assert {"logprobs_mode", "enable_sleep_mode", "max_num_batched_tokens"} <= fake.ACCEPTED_KWARGS
+    with pytest.raises(TypeError, match="unexpected keyword argument 'enable_sleep'"):
+        fake.LLM(str(tmp_path), load_format="dummy", enable_sleep=True)
+    with pytest.raises(ValueError, match="logprobs_mode"):
+        fake.LLM(str(tmp_path), load_format="dummy", logprobs_mode="processed")
+    llm = fake.LLM(str(tmp_path), load_format="dummy")  # vLLM's default: multiprocess
+    assert not hasattr(llm.llm_engine, "model_executor")
+    with pytest.raises(TypeError, match="VLLM_ALLOW_INSECURE_SERIALIZATION"):
+        llm.apply_model(lambda model: None)
+
+
+def test_the_fake_sampling_params_validate_as_vllms():
+    params = fake_vllm.SamplingParams
+    assert params(temperature=0.005).temperature == 0.01  # raised, silently
+    assert params(temperature=0.0, top_k=5, top_p=0.5).top_k == 0  # greedy drops top-k / top-p
+    for bad, message in [
+        (dict(temperature=2.5), r"temperature must be in \[0, 2\]"),
+        (dict(temperature=0.0, n=2), "n must be 1 when using greedy"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_k=-2), "top_k"),
+        (dict(stop=["x"], detokenize=False), "detokenize"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            params(**bad)
+    with pytest.raises(TypeError, match="max_new_tokens"):
+        params(max_new_tokens=3)
+
+
+def test_the_fake_samples_in_vllms_order_and_honours_logprobs_mode():
+    # p = [0.5, 0.25, 0.15, 0.1], min_p 0.25 (drops p < 0.125), top_p 0.8. vLLM: min_p first,
+    # then top-p over the renormalised [0.556, 0.278, 0.167]: the mass above token 2 is 0.833
+    # >= 0.8, so only {0, 1} stay and log mu(0) = log(0.5 / 0.75). HF's order (top-p on p,
+    # keeping {0, 1, 2}, then min_p) would give log(0.5 / 0.9).
+    p = torch.tensor([[0.5, 0.25, 0.15, 0.1]])
+    logits = p.log()
+    sp = fake_vllm.SamplingParams(temperature=1.0, min_p=0.25, top_p=0.8, seed=0)
+    rows = torch.tensor([[3]])
+    for _ in range(20):
+        token, value = fake_vllm._vllm_sample(
+            logits, rows, sp, "processed_logprobs", torch.Generator().manual_seed(_)
+        )
+        assert int(token) in (0, 1)
+        expected = {0: math.log(0.5 / 0.75), 1: math.log(0.25 / 0.75)}[int(token)]
+        assert abs(float(value) - expected) < 1e-6
+    from groupwise.rollout.hf import token_logprobs
+
+    hf = token_logprobs(logits, torch.tensor([0]), SamplingParams(4, min_p=0.25, top_p=0.8))
+    assert abs(float(hf) - math.log(0.5 / 0.9)) < 1e-6  # the HF engine's own, documented order
+    token, raw = fake_vllm._vllm_sample(
+        logits, rows, sp, "raw_logprobs", torch.Generator().manual_seed(0)
+    )
+    assert abs(float(raw) - math.log(float(p[0, int(token)]))) < 1e-6  # before any processing
+    token, logit = fake_vllm._vllm_sample(
+        logits * 2, rows, sp, "raw_logits", torch.Generator().manual_seed(0)
+    )
+    assert abs(float(logit) - 2 * math.log(float(p[0, int(token)]))) < 1e-6  # the logit itself
+
+
+def test_a_prompt_longer_than_vllms_context_is_refused_naming_the_options(
+    fake, tokenizer, tiny_model, tmp_path
+):
+    engine = build(tiny_model, tokenizer, max_model_len=6)
+    engine.generate([[5, 6, 7, 8, 9]], 1, SamplingParams(1))  # 5 < 6: fits
+    with pytest.raises(ConfigError, match=r"prompt of 6 tokens .*context length 6 \(vllm_max"):
+        engine.generate([[5, 6, 7, 8, 9, 10]], 1)
+    config = tiny_config(
+        tmp_path, generation_engine="vllm", max_prompt_length=16, vllm_max_model_length=16
+    )
+    rows = [{"prompt": "Say something"}] * 8
+    with pytest.raises(ConfigError, match="vllm_max_model_length=16 leaves no room"):
+        GRPOTrainer("tiny-random", TargetToken(), rows, args=config)
+
+
+def test_a_quantised_policy_is_refused(fake, tokenizer, tiny_model):
+    tiny_model.config.quantization_config = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    with pytest.raises(ConfigError, match="quantization_config"):
+        build(tiny_model, tokenizer)

@@ -74,6 +74,9 @@ def test_gpu_check_cpu_path_writes_its_summary(tmp_path):
         assert generation[engine]["tokens_per_second"] > 0, generation[engine]
     assert generation["static_bf16"]["engine"] == "StaticEngine"
     assert generation["static_bf16_compiled_compile_s"] >= 0
+    assert generation["static_bf16_graphs"].startswith("not run: CUDA graphs need")
+    assert generation["static_bf16_compiled_over_eager"] > 0
+    assert (out / "gpu_check.md").read_text().count("| pass |") == len(checks)
     step_time = checks["step_time"]
     assert step_time["hf"]["engine"] == "HFEngine"
     assert step_time["static"]["engine"] == "StaticEngine"
@@ -137,3 +140,43 @@ def test_gpu_check_installs_only_the_carried_wheels_it_needs(tmp_path):
     assert "tqdm" not in done.stdout.split("installed from")[1].splitlines()[0]
     assert (tmp_path / "site" / "gpu_check_probe" / "__init__.py").exists()
     assert not (tmp_path / "site" / "tqdm").exists()
+
+
+@pytest.mark.slow  # about 50 s on 2 cores: two groupwise runs and TRL's, at tiny sizes
+def test_gpu_check_real_suite_cpu_path(tmp_path):
+    """The real-size stages at tiny sizes: groupwise with the HF and the default engine against
+    the planner, TRL's GRPOTrainer from the carried wheel, and the stages whose options this
+    tree lacks saying so."""
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["bash", str(WRAPPER), "--device", "cpu", "--quick", "--tokenizer", "synthetic",
+         "--suite", "real", "--out", str(out)],
+        cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    summary = json.loads((out / "gpu_check.json").read_text())
+    assert summary["passed"] and summary["suite"] == "real"
+    checks = summary["checks"]
+    assert list(checks) == ["real_full_ft", "real_trl", "real_qlora", "real_offload"]
+    full = checks["real_full_ft"]
+    assert full["sizes"]["completion_len"] == 8 and full["shape_from"]
+    # On a CPU the default engine is the HF engine (auto); both ran every step.
+    for engine in ("hf", "default"):
+        run = full[engine]
+        assert run["engine"] == "HFEngine" and run["steps_logged"] == full["sizes"]["steps"]
+        assert run["generation_tokens_per_s"] > 0 and run["median_s"]["step"] > 0
+        assert run["weights_dtype"] == "torch.float32"
+        assert run["predicted_bytes"] > 0 and run["peak_reserved_bytes"] is None  # CPU
+    assert full["default_over_hf_step"] > 0
+    trl = checks["real_trl"]  # installed from scripts/wheels into the check's own site
+    assert trl["trl"] == "1.16.0" and len(trl["step_seconds"]) == full["sizes"]["trl_steps"]
+    assert trl["weights_dtype"] == "torch.float32"
+    assert set(trl["groupwise_over_trl"]) == {"hf_step_over_trl", "default_step_over_trl"}
+    for name, needs in (("real_qlora", "load_in_4bit"), ("real_offload", "activation_offloading")):
+        stage = checks[name]
+        if summary["environment"]["grpo_options"][needs]:
+            assert stage["steps_logged"] >= 2 and "skipped" not in stage, stage
+        else:
+            assert stage["skipped"].startswith("not run: GRPOConfig has n"), stage
+    markdown = (out / "gpu_check.md").read_text()
+    assert "real suite" in markdown and "| real_trl | pass |" in markdown

@@ -321,6 +321,7 @@ def test_the_wheel_ships_the_sandbox_launcher_and_the_sandbox_runs_from_it(tmp_p
         archive.extractall(site)
     assert {f"groupwise/sandbox/{m}.py" for m in SANDBOX_MODULES} <= names
     assert "groupwise/tasks/python_problems.jsonl" in names
+    assert "groupwise/memory/model_shapes.json" in names  # the planner's shipped shapes
     if not sys.platform.startswith("linux"):
         pytest.skip("the sandbox runs on Linux only")
     check = subprocess.run(

@@ -126,9 +126,10 @@ def test_trl_quickstart_runs_with_only_the_import_changed(tmp_path, monkeypatch)
     )
     assert [row["step"] for row in history] == [1, 2, 3]  # logging_steps=1
     assert all({"loss", "reward", "learning_rate", "kl"} <= set(row) for row in history)
-    # warmup_steps=0.5 < 1 is a ratio: ceil(0.5 * 3) = 2 warmup steps of 3, then cosine.
+    # warmup_steps=0.5 < 1 is a ratio: ceil(0.5 * 3) = 2 warmup steps of 3, then cosine; as
+    # transformers logs it, each step's row holds the rate that step ran at: 0/2, 1/2, cos(0).
     assert args.warmup_ratio == 0.5 and args.warmup_steps == 0
-    assert [row["learning_rate"] for row in history] == pytest.approx([1e-5, 1e-5, 0.0])
+    assert [row["learning_rate"] for row in history] == pytest.approx([0.0, 5e-6, 1e-5])
     # bf16=False: no autocast; fp32 weights either way (TRL's bf16 never means bf16 weights).
     assert trainer.args.device == "cpu" and trainer.args.bf16_autocast is False
     assert trainer.precision.name == "fp32" and trainer.model.dtype == torch.float32
@@ -339,7 +340,7 @@ def test_warmup_ratio_gives_warmup_steps():
     args = GRPOConfig(warmup_ratio=0.25, lr_scheduler_type="linear", max_steps=10)
     assert args.warmup_steps_for(10) == 3  # ceil(2.5)
     factor = lr_factor(args.sections().optimization, 10)
-    assert [factor(s) for s in range(5)] == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0, 1 - 1 / 7])
+    assert [factor(s) for s in range(5)] == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0, 1 - 1 / 7])
     # warmup_steps, when set, wins over the ratio (TrainingArguments.get_warmup_steps).
     assert GRPOConfig(warmup_ratio=0.25, warmup_steps=1).warmup_steps_for(10) == 1
 

@@ -61,7 +61,8 @@ def test_methods_are_tools_and_run_in_process_on_the_instance():
     env.reset({"prompt": "p", "environment": "counter", "x": 1})
     assert env.instance.reset_with == {"prompt": "p", "x": 1}  # the routing column is not passed
     step = env.step(format_tool_call(ToolCall("increment", {"step": 2})))
-    assert step.messages == [{"role": "tool", "content": "2"}] and not step.done
+    assert step.messages == [{"role": "tool", "name": "increment", "content": "2"}]
+    assert not step.done
     bad = env.step(format_tool_call(ToolCall("decrement", {"step": 1})))
     assert bad.tool_errors == 1
     assert env.instance.count == 2  # the in-process call changed the instance's own state

@@ -470,9 +470,11 @@ def test_calls_from_several_threads():
 
 
 def test_a_garbled_result_is_an_error():
-    assert _decode(b'["ok", null]') == ("ok", None)
-    assert _decode(b"\x80garbage") == ("", "the tool's result could not be read back")
-    assert _decode(b'["ok", 3]') == ("", "the tool's result could not be read back")
+    assert _decode(b'["[1]", null, [1]]') == ("[1]", None, [1])
+    garbled = ("", "the tool's result could not be read back", None)
+    assert _decode(b"\x80garbage") == garbled
+    assert _decode(b'["ok", 3, "ok"]') == garbled
+    assert _decode(b'["ok", null]') == garbled  # (text, error, content) expected
 
 
 def test_toolbox_configuration_errors():
@@ -546,9 +548,12 @@ def test_tool_environment_steps():
         "error: bad arguments for tool 'add': missing a required argument: 'b'"
     )
     assert step.messages[2]["content"].startswith("error: tool call is not valid JSON")
+    assert [m.get("name") for m in step.messages] == ["calculator", "add", None]
     assert (step.done, step.tool_calls, step.tool_errors) == (False, 3, 2)
     step = env.step(calls_text(ToolCall("add", {"a": 2, "b": 3}), ToolCall("nope", {})))
-    assert step.messages[0] == {"role": "tool", "content": "5"}
+    # TRL's tool message: the called tool's name; a malformed block (above) has none.
+    assert step.messages[0] == {"role": "tool", "name": "add", "content": "5"}
+    assert step.messages[1]["name"] == "nope"
     assert (step.done, step.tool_calls, step.tool_errors) == (False, 2, 1)
     assert env.step("The answer is 1081.") == EnvStep([], True, 0, 0)
     # Unknown tools are not "used".
@@ -626,3 +631,105 @@ def test_guess_reward():
     states = [{"solved": True, "guesses": 3, "secret": 1}, {"solved": False}, None]
     assert guess_reward(["p"] * 3, ["c"] * 3, env_state=states) == [1.0, 0.0, 0.0]
     assert guess_reward.is_correctness is True
+
+
+def nap(seconds: float) -> str:
+    """Sleep, then say so.
+
+    Args:
+        seconds: How long to sleep.
+    """
+    time.sleep(seconds)
+    return "awake"
+
+
+def test_a_slow_tool_is_named_once_with_the_time_it_took(caplog):
+    import logging
+
+    def trusted_nap(seconds: float) -> str:
+        """Sleep in process, then say so.
+
+        Args:
+            seconds: How long to sleep.
+        """
+        return nap(seconds)
+
+    trusted_nap.trusted = True
+    trusted_nap.__name__ = "nap"
+    trusted = ToolBox([trusted_nap], slow_call_s=0.05)
+    isolated = ToolBox([nap], slow_call_s=0.05)  # a forked child: the wait is timed the same
+    off = ToolBox([nap], slow_call_s=None)
+    with caplog.at_level(logging.WARNING, logger="groupwise.tools"):
+        for box in (trusted, isolated, off):
+            assert box.call(ToolCall("nap", {"seconds": 0.01})).text == "awake"  # fast: quiet
+            for _ in range(2):  # slow twice: named once per box
+                assert box.call(ToolCall("nap", {"seconds": 0.15})).text == "awake"
+    messages = [r.getMessage() for r in caplog.records if "slow_call_warning" in r.getMessage()]
+    assert len(messages) == 2
+    for message in messages:
+        assert message.startswith("tool 'nap' took ")
+        assert 0.1 <= float(message.split(" took ")[1].split(" s ")[0]) < 2.0
+        assert "slow_call_warning=0.05 s" in message and "tool_timeout=10 s" in message
+
+
+def test_assistant_message_is_trls_parsed_turn():
+    from groupwise.tools.calls import assistant_message, assistant_text
+
+    add_call = ToolCall("add", {"a": 1, "b": 2})
+    calc = ToolCall("calculator", {"expression": "2 * 3"})
+    text = "I will add.\n" + format_tool_call(add_call) + "\n" + format_tool_call(calc) + "\n"
+    message = assistant_message(text)
+    # TRL's parse_response (Qwen3 schema): the text before the calls, less one newline; the
+    # calls in transformers' chat shape, arguments as objects.
+    assert message == {
+        "role": "assistant",
+        "content": "I will add.",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}},
+            {"type": "function",
+             "function": {"name": "calculator", "arguments": {"expression": "2 * 3"}}},
+        ],
+    }  # fmt: skip
+    # The log shows the turn as written (up to the final whitespace).
+    assert assistant_text(message) == text.strip()
+    assert assistant_message(format_tool_call(calc))["content"] == ""
+    # TRL's fallback, plain text: no call, a malformed block, or text after the calls.
+    for plain in ("The answer is 6.",
+                  format_tool_call(calc) + "<tool_call>not json</tool_call>",
+                  format_tool_call(calc) + "\nso the answer is 6",
+                  format_tool_call(calc) + " and " + format_tool_call(add_call)):  # fmt: skip
+        assert assistant_message(plain) == {"role": "assistant", "content": plain}
+
+
+def test_tool_content_is_the_returned_value_as_trl_passes_it():
+    def rows(n: int) -> list:
+        """Rows.
+
+        Args:
+            n: How many.
+        """
+        return [(i, f"r{i}") for i in range(n)]
+
+    def record(key: str) -> dict:
+        """A record.
+
+        Args:
+            key: The key.
+        """
+        return {"key": key, "ok": True}
+
+    for trusted in (False, True):
+        rows.trusted = record.trusted = trusted  # forked child, or in process
+        box = ToolBox([rows, record], max_output_chars=40)
+        result = box.call(ToolCall("rows", {"n": 2}))
+        # The list itself (tuples as lists through the child's JSON); the model sees JSON.
+        assert result.content == ([(0, "r0"), (1, "r1")] if trusted else [[0, "r0"], [1, "r1"]])
+        assert result.text == '[[0, "r0"], [1, "r1"]]'
+        # Other values: str(value), as TRL's tool loop writes them.
+        result = box.call(ToolCall("record", {"key": "k"}))
+        assert result.content == "{'key': 'k', 'ok': True}" == str({"key": "k", "ok": True})
+        # A list whose text is cut: the content is the cut text the model saw.
+        result = box.call(ToolCall("rows", {"n": 9}))
+        assert result.content == result.text and result.text.endswith("chars]")
+        failed = box.call(ToolCall("rows", {}))
+        assert failed.content == failed.text and failed.text.startswith("error: ")

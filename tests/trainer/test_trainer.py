@@ -342,7 +342,8 @@ def test_reward_function_errors_name_the_function(tmp_path):
 def test_lr_schedules():
     args = GRPOConfig(max_steps=10, warmup_steps=2, lr_scheduler_type="linear")
     factor = lr_factor(args.sections().optimization, 10)
-    assert [factor(s) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
+    # transformers' warm-up from 0: step / 2, then (10 - step) / 8
+    assert [factor(s) for s in (0, 1, 2, 6, 10)] == [0.0, 0.5, 1.0, 0.5, 0.0]
     cosine_args = GRPOConfig(max_steps=10, lr_scheduler_type="cosine")
     cosine = lr_factor(cosine_args.sections().optimization, 10)
     assert cosine(5) == pytest.approx(0.5) and cosine(10) == pytest.approx(0.0)

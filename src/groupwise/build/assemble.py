@@ -18,6 +18,7 @@ from ..config.grpo_config import GRPOConfig
 from ..curriculum import CURRICULA, Curriculum, NoCurriculum
 from ..curriculum.base import PromptBatches
 from ..curriculum.dynamic import DynamicSampling
+from ..curriculum.scope import warn_inert_curriculum
 from ..curriculum.topup import TopUp
 from ..policy.loss import GRPOLoss
 from ..policy.policy import Policy
@@ -89,6 +90,8 @@ def assemble(
         getattr(engine, "prompt_text", None),  # with tools: shown in the prompt
         shuffle=options.data.shuffle_dataset,
     )
+    if dist.rank == 0:  # a GDRO curriculum that the run's sizes leave uniform says so at start
+        warn_inert_curriculum(options, prompts.dataset, args.max_steps, dist.world_size)
     return Components(
         options=options,
         scorer=scorer,

@@ -324,6 +324,7 @@ def build_scorer(
         weights,
         max_failure_fraction=rewards.reward_max_failure_fraction,
         timeout=rewards.reward_timeout,
+        slow_call_s=rewards.slow_call_warning,
     )
 
 

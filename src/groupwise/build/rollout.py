@@ -1,11 +1,12 @@
 """A run's options -> its rollout engine: the sampling parameters, the engine that
-``generation_engine`` names (hf, static, vllm) over the policy's weights, and what a multi-turn
-run talks to (tools or an environment: :class:`Interaction`), with the rows such a run trains on.
-:mod:`groupwise.build.rewards` builds the rest of a run and offers these names too.
+``generation_engine`` names (auto, hf, static, vllm) over the policy's weights, and what a
+multi-turn run talks to (tools or an environment: :class:`Interaction`), with the rows such a run
+trains on. :mod:`groupwise.build.rewards` builds the rest of a run and offers these names too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from ..sections import (
     SectionGroup,
     ToolOptions,
 )
-from ..sections.generation import STATIC_MULTI_TURN, VLLM_MULTI_TURN
+from ..sections.generation import STATIC_MULTI_TURN, VLLM_MULTI_TURN, resolve_generation_engine
 from ..tools import ENVIRONMENTS, Environment, ToolBox, ToolEnvironment, resolve_tools
 from ..tools.calls import TOOL_CALL_CLOSE
 from ..tools.environment import PLACEHOLDER_PROMPT, EnvironmentFactories, is_groupwise_environment
@@ -85,6 +86,7 @@ def build_interaction(
             timeout_s=args.tool_timeout,
             max_output_chars=16 * args.max_tool_output_tokens,
             max_tool_calls=args.max_tool_calls,
+            slow_call_s=args.slow_call_warning,
         )
         schemas = {s["function"]["name"]: s for each in environments.schemas.values() for s in each}
 
@@ -115,6 +117,7 @@ def build_interaction(
         timeout_s=args.tool_timeout,
         # Characters: a generous bound before the token cut (max_tool_output_tokens).
         max_output_chars=16 * args.max_tool_output_tokens,
+        slow_call_s=args.slow_call_warning,
     )
 
     def make_env() -> Environment:
@@ -219,7 +222,8 @@ def build_engine(
     precision: Precision,
     interaction: Interaction | None = None,
 ) -> RolloutEngine:
-    """The rollout engine ``generation_engine`` names.
+    """The rollout engine ``generation_engine`` names (``auto``: :func:`choose_engine`, printed
+    in one line with its reason).
 
     ``hf``: the Hugging Face / torch engine on the policy's own weights, in the training
     forward's numerics. With bf16 generation alone (``generation_dtype: bfloat16``, an fp32
@@ -236,7 +240,11 @@ def build_engine(
     TRL's ``chat_template_kwargs`` reach a single-turn engine's prompts through its
     ``prompt_text``, which the prompt batches and evaluation read (a multi-turn engine takes
     them itself)."""
-    generation = options.generation
+    name, why = choose_engine(policy, options.generation, interaction)
+    if policy.dist.is_main:
+        print(f"[groupwise] rollout engine: {name} ({why})")
+    generation = dataclasses.replace(options.generation, generation_engine=name)
+    options = dataclasses.replace(options, generation=generation)
     if interaction is not None:
         check_multi_turn(generation)
     engine: RolloutEngine
@@ -262,6 +270,24 @@ def build_engine(
             prompt_text, tokenizer=tokenizer, template_kwargs=template_kwargs
         )
     return engine
+
+
+def choose_engine(
+    policy: Policy, generation: GenerationOptions, interaction: Interaction | None = None
+) -> tuple[str, str]:
+    """The engine ``generation_engine`` resolves to for this policy, and why (one line):
+    :func:`~groupwise.sections.generation.resolve_generation_engine` on the policy's device and
+    on whether the static engine can decode its model."""
+    from ..rollout.static import supports
+
+    requested = generation.generation_engine
+    return resolve_generation_engine(
+        requested,
+        device_type=policy.device.type,
+        static_unsupported=supports(policy.model) if requested == "auto" else None,
+        multi_turn=interaction is not None,
+        generation_kwargs=bool(generation.generation_kwargs),
+    )
 
 
 def check_multi_turn(generation: GenerationOptions) -> None:
@@ -302,7 +328,9 @@ def build_static(
 ) -> RolloutEngine:
     """The static engine over the policy, compiled when asked, or on a GPU when the run is long
     enough to repay the compile time (``static_compile_min_steps``). On a CPU the eager step
-    with oneDNN-packed weights is faster than the compiled one (benchmarks/roofline.py)."""
+    with oneDNN-packed weights is faster than the compiled one (benchmarks/roofline.py). On a
+    GPU its decode step (eager or compiled) replays as CUDA graphs unless
+    ``static_cuda_graphs: false``: a capture costs two warm-up steps per batch shape."""
     from ..rollout.static import StaticEngine, supports
 
     reason = supports(policy.model)
@@ -313,6 +341,11 @@ def build_static(
     if compile_step is None:  # measured on CPU: the compiled step is slower than the eager one
         long_run = options.optimization.max_steps >= generation.static_compile_min_steps
         compile_step = policy.device.type == "cuda" and long_run
+    if generation.static_cuda_graphs and policy.device.type != "cuda":
+        raise ConfigError(
+            f"static_cuda_graphs=True needs a CUDA device (the run's is {policy.device.type}); "
+            "leave it unset (auto: on a CUDA device)"
+        )
     return StaticEngine(
         policy.model,
         tokenizer,
@@ -321,6 +354,7 @@ def build_static(
         dtype=static_dtype(precision),
         compile=compile_step,
         eos_check_every=generation.static_eos_check_every,
+        cuda_graphs=generation.static_cuda_graphs,
         weights=policy.full_weights,
         device=policy.device,
     )
@@ -335,6 +369,13 @@ def build_vllm(
 
     generation, max_prompt_length = options.generation, options.data.max_prompt_length
     max_len = generation.vllm_max_model_length
+    if max_len is not None and max_prompt_length is not None and max_len <= max_prompt_length:
+        # vLLM refuses a prompt as long as its context, in the middle of generate().
+        raise ConfigError(
+            f"vllm_max_model_length={max_len} leaves no room to generate after a prompt of "
+            f"max_prompt_length={max_prompt_length} tokens; set it above max_prompt_length "
+            "(by default it is max_prompt_length + max_completion_length)"
+        )
     if max_len is None and max_prompt_length is not None:
         max_len = max_prompt_length + generation.max_completion_length
     return build_vllm_engine(

@@ -47,6 +47,7 @@ UNBOUNDED_FIELDS = frozenset(
         "code_timeout",
         "remote_timeout",
         "reward_timeout",
+        "slow_call_warning",
         "warn_kl_max",
         "gdro_weight_cap",
         "gdro_clip",
@@ -85,6 +86,8 @@ class GRPOConfig:
     # stop if one reward call on a batch takes longer (s; None: no limit, a warning names a call
     # still running after 10 minutes)
     reward_timeout: float | None = None
+    # warn once per reward function or tool whose one call takes longer (s; None: never)
+    slow_call_warning: float | None = 5.0
     accuracy_timeout: float = 5.0  # seconds per symbolic comparison (math-verify)
     overlong_buffer_len: int | None = None  # length_penalty: L_cache (None: max_len // 4)
     overlong_penalty_factor: float = 1.0  # length_penalty: penalty at and beyond max length
@@ -282,19 +285,25 @@ class GRPOConfig:
     # sampling options, which set temperature, top_p, ... above): the hf engine then generates
     # with model.generate(), without sampler log-probs (hf engine only, single-turn)
     generation_kwargs: dict[str, Any] | None = None
-    # Rollout engine (docs/speed-memory.md "Rollout engines"): hf (the Hugging Face forward on
-    # the policy's own weights) | static (a lean Llama-family decoder on its own copy of the
-    # weights, bf16 wherever the run generates in bf16, refreshed after every optimizer step; the
-    # fastest one measured, on a CPU and on one H200) | vllm (a colocated vLLM with its own
-    # weights, synced after every optimizer step; pip install "groupwise[vllm]", a CUDA GPU).
-    # TRL's use_vllm=True is generation_engine: vllm.
-    generation_engine: str = "hf"
+    # Rollout engine (docs/speed-memory.md "Rollout engines"): auto (static on a CUDA device for
+    # a Llama-family model it can decode, single-turn, without generation_kwargs; hf otherwise,
+    # and on a CPU; the choice and its reason are printed at start) | hf (the Hugging Face
+    # forward on the policy's own weights) | static (a lean Llama-family decoder on its own copy
+    # of the weights, bf16 wherever the run generates in bf16, refreshed after every optimizer
+    # step; the fastest one measured, on a CPU and on one H200) | vllm (a colocated vLLM with its
+    # own weights, synced after every optimizer step; pip install "groupwise[vllm]", a CUDA GPU).
+    # TRL's use_vllm=True is generation_engine: vllm (an explicit use_vllm=False: hf).
+    generation_engine: str = "auto"
     # static engine: compile its decode step with torch.compile. None = auto: on a GPU, when
     # the run has at least static_compile_min_steps steps (a short run never waits for the
     # compiler); never on a CPU, where the eager step with packed weights is faster.
     static_compile: bool | None = None
     static_compile_min_steps: int = 200  # static_compile auto: compile from this many steps on
     static_eos_check_every: int = 8  # static engine: tokens between "has every row ended?" reads
+    # static engine: replay its decode step as CUDA graphs (one launch per token; captured once
+    # per batch shape, after two warm-up steps). None = auto: on a CUDA device. True on a CPU:
+    # an error.
+    static_cuda_graphs: bool | None = None
     # vLLM engine options (TRL's names and meanings; used with generation_engine: vllm only).
     vllm_mode: str = "colocate"  # colocate (vLLM in the training process) only; no server mode
     vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory vLLM reserves (KV cache)

@@ -16,7 +16,8 @@ A TRL script builds ``GRPOConfig(...)`` with the usual ``TrainingArguments`` key
   ``eval_steps`` evaluates every ``logging_steps`` (TrainingArguments' defaults);
   ``max_tool_calling_iterations=N`` (tool rounds) is ``max_turns=N + 1``;
   ``use_vllm=True`` -> ``generation_engine="vllm"`` (the colocated vLLM engine; the ``vllm_*``
-  options of colocate mode are real fields, server mode is refused);
+  options of colocate mode are real fields, server mode is refused), and an explicit
+  ``use_vllm=False`` (TRL: transformers' own generation) -> ``"hf"`` unless the engine is given;
   ``scale_rewards=True`` / ``False`` (TRL's booleans) are ``"group"`` / ``"none"``;
   ``lr_scheduler_type="constant_with_warmup"`` is groupwise's ``constant`` (which warms up over
   ``warmup_steps``); transformers' enums (``SchedulerType.COSINE``, ...) are read as their values.
@@ -48,7 +49,7 @@ TRL_TRANSLATED: dict[str, Any] = {
     "fp16": bool,
     "model_init_kwargs": dict[str, Any] | None,  # quantization_config: load_in_4bit, ...
     "max_tool_calling_iterations": int | None,  # tool rounds: max_turns = N + 1
-    "use_vllm": bool,  # True: generation_engine = "vllm"
+    "use_vllm": bool,  # True: generation_engine = "vllm"; False: "hf" (unless given)
     "vllm_importance_sampling_correction": bool,  # rollout_correction
     "vllm_importance_sampling_mode": str,  # rollout_correction_mode
     "vllm_importance_sampling_clip_max": float | None,  # rollout_correction_clip_max
@@ -396,6 +397,8 @@ def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
     bf16 = kwargs.pop("bf16", None)
     if bf16 is not None:
         _set(kwargs, "bf16_autocast", bool(bf16), f"bf16={bf16}")
+    if "use_vllm" in kwargs and not kwargs["use_vllm"]:  # TRL: transformers' own generation
+        kwargs.setdefault("generation_engine", "hf")
     if kwargs.pop("use_vllm", False):
         _set(kwargs, "generation_engine", "vllm", "use_vllm=True")
     if "max_tool_calling_iterations" in kwargs:

@@ -1,7 +1,8 @@
 """Curricula: the protocol (:mod:`.base`), the GDRO curricula (:mod:`.gdro`, built from the
 difficulty classifier :mod:`.bins`, the adversaries :mod:`.adversary`, the square-root law
 :mod:`.allocation` and :mod:`.diagnostics`) and predictive selection with adaptive group size
-(:mod:`.select`); their typed options are in :mod:`.options`.
+(:mod:`.select`); their typed options are in :mod:`.options`; :mod:`.scope` warns at start
+when a GDRO curriculum cannot act (``CurriculumWarning``).
 
 ``CURRICULA`` maps the ``curriculum`` option to a class with ``from_options(options, dist)``
 (``options``: the run's ``curriculum`` section with ``num_generations`` and ``seed``, typed as the
@@ -30,6 +31,7 @@ from .base import (
 from .bins import DifficultyClassifier, bin_of, default_edges
 from .diagnostics import lead_lag, variance_proxy, weighted_standard_error
 from .gdro import GDROCurriculum, PromptGDROCurriculum, RolloutGDROCurriculum
+from .scope import CurriculumWarning
 from .select import (
     SelectCurriculum,
     best_k,
@@ -51,6 +53,7 @@ CURRICULA: dict[str, type] = {
 __all__ = [
     "CURRICULA",
     "Curriculum",
+    "CurriculumWarning",
     "DifficultyClassifier",
     "GDROCurriculum",
     "GDROOptions",

@@ -5,7 +5,11 @@
 The package, in three layers, each importing only the ones before it:
 
 - the planner proper, pure arithmetic (no torch, no trainers): :mod:`groupwise.memory.shapes`
-  (model shapes and parameter counts), :mod:`groupwise.memory.plan` (the options and the bytes
+  (model shapes and parameter counts; the shipped shapes of Qwen2.5, Qwen3 and Llama-3.x models
+  and :func:`~groupwise.memory.shapes.model_config`, their transformers config for random
+  weights), :mod:`groupwise.memory.quant` (NF4 and 8-bit optimizer bytes),
+  :mod:`groupwise.memory.terms` (the per-component formulas), :mod:`groupwise.memory.fit` (what
+  fits a GPU, ``--gpu_memory``), :mod:`groupwise.memory.plan` (the options and the bytes
   of each component; its docstring says exactly what is counted: weights, gradients, master
   weights, optimizer states, activations, logits, KV cache, the peak total, and how the
   often-quoted 112 vs 56 GB for 7B are reproduced with ``--accounting quoted``) and
@@ -20,6 +24,7 @@ Every public name of them is re-exported here (``from groupwise.memory import ..
 """
 
 from .cli import build_parser, main, options_from_args, parse_count
+from .fit import FitRow, fit_rows, format_fits, parse_gpu_memory
 from .measure import format_measurement, ppo_available, run_measurement
 from .plan import (
     ACCOUNTINGS,
@@ -67,13 +72,21 @@ from .shapes import (
     MemoryPlanError,
     ModelShape,
     infer_intermediate,
+    model_config,
     resolve_model_shape,
     shape_from_hf_config,
+    shipped_configs,
 )
 from .table import format_table, quoted_lines
 from .units import human_bytes, human_count
 
 __all__ = [
+    "FitRow",
+    "fit_rows",
+    "format_fits",
+    "model_config",
+    "parse_gpu_memory",
+    "shipped_configs",
     "ACCOUNTINGS",
     "BUILTIN_SHAPES",
     "CRITIC_ACTS",

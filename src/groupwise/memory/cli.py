@@ -16,21 +16,30 @@ import math
 import re
 import sys
 from dataclasses import replace
-from dataclasses import replace as dataclass_replace
 from pathlib import Path
 from typing import Any
 
+from ..sections.generation import resolve_generation_engine
+from .fit import fit_rows, format_fits, parse_gpu_memory
 from .measure import _RESULT_MARK, _child_main, format_measurement, ppo_available, run_measurement
 from .plan import (
     ACCOUNTINGS,
     DTYPE_BYTES,
     GENERATION_ENGINES,
+    OPTIM_NAMES,
     OPTIMIZERS,
     PRECISIONS,
     MemoryOptions,
     make_plan,
 )
-from .shapes import MemoryPlanError, ModelShape, _flags, infer_intermediate, resolve_model_shape
+from .shapes import (
+    MemoryPlanError,
+    ModelShape,
+    _flags,
+    infer_intermediate,
+    resolve_model_shape,
+    shipped_name,
+)
 from .table import format_table
 
 
@@ -88,7 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", help="a groupwise YAML config or a run's output_dir")
     m = p.add_argument_group("model (a built-in name, a local HF folder, or shapes)")
     m.add_argument(
-        "--model", help="tiny-random, smollm2-135m-instruct, or a folder with config.json"
+        "--model",
+        help="tiny-random, smollm2-135m-instruct, a shipped shape (qwen3-8b, Qwen/Qwen2.5-7B, "
+        "llama-3.1-8b, ...: groupwise.memory.shapes.shipped_configs), or a folder with "
+        "config.json",
     )
     m.add_argument("--params", type=_count_arg, help="parameter count, e.g. 7e9 or 7B")
     for flag in ("layers", "hidden", "heads", "kv_heads", "vocab", "intermediate", "head_dim"):
@@ -102,7 +114,23 @@ def build_parser() -> argparse.ArgumentParser:
         "auto, float32, bfloat16 (weights and AdamW states in that dtype)",
     )
     t.add_argument("--precision", choices=list(PRECISIONS))
-    t.add_argument("--optimizer", choices=list(OPTIMIZERS))
+    t.add_argument("--optimizer", choices=list(OPTIMIZERS), help="the planner's names")
+    t.add_argument("--optim", choices=list(OPTIM_NAMES), help="TRL's names (default: adamw_torch)")
+    _flag(
+        t, "load_in_4bit", action="store_true", default=None,
+        help="QLoRA: the frozen base's linears in 4 bits (implies LoRA)",
+    )  # fmt: skip
+    _flag(
+        t, "use_bnb_nested_quant", action="store_true", default=None,
+        help="load_in_4bit: double quantisation of the 4-bit constants (QLoRA's setting)",
+    )  # fmt: skip
+    _flag(t, "lora_dropout", type=float, help="> 0: each adapter keeps its dropped-out input")
+    _flag(t, "activation_offloading", action="store_true", default=None)
+    _flag(t, "padding_free", action="store_true", default=None)
+    _flag(
+        t, "mean_completion_len", type=int,
+        help="padding_free: the completions' mean length (default: the longest case)",
+    )  # fmt: skip
     _flag(t, "lora_r", type=int, help="LoRA rank (0: full fine-tuning)")
     _flag(t, "lora_targets", help="comma-separated, e.g. q_proj,v_proj (default: all)")
     t.add_argument("--batch", type=int, help="completions per micro-batch")
@@ -119,9 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
         t, "generation_engine", choices=list(GENERATION_ENGINES),
         help="static: count its own weight copy (default: CONFIG's generation_engine)",
     )  # fmt: skip
+    g = p.add_argument_group("the GPU (what fits)")
+    _flag(
+        g, "gpu_memory", help="plan for a GPU of this size (24 = 24 GiB, or 80GB) and list "
+        "which ways of training fit it, and how far each stretches",
+    )  # fmt: skip
+    _flag(g, "cuda_context_gb", type=float, help="with --gpu_memory: default 0.5 (assumed)")
+    _flag(g, "allocator_slack", type=float, help="with --gpu_memory: default 0.05 of the tensors")
     o = p.add_argument_group("output")
-    accountings = [*ACCOUNTINGS, "seeds"]  # seeds: the earlier name of quoted
-    o.add_argument("--accounting", choices=accountings, default="full")
+    o.add_argument("--accounting", choices=list(ACCOUNTINGS), default="full")
     o.add_argument("--json", action="store_true", help="print one JSON object")
     o.add_argument("--measure", action="store_true", help="run real steps and compare")
     _flag(o, "measure_steps", type=int, default=1)
@@ -161,16 +195,19 @@ def resolve_run_device(device: str) -> str:
     return "cuda" if str(device).startswith("cuda") else "cpu"
 
 
-def resolve_run_dtype(cfg: Any, device: str) -> str:
+def resolve_run_dtype(cfg: Any, device: str, use_peft: bool | None = None) -> str:
     """The dtype the trainer stores the weights in (groupwise.runtime.precision.resolve_precision):
-    fp32 for dtype auto (LoRA on a bf16 GPU: the frozen base in bf16), else the one asked for."""
+    fp32 for dtype auto (LoRA on a bf16 GPU: the frozen base in bf16), else the one asked for.
+    Planning for a GPU from a machine without one assumes a bf16-capable GPU (Ampere or newer)."""
     if cfg.dtype in _CONFIG_DTYPES:
         return _CONFIG_DTYPES[cfg.dtype]
-    if cfg.use_peft and device == "cuda":
+    if (cfg.use_peft if use_peft is None else use_peft) and device == "cuda":
         import torch
 
         from ..runtime.precision import bf16_capable
 
+        if not torch.cuda.is_available():
+            return "bf16"
         return "bf16" if bf16_capable(torch.device("cuda")) else "fp32"
     return "fp32"
 
@@ -218,7 +255,7 @@ def options_from_args(
     """Resolve the model shape and the options: command line over CONFIG (or its defaults), the
     run's dtype, device and prompt lengths read as the trainer would have them."""
     cfg = load_run_config(args.config, overrides)
-    device = resolve_run_device(args.device or cfg.device)
+    device = "cuda" if args.gpu_memory else resolve_run_device(args.device or cfg.device)
     shape_flags = ("layers", "hidden", "heads", "kv_heads", "vocab", "intermediate", "head_dim")
     custom = args.params is not None or any(getattr(args, f) is not None for f in shape_flags)
     if args.model is None and custom:
@@ -253,25 +290,45 @@ def options_from_args(
     if shape.params is None and shape.missing("hidden", "layers", "heads", "intermediate", "vocab"):
         missing = shape.missing("hidden", "layers", "heads", "intermediate", "vocab")
         raise MemoryPlanError(f"give --params, or all of the shapes (missing {_flags(missing)})")
+    # Options other branches add to GRPOConfig, read where present (TRL's names).
+    load_in_4bit = _pick_flag(args.load_in_4bit, cfg, "load_in_4bit")
+    engine = args.generation_engine or cfg.generation_engine
+    if engine == "auto":  # as the trainer resolves it; the static engine's copy counted on CUDA
+        engine, _ = resolve_generation_engine(
+            engine, device_type=device,
+            # rollout/static.py's supports(): it refuses a quantized base (QLoRA runs the HF
+            # engine on the 4-bit model); an architecture it lacks is refused when built.
+            static_unsupported="quantized weights (load_in_4bit)" if load_in_4bit else None,
+            multi_turn=bool(cfg.tools or cfg.environment),
+            generation_kwargs=bool(cfg.generation_kwargs),
+        )  # fmt: skip
+    if engine != cfg.generation_engine:  # --measure then runs the engine the plan counts
+        cfg = replace_config(cfg, generation_engine=engine)
+    lora_r = args.lora_r if args.lora_r is not None else (cfg.lora_r if cfg.use_peft else 0)
+    if lora_r == 0 and load_in_4bit and args.lora_r is None:
+        lora_r = cfg.lora_r  # QLoRA is LoRA on the 4-bit base
     # dtype: the planner's fp32/fp16/bf16 (mixed precision by default, for setups groupwise's
     # trainer does not run), else the run's, as the trainer stores it (AdamW states in the
     # parameters' dtype: pure).
-    engine = args.generation_engine or cfg.generation_engine
-    if engine != cfg.generation_engine:  # --measure then runs the engine the plan counts
-        cfg = replace_config(cfg, generation_engine=engine)
     if args.dtype in DTYPE_BYTES:
         dtype, precision = args.dtype, args.precision or "mixed"
         engine_dtype = None  # the planner's dtype: mixed precision generates in it
+        adapter_dtype = None
+        args.method_dtypes = None
     else:
         run = replace_config(cfg, dtype=args.dtype) if args.dtype else cfg
-        dtype, precision = resolve_run_dtype(run, device), args.precision or "pure"
+        dtype, precision = resolve_run_dtype(run, device, bool(lora_r)), args.precision or "pure"
         engine_dtype = resolve_generation_dtype(run, device) if engine == "static" else None
-    lora_r = args.lora_r if args.lora_r is not None else (cfg.lora_r if cfg.use_peft else 0)
+        # groupwise.runtime.precision: LoRA adapters train in fp32 unless dtype is bfloat16.
+        adapter_dtype = "bf16" if run.dtype == "bfloat16" else "fp32"
+        full = (resolve_run_dtype(run, device, False), precision, None)
+        peft = (resolve_run_dtype(run, device, True), precision, adapter_dtype)
+        args.method_dtypes = {"full": full, "lora": peft, "qlora": peft}
     targets = args.lora_targets if args.lora_targets is not None else cfg.lora_target_modules
     if isinstance(targets, str):
         targets = [t.strip() for t in targets.split(",") if t.strip()]
     prompt_len = args.prompt_len
-    if prompt_len is None and model != "custom":
+    if prompt_len is None and model != "custom" and shipped_name(model) is None:
         prompt_len = task_prompt_length(cfg, model)
     if prompt_len is None:
         prompt_len = cfg.max_prompt_length or 512
@@ -280,10 +337,11 @@ def options_from_args(
         value = getattr(args, flag)
         return getattr(cfg, option) if value is None else value
 
+    gpu = args.gpu_memory is not None
     opts = MemoryOptions(
         dtype=dtype,
         precision=precision,
-        optimizer=args.optimizer or "adamw",
+        optimizer=args.optim or args.optimizer or getattr(cfg, "optim", None) or "adamw",
         lora_r=lora_r or 0,
         lora_targets=tuple(targets) if targets else None,
         batch=pick("batch", "per_device_train_batch_size"),
@@ -298,12 +356,59 @@ def options_from_args(
         reward_model_params=args.reward_model_params or 0,
         generation_engine=engine,
         generation_dtype=engine_dtype,
+        adapter_dtype=adapter_dtype,
+        load_in_4bit=load_in_4bit,
+        double_quant=_pick_flag(args.use_bnb_nested_quant, cfg, "use_bnb_nested_quant"),
+        lora_dropout=pick("lora_dropout", "lora_dropout"),
+        activation_offloading=_pick_flag(args.activation_offloading, cfg, "activation_offloading"),
+        padding_free=_pick_flag(args.padding_free, cfg, "padding_free"),
+        mean_completion_len=args.mean_completion_len,
+        cuda_context_bytes=round(
+            1e9 * (args.cuda_context_gb if args.cuda_context_gb is not None else 0.5 * gpu)
+        ),
+        allocator_slack=args.allocator_slack if args.allocator_slack is not None else 0.05 * gpu,
     )
     opts.validate()
     if opts.lora_r:
         shape.lora_params(opts.lora_r, opts.lora_targets)  # raises on missing shapes/targets
+    if args.measure:
+        cfg = _config_for_measure(cfg, args, opts)
     args.resolved_config, args.resolved_device = cfg, device
     return shape, opts, model
+
+
+def _config_for_measure(cfg: Any, args: argparse.Namespace, opts: MemoryOptions) -> Any:
+    """The run ``--measure`` runs: the config with the plan's LoRA rank, QLoRA, optimizer,
+    offloading and padding-free choices, where this groupwise has those options; refused where
+    it has not (a measurement of another setting would not check the plan)."""
+    wanted = {
+        "load_in_4bit": opts.load_in_4bit,
+        "activation_offloading": opts.activation_offloading,
+        "padding_free": opts.padding_free,
+    }
+    if opts.load_in_4bit:
+        wanted["use_bnb_nested_quant"] = opts.double_quant
+    if args.optim or args.optimizer:
+        wanted["optim"] = args.optim or args.optimizer
+    changes: dict[str, Any] = {}
+    if opts.lora_r and (not cfg.use_peft or cfg.lora_r != opts.lora_r):
+        changes.update(use_peft=True, lora_r=opts.lora_r)  # the adapter the plan counts
+    for option, value in wanted.items():
+        if getattr(cfg, option, None) == value or (option != "optim" and not value and
+                                                    not hasattr(cfg, option)):  # fmt: skip
+            continue
+        if not hasattr(cfg, option):
+            raise MemoryPlanError(
+                f"--measure cannot run --{option} {value}: this groupwise's training options "
+                f"have no {option}"
+            )
+        changes[option] = value
+    return replace_config(cfg, **changes) if changes else cfg
+
+
+def _pick_flag(value: bool | None, cfg: Any, option: str) -> bool:
+    """A boolean flag, else the config's option of that name where it has one (False)."""
+    return bool(getattr(cfg, option, False) if value is None else value)
 
 
 def replace_config(cfg: Any, **changes: Any) -> Any:
@@ -311,7 +416,7 @@ def replace_config(cfg: Any, **changes: Any) -> Any:
     from ..errors import ConfigError
 
     try:
-        return dataclass_replace(cfg, **changes)
+        return replace(cfg, **changes)
     except ConfigError as err:
         raise MemoryPlanError(str(err)) from None
 
@@ -358,15 +463,23 @@ def main(argv: list[str] | None = None) -> int:
             print(_RESULT_MARK + json.dumps(result), flush=True)
             return 0
         own, overrides = _split_argv(argv, parser)
+        _refuse_renamed(own)
         args = parser.parse_args(own)
-        if args.accounting == "seeds":
-            args.accounting = "quoted"
+        budget = parse_gpu_memory(args.gpu_memory) if args.gpu_memory is not None else None
         shape, opts, model = options_from_args(args, overrides)
         plan = make_plan(shape, opts, args.accounting)
         if args.measure and args.measure_steps < 1:
             raise MemoryPlanError(f"--measure_steps must be >= 1, got {args.measure_steps}")
         if args.measure and model == "custom":
             raise MemoryPlanError("--measure needs --model (a built-in name or a local folder)")
+        if args.measure and shipped_name(model) is not None and not Path(model).exists():
+            raise MemoryPlanError(
+                f"--measure needs a model's weights; {model!r} is a shipped shape without them "
+                "(give a local folder)"
+            )
+        fits = (
+            fit_rows(shape, opts, budget, args.method_dtypes) if budget is not None else None
+        )  # fmt: skip
     except (_ArgError, MemoryPlanError) as err:
         print(f"groupwise memory: error: {err}", file=sys.stderr)
         return 2
@@ -392,9 +505,32 @@ def main(argv: list[str] | None = None) -> int:
         out = plan.to_json()
         if measured is not None:
             out["measured"] = {r["algorithm"]: r for r in measured}
+        if fits is not None:
+            out["fits"] = {"gpu_bytes": budget, "combinations": [r.to_json() for r in fits]}
         print(json.dumps(out, indent=2))
     else:
         print(format_table(plan))
         if measured is not None:
             print(format_measurement(measured))
+        if fits is not None:
+            print()
+            print(format_fits(shape, opts, budget, fits))
     return 0
+
+
+# Option values renamed, and what they are now called.
+_RENAMED = {("--accounting", "seeds"): "quoted"}
+
+
+def _refuse_renamed(argv: list[str]) -> None:
+    """A clear error for a renamed option value, naming the new one."""
+    for i, token in enumerate(argv):
+        flag, has_value, value = token.partition("=")
+        if not has_value:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        new = _RENAMED.get((flag, value))
+        if new is not None:
+            raise MemoryPlanError(
+                f"{flag} {value} is now {flag} {new} (named after what it prints: the "
+                "often-quoted 112 vs 56 GB accounting)"
+            )

@@ -17,13 +17,19 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
   which is what groupwise's own trainer does with ``dtype=bfloat16`` (torch's AdamW keeps its
   states in the parameters' dtype).
 - optimizer states: AdamW m and v, 2 x 4 B per trained parameter in mixed precision and fp32
-  (2 x bytes(dtype) when pure); adamw8bit 2 x 1 B (block-wise absmax scales, under 1%, are not
-  counted); sgd (no momentum) nothing. So full fine-tuning in mixed precision costs the usual
-  2 + 2 + 4 + 4 + 4 = 16 B per trained parameter, and fp32 costs 4 + 4 + 8 = 16 B too.
+  (2 x bytes(dtype) when pure); 8-bit AdamW (``adamw_8bit`` / ``adamw_bnb_8bit``, and
+  ``paged_adamw_8bit`` in unified memory) 2 x 1 B plus one fp32 absmax per 256 elements of each,
+  tensor by tensor, tensors under 4096 elements in fp32 (quant.py); sgd (no momentum) nothing.
+  So full fine-tuning in mixed precision costs the usual 2 + 2 + 4 + 4 + 4 = 16 B per trained
+  parameter, and fp32 costs 4 + 4 + 8 = 16 B too.
 - LoRA (``--lora_r R``): P_t = R x (d_in + d_out) summed over the targeted linears of every
   layer (default: q, k, v, o, gate, up, down; never the LM head); the frozen base has no
   gradients or optimizer states; the reference model is the base with the adapter disabled, so
-  it costs 0 extra bytes. ``--beta 0`` loads no reference at all (the row disappears).
+  it costs 0 extra bytes. ``--beta 0`` loads no reference at all (the row disappears). The
+  adapters train in ``adapter_dtype`` (groupwise: fp32 under a bf16 base). QLoRA
+  (``--load_in_4bit``): the base's linears in NF4 with double quantisation, the rest of the base
+  in bf16, and one linear dequantised at a time (quant.py); each adapter also saves A's output
+  and, with ``lora_dropout``, its dropped-out input and mask for backward (terms.py).
 - reward model: none for rule rewards (the default), else ``--reward_model_params`` x
   bytes(dtype), frozen, the same for both algorithms.
 - critic (PPO only): a copy of the policy backbone (the LM head dropped unless tied) plus a
@@ -39,7 +45,11 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
   ``34 s b h`` bytes (16-bit) without the ``5 a s^2 / h`` attention-score term, which a fused
   (SDPA/flash) attention never stores. Plus 2h per token for the final norm. With gradient
   checkpointing only each layer's input (h per token per layer) is kept, plus one layer's full
-  activations while it is recomputed in the backward pass.
+  activations while it is recomputed in the backward pass. ``--activation_offloading`` moves
+  the saved tensors to host memory (a row of its own, not in the GPU's total), leaving two
+  layer's worth on the GPU (terms.py); ``--padding_free`` packs each sequence whole (prompt
+  and completion, no shared prompt) and counts the update's real completion tokens
+  (``--mean_completion_len``) instead of rows padded to the longest.
   Tokens per micro-batch: batch x (prompt + completion). groupwise's policy forward (GRPO's and
   PPO's) encodes a group's prompt once and shares it when a micro-batch holds whole groups and
   checkpointing is off, so its prompt tokens are batch / G x prompt, plus the prompt's keys and
@@ -53,7 +63,7 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
   same size (the entropy's exponentials, or the gradient), 3 x batch x completion x vocab x 4 B.
 - KV cache during generation: 2 x layers x kv_heads x head_dim x (prompt + completion) x N x
   bytes(dtype), N = batch x gradient accumulation, every completion of a step being generated
-  together.
+  together; and the sampler's [N x vocab] logits, scaled logits, probabilities and CDF.
 - generation engine weights (``--generation_engine``): none for ``hf``, which samples from the
   policy's own weights; P x bytes(generation dtype) for ``static``, which keeps its own copy
   (bf16 wherever the run generates in bf16) for the whole run, LoRA merged in; ``vllm``'s own
@@ -61,9 +71,10 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
 
 Total (the peak): weights, master weights, optimizer states and the static engine's copy are
 resident throughout; the generation phase adds the KV cache, the update phase adds gradients,
-activations and logits; peak = resident + max(generation, update). Not counted: the CUDA context
-and allocator slack, small per-token vectors (log-probs, advantages, values), transient buffers
-of no-grad forwards.
+activations and logits; peak = resident + max(generation, update). Planning for a GPU
+(``--gpu_memory``) adds the CUDA context and the caching allocator's slack, both assumed (0.5 GB
+and 5% of the tensors), not measured. Not counted: small per-token vectors (log-probs,
+advantages, values), transient buffers of no-grad forwards.
 
 The often-quoted figures for a 7B model in fp16 (PPO "roughly 112 GB before activations",
 GRPO "roughly 56 GB") are reproduced exactly by one accounting only among the natural ones tried:
@@ -79,8 +90,11 @@ trained, reference and reward model frozen) is 252 GB vs GRPO's 140 GB, ratio 0.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from .quant import adam_state_bytes
 
 # The shapes and units by their names here too (``from groupwise.memory.plan import ...``).
 from .shapes import BUILTIN_SHAPES as BUILTIN_SHAPES
@@ -89,13 +103,30 @@ from .shapes import MemoryPlanError, ModelShape, _flags
 from .shapes import infer_intermediate as infer_intermediate
 from .shapes import resolve_model_shape as resolve_model_shape
 from .shapes import shape_from_hf_config as shape_from_hf_config
+from .terms import activation_bytes as activation_bytes
+from .terms import (
+    activation_split,
+    base_weight_bytes,
+    dequantised_linear_bytes,
+    generation_logits_bytes,
+    lora_activation_bytes,
+)
+from .terms import kv_cache_bytes as kv_cache_bytes
+from .terms import layer_activation_values as layer_activation_values
+from .terms import logits_bytes as logits_bytes
 from .units import human_bytes as human_bytes
 from .units import human_count as human_count
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 GENERATION_ENGINES = ("hf", "static", "vllm")
 VLLM_NOT_COUNTED = "vLLM's own weights and KV cache (vllm_gpu_memory_utilization of the GPU)"
-OPTIMIZERS = ("adamw", "adamw8bit", "sgd")
+OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "paged_adamw32bit", "sgd")
+# TRL's (transformers') ``optim`` names, and the planner's optimizer each one counts as.
+OPTIM_NAMES = {
+    "adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_8bit": "adamw8bit",
+    "adamw_bnb_8bit": "adamw8bit", "paged_adamw_8bit": "paged_adamw8bit",
+    "paged_adamw_32bit": "paged_adamw32bit", "sgd": "sgd",
+}  # fmt: skip
 PRECISIONS = ("mixed", "pure")
 ACCOUNTINGS = ("full", "quoted", "weights-only")
 QUOTED_NOTE = (
@@ -113,6 +144,11 @@ POLICY_ACTS = "policy activations"
 LOGITS = "logits"
 KV_CACHE = "KV cache (generation)"
 GENERATION_WEIGHTS = "generation engine weights"
+GENERATION_LOGITS = "logits (generation)"
+DEQUANT = "4-bit linear, dequantised"
+HOST_ACTS = "offloaded activations (host)"
+CUDA_CONTEXT = "CUDA context"
+ALLOCATOR = "allocator slack"
 REF_WEIGHTS = "reference weights"
 RM_WEIGHTS = "reward model weights"
 CRITIC_WEIGHTS = "critic weights"
@@ -121,22 +157,26 @@ CRITIC_MASTER = "critic fp32 master weights"
 CRITIC_OPTIM = "critic optimizer states"
 CRITIC_ACTS = "critic activations"
 ROW_ORDER = (
-    POLICY_WEIGHTS, POLICY_GRADS, POLICY_MASTER, POLICY_OPTIM, POLICY_ACTS, LOGITS, KV_CACHE,
-    GENERATION_WEIGHTS, REF_WEIGHTS, RM_WEIGHTS,
+    POLICY_WEIGHTS, DEQUANT, POLICY_GRADS, POLICY_MASTER, POLICY_OPTIM, POLICY_ACTS, LOGITS,
+    KV_CACHE, GENERATION_LOGITS, GENERATION_WEIGHTS, REF_WEIGHTS, RM_WEIGHTS,
     CRITIC_WEIGHTS, CRITIC_GRADS, CRITIC_MASTER, CRITIC_OPTIM, CRITIC_ACTS,
+    HOST_ACTS, CUDA_CONTEXT, ALLOCATOR,
 )  # fmt: skip
-GENERATION_PHASE = frozenset({KV_CACHE})
+GENERATION_PHASE = frozenset({KV_CACHE, GENERATION_LOGITS})
+HOST_ROWS = frozenset({HOST_ACTS})  # host memory: shown, not in the GPU's totals
 UPDATE_PHASE = frozenset({POLICY_GRADS, POLICY_ACTS, LOGITS, CRITIC_GRADS, CRITIC_ACTS})
 
 # What each row holds, as the table notes it ({...}: filled in from the options).
 ROW_NOTES = {
-    POLICY_WEIGHTS: "every parameter, {dtype}",
-    POLICY_GRADS: "trained parameters, {dtype}",
+    POLICY_WEIGHTS: "{weights}",
+    DEQUANT: "the largest linear in {dtype}, one at a time",
+    POLICY_GRADS: "trained parameters, {trained_dtype}",
     POLICY_MASTER: "trained parameters, 4 B",
     POLICY_OPTIM: "{optimizer}",
     POLICY_ACTS: "saved for backward, one micro-batch{shared}",
     LOGITS: "{logits}",
     KV_CACHE: "generation phase only",
+    GENERATION_LOGITS: "the sampler's [sequences x vocab] buffers, one decoding step",
     GENERATION_WEIGHTS: "the static engine's own copy, {generation_dtype}",
     REF_WEIGHTS: "{reference}",
     RM_WEIGHTS: "frozen",
@@ -145,6 +185,9 @@ ROW_NOTES = {
     CRITIC_MASTER: "",
     CRITIC_OPTIM: "",
     CRITIC_ACTS: "trained with the policy",
+    HOST_ACTS: "activation_offloading: saved tensors in host memory, not on the GPU",
+    CUDA_CONTEXT: "assumed, not measured: --cuda_context_gb",
+    ALLOCATOR: "assumed: {slack:.0%} of the tensors' bytes, --allocator_slack",
 }
 
 
@@ -156,7 +199,7 @@ ROW_NOTES = {
 class MemoryOptions:
     dtype: str = "bf16"  # fp32 | fp16 | bf16
     precision: str = "mixed"  # mixed (fp32 master + fp32 optimizer states) | pure
-    optimizer: str = "adamw"  # adamw | adamw8bit | sgd
+    optimizer: str = "adamw"  # adamw | adamw8bit | paged_adamw8bit | sgd, or TRL's optim names
     lora_r: int = 0  # 0: full fine-tuning
     lora_targets: tuple[str, ...] | None = None  # None: every linear but the LM head
     batch: int = 8  # completions per micro-batch (per_device_train_batch_size)
@@ -172,6 +215,27 @@ class MemoryOptions:
     share_prompt: bool = True  # the policy encodes a group's prompt once (groupwise)
     generation_engine: str = "hf"  # hf | static (its own weight copy) | vllm (not counted)
     generation_dtype: str | None = None  # the static engine's copy; None: the same as dtype
+    adapter_dtype: str | None = None  # LoRA adapters' dtype; None: dtype (groupwise: fp32)
+    load_in_4bit: bool = False  # QLoRA: the frozen base's linears in NF4 (needs lora_r > 0)
+    double_quant: bool = False  # NF4's absmax quantised again (TRL's use_bnb_nested_quant)
+    lora_dropout: float = 0.05  # > 0: each adapter keeps its dropped-out input for backward
+    activation_offloading: bool = False  # saved activations in host memory
+    padding_free: bool = False  # the update packs rows without pad tokens
+    mean_completion_len: int | None = None  # padding_free's real tokens; None: completion_len
+    cuda_context_bytes: int = 0  # the CUDA context (0: not planning for a GPU)
+    allocator_slack: float = 0.0  # the caching allocator's share over the tensors' bytes
+
+    @property
+    def optimizer_kind(self) -> str:
+        """The planner's optimizer for a TRL ``optim`` name (or the planner's own name)."""
+        return OPTIM_NAMES.get(self.optimizer, self.optimizer)
+
+    @property
+    def update_completion_len(self) -> int:
+        """Completion tokens per row in the update: padding_free packs only the real ones."""
+        if self.padding_free and self.mean_completion_len is not None:
+            return self.mean_completion_len
+        return self.completion_len
 
     def validate(self) -> None:
         if self.dtype not in DTYPE_BYTES:
@@ -180,14 +244,35 @@ class MemoryOptions:
             raise MemoryPlanError(
                 f"--precision {self.precision!r} is not one of {list(PRECISIONS)}"
             )
-        if self.optimizer not in OPTIMIZERS:
+        if self.optimizer_kind not in OPTIMIZERS:
             raise MemoryPlanError(
-                f"--optimizer {self.optimizer!r} is not one of {list(OPTIMIZERS)}"
+                f"--optim {self.optimizer!r} is not one of {list(OPTIM_NAMES)} (or the "
+                f"planner's {list(OPTIMIZERS)})"
             )
+        if self.load_in_4bit and self.lora_r <= 0:
+            raise MemoryPlanError(
+                "--load_in_4bit needs --lora_r > 0: QLoRA trains a LoRA adapter on the frozen "
+                "4-bit base (a 4-bit model cannot be fully fine-tuned)"
+            )
+        if not 0 <= self.lora_dropout < 1:
+            raise MemoryPlanError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.mean_completion_len is not None and not (
+            1 <= self.mean_completion_len <= self.completion_len
+        ):
+            raise MemoryPlanError(
+                f"--mean_completion_len must be in [1, --completion_len {self.completion_len}], "
+                f"got {self.mean_completion_len}"
+            )
+        if self.cuda_context_bytes < 0 or self.allocator_slack < 0:
+            raise MemoryPlanError("--cuda_context_gb and --allocator_slack must be >= 0")
         if self.generation_engine not in GENERATION_ENGINES:
             raise MemoryPlanError(
                 f"--generation_engine {self.generation_engine!r} is not one of "
                 f"{list(GENERATION_ENGINES)}"
+            )
+        if self.adapter_dtype is not None and self.adapter_dtype not in DTYPE_BYTES:
+            raise MemoryPlanError(
+                f"--adapter_dtype {self.adapter_dtype!r} is not one of {list(DTYPE_BYTES)}"
             )
         if self.generation_dtype is not None and self.generation_dtype not in DTYPE_BYTES:
             raise MemoryPlanError(
@@ -222,12 +307,17 @@ class MemoryOptions:
             )
 
 
+def trained_dtype(opts: MemoryOptions) -> str:
+    """The dtype of the trained parameters: the adapters' under LoRA, else the weights'."""
+    return (opts.adapter_dtype or opts.dtype) if opts.lora_r else opts.dtype
+
+
 def trained_bytes_per_param(opts: MemoryOptions) -> dict[str, int]:
     """Bytes per *trained* parameter, by kind: weights, gradients, fp32 master, optimizer."""
-    width = DTYPE_BYTES[opts.dtype]
+    width = DTYPE_BYTES[trained_dtype(opts)]
     mixed = opts.precision == "mixed" and width < 4
-    state = 4 if (mixed or width == 4) else width  # Adam's m and v: fp32 unless pure 16-bit
-    optimizer = {"adamw": 2 * state, "adamw8bit": 2, "sgd": 0}[opts.optimizer]
+    # Adam's m and v: fp32 unless pure 16-bit; 8-bit: 2 B plus block statistics (quant.py).
+    optimizer = adam_state_bytes([1 << 20], opts.optimizer_kind, _state_width(opts)) // (1 << 20)
     return {
         "weights": width,
         "gradients": width,
@@ -236,98 +326,95 @@ def trained_bytes_per_param(opts: MemoryOptions) -> dict[str, int]:
     }
 
 
-def layer_activation_values(shape: ModelShape) -> int:
-    """Values one LLaMA block saves for backward, per token: 4h + 2q + 2kv + 4i (module doc)."""
-    return 4 * shape.hidden + 2 * shape.q_dim + 2 * shape.kv_dim + 4 * shape.intermediate
+def _state_width(opts: MemoryOptions) -> int:
+    """Bytes of each of AdamW's m and v: fp32 unless pure 16-bit training."""
+    width = DTYPE_BYTES[trained_dtype(opts)]
+    return 4 if (opts.precision == "mixed" or width == 4) else width
 
 
-def activation_bytes(
-    shape: ModelShape,
-    batch: int,
-    prompt_len: int,
-    completion_len: int,
-    dtype_bytes: int,
-    checkpointing: bool,
-    group_size: int = 1,
-) -> int:
-    """Saved activations of one micro-batch's forward pass through the decoder (no LM head).
-
-    ``group_size`` > 1: the prompt is encoded once per group of ``group_size`` completions
-    (groupwise's GRPO), and its keys and values are repeated for the completions' attention.
-    """
-    per_layer = layer_activation_values(shape)
-    if checkpointing or group_size <= 1:
-        tokens = batch * (prompt_len + completion_len)
-        repeated_kv = 0
-    else:
-        tokens = batch // group_size * prompt_len + batch * completion_len
-        repeated_kv = (batch - batch // group_size) * prompt_len * 2 * shape.kv_dim
-    final_norm = 2 * shape.hidden * tokens
-    if checkpointing:
-        # Each layer's input is kept; one layer's activations exist while it is recomputed.
-        values = shape.layers * shape.hidden * tokens + per_layer * tokens + final_norm
-    else:
-        values = shape.layers * (per_layer * tokens + repeated_kv) + final_norm
-    return values * dtype_bytes
-
-
-def logits_bytes(vocab: int, batch: int, completion_len: int, impl: str, chunk_size: int) -> int:
-    """Peak bytes of the LM-head outputs on the way to per-token log-probs (module doc)."""
-    if impl == "naive":
-        return 3 * batch * completion_len * vocab * 4
-    return 2 * min(chunk_size, batch * completion_len) * vocab * 4
-
-
-def kv_cache_bytes(
-    shape: ModelShape, sequences: int, prompt_len: int, completion_len: int, dtype_bytes: int
-) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x (prompt + completion) x sequences x bytes."""
-    return 2 * shape.layers * shape.kv_dim * (prompt_len + completion_len) * sequences * dtype_bytes
-
-
-def _network_rows(prefix: str, frozen: int, trained: int, opts: MemoryOptions) -> dict[str, int]:
-    """Weights of a network with ``frozen`` + ``trained`` parameters, and the trained part's
-    gradients, fp32 master weights and optimizer states (rows of 0 bytes are left out)."""
+def _network_rows(
+    prefix: str, frozen_bytes: int, trained: Sequence[int], opts: MemoryOptions
+) -> dict[str, int]:
+    """Weights of a network: ``frozen_bytes`` plus the ``trained`` tensors (their element
+    counts), and the trained part's gradients, fp32 master weights and optimizer states, each
+    tensor on its own (8-bit states: quant.py) (rows of 0 bytes are left out)."""
     per = trained_bytes_per_param(opts)
+    count = sum(trained)
     rows = {
-        f"{prefix} weights": (frozen + trained) * per["weights"],
-        f"{prefix} gradients": trained * per["gradients"],
-        f"{prefix} fp32 master weights": trained * per["master"],
-        f"{prefix} optimizer states": trained * per["optimizer"],
+        f"{prefix} weights": frozen_bytes + count * per["weights"],
+        f"{prefix} gradients": count * per["gradients"],
+        f"{prefix} fp32 master weights": count * per["master"],
+        f"{prefix} optimizer states": adam_state_bytes(
+            trained, opts.optimizer_kind, _state_width(opts)
+        ),
     }
     always = (f"{prefix} weights", f"{prefix} gradients")
     return {k: v for k, v in rows.items() if v or k in always}
 
 
-def _policy_split(shape: ModelShape, opts: MemoryOptions) -> tuple[int, int]:
-    """(frozen, trained) parameters of the policy."""
+def _trained_numels(shape: ModelShape, opts: MemoryOptions, lm_head: bool = True) -> list[int]:
+    """Element counts of the trained tensors: the LoRA adapter's, or every tensor of the model
+    (without the LM head for ``lm_head=False``)."""
     if opts.lora_r:
-        return shape.num_params(), shape.lora_params(opts.lora_r, opts.lora_targets)
-    return 0, shape.num_params()
+        return shape.lora_numels(opts.lora_r, opts.lora_targets)
+    numels = shape.tensor_numels()
+    if not lm_head and shape.lm_head_params():
+        numels = numels[:-1]  # the untied LM head is the last tensor
+    elif not lm_head:
+        numels = [numels[0] - shape.lm_head_params(), *numels[1:]]
+    return numels
+
+
+def _frozen_bytes(shape: ModelShape, opts: MemoryOptions, lm_head: bool = True) -> int:
+    """Weights of the frozen base under LoRA (16-bit, or NF4 with load_in_4bit); 0 otherwise."""
+    if not opts.lora_r:
+        return 0
+    return base_weight_bytes(
+        shape, DTYPE_BYTES[opts.dtype], opts.load_in_4bit, opts.double_quant, lm_head
+    )
+
+
+def _activation_rows(
+    shape: ModelShape, opts: MemoryOptions, share: int, prefix: str
+) -> dict[str, int]:
+    """One network's saved activations on the GPU, and in host memory when offloaded."""
+    width = DTYPE_BYTES[opts.dtype]
+    lora = lora_activation_bytes(shape, opts.lora_r, opts.lora_targets, opts.lora_dropout, width)
+    gpu, host = activation_split(
+        shape, opts.batch, opts.prompt_len, opts.update_completion_len, width,
+        opts.gradient_checkpointing, share, lora, opts.activation_offloading,
+    )  # fmt: skip
+    rows = {f"{prefix} activations": gpu}
+    if host:
+        rows[HOST_ACTS] = host
+    return rows
 
 
 def _common_rows(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
-    """Rows both algorithms have: the policy, its activations and logits, the KV cache of
-    generation, the reference and the reward model."""
+    """Rows both algorithms have: the policy, its activations and logits, the KV cache and
+    the sampler's logits of generation, the reference and the reward model."""
     opts.validate()
     width = DTYPE_BYTES[opts.dtype]
-    frozen, trained = _policy_split(shape, opts)
-    rows = _network_rows("policy", frozen, trained, opts)
+    rows = _network_rows("policy", _frozen_bytes(shape, opts), _trained_numels(shape, opts), opts)
+    if opts.load_in_4bit:
+        rows[DEQUANT] = dequantised_linear_bytes(shape, width)
     if shape.has_layer_shapes:
         group = opts.group_size
-        share = group if opts.share_prompt and opts.batch % group == 0 else 1
-        rows[POLICY_ACTS] = activation_bytes(
-            shape, opts.batch, opts.prompt_len, opts.completion_len, width,
-            opts.gradient_checkpointing, share,
-        )  # fmt: skip
+        # padding_free packs each sequence whole (its own prompt), so no prompt is shared.
+        shared = opts.share_prompt and opts.batch % group == 0 and not opts.padding_free
+        share = group if shared else 1
+        rows.update(_activation_rows(shape, opts, share, "policy"))
         if shape.vocab is not None:
             rows[LOGITS] = logits_bytes(
-                shape.vocab, opts.batch, opts.completion_len, opts.logprob_impl,
+                shape.vocab, opts.batch, opts.update_completion_len, opts.logprob_impl,
                 opts.logprob_chunk_size,
             )  # fmt: skip
+        sequences = opts.batch * opts.grad_accum
         rows[KV_CACHE] = kv_cache_bytes(
-            shape, opts.batch * opts.grad_accum, opts.prompt_len, opts.completion_len, width
+            shape, sequences, opts.prompt_len, opts.completion_len, width
         )
+        if shape.vocab is not None:
+            rows[GENERATION_LOGITS] = generation_logits_bytes(shape.vocab, sequences, width)
     if opts.generation_engine == "static":
         rows[GENERATION_WEIGHTS] = shape.num_params() * DTYPE_BYTES[generation_dtype(opts)]
     if opts.beta > 0:
@@ -338,6 +425,15 @@ def _common_rows(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     return rows
 
 
+def _gpu_overheads(rows: dict[str, int], opts: MemoryOptions) -> dict[str, int]:
+    """The rows with the CUDA context and the allocator's slack over the tensors' peak."""
+    if opts.allocator_slack:
+        rows[ALLOCATOR] = round(opts.allocator_slack * total_bytes(rows))
+    if opts.cuda_context_bytes:
+        rows[CUDA_CONTEXT] = opts.cuda_context_bytes
+    return rows
+
+
 def generation_dtype(opts: MemoryOptions) -> str:
     """The dtype of the static engine's weight copy."""
     return opts.generation_dtype or opts.dtype
@@ -345,7 +441,7 @@ def generation_dtype(opts: MemoryOptions) -> str:
 
 def plan_grpo(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     """Bytes per component for GRPO: policy, reference (beta > 0), reward model (if any)."""
-    return _ordered(_common_rows(shape, opts))
+    return _ordered(_gpu_overheads(_common_rows(shape, opts), opts))
 
 
 def critic_split(shape: ModelShape, opts: MemoryOptions) -> tuple[int, int]:
@@ -364,14 +460,15 @@ def plan_ppo(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     log-probs as GRPO does (prompt shared); the critic runs every completion with its own copy
     of the prompt."""
     rows = _common_rows(shape, opts)
-    frozen, trained = critic_split(shape, opts)
-    rows.update(_network_rows("critic", frozen, trained, opts))
+    head = [shape.hidden, 1] if shape.hidden is not None else []
+    trained = _trained_numels(shape, opts, lm_head=False) + head
+    rows.update(_network_rows("critic", _frozen_bytes(shape, opts, lm_head=False), trained, opts))
     if POLICY_ACTS in rows:
-        rows[CRITIC_ACTS] = activation_bytes(
-            shape, opts.batch, opts.prompt_len, opts.completion_len, DTYPE_BYTES[opts.dtype],
-            opts.gradient_checkpointing,
-        )  # fmt: skip
-    return _ordered(rows)
+        critic = _activation_rows(shape, opts, 1, "critic")
+        rows[CRITIC_ACTS] = critic[CRITIC_ACTS]
+        if HOST_ACTS in critic:
+            rows[HOST_ACTS] += critic[HOST_ACTS]
+    return _ordered(_gpu_overheads(rows, opts))
 
 
 def _ordered(rows: dict[str, int]) -> dict[str, int]:
@@ -383,7 +480,8 @@ def total_bytes(components: dict[str, int]) -> int:
     accountings (quoted, weights-only) are all resident, i.e. summed."""
     generation = sum(v for k, v in components.items() if k in GENERATION_PHASE)
     update = sum(v for k, v in components.items() if k in UPDATE_PHASE)
-    resident = sum(components.values()) - generation - update
+    host = sum(v for k, v in components.items() if k in HOST_ROWS)
+    resident = sum(components.values()) - generation - update - host
     return resident + max(generation, update)
 
 

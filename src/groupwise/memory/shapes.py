@@ -1,12 +1,15 @@
 """Model shapes for the memory planner: a LLaMA-style decoder's sizes, from a built-in name, a
-Hugging Face ``config.json`` or the command line, and the parameter counts they give (the whole
-model, its LM head, a LoRA adapter)."""
+shipped model's ``config.json`` fields (``model_shapes.json``, no weights), a Hugging Face
+``config.json`` or the command line, and the parameter counts they give (the whole model, its
+LM head, a LoRA adapter, tensor by tensor)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,8 @@ class ModelShape:
     head_dim: int | None = None  # None: hidden // heads
     tie_embeddings: bool = False
     attention_bias: bool = False  # q, k, v biases (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head's query and key (Qwen3): 2 x head_dim weights
+    max_positions: int | None = field(default=None, compare=False)  # max_position_embeddings
     params: int | None = None  # explicit parameter count, e.g. --params 7e9
     note: str = ""  # e.g. how a missing shape was inferred
 
@@ -82,12 +87,31 @@ class ModelShape:
         missing = self.missing("hidden", "layers", "heads", "intermediate", "vocab")
         if missing:
             raise MemoryPlanError(f"the parameter count needs {_flags(missing)}")
+        return sum(self.tensor_numels())
+
+    def tensor_numels(self) -> list[int]:
+        """Elements of every parameter tensor, in the model's order (embeddings, each layer's
+        linears, biases and norms, the final norm, the LM head unless tied); with ``--params``
+        only, one tensor of that size. 8-bit optimizers treat each tensor on its own."""
+        if self.params is not None and self.missing("hidden", "layers", "heads", "intermediate",
+                                                    "vocab"):  # fmt: skip
+            return [self.params]
+        missing = self.missing("hidden", "layers", "heads", "intermediate", "vocab")
+        if missing:
+            raise MemoryPlanError(f"the parameter count needs {_flags(missing)}")
         h = self.hidden
-        block = sum(d_in * d_out for d_in, d_out in self.linear_shapes().values()) + 2 * h
+        block = [d_in * d_out for d_in, d_out in self.linear_shapes().values()] + [h, h]
         if self.attention_bias:
-            block += self.q_dim + 2 * self.kv_dim
-        embed = self.vocab * h
-        return embed + self.layers * block + h + (0 if self.tie_embeddings else embed)
+            block += [self.q_dim, self.kv_dim, self.kv_dim]
+        if self.qk_norm:
+            block += [self.head_size, self.head_size]
+        embed = [self.vocab * h]
+        return embed + block * self.layers + [h] + ([] if self.tie_embeddings else embed)
+
+    def linear_numels(self) -> list[int]:
+        """Elements of every linear weight inside the decoder blocks (what bitsandbytes
+        quantises to 4 bits: not the embeddings, norms, biases or the LM head)."""
+        return [d_in * d_out for d_in, d_out in self.linear_shapes().values()] * self.layers
 
     def num_params(self) -> int:
         return self.params if self.params is not None else self.computed_params()
@@ -98,8 +122,8 @@ class ModelShape:
             return 0
         return self.vocab * self.hidden
 
-    def lora_params(self, rank: int, targets: Sequence[str] | None = None) -> int:
-        """Trainable LoRA parameters: rank x (d_in + d_out) per targeted linear, every layer."""
+    def lora_targets(self, targets: Sequence[str] | None = None) -> dict[str, tuple[int, int]]:
+        """(d_in, d_out) of each targeted linear (default: all of them, never the LM head)."""
         if not self.has_layer_shapes:
             missing = self.missing("hidden", "layers", "heads", "intermediate")
             raise MemoryPlanError(f"--lora_r needs the layer shapes: give {_flags(missing)}")
@@ -111,7 +135,17 @@ class ModelShape:
                 f"--lora_targets: unknown module(s) {unknown}; "
                 f"expected some of {list(LORA_TARGETS)}"
             )
-        return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in chosen)
+        return {t: shapes[t] for t in chosen}
+
+    def lora_numels(self, rank: int, targets: Sequence[str] | None = None) -> list[int]:
+        """Elements of every LoRA tensor: A (rank x d_in) and B (d_out x rank) per targeted
+        linear, every layer (Hu et al. 2021, eq. 3)."""
+        pairs = [(rank * d_in, d_out * rank) for d_in, d_out in self.lora_targets(targets).values()]
+        return [n for pair in pairs for n in pair] * self.layers
+
+    def lora_params(self, rank: int, targets: Sequence[str] | None = None) -> int:
+        """Trainable LoRA parameters: rank x (d_in + d_out) per targeted linear, every layer."""
+        return sum(self.lora_numels(rank, targets))
 
     def describe(self) -> str:
         parts = [f"{self.name}: {human_count(self.num_params())} parameters"]
@@ -150,8 +184,47 @@ BUILTIN_SHAPES = {
 }  # fmt: skip
 
 
+@functools.cache
+def shipped_configs() -> dict[str, dict[str, Any]]:
+    """The ``config.json`` fields of the shipped models (``model_shapes.json``, package data),
+    by lowercase name; each also names its Hugging Face repository (``hf_id``)."""
+    text = resources.files(__package__).joinpath("model_shapes.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def shipped_name(model: str) -> str | None:
+    """The shipped name of ``model`` (``qwen3-8b``, ``Qwen3-8B`` or ``Qwen/Qwen3-8B``), or None."""
+    key = model.strip().lower()
+    configs = shipped_configs()
+    if key in configs:
+        return key
+    for name, config in configs.items():
+        hf_id = config["hf_id"].lower()
+        if key in (hf_id, hf_id.split("/", 1)[1]):
+            return name
+    return None
+
+
+def model_config(name: str) -> Any:
+    """A transformers config for a shipped model, ready for random weights
+    (``AutoModelForCausalLM.from_config(model_config("qwen3-8b"))``): the shapes its
+    ``config.json`` states, nothing downloaded."""
+    from transformers import AutoConfig
+
+    key = shipped_name(name)
+    if key is None:
+        raise MemoryPlanError(
+            f"model {name!r} is not a shipped model shape; expected one of "
+            f"{sorted(shipped_configs())}"
+        )
+    fields = {k: v for k, v in shipped_configs()[key].items() if k not in ("hf_id", "model_type")}
+    return AutoConfig.for_model(shipped_configs()[key]["model_type"], **fields)
+
+
 def shape_from_hf_config(config: dict[str, Any], name: str = "custom") -> ModelShape:
-    """A ModelShape from a Hugging Face ``config.json`` mapping (multimodal: its text_config)."""
+    """A ModelShape from a Hugging Face ``config.json`` mapping (multimodal: its text_config).
+    Qwen2's attention always has q, k, v biases (its config has no attention_bias field);
+    Qwen3 normalises each head's query and key."""
     if isinstance(config.get("text_config"), dict):
         config = {**config["text_config"], **{k: v for k, v in config.items() if k == "name"}}
     required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
@@ -168,7 +241,9 @@ def shape_from_hf_config(config: dict[str, Any], name: str = "custom") -> ModelS
         vocab=int(config["vocab_size"]),
         head_dim=int(config["head_dim"]) if config.get("head_dim") else None,
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(config.get("attention_bias", False)),
+        attention_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
+        qk_norm=config.get("model_type") == "qwen3",
+        max_positions=config.get("max_position_embeddings"),
     )
 
 
@@ -185,15 +260,20 @@ def infer_intermediate(shape: ModelShape) -> ModelShape:
 
 
 def resolve_model_shape(model: str) -> ModelShape:
-    """Shape of a built-in model name or of a local Hugging Face model folder (config.json)."""
+    """Shape of a built-in model name, a shipped model (``qwen3-8b``, ``Qwen/Qwen3-8B``) or a
+    local Hugging Face model folder (config.json)."""
     if model in BUILTIN_SHAPES:
         return BUILTIN_SHAPES[model]
+    shipped = shipped_name(model)
+    if shipped is not None and not Path(model).exists():
+        return shape_from_hf_config(shipped_configs()[shipped], name=shipped)
     path = Path(model)
     config_file = path / "config.json" if path.is_dir() else path
     if config_file.name == "config.json" and config_file.exists():
         with open(config_file, encoding="utf-8") as handle:
             return shape_from_hf_config(json.load(handle), name=str(model))
     raise MemoryPlanError(
-        f"--model {model!r} is neither a built-in model {sorted(BUILTIN_SHAPES)} nor a local "
-        "folder with a config.json (or give --params/--layers/--hidden/...)"
+        f"--model {model!r} is neither a built-in model {sorted(BUILTIN_SHAPES)}, a shipped "
+        f"model shape {sorted(shipped_configs())} nor a local folder with a config.json (or "
+        "give --params/--layers/--hidden/...)"
     )

@@ -7,14 +7,17 @@ import textwrap
 
 from .plan import (
     DTYPE_BYTES,
+    HOST_ROWS,
     QUOTED_NOTE,
     ROW_NOTES,
     ROW_ORDER,
+    MemoryOptions,
     MemoryPlan,
     generation_dtype,
     quoted_trained_only,
     quoted_weights_only,
     trained_bytes_per_param,
+    trained_dtype,
 )
 from .shapes import LORA_TARGETS
 from .units import human_bytes, human_count
@@ -50,15 +53,34 @@ def quoted_lines(params: int, dtype: str) -> list[str]:
     ]
 
 
+def _weights_note(o: MemoryOptions) -> str:
+    if o.load_in_4bit:
+        quant = "double-quantised " if o.double_quant else ""
+        return (
+            f"{quant}NF4 linears, embeddings/norms/LM head in {o.dtype}; adapter in "
+            f"{o.adapter_dtype or o.dtype}"
+        )
+    if o.lora_r:
+        return f"frozen base in {o.dtype}, adapter in {o.adapter_dtype or o.dtype}"
+    return f"every parameter, {o.dtype}"
+
+
 def _settings_lines(plan: MemoryPlan) -> list[str]:
     o = plan.options
     per = trained_bytes_per_param(o)
-    precision = (f"{o.dtype}, {o.precision} precision" if DTYPE_BYTES[o.dtype] < 4 else "fp32") + (
+    trained = trained_dtype(o)
+    precision = (
+        f"{trained}, {o.precision} precision" if DTYPE_BYTES[trained] < 4 else "fp32"
+    ) + (
+        f" trained parameters ({o.dtype} frozen base)" if trained != o.dtype else ""
+    ) + (
         f": per trained parameter {per['weights']} B weights + {per['gradients']} B gradients + "
         f"{per['master']} B fp32 master + {per['optimizer']} B {o.optimizer} states = "
         f"{sum(per.values())} B"
-    )
-    tuning = (
+        + (" (8-bit: + block statistics)" if o.optimizer_kind != "adamw" and
+           o.optimizer_kind != "sgd" else "")
+    )  # fmt: skip
+    tuning = ("QLoRA (NF4 base), " if o.load_in_4bit else "") + (
         f"LoRA r={o.lora_r} on {','.join(o.lora_targets or LORA_TARGETS)} "
         f"({human_count(plan.shape.lora_params(o.lora_r, o.lora_targets))} trainable)"
         if o.lora_r
@@ -71,7 +93,13 @@ def _settings_lines(plan: MemoryPlan) -> list[str]:
         f"{o.group_size}, prompt {o.prompt_len} + completion {o.completion_len} tokens, "
         f"{o.logprob_impl} log-probs"
         + (f" ({o.logprob_chunk_size} tokens per chunk)" if o.logprob_impl == "chunked" else "")
-        + (", gradient checkpointing" if o.gradient_checkpointing else ", no checkpointing"),
+        + (", gradient checkpointing" if o.gradient_checkpointing else ", no checkpointing")
+        + (", activation offloading" if o.activation_offloading else "")
+        + (
+            f", padding-free update ({o.update_completion_len} completion tokens per row)"
+            if o.padding_free
+            else ""
+        ),  # fmt: skip
         f"  beta {o.beta:g}"
         + (" (no reference model)" if o.beta == 0 else "")
         + (
@@ -103,11 +131,16 @@ def format_table(plan: MemoryPlan) -> str:
         ]
     notes = {
         "dtype": o.dtype,
+        "weights": _weights_note(o),
+        "trained_dtype": trained_dtype(o),
+        "slack": o.allocator_slack,
         "optimizer": {
             "adamw": "AdamW m and v",
-            "adamw8bit": "8-bit AdamW m and v",
+            "adamw8bit": "8-bit AdamW m and v, absmax per 256 (tensors < 4096: fp32)",
+            "paged_adamw8bit": "paged 8-bit AdamW (unified memory: may spill to host)",
+            "paged_adamw32bit": "paged fp32 AdamW (unified memory: may spill to host)",
             "sgd": "",
-        }[o.optimizer],
+        }[o.optimizer_kind],
         "logits": f"{o.logprob_impl} log-probs",
         "shared": (
             "; a group's prompt encoded once"
@@ -148,8 +181,11 @@ def format_table(plan: MemoryPlan) -> str:
             textwrap.fill(
                 "peak = resident (weights, master weights, optimizer states"
                 + (", the generation engine's weights" if o.generation_engine == "static" else "")
-                + ") + max(generation: "
-                "KV cache, update: gradients + activations + logits); GB = 1e9 bytes",
+                + (", the CUDA context, the allocator's slack" if o.cuda_context_bytes else "")
+                + ") + max(generation: KV cache + sampler logits, update: gradients + "
+                "activations + logits)"
+                + ("; host rows are not GPU memory" if any(k in HOST_ROWS for k in present) else "")
+                + "; GB = 1e9 bytes",
                 100,
             )
         )

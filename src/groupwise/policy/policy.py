@@ -67,15 +67,17 @@ if TYPE_CHECKING:
 
 
 def lr_factor(optimization: OptimizationOptions, total_steps: int) -> Callable[[int], float]:
-    """The LR multiplier per optimizer step: linear warm-up over ``warmup_steps`` (or
-    ``ceil(warmup_ratio * total_steps)``), then constant, linear decay or cosine decay to 0 at
-    ``total_steps``."""
+    """The LR multiplier of optimizer step ``step`` (0-based): linear warm-up from 0 over
+    ``warmup_steps`` (or ``ceil(warmup_ratio * total_steps)``), then constant, linear decay or
+    cosine decay to 0 at ``total_steps``; transformers' get_constant_schedule_with_warmup,
+    get_linear_schedule_with_warmup and get_cosine_schedule_with_warmup, step for step (the
+    first step runs at lr * 0 / warmup)."""
     warmup = optimization.warmup_steps_for(total_steps)
     schedule = optimization.lr_scheduler_type
 
     def factor(step: int) -> float:
         if warmup and step < warmup:
-            return (step + 1) / warmup
+            return step / warmup
         if schedule == "constant":
             return 1.0
         progress = (step - warmup) / max(1, total_steps - warmup)
@@ -127,6 +129,7 @@ class Trainable:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(optimization, total)
         )
+        self.last_lr: float | None = None
 
     @property
     def sharded(self) -> bool:
@@ -157,6 +160,9 @@ class Trainable:
         """The optimizer step and the schedule's, then ``after_step`` (the policy's: TR-DPO's
         reference update)."""
         self.optimizer.step()
+        # The rate this step used, logged as learning_rate (transformers' Trainer reads it
+        # before lr_scheduler.step(), which sets the next step's).
+        self.last_lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         if self.after_step is not None:
             self.after_step()
@@ -167,7 +173,8 @@ class Trainable:
 
     @property
     def learning_rate(self) -> float:
-        return self.scheduler.get_last_lr()[0]
+        """The rate of the latest optimizer step; before any, the first step's."""
+        return self.last_lr if self.last_lr is not None else self.scheduler.get_last_lr()[0]
 
     def optimizer_state_dict(self) -> dict[str, Any]:
         """The optimizer state; under FSDP the full (unsharded) state keyed by parameter name,

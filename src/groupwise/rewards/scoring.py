@@ -1,7 +1,8 @@
 """A rollout's scores: every reward function called robustly on a batch (:func:`call_reward`:
-a coroutine awaited from any context, a warning naming a call that runs long,
-``reward_timeout``), their weighted combination (:class:`RewardScorer`) and a rollout's rewards
-with its correctness score (:class:`RolloutScorer`).
+a coroutine awaited from any context, a warning naming a call that runs long, once naming a
+function slower than ``slow_call_warning``, ``reward_timeout``), their weighted combination
+(:class:`RewardScorer`) and a rollout's rewards with its correctness score
+(:class:`RolloutScorer`).
 
 - Each function gets TRL's call ``f(prompts=..., completions=..., completion_ids=..., **columns,
   trainer_state=..., log_extra=..., log_metric=...)``; ``async def`` functions are awaited
@@ -28,6 +29,7 @@ import json
 import logging
 import math
 import threading
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -40,6 +42,7 @@ import torch
 from ..data.prompts import is_conversational
 from ..files import atomic_write_text
 from ..rollout import Rollout
+from ..tools.toolbox import SLOW_CALL_WARNING_S
 from .basic import RewardFunc, correctness_index, reward_func_name
 
 logger = logging.getLogger("groupwise.rewards")
@@ -138,7 +141,13 @@ def _call_watched(
         timer.cancel()
 
 
-__all__ = ["SLOW_REWARD_WARNING_S", "RewardFunctionError", "RewardScorer", "run_coroutine"]
+__all__ = [
+    "SLOW_CALL_WARNING_S",
+    "SLOW_REWARD_WARNING_S",
+    "RewardFunctionError",
+    "RewardScorer",
+    "run_coroutine",
+]
 
 logger = logging.getLogger("groupwise.rewards")
 
@@ -171,6 +180,7 @@ class RewardScorer:
         max_failure_fraction: float = 0.5,
         timeout: float | None = None,
         slow_warning_s: float | None = SLOW_REWARD_WARNING_S,
+        slow_call_s: float | None = SLOW_CALL_WARNING_S,
     ) -> None:
         if not funcs:
             raise ValueError("at least one reward function is needed")
@@ -186,7 +196,8 @@ class RewardScorer:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
         self.timeout = timeout
-        self.slow_warning_s = slow_warning_s
+        self.slow_warning_s, self.slow_call_s = slow_warning_s, slow_call_s
+        self._slow_logged: set[str] = set()
         self.error_counts: dict[str, Counter] = {name: Counter() for name in self.names}
         self._traceback_logged: set[str] = set()
         self.nan_counts: Counter = Counter()
@@ -308,10 +319,12 @@ class RewardScorer:
         failures = 0
         for i in range(n):
             single = {k: [v[i]] for k, v in kwargs.items()} | (shared or {})
+            start = time.perf_counter()
             try:
                 result = call_reward(func, name, single, self.timeout, self.slow_warning_s)
                 if inspect.isawaitable(result):
                     result = run_coroutine(result)
+                self._note_time(name, time.perf_counter() - start, 1)
                 values.extend(self._check_values(name, result, 1))
             except RewardFunctionError:
                 raise
@@ -335,6 +348,7 @@ class RewardScorer:
         failed: list[int] = []
         pending: dict[int, Any] = {}
         for j, func in enumerate(self.funcs):
+            start = time.perf_counter()
             try:
                 out = call_reward(func, self.names[j], kwargs | (shared or {}), self.timeout,
                                   self.slow_warning_s)  # fmt: skip
@@ -346,11 +360,19 @@ class RewardScorer:
             if inspect.isawaitable(out):
                 pending[j] = out
             else:
+                self._note_time(self.names[j], time.perf_counter() - start, n)
                 results[j] = out
         if pending:
 
+            async def timed(name: str, awaitable: Any) -> Any:
+                start = time.perf_counter()
+                out = await awaitable
+                self._note_time(name, time.perf_counter() - start, n)
+                return out
+
             async def gather() -> list[Any]:
-                return await asyncio.gather(*pending.values(), return_exceptions=True)
+                calls = [timed(self.names[j], out) for j, out in pending.items()]
+                return await asyncio.gather(*calls, return_exceptions=True)
 
             for j, out in zip(pending, run_coroutine(gather()), strict=True):
                 if isinstance(out, asyncio.TimeoutError):
@@ -366,6 +388,15 @@ class RewardScorer:
             else:
                 columns.append(self._check_values(name, results[j], n))
         return columns
+
+    def _note_time(self, name: str, seconds: float, n: int) -> None:
+        """Name a reward function whose call took longer than ``slow_call_s``, once."""
+        if self.slow_call_s is not None and seconds > self.slow_call_s:
+            _warn_once(self._slow_logged, name,
+                       "reward function %r took %.1f s on a batch of %d completions (more than "
+                       "slow_call_warning=%g s); every step waits for it: make it faster, or set "
+                       "reward_timeout to stop a call that runs too long (logged once)",
+                       name, seconds, n, self.slow_call_s)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------
     def __call__(

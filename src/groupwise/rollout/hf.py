@@ -118,7 +118,8 @@ def token_logprobs(
     """log mu(token) per row, mu being the distribution :func:`sample_next_token` draws from:
     softmax(logits / T) over the top-k / top-p / min-p set, renormalised (softmax(logits) when
     greedy), after the repetition penalty. The same value as vLLM's ``processed_logprobs``
-    (rollout/base.py, ``sampling_logprobs``)."""
+    (rollout/base.py, ``sampling_logprobs``) except with both min_p and top_p set: vLLM drops
+    the min_p tokens before top-p, this sampler after it (transformers' order)."""
     logits = penalised_logits(logits, params, seen)
     if params.greedy:
         scaled = logits.float()

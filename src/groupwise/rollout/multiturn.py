@@ -39,6 +39,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data.prompts import is_conversational, prompt_text
 from ..errors import ConfigError
+from ..tools.calls import assistant_message, assistant_text, content_text
 from ..tools.environment import PLACEHOLDER_PROMPT, EnvironmentFactories
 from ..tools.prompting import prompt_text_with_tools
 from .base import Engine, Request, Rollout, SamplingParams, cache_keyword, has_recurrent_state
@@ -121,13 +122,12 @@ def _plain(message: Mapping[str, str]) -> str:
     return f"\n{message['content']}\n"
 
 
-def conversation_text(messages: Sequence[Mapping[str, str]]) -> str:
+def conversation_text(messages: Sequence[Mapping[str, Any]]) -> str:
     """A conversation as one readable string (completion tables, the report, plain-prompt
     rewards): the assistant's turns as written, other messages as ``[role] content`` lines."""
-    parts = []
-    for m in messages:
-        parts.append(m["content"] if m["role"] == "assistant" else f"[{m['role']}] {m['content']}")
-    return "\n".join(parts)
+    lines = [f"[{m['role']}] {content_text(m['content'])}" for m in messages]
+    return "\n".join(assistant_text(m) if m["role"] == "assistant" else line
+                     for m, line in zip(messages, lines, strict=True))  # fmt: skip
 
 
 @dataclass
@@ -217,7 +217,7 @@ def converse(
         c = convs[r]
         c.turns += 1
         text = tokenizer.decode(c.tokens[c.turn_start :], skip_special_tokens=True)
-        c.messages.append({"role": "assistant", "content": text})
+        c.messages.append(assistant_message(text))  # tool calls parsed, as TRL's rewards get
         if reason == "budget":
             c.finished = c.truncated = True
             return
@@ -232,7 +232,9 @@ def converse(
         if len(c.tokens) + len(inserted) >= budget:  # no room left to answer
             c.finished = c.truncated = True
             return
-        c.messages.extend(shown)
+        # The conversation keeps a list a tool returned as is (TRL's rewards read it) unless
+        # it was cut; everything else as shown.
+        c.messages.extend(_kept(m, s) for m, s in zip(step.messages, shown, strict=True))
         # The turn's last token was sampled but not fed yet: it goes in first.
         c.pending = [*c.tokens[-1:], *inserted]
         c.tokens.extend(inserted)
@@ -390,17 +392,24 @@ def _insert(
     return out.logits[:, -1, :], attn, next_pos + lengths
 
 
-def _cut(message: Mapping[str, str], tokenizer: PreTrainedTokenizerBase, limit: int) -> dict:
-    """The message with its content cut to ``limit`` tokens (a marker says how much was cut)."""
-    content = str(message.get("content", ""))
+def _cut(message: Mapping[str, Any], tokenizer: PreTrainedTokenizerBase, limit: int) -> dict:
+    """The message as shown to the model: its content as text (:func:`_content_text`), cut to
+    ``limit`` tokens (a marker says how much was cut); a tool's ``name`` is kept."""
+    content = content_text(message.get("content", ""))
+    shown = {"role": str(message.get("role", "user"))}
+    if "name" in message:
+        shown["name"] = str(message["name"])
     ids = tokenizer(content, add_special_tokens=False)["input_ids"]
-    if len(ids) <= limit:
-        return {"role": str(message.get("role", "user")), "content": content}
-    kept = tokenizer.decode(ids[:limit])
-    return {
-        "role": str(message.get("role", "user")),
-        "content": f"{kept} ... [cut {len(ids) - limit} tokens]",
-    }
+    if len(ids) > limit:
+        content = f"{tokenizer.decode(ids[:limit])} ... [cut {len(ids) - limit} tokens]"
+    return {**shown, "content": content}
+
+
+def _kept(message: Mapping[str, Any], shown: dict[str, str]) -> dict[str, Any]:
+    """What the conversation records of an inserted message: a tool's returned list as is when
+    the model was shown all of it, else the message as shown."""
+    whole = shown["content"] == content_text(message["content"])
+    return {**shown, "content": message["content"]} if whole else shown
 
 
 def _assemble(

@@ -15,7 +15,8 @@ every step). This engine does what a serving engine does instead:
   blocked layout (what inductor's CPU freezing does), so no matmul re-blocks its weight;
 - **a static KV cache** [layers, rows, kv_heads, slots, head_dim] allocated once per call: the
   prompt occupies slots ``[0, Lp)`` (left-padded), token t of every row goes to slot ``Lp + t``,
-  so a decode step's shapes never depend on the step and it can be compiled (``torch.compile``);
+  so a decode step's shapes never depend on the step and it can be compiled (``torch.compile``)
+  and, on a GPU, replayed as a CUDA graph (:mod:`.static_graphs`: one launch per token);
 - **attention written out** as three small batched matmuls (one query per row makes torch's CPU
   attention kernels several times slower than that);
 - **few host syncs**: whether every row has finished is read every ``eos_check_every`` tokens,
@@ -51,6 +52,7 @@ from .hf import (
     seen_tokens,
     token_logprobs,
 )
+from .static_graphs import DecodeGraphs
 from .weight_sync import checkpoint_weights
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -81,6 +83,13 @@ def supports(model: torch.nn.Module) -> str | None:
         model_type == "mistral" and getattr(config, "sliding_window", None)
     ):
         return "sliding-window attention"
+    quantizer = getattr(_base_model(model), "hf_quantizer", None)
+    if getattr(config, "quantization_config", None) is not None or quantizer is not None:
+        # 4-/8-bit storage (bitsandbytes QLoRA): the copy would read packed bytes as weights.
+        return "quantized weights (quantization_config)"
+    peft_configs = getattr(getattr(model, "module", model), "peft_config", None) or {}
+    if any(getattr(c, "use_dora", False) for c in dict(peft_configs).values()):
+        return "a DoRA adapter (use_dora), which the weight copy cannot merge"
     return None
 
 
@@ -384,6 +393,10 @@ class StaticEngine(Engine):
     ``eos_check_every``: tokens between the host reads of "has every row finished".
     ``pack_weights``: hold the projections pre-packed for oneDNN (None: on a CPU whose torch
     build can, when not compiling).
+    ``cuda_graphs``: replay the decode step (eager or compiled) as CUDA graphs over static
+    buffers (None: on a CUDA device whenever rows are not compacted; needs fixed shapes).
+    ``decode_graphs``: the :class:`~groupwise.rollout.static_graphs.DecodeGraphs` to run it
+    through instead (tests pass one with ``capture=False`` on a CPU).
     ``weights``: a context in which the policy's full weights are readable (FSDP gathers them).
     """
 
@@ -399,6 +412,8 @@ class StaticEngine(Engine):
         eos_check_every: int = 8,
         compact: bool | None = None,
         pack_weights: bool | None = None,
+        cuda_graphs: bool | None = None,
+        decode_graphs: DecodeGraphs | None = None,
         records_logprobs: bool = True,
         weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         device: torch.device | None = None,
@@ -434,6 +449,21 @@ class StaticEngine(Engine):
         if compile:
             # The batch dimension shrinks when rows are compacted: compile it as a symbol.
             self._step = torch.compile(decode_step, dynamic=self.compact or None)
+        cuda = self._device.type == "cuda"
+        if cuda_graphs is None:
+            cuda_graphs = cuda and not self.compact
+        elif cuda_graphs and (not cuda or self.compact):
+            raise ValueError(
+                "cuda_graphs=True needs a CUDA device and fixed shapes (compact=False); got "
+                f"device {self._device}, compact={self.compact}"
+            )
+        self.graphs = decode_graphs
+        if self.graphs is None and cuda_graphs:
+            self.graphs = DecodeGraphs(self._step)  # captures the compiled step when compiling
+        if self.graphs is not None:
+            if self.compact:
+                raise ValueError("decode_graphs need fixed shapes: compact=False")
+            self._step = self.graphs
 
     @property
     def device(self) -> torch.device:
@@ -457,7 +487,7 @@ class StaticEngine(Engine):
             torch.tensor(counts, device=device)
         )
         n_rows, width, max_new = int(sum(counts)), prompt_ids.shape[1], params.max_completion_length
-        slots = width + max_new
+        slots = width + max_new if self.graphs is None else self.graphs.slots(width + max_new)
         shape = (w.layers_n, n_prompts, w.kv_heads, slots, w.head_dim)
 
         # 1. Prefill each prompt once: causal attention over its non-pad tokens (a pad query
@@ -473,8 +503,16 @@ class StaticEngine(Engine):
         hidden = forward(w, prompt_ids, positions, cache_k, cache_v, 0, key_mask)
         logits = linear(hidden, w.lm_head).float()
 
-        # 2. Every rollout of a prompt starts from its prompt's cache rows.
-        if n_rows != n_prompts or counts != [1] * n_prompts:
+        # 2. Every rollout of a prompt starts from its prompt's cache rows (with graphs: copied
+        # into the graph's static buffers, whose addresses the captured step reads).
+        if self.graphs is not None:
+            buf = self.graphs.buffers((shape[0], n_rows, *shape[2:]), self.dtype, device)
+            torch.index_select(cache_k, 1, row_prompt, out=buf.cache_k)
+            torch.index_select(cache_v, 1, row_prompt, out=buf.cache_v)
+            buf.valid.copy_(valid[row_prompt])
+            cache_k, cache_v, valid = buf.cache_k, buf.cache_v, buf.valid
+            logits = logits[row_prompt]
+        elif n_rows != n_prompts or counts != [1] * n_prompts:
             cache_k, cache_v = cache_k[:, row_prompt], cache_v[:, row_prompt]
             valid, logits = valid[row_prompt], logits[row_prompt]
         position = positions[row_prompt, -1] + 1

@@ -10,13 +10,21 @@ which is groupwise's group order; the :class:`~groupwise.rollout.base.Rollout` i
 mask includes the EOS token, ``truncated`` where vLLM stopped for ``length``).
 
 Log-probs. The LLM is created with ``logprobs_mode="processed_logprobs"`` and every request asks
-for ``logprobs=0`` (the sampled token's log-prob only). In vLLM >= 0.11 "processed" log-probs are
-taken inside the top-k/top-p sampler: ``log_softmax`` of logits / T after the tokens outside the
-top-k / top-p set are masked to -inf, so each recorded value is log mu(token), mu being the
-distribution the token was actually drawn from (softmax(logits / T) restricted to the kept set and
-renormalised; softmax(logits) when greedy). That is the contract of ``Rollout.sampling_logprobs``
-(see base.py), which the HF engine follows too. vLLM's ``raw_logprobs`` (the default) would be
-the model's softmax(logits) before temperature, the wrong denominator for rollout correction.
+for ``logprobs=0`` (the sampled token's log-prob only). vLLM 0.33 takes "processed" log-probs
+inside its sampler, after the repetition penalty, the temperature, ``min_p`` and then top-k /
+top-p (each masking tokens to -inf): each recorded value is log mu(token), mu being the
+distribution the token was actually drawn from (log_softmax of the penalised logits when greedy).
+That is the contract of ``Rollout.sampling_logprobs`` (see base.py). vLLM's ``raw_logprobs`` (the
+default) would be the model's softmax(logits) before temperature, the wrong denominator for
+rollout correction. One difference from the HF engine: vLLM applies ``min_p`` *before* top-p
+(top-p then measures mass over the min_p survivors), the HF sampler after it (transformers'
+order). With ``min_p > 0`` and ``top_p < 1`` both set, the two engines therefore sample from
+slightly different distributions; each records its own, so rollout correction stays exact.
+
+Sampling parameters vLLM would change behind the trainer's back are refused instead: a
+temperature in (0, 0.01), which vLLM silently raises to 0.01 (the trainer would compute pi_old
+at the configured temperature), or above 2, which vLLM refuses. Greedy requests with ``count``
+> 1, which vLLM refuses, are sent once and repeated (greedy decoding is deterministic).
 
 Rollout correction is therefore always on with this engine: vLLM samples in bf16 with its own
 kernels, so its log-probs differ from the trainer's, and the trainer weights the surrogate by
@@ -24,14 +32,29 @@ pi_old / pi_rollout whenever a rollout carries ``sampling_logprobs``.
 
 Weights. :meth:`VLLMEngine.sync` pushes the policy's full weights into the vLLM model with the
 model's own ``load_weights(iterable of (name, tensor))``, one decoder layer at a time (so the
-model is never duplicated at once on the GPU), under the plain Hugging Face checkpoint names vLLM
-expects (PEFT prefixes stripped, adapters merged, the tied LM head sent once as the embedding),
+model is never duplicated at once on the GPU; under FSDP the policy's full-weights context
+gathers every unit first), under the plain Hugging Face checkpoint names vLLM
+expects (PEFT prefixes stripped, adapters merged, the tied LM head sent once as the embedding;
+a head that differs from its tied embedding is sent too, into an untied vLLM copy),
 then resets vLLM's prefix cache: cached KV blocks were computed with the old weights and would
 otherwise be served for every prompt seen before. Under FSDP2 each tensor is gathered with
 ``DTensor.full_tensor()`` (a collective every rank makes in the same order: each rank has its own
 colocated vLLM). LoRA adapters are merged out of place in fp32 (W + scale * B @ A, cast to the
 engine's dtype); peft's in-place ``merge_adapter`` / ``unmerge_adapter`` on a bf16 base would
 round the frozen base a little further on every step.
+
+In-process engine. groupwise pushes weights into the vLLM model object, which exists only when
+vLLM's engine core runs in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING`` is set to 0 at build
+(an inherited 1 would move the core to a child process, where the model cannot be reached and
+``LLM.apply_model`` cannot ship a function), and the build checks the model is reachable. Living
+in the training process has side effects vLLM brings along: its worker re-seeds the global
+``random`` / NumPy / torch / CUDA RNGs with the engine's seed (groupwise restores the trainer's
+states right after the build); vLLM's V2 sampler draws each unseeded request's seed from the
+global NumPy RNG, so generation advances NumPy's global state; vLLM calls ``gc.freeze()`` at
+build, caches its ``VLLM_*`` environment, creates a world-1 ``torch.distributed`` group in a
+single-process run, and on import sets ``TORCHINDUCTOR_COMPILE_THREADS=1``. In a single-process
+run vLLM's executor builds on ``cuda:0`` whatever the policy's device (under torchrun, on
+``cuda:LOCAL_RANK``), so a policy on another GPU is refused with the fix to apply.
 
 vLLM is imported here only, when the engine is built; without it, or without a CUDA GPU, building
 the engine raises a :class:`~groupwise.errors.ConfigError` that says what to install.
@@ -40,21 +63,27 @@ the engine raises a :class:`~groupwise.errors.ConfigError` that says what to ins
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
+import logging
 import os
+import random
 import re
+import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..errors import ConfigError
 from .base import Engine, Request, Rollout, SamplingParams
 from .hf import left_pad
-from .weight_sync import checkpoint_weights
+from .weight_sync import checkpoint_weights, unties_embeddings
 
 INSTALL_HINT = (
     'generation_engine=vllm needs the vllm package: pip install "groupwise[vllm]" (vLLM needs a '
@@ -62,6 +91,17 @@ INSTALL_HINT = (
 )
 
 _LAYER = re.compile(r"^(.*?\.\d+)\.")  # "model.layers.3.mlp..." -> "model.layers.3"
+
+# vLLM's SamplingParams (vllm/sampling_params.py, 0.33): a temperature in (0, 0.01) is raised to
+# 0.01 with only a log line, one above 2 is refused.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 2.0
+SLEEP_TAGS = ("weights", "kv_cache")
+# TRL's colocate engine pins this: vLLM's higher default misleads its memory profiler on a GPU
+# shared with training and can leave no room for the KV cache (trl/generation/vllm_generation.py).
+MAX_NUM_BATCHED_TOKENS = 4096
+_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+
+logger = logging.getLogger(__name__)
 
 
 def import_vllm() -> Any:
@@ -106,7 +146,8 @@ class VLLMEngine(Engine):
     tensors go (the policy's device); ``dtype``: the vLLM model's dtype, which pushed weights are
     cast to; ``sleep_mode``: the LLM was made with ``enable_sleep_mode``, so it sleeps (level 1:
     weights offloaded to CPU memory, KV cache freed) between generations, leaving the GPU to the
-    update. ``weights`` wraps :meth:`sync` (the policy's full-weights context under FSDP)."""
+    update. ``weights`` wraps :meth:`sync` (the policy's full-weights context under FSDP).
+    ``max_model_len``: vLLM's context length, which every prompt must be shorter than."""
 
     records_logprobs = True  # every rollout carries sampling_logprobs: rollout correction is on
 
@@ -121,8 +162,10 @@ class VLLMEngine(Engine):
         dtype: torch.dtype,
         sleep_mode: bool = False,
         weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        max_model_len: int | None = None,
     ) -> None:
         self.llm, self.tokenizer, self.params = llm, tokenizer, params
+        self.max_model_len = max_model_len  # vLLM's context length (None: not known here)
         self.eos_token_ids = sorted(int(i) for i in eos_token_ids)
         self.device, self.dtype = device, dtype
         self.sleep_mode, self.weights = sleep_mode, weights
@@ -135,21 +178,33 @@ class VLLMEngine(Engine):
         """Release the GPU memory vLLM holds (level 1: weights to CPU memory, KV cache dropped)."""
         if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=1)
-            self.asleep = {"weights", "kv_cache"}
+            self.asleep = set(SLEEP_TAGS)
 
     def wake(self, *tags: str) -> None:
-        """Bring back the given sleep-mode tags (all when none is given)."""
-        wanted = set(tags) if tags else {"weights", "kv_cache"}
+        """Bring back the given sleep-mode tags (all when none is given). vLLM wakes nothing when
+        a requested tag is not asleep, and keeps its scheduler paused until every tag is awake:
+        a ``generate`` would then wait forever, so a refused full wake-up raises here."""
+        wanted = set(tags) if tags else set(SLEEP_TAGS)
         missing = sorted(wanted & self.asleep)
-        if missing:
-            self.llm.wake_up(tags=missing)
-            self.asleep -= set(missing)
+        if not missing:
+            return
+        awake = self.llm.wake_up(tags=missing)
+        self.asleep -= set(missing)
+        # vLLM 0.33 returns whether it is fully awake (0.11 returns None: nothing to check).
+        if awake is False and not self.asleep:
+            raise RuntimeError(
+                f"vLLM did not wake up (wake_up(tags={missing}) returned False): its sleep state "
+                "disagrees with the engine's, and generation would wait forever on its paused "
+                "scheduler"
+            )
 
     # -- generation -------------------------------------------------------------------------------
     def sampling_params(self, params: SamplingParams, count: int, seed: int | None) -> Any:
-        """vLLM's ``SamplingParams`` for one prompt's ``count`` rollouts."""
+        """vLLM's ``SamplingParams`` for one prompt's ``count`` rollouts (one request; greedy
+        asks for one, which :meth:`sample` repeats: vLLM refuses greedy with n > 1)."""
+        check_temperature(params)
         return self._vllm.SamplingParams(
-            n=count,
+            n=1 if params.greedy else count,
             temperature=0.0 if params.greedy else params.temperature,
             top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else -1,  # vLLM: -1 disables top-k
@@ -177,6 +232,14 @@ class VLLMEngine(Engine):
                 0, 2**31 - 1, (len(prompts),), generator=generator, device=generator.device
             )
             seeds = [int(s) for s in drawn.tolist()]
+        longest = max((len(p) for p in prompts), default=0)
+        if self.max_model_len is not None and longest >= self.max_model_len:
+            # vLLM refuses such a request in the middle of generate(); name the options instead.
+            raise ConfigError(
+                f"a prompt of {longest} tokens does not fit vLLM's context length "
+                f"{self.max_model_len} (vllm_max_model_length, by default max_prompt_length + "
+                "max_completion_length): set max_prompt_length below it"
+            )
         requests = [{"prompt_token_ids": p} for p in prompts]
         sampling = [self.sampling_params(params, c, s) for c, s in zip(counts, seeds, strict=True)]
         self.wake()
@@ -184,10 +247,13 @@ class VLLMEngine(Engine):
             outputs = self.llm.generate(requests, sampling_params=sampling, use_tqdm=False)
         finally:
             self.sleep()
-        return self._rollout(prompts, counts, outputs)
+        return self._rollout(prompts, counts, outputs, repeat=params.greedy)
 
-    def _rollout(self, prompts: list[list[int]], counts: list[int], outputs: Any) -> Rollout:
-        """The Rollout of vLLM's request outputs (one per prompt, in request order)."""
+    def _rollout(
+        self, prompts: list[list[int]], counts: list[int], outputs: Any, repeat: bool = False
+    ) -> Rollout:
+        """The Rollout of vLLM's request outputs (one per prompt, in request order); ``repeat``:
+        each request holds one (greedy) completion, repeated ``count`` times."""
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -196,11 +262,12 @@ class VLLMEngine(Engine):
         truncated: list[bool] = []
         group_ids: list[int] = []
         for p, (request, count) in enumerate(zip(outputs, counts, strict=True)):
-            if len(request.outputs) != count:
+            asked = 1 if repeat else count
+            if len(request.outputs) != asked:
                 raise RuntimeError(
-                    f"vLLM returned {len(request.outputs)} completions for prompt {p}, not {count}"
+                    f"vLLM returned {len(request.outputs)} completions for prompt {p}, not {asked}"
                 )
-            for completion in request.outputs:
+            for completion in list(request.outputs) * (count if repeat else 1):
                 ids = [int(t) for t in completion.token_ids]
                 if completion.logprobs is None or len(completion.logprobs) != len(ids):
                     raise RuntimeError("vLLM returned no log-prob for some sampled token")
@@ -237,26 +304,22 @@ class VLLMEngine(Engine):
 
     # -- weights ----------------------------------------------------------------------------------
     def vllm_model(self) -> Any | None:
-        """The vLLM model object when it lives in this process (vLLM's in-process executor, as
-        TRL reaches it), else None (then :meth:`load` goes through ``LLM.apply_model``)."""
+        """The vLLM model object (vLLM's in-process executor, as TRL reaches it), or None when
+        this vLLM version keeps it elsewhere (then :meth:`load` uses ``LLM.apply_model``, which
+        an in-process engine runs directly on it)."""
         try:
             return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
         except AttributeError:
             return None
 
     def load(self, chunk: list[tuple[str, torch.Tensor]]) -> None:
-        """Load one chunk of weights into the vLLM model."""
+        """Load one chunk of weights into the vLLM model (the engine core is in this process:
+        :func:`build_vllm_engine` checks it, so ``apply_model`` never has to ship the closure)."""
         model = self.vllm_model()
         if model is not None:
             model.load_weights(chunk)
-            return
-        apply_model = getattr(self.llm, "apply_model", None)
-        if apply_model is None:
-            raise RuntimeError(
-                "cannot reach the vLLM model to load weights: neither llm.llm_engine.model_executor"
-                ".driver_worker.model_runner.model nor LLM.apply_model exists in this vLLM version"
-            )
-        apply_model(lambda model: model.load_weights(chunk))
+        else:
+            self.llm.apply_model(lambda model: model.load_weights(chunk))
 
     @torch.no_grad()
     def sync(self, policy: torch.nn.Module) -> None:
@@ -280,13 +343,34 @@ class VLLMEngine(Engine):
 # Construction
 
 
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a peft wrapper (``model`` itself otherwise)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def model_folder(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     """Write what vLLM reads to build the model (config, generation config, tokenizer) into
     ``folder``. No weights: the LLM starts from ``load_format="dummy"`` and :meth:`VLLMEngine.sync`
     pushes the policy's current weights (a built-in model, a resumed run, a LoRA policy), so
-    nothing is downloaded and no second copy of the weights goes to disk."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.config.save_pretrained(folder)
+    nothing is downloaded and no second copy of the weights goes to disk.
+
+    The config names its class (``architectures``), which a config built in code lacks and vLLM
+    would otherwise guess from ``model_type``; and it is untied when the policy's LM head
+    computes with other weights than its embedding (a head trained apart, or LoRA on one of
+    them): a tied vLLM model has one matrix for both and would refuse a separate head."""
+    base = unwrap(model)
+    if getattr(base.config, "quantization_config", None) is not None:
+        raise ConfigError(
+            "generation_engine=vllm pushes full-precision weights into its own copy of the model "
+            "and cannot load them into a quantised one (the policy's config has a "
+            "quantization_config); use an unquantised model or generation_engine: hf"
+        )
+    config = copy.deepcopy(base.config)
+    if not getattr(config, "architectures", None):
+        config.architectures = [type(base).__name__]
+    if unties_embeddings(model):
+        config.tie_word_embeddings = False
+    config.save_pretrained(folder)
     generation_config = getattr(base, "generation_config", None)
     if generation_config is not None:
         generation_config.save_pretrained(folder)
@@ -302,11 +386,91 @@ def require_cuda(device: torch.device) -> None:
         )
 
 
+def check_gpu_index(device: torch.device, world: int) -> None:
+    """Refuse a policy GPU vLLM would not build on. A single-process vLLM executor takes
+    ``cuda:0`` (and makes it the process's current device); under torchrun the external
+    launcher takes ``cuda:LOCAL_RANK``."""
+    if device.type != "cuda":
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if world > 1:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        if index != local_rank:
+            raise ConfigError(
+                f"generation_engine=vllm under torchrun builds on cuda:LOCAL_RANK (cuda:"
+                f"{local_rank}), but the policy is on cuda:{index}; place each rank's policy on "
+                "cuda:LOCAL_RANK"
+            )
+    elif index != 0:
+        raise ConfigError(
+            f"generation_engine=vllm in one process builds its model on cuda:0, but the policy is "
+            f"on cuda:{index}; run with CUDA_VISIBLE_DEVICES={index} so that GPU is cuda:0"
+        )
+
+
+def check_temperature(params: SamplingParams) -> None:
+    """Refuse a sampling temperature vLLM would not honour (see the module docstring): it
+    would sample and report log-probs at 0.01 for any T in (0, 0.01), which biases rollout
+    correction with no error, and refuses T > 2. Refused rather than emulated: no vLLM sampling
+    option reproduces softmax(logits / T) there."""
+    t = params.temperature
+    if not params.greedy and not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE:
+        raise ConfigError(
+            f"temperature={t} is outside what generation_engine=vllm samples at: vLLM needs "
+            f"{MIN_TEMPERATURE} <= temperature <= {MAX_TEMPERATURE} (it silently raises a lower "
+            "one to 0.01 and refuses a higher one); use generation_engine: hf for it"
+        )
+
+
+def position_limit(config: Any) -> int | None:
+    """The longest context vLLM derives from the model's config (the smallest of its length
+    keys), or None when it cannot be read off plainly (no key, or a scaled RoPE, whose factor
+    vLLM folds in itself)."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) != "default":
+        return None
+    found = [int(getattr(config, k)) for k in _LENGTH_KEYS if getattr(config, k, None) is not None]
+    return min(found) if found else None
+
+
+def check_max_model_len(model: torch.nn.Module, max_model_len: int | None) -> None:
+    """Refuse a vLLM context longer than the model's positions: vLLM refuses to build with it
+    (unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``), so the options that set it are named now."""
+    limit = position_limit(unwrap(model).config)
+    if max_model_len is None or limit is None or max_model_len <= limit:
+        return
+    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":
+        return
+    raise ConfigError(
+        f"vLLM's context length {max_model_len} (vllm_max_model_length, by default "
+        "max_prompt_length + max_completion_length) is above the model's position limit "
+        f"({limit}); lower max_prompt_length / max_completion_length or set "
+        "vllm_max_model_length to at most that limit"
+    )
+
+
 def engine_dtype(device: torch.device, weights: torch.dtype) -> torch.dtype:
     """vLLM's dtype: bf16 on a bf16 GPU (what vLLM and TRL generate in), else the weights'."""
     from ..runtime.precision import bf16_capable
 
     return torch.bfloat16 if bf16_capable(device) else weights
+
+
+@contextlib.contextmanager
+def trainer_rng_kept() -> Iterator[None]:
+    """Restore the process's global RNG states (``random``, NumPy, torch, CUDA) on exit: vLLM's
+    worker re-seeds them all with the engine's seed when it is built in this process, which
+    would reset the trainer's streams (and make a resumed run's differ from a fresh one's)."""
+    python, numpy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def build_vllm_engine(
@@ -336,7 +500,16 @@ def build_vllm_engine(
     require_cuda(device)
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     rank = int(os.environ.get("RANK", "0") or 0)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    check_gpu_index(device, world)
+    check_temperature(params)
+    check_max_model_len(model, max_model_len)
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+        logger.warning(
+            "VLLM_ENABLE_V1_MULTIPROCESSING=%s set to 0: the colocated engine pushes weights "
+            "into vLLM's model in this process",
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
+        )
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the LLM is built
     dtype = engine_dtype(device, weights_dtype)
     folder = Path(tempfile.mkdtemp(prefix="groupwise-vllm-"))
     model_folder(model, tokenizer, folder)
@@ -346,16 +519,24 @@ def build_vllm_engine(
         dtype=str(dtype).removeprefix("torch."),
         gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len,
+        max_num_batched_tokens=max(MAX_NUM_BATCHED_TOKENS, max_model_len or 0),
         enable_prefix_caching=enable_prefix_caching,
         enable_sleep_mode=enable_sleep_mode,
         seed=seed + rank,
         tensor_parallel_size=1,
-        # The sampled token's log-prob after temperature and top-k/top-p (see the docstring).
+        # The sampled token's log-prob as sampled (see the docstring).
         logprobs_mode="processed_logprobs",
     )
     if world > 1:
         options["distributed_executor_backend"] = "external_launcher"
-    llm = vllm.LLM(**options)
+    with trainer_rng_kept():
+        llm = vllm.LLM(**options)
+    if not hasattr(llm.llm_engine, "model_executor"):
+        raise RuntimeError(
+            "vLLM built its engine core in another process (VLLM_ENABLE_V1_MULTIPROCESSING was "
+            "read as 1, e.g. cached by an LLM built earlier in this process): the colocated "
+            "engine cannot push weights into it"
+        )
     engine = VLLMEngine(
         llm,
         tokenizer,
@@ -365,7 +546,9 @@ def build_vllm_engine(
         dtype=dtype,
         sleep_mode=enable_sleep_mode,
         weights=weights,
+        max_model_len=max_model_len or position_limit(unwrap(model).config),
     )
+    weakref.finalize(engine, shutil.rmtree, folder, ignore_errors=True)  # the folder goes with it
     engine.sync(model)
     engine.sleep()
     return engine

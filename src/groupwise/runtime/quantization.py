@@ -100,6 +100,10 @@ def quantize_4bit(
             if child.bias is not None:
                 layer.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
             setattr(parent, name, layer.to(device))
+    if hasattr(model, "config"):
+        # As from_pretrained records it: what reads the config (save_pretrained, the engines'
+        # checks) then sees a quantized model, whichever way it was quantized.
+        model.config.quantization_config = bnb_config(quant_type, double_quant, dtype)
     return model
 
 

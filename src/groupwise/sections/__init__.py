@@ -230,7 +230,7 @@ def check_across(s: Sections) -> None:
 def _check_quantization(s: Sections) -> None:
     """QLoRA's 4-bit base and bitsandbytes' optimizers with the parts that cannot take them."""
     engine, algorithm = s.generation.generation_engine, s.algorithm.algorithm
-    if s.model.load_in_4bit and engine != "hf":
+    if s.model.load_in_4bit and engine not in ("hf", "auto"):  # auto resolves to hf for it
         raise ConfigError(
             f"load_in_4bit=True with generation_engine={engine} is not supported: the "
             f"{engine} engine decodes from its own 16-bit copy of the weights, which a 4-bit "

@@ -13,13 +13,18 @@ from .base import Section, at_least, choice, require
 # weights (rollout/hf.py); static = a lean Llama-family decoder with its own copy of the weights
 # and a static KV cache (rollout/static.py); vllm = a colocated vLLM engine with its own copy of
 # the weights (rollout/vllm.py). build_rollout.build_engine dispatches on the name; a new engine
-# adds its name here and its branch there.
+# adds its name here and its branch there. auto (the default) is one of them, chosen when the run
+# is built (resolve_generation_engine).
 GENERATION_ENGINES: tuple[str, ...] = ("hf", "static", "vllm")
+GENERATION_ENGINE_CHOICES: tuple[str, ...] = (*GENERATION_ENGINES, "auto")
 
 STATIC_MULTI_TURN = (
     "generation_engine=static does not run tools or environments (multi-turn rollouts continue "
     "from the HF engine's KV cache); use generation_engine: hf with tools / environment"
 )
+# vLLM's SamplingParams (vllm/sampling_params.py, 0.33) silently raises a temperature in (0, 0.01)
+# to 0.01 and refuses one above 2; rollout/vllm.py checks each request the same way.
+VLLM_TEMPERATURES = (0.01, 2.0)
 VLLM_MULTI_TURN = (
     "generation_engine=vllm does not run tools or environments (multi-turn rollouts continue "
     "from the HF engine's KV cache); use generation_engine: hf with tools / environment"
@@ -43,6 +48,7 @@ class GenerationOptions(Section):
     static_compile: bool | None
     static_compile_min_steps: int
     static_eos_check_every: int
+    static_cuda_graphs: bool | None
     vllm_mode: str
     vllm_gpu_memory_utilization: float
     vllm_max_model_length: int | None
@@ -69,7 +75,7 @@ class GenerationOptions(Section):
             ("vllm_gpu_memory_utilization", 0.0 < memory <= 1.0, "in (0, 1]"),
         )
         choice(self, "generation_dtype", ("auto", "bfloat16"))
-        choice(self, "generation_engine", GENERATION_ENGINES)
+        choice(self, "generation_engine", GENERATION_ENGINE_CHOICES)
         choice(self, "vllm_mode", ("colocate", "server"))
         at_least(self, 1, "vllm_max_model_length", optional=True)
         at_least(self, 1, "vllm_tensor_parallel_size", "static_eos_check_every")
@@ -83,6 +89,14 @@ class GenerationOptions(Section):
                 "after every step; a separate vLLM server and its weight-transfer channel are "
                 "not implemented"
             )
+        low, high = VLLM_TEMPERATURES
+        if not low <= self.temperature <= high:
+            raise ConfigError(
+                f"temperature={self.temperature} is outside what generation_engine=vllm samples "
+                f"at: vLLM needs {low} <= temperature <= {high} (it silently raises a lower one "
+                "to 0.01, so rollouts would not follow the configured temperature, and refuses "
+                "a higher one); use generation_engine: hf for it"
+            )
         if self.vllm_tensor_parallel_size != 1:
             raise ConfigError(
                 f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size} is not supported: "
@@ -95,7 +109,7 @@ class GenerationOptions(Section):
         """generation_kwargs are options of transformers' generate(), which only the hf engine
         calls (single-turn rollouts: :func:`check_across`)."""
         keys = ", ".join(sorted(self.generation_kwargs or {}))
-        if self.generation_engine != "hf":
+        if self.generation_engine not in ("hf", "auto"):  # auto resolves to hf with them
             raise ConfigError(
                 f"generation_kwargs ({keys}) need generation_engine: hf, got "
                 f"{self.generation_engine!r}: only the hf engine can hand them to transformers' "
@@ -108,3 +122,39 @@ class GenerationOptions(Section):
                 "bfloat16: its rollout correction needs the sampler's log-probs, which "
                 "transformers' generate() (beam search) does not record"
             )
+
+
+def resolve_generation_engine(
+    requested: str,
+    *,
+    device_type: str,
+    static_unsupported: str | None,
+    multi_turn: bool = False,
+    generation_kwargs: bool = False,
+) -> tuple[str, str]:
+    """The engine a run uses and why, in one line: ``requested`` itself unless it is ``auto``.
+
+    ``auto`` picks the static engine (rollout/static.py) on a CUDA device for a model it can
+    decode (``static_unsupported`` is None: a Llama-family decoder, unquantized, no DoRA), and the
+    HF engine otherwise: for tools or an environment (multi-turn rollouts continue from the HF
+    engine's KV cache), for ``generation_kwargs`` (transformers' generate()), for other
+    architectures, and on a CPU, where the update dominates a step and the static engine's own
+    weight copy would double the weights' memory for a step no faster (docs/speed-memory.md,
+    "Rollout engines"). On one H200 it made a bf16-mixed step 1.7x faster (docs/gpu.md). A
+    named engine is kept as set (its own checks refuse what it cannot run)."""
+    if requested != "auto":
+        return requested, f"generation_engine={requested} as set"
+    if multi_turn:
+        return "hf", "auto: tools / an environment need the HF engine (multi-turn rollouts)"
+    if generation_kwargs:
+        return "hf", "auto: generation_kwargs need the HF engine (transformers' generate())"
+    if device_type != "cuda":
+        # benchmarks/engine_auto_cpu.py on a 2-core CPU: the static engine generated 1.6x the
+        # tokens/s, but the update is most of a step (demo steps 0.92x as long, within noise).
+        return "hf", (
+            f"auto: the HF engine on {device_type}, where the update dominates a step and the "
+            "static engine's second weight copy buys little; docs/gpu.md"
+        )
+    if static_unsupported is not None:
+        return "hf", f"auto: the static engine cannot decode this model ({static_unsupported})"
+    return "static", "auto: the static engine (a Llama-family decoder on a CUDA device)"

@@ -98,6 +98,7 @@ class RewardOptions(Section):
     reward_weights: tuple[float, ...] | None
     reward_max_failure_fraction: float
     reward_timeout: float | None
+    slow_call_warning: float | None
     accuracy_timeout: float
     overlong_buffer_len: int | None
     overlong_penalty_factor: float
@@ -110,6 +111,8 @@ class RewardOptions(Section):
         in_unit(self, "reward_max_failure_fraction")
         timeout = self.reward_timeout
         require(self, ("reward_timeout", timeout is None or timeout > 0, "> 0 seconds or null"))
+        slow = self.slow_call_warning
+        require(self, ("slow_call_warning", slow is None or slow >= 0, ">= 0 seconds or null"))
         positive(self, "accuracy_timeout", "code_timeout", "remote_timeout", unit=" seconds")
         require(self, ("repetition_max_penalty", self.repetition_max_penalty <= 0, "<= 0"))
         funcs = self.reward_funcs

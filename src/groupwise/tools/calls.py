@@ -5,16 +5,20 @@
     </tool_call>
 
 Parsing never raises: malformed blocks come back as error texts to show the model.
+:func:`assistant_message` is an assistant turn as TRL hands it to reward functions: its tool
+calls parsed into transformers' chat shape.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + ".*?" + re.escape(TOOL_CALL_CLOSE), re.S)
 
 
 @dataclass
@@ -77,3 +81,43 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
             errors.append(parsed)
         pos = end + len(TOOL_CALL_CLOSE)
     return calls, errors
+
+
+def chat_tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """Calls in transformers' chat shape (what chat templates render and TRL's rewards read):
+    ``[{"type": "function", "function": {"name": ..., "arguments": {...}}}]``."""
+    return [
+        {"type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}}
+        for c in calls
+    ]
+
+
+def assistant_message(text: str) -> dict[str, Any]:
+    """An assistant turn as TRL 1.16's tool loop passes it on (``parse_response`` with the
+    Qwen3 response schema): when the turn is text, then well-formed ``<tool_call>`` blocks and
+    nothing after them, ``content`` is the text before the first block (less the newline that
+    separates them) and ``tool_calls`` the parsed calls; any other turn (no call, a malformed
+    block, text after the calls) is ``{"role": "assistant", "content": text}``, as TRL's
+    fallback decodes it."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    calls, errors = parse_tool_calls(text)
+    start = text.find(TOOL_CALL_OPEN)
+    only_calls = not _BLOCK.sub("", text[start:]).strip()  # whitespace between and after
+    if calls and not errors and only_calls:
+        message["content"] = text[:start].removesuffix("\n")
+        message["tool_calls"] = chat_tool_calls(calls)
+    return message
+
+
+def assistant_text(message: dict[str, Any]) -> str:
+    """An assistant message as the turn was written: its content, then its parsed tool calls
+    in the ``<tool_call>`` format."""
+    calls = [ToolCall(c["function"]["name"], c["function"]["arguments"])
+             for c in message.get("tool_calls", ())]  # fmt: skip
+    return "\n".join(t for t in [message["content"], *map(format_tool_call, calls)] if t)
+
+
+def content_text(content: Any) -> str:
+    """A message's content as text: a tool's returned list (TRL's tool-message content) as JSON,
+    as the model is shown it."""
+    return content if isinstance(content, str) else json.dumps(content, default=str)

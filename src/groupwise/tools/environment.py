@@ -19,12 +19,12 @@ from typing import Any, Protocol
 from ..data.splits import is_eval_problem
 from ..errors import ConfigError
 from .calls import parse_tool_calls
-from .toolbox import ToolBox, resolved
+from .toolbox import SLOW_CALL_WARNING_S, ToolBox, resolved
 
 
 @dataclass
 class EnvStep:
-    messages: list[dict[str, str]]  # observations to append, e.g. [{"role": "tool", ...}]
+    messages: list[dict[str, Any]]  # observations to append, e.g. [{"role": "tool", ...}]
     done: bool
     tool_calls: int = 0  # calls made in this step (malformed blocks included)
     tool_errors: int = 0  # of which failed (bad JSON, unknown tool, raised, timed out, ...)
@@ -38,8 +38,11 @@ class Environment(Protocol):
     def state(self) -> dict[str, Any]: ...
 
 
-def _tool_message(text: str) -> dict[str, str]:
-    return {"role": "tool", "content": text}
+def _tool_message(content: Any, name: str | None) -> dict[str, Any]:
+    """A tool turn as TRL's tool loop builds it: the called tool's ``name`` and the value it
+    returned (:attr:`ToolResult.content`); a block that did not parse has no name."""
+    return {"role": "tool", "content": content} if name is None else {
+        "role": "tool", "name": name, "content": content}  # fmt: skip
 
 
 @dataclass
@@ -80,18 +83,19 @@ class ToolEnvironment:
         limit_text = f"error: tool call limit ({self.max_tool_calls}) reached"
         messages, errors, over_limit = [], 0, False
         for item in [*calls, *parse_errors]:
+            name = None if isinstance(item, str) else item.name
             if counts.calls >= self.max_tool_calls:
-                text, failed, over_limit = limit_text, True, True
+                content, failed, over_limit = limit_text, True, True
             elif isinstance(item, str):  # a malformed block: its parse error
-                text, failed = item, True
+                content, failed = item, True
             else:
                 result = self.toolbox.call(item)
-                text, failed = result.text, result.error is not None
+                content, failed = result.content, result.error is not None
                 if item.name in self.toolbox.names and item.name not in counts.used:
                     counts.used.append(item.name)
             counts.calls += 1
             errors += failed
-            messages.append(_tool_message(text))
+            messages.append(_tool_message(content, name))
         counts.errors += errors
         step_calls = len(calls) + len(parse_errors)
         return EnvStep(messages, done=over_limit, tool_calls=step_calls, tool_errors=errors)
@@ -287,9 +291,11 @@ class MethodEnvironment(ToolEnvironment):
         timeout_s: float = 10.0,
         max_output_chars: int = 4000,
         max_tool_calls: int = 8,
+        slow_call_s: float | None = SLOW_CALL_WARNING_S,
     ) -> None:
         methods = [_in_process(m) for m in environment_methods(instance)]
-        super().__init__(ToolBox([*tools, *methods], timeout_s, max_output_chars), max_tool_calls)
+        box = ToolBox([*tools, *methods], timeout_s, max_output_chars, slow_call_s)
+        super().__init__(box, max_tool_calls)
         self.instance = instance
         self.observation: Any = None
 
@@ -338,6 +344,7 @@ class EnvironmentFactories:
         timeout_s: float = 10.0,
         max_output_chars: int = 4000,
         max_tool_calls: int = 8,
+        slow_call_s: float | None = SLOW_CALL_WARNING_S,
     ) -> None:
         self.multiple = isinstance(factory, Mapping)
         self.factories: dict[str | None, Callable[[], Any]] = (
@@ -350,6 +357,7 @@ class EnvironmentFactories:
             timeout_s=timeout_s,
             max_output_chars=max_output_chars,
             max_tool_calls=max_tool_calls,
+            slow_call_s=slow_call_s,
         )
         self.pools: dict[str | None, list[MethodEnvironment]] = {}
         self.tools: dict[str | None, list[Callable[..., Any]]] = {}

@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import multiprocessing
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,15 +37,28 @@ from .calls import ToolCall
 from .schema import tool_name, tool_schema
 
 _JSON_TYPES = (bool, int, float, list, dict, type(None))
+# A user function (a tool here, a reward function in groupwise.rewards.scoring) whose one call
+# took longer than this is named, once, with the time it took (the slow_call_warning option):
+# a slow user function is otherwise an unexplained slow step.
+SLOW_CALL_WARNING_S = 5.0
+logger = logging.getLogger("groupwise.tools")
 
 
 @dataclass
 class ToolResult:
-    """One call's outcome; ``text`` goes back to the model, ``error`` is set when it failed."""
+    """One call's outcome; ``text`` goes back to the model, ``error`` is set when it failed.
+    ``content`` is what the conversation's tool message holds for the reward functions, as TRL's
+    tool loop builds it: the list the tool returned (an isolated tool's through JSON, so its
+    tuples arrive as lists), else ``str`` of the value; the text when the call failed."""
 
     name: str
     text: str
     error: str | None = None
+    content: Any = None
+
+    def __post_init__(self) -> None:
+        if self.content is None:
+            self.content = self.text
 
 
 def truncate(text: str, max_chars: int) -> str:
@@ -84,16 +99,20 @@ async def _awaited(value: Any) -> Any:
 
 def _run_contained(
     fn: Callable[..., Any], arguments: dict[str, Any], max_chars: int
-) -> tuple[str, str | None]:
-    """Call ``fn`` (awaiting an ``async def`` tool) and turn any outcome into (text, error),
-    both truncated."""
+) -> tuple[str, str | None, Any]:
+    """Call ``fn`` (awaiting an ``async def`` tool) and turn any outcome into (text, error,
+    content), text and error truncated; content is TRL's tool-message content: a returned list
+    as is (None, i.e. the text, when its text is cut), else the value's ``str``, truncated."""
     try:
-        text, error = to_text(resolved(fn(**arguments)))
+        value = resolved(fn(**arguments))
+        text, error = to_text(value)
     except Exception as exc:
-        text, error = "", _describe(exc)
+        value, text, error = None, "", _describe(exc)
     if error is not None:
-        return "", truncate(error, max_chars)
-    return truncate(text, max_chars), None
+        return "", truncate(error, max_chars), None
+    if isinstance(value, list):  # as is; cut, it is the text the model is shown
+        return truncate(text, max_chars), None, value if len(text) <= max_chars else None
+    return truncate(text, max_chars), None, truncate(str(value), max_chars)
 
 
 def _child_main(
@@ -109,7 +128,7 @@ def _child_main(
     try:
         result = _run_contained(fn, arguments, max_chars)
     except BaseException as exc:  # SystemExit, KeyboardInterrupt from the tool
-        result = ("", truncate(_describe(exc), max_chars))
+        result = ("", truncate(_describe(exc), max_chars), None)
     try:
         conn.send_bytes(json.dumps(result).encode())  # JSON, not pickle: nothing to unpickle
     finally:
@@ -124,6 +143,7 @@ class ToolBox:
         tools: Sequence[Callable[..., Any]],
         timeout_s: float = 10.0,
         max_output_chars: int = 4000,
+        slow_call_s: float | None = SLOW_CALL_WARNING_S,
     ) -> None:
         if not timeout_s > 0:
             raise ConfigError(f"tool timeout_s must be > 0, got {timeout_s}")
@@ -137,8 +157,9 @@ class ToolBox:
             if name in self._tools:
                 raise ConfigError(f"tools: two tools are named {name!r}; tool names must differ")
             self._tools[name] = fn
-        self.timeout_s = timeout_s
+        self.timeout_s, self.slow_call_s = timeout_s, slow_call_s
         self.max_output_chars = max_output_chars
+        self._slow_logged: set[str] = set()
         self.stats = {"calls": 0, "errors": 0, "timeouts": 0}
         self._lock = threading.Lock()  # conversations may run tools from several threads
         self._schemas: list[dict[str, Any]] | None = None
@@ -162,19 +183,30 @@ class ToolBox:
             error = f"unknown tool {call.name!r}; available: {', '.join(self._tools) or 'none'}"
         else:
             error = self._bind_error(fn, call)
-        text = ""
+        text, content, start = "", None, time.perf_counter()
         if error is None and fn is not None:
             if getattr(fn, "trusted", False):
-                text, error = _run_contained(fn, call.arguments, self.max_output_chars)
+                text, error, content = _run_contained(fn, call.arguments, self.max_output_chars)
             else:
-                text, error, timed_out = self._run_isolated(fn, call)
+                text, error, content, timed_out = self._run_isolated(fn, call)
+        seconds = time.perf_counter() - start
+        slow = self.slow_call_s is not None and seconds > self.slow_call_s and not timed_out
         with self._lock:
             self.stats["calls"] += 1
             self.stats["errors"] += error is not None
             self.stats["timeouts"] += timed_out
+            first = slow and call.name not in self._slow_logged
+            if first:
+                self._slow_logged.add(call.name)
+        if first:  # named once: every conversation waits for its calls
+            logger.warning(
+                "tool %r took %.1f s on one call (more than slow_call_warning=%g s); the "
+                "conversations wait for it: make it faster (tool_timeout=%g s kills a call) "
+                "(logged once)", call.name, seconds, self.slow_call_s, self.timeout_s,
+            )  # fmt: skip
         if error is not None:
             return ToolResult(call.name, f"error: {error}", error)
-        return ToolResult(call.name, text)
+        return ToolResult(call.name, text, content=content)
 
     @staticmethod
     def _bind_error(fn: Callable[..., Any], call: ToolCall) -> str | None:
@@ -184,8 +216,10 @@ class ToolBox:
             return f"bad arguments for tool {call.name!r}: {err}"
         return None
 
-    def _run_isolated(self, fn: Callable[..., Any], call: ToolCall) -> tuple[str, str | None, bool]:
-        """(text, error, timed_out) from running ``fn`` in a forked child."""
+    def _run_isolated(
+        self, fn: Callable[..., Any], call: ToolCall
+    ) -> tuple[str, str | None, Any, bool]:
+        """(text, error, content, timed_out) from running ``fn`` in a forked child."""
         ctx = multiprocessing.get_context("fork")
         receiver, sender = ctx.Pipe(duplex=False)
         args = (sender, fn, call.arguments, self.max_output_chars)
@@ -196,7 +230,7 @@ class ToolBox:
             if not receiver.poll(self.timeout_s):
                 _kill(proc)
                 proc.join()
-                return "", f"tool {call.name!r} timed out after {self.timeout_s:g}s", True
+                return "", f"tool {call.name!r} timed out after {self.timeout_s:g}s", None, True
             try:
                 result = _decode(receiver.recv_bytes())
             except (EOFError, OSError):
@@ -213,20 +247,22 @@ class ToolBox:
             receiver.close()
             sender.close()
         if result is None:
-            return "", f"tool {call.name!r} exited without a result ({_exit_text(proc)})", False
-        text, error = result
-        return text, error, False
+            exited = f"tool {call.name!r} exited without a result ({_exit_text(proc)})"
+            return "", exited, None, False
+        text, error, content = result
+        return text, error, content, False
 
 
-def _decode(data: bytes) -> tuple[str, str | None]:
-    """The child's (text, error); anything else (the tool wrote to the pipe) is an error."""
+def _decode(data: bytes) -> tuple[str, str | None, Any]:
+    """The child's (text, error, content); anything else (the tool wrote to the pipe) is an
+    error."""
     try:
-        text, error = json.loads(data)
+        text, error, content = json.loads(data)
         if isinstance(text, str) and (error is None or isinstance(error, str)):
-            return text, error
+            return text, error, content
     except (ValueError, TypeError):
         pass
-    return "", "the tool's result could not be read back"
+    return "", "the tool's result could not be read back", None
 
 
 def _kill(proc: Any) -> None:

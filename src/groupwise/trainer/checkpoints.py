@@ -170,6 +170,7 @@ RESUME_SAFE_FIELDS = frozenset(
         "eval_strategy",
         "per_device_eval_batch_size",
         "reward_timeout",
+        "slow_call_warning",
         "overwrite_output_dir",
     }
 )
