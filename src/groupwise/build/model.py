@@ -1,7 +1,7 @@
 """A run's options -> its machine and model: the device (:func:`resolve_device`), the precision
 (:func:`resolve_run_precision`), the attention implementation (:func:`check_attn_implementation`)
-and the model itself (:func:`build_model`: loaded or built in, gradient checkpointing, LoRA with
-:func:`apply_lora`)."""
+and the model itself (:func:`build_model`: loaded or built in, QLoRA's 4-bit base, gradient
+checkpointing, LoRA with :func:`apply_lora`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,16 @@ from ..config.grpo_config import GRPOConfig
 from ..errors import ConfigError
 from ..runtime.models import is_peft_model, load_model_and_tokenizer
 from ..runtime.precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
+from ..runtime.quantization import (
+    bnb_config,
+    check_optim_device,
+    compute_dtype,
+    is_4bit,
+    keep_trainable_layout,
+    prepare_for_kbit_training,
+    quantize_4bit,
+    require_bitsandbytes,
+)
 from ..sections import ModelOptions
 
 
@@ -78,6 +88,15 @@ def check_attn_implementation(name: str, device: torch.device) -> None:
         )
 
 
+def check_quantization(args: GRPOConfig, device: torch.device) -> None:
+    """bitsandbytes installed for the options that need it, and a paged optimizer on CUDA."""
+    if args.load_in_4bit:
+        require_bitsandbytes("load_in_4bit=True")
+    if args.optim not in ("adamw_torch", "adamw_torch_fused"):
+        require_bitsandbytes(f"optim={args.optim}")
+    check_optim_device(args.optim, device)
+
+
 def build_model(
     model: str | PreTrainedModel,
     processing_class: PreTrainedTokenizerBase | None,
@@ -88,8 +107,18 @@ def build_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The policy model on its device and dtype (gradient checkpointing, LoRA: ``peft_config``
     when given, else the ``lora_*`` options) and tokenizer. A saved model is read straight into
-    ``dtype`` and ``device``; a loaded one is moved there."""
+    ``dtype`` and ``device``; a loaded one is moved there. With ``load_in_4bit`` the base is
+    QLoRA's: saved weights are quantised as they are read, others (built in, given loaded,
+    an adapter merged into its base) as they are placed; its 4-bit layers compute in the
+    run's dtype (bf16 under bf16 autocast or weights, else fp32)."""
     check_attn_implementation(args.attn_implementation, device)
+    check_quantization(args, device)
+    quantization = None
+    if args.load_in_4bit:
+        bf16 = resolve_precision(args.dtype, args.bf16_autocast, args.generation_dtype, device,
+                                 use_peft=args.use_peft).autocast  # fmt: skip
+        quantization = (args.bnb_4bit_quant_type, args.use_bnb_nested_quant,
+                        compute_dtype(dtype, bf16))  # fmt: skip
     model, tokenizer = load_model_and_tokenizer(
         model,
         processing_class,
@@ -98,12 +127,25 @@ def build_model(
         device=device,
         attn_implementation=args.attn_implementation,
         trust_remote_code=args.trust_remote_code,
+        quantization=bnb_config(*quantization) if quantization else None,
     )
-    model = model.to(device=device, dtype=dtype)
+    if is_4bit(model) and not args.load_in_4bit:
+        raise ConfigError(
+            "the model given holds 4-bit (bitsandbytes) layers: set load_in_4bit=True with "
+            "use_peft=True to train a LoRA adapter on it (QLoRA)"
+        )
+    if not is_4bit(model):  # transformers refuses to cast a 4-bit model's dtype
+        model = model.to(device=device, dtype=dtype)
+    if quantization and not is_4bit(model):
+        model = quantize_4bit(model, *quantization, device)
+    if quantization:
+        keep_trainable_layout(model)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     if args.use_peft and not is_peft_model(model):  # a PeftModel given brings its adapter
+        if args.load_in_4bit:
+            model = prepare_for_kbit_training(model)
         model = apply_lora(model, ModelOptions.from_config(args), peft_config)
     model.train()
     return model, tokenizer

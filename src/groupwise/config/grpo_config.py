@@ -313,6 +313,11 @@ class GRPOConfig:
     vllm_enable_prefix_caching: bool = True  # vLLM reuses KV of shared prompt prefixes
 
     # --- optimisation ---------------------------------------------------------------------
+    # TRL's optim: adamw_torch | adamw_torch_fused (torch's AdamW) | adamw_8bit | adamw_bnb_8bit
+    # (bitsandbytes' AdamW8bit: 8-bit states, a quarter of AdamW's) | paged_adamw_8bit |
+    # paged_adamw_32bit (states paged to CPU memory under GPU memory pressure; CUDA only);
+    # the bitsandbytes ones need pip install "groupwise[quant]" (docs/speed-memory.md)
+    optim: str = "adamw_torch"
     learning_rate: float = 1e-6  # AdamW peak learning rate
     lr_scheduler_type: str = "constant"  # constant | linear | cosine
     warmup_steps: int = 0  # linear warmup from 0 over this many optimizer steps
@@ -372,6 +377,12 @@ class GRPOConfig:
     lora_dropout: float = 0.05  # dropout on the LoRA input
     lora_target_modules: list[str] | None = None  # None: every linear layer but the LM head
     save_merged_model: bool = False  # also write the merged model to OUTPUT_DIR/merged
+    # QLoRA (TRL's ModelConfig names): the frozen base loaded in 4 bits under the LoRA adapter
+    # (needs use_peft and the hf engine; pip install "groupwise[quant]"); its layers compute in
+    # the run's dtype. TRL's model_init_kwargs={"quantization_config": ...} sets these too.
+    load_in_4bit: bool = False
+    bnb_4bit_quant_type: str = "nf4"  # load_in_4bit: nf4 (QLoRA's NormalFloat4) | fp4
+    use_bnb_nested_quant: bool = False  # load_in_4bit: double quantisation (QLoRA's constants)
 
     # --- logging and saving ---------------------------------------------------------------
     # model, config, metrics and checkpoints go here (None: a new runs/<model>-<task>-<time>)

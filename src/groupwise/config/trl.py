@@ -5,8 +5,11 @@ A TRL script builds ``GRPOConfig(...)`` with the usual ``TrainingArguments`` key
 - Names that mean something in groupwise are translated (:func:`translate_trl_options`):
   ``use_cpu`` -> ``device="cpu"``; ``bf16`` -> ``bf16_autocast`` (fp32 weights with bf16
   autocast, as in TRL and the HF Trainer; None: auto, on with a bf16 GPU);
-  ``fp16=True`` is refused (groupwise has no fp16 loss scaling); ``optim`` must be an
-  ``adamw_torch*`` (groupwise trains with ``torch.optim.AdamW``); ``warmup_steps`` below 1 is a
+  ``fp16=True`` is refused (groupwise has no fp16 loss scaling); ``optim`` is a real field
+  (torch's AdamW or bitsandbytes' 8-bit / paged AdamW); ``model_init_kwargs``'
+  ``quantization_config`` (a ``BitsAndBytesConfig`` or its dict) sets QLoRA's ``load_in_4bit``,
+  ``bnb_4bit_quant_type`` and ``use_bnb_nested_quant``, its other keys are ignored, as
+  before (groupwise places and types the model itself); ``warmup_steps`` below 1 is a
   ratio (transformers 5's meaning) and becomes ``warmup_ratio``; ``num_train_epochs`` without
   ``max_steps`` sets ``max_steps=-1`` (TRL's "train for num_train_epochs"); ``save_strategy=
   "steps"`` without ``save_steps`` saves every 500 steps and ``eval_strategy="steps"`` without
@@ -44,7 +47,7 @@ TRL_TRANSLATED: dict[str, Any] = {
     "use_cpu": bool,
     "bf16": bool | None,
     "fp16": bool,
-    "optim": str,
+    "model_init_kwargs": dict[str, Any] | None,  # quantization_config: load_in_4bit, ...
     "max_tool_calling_iterations": int | None,  # tool rounds: max_turns = N + 1
     "use_vllm": bool,  # True: generation_engine = "vllm"; False: "hf" (unless given)
     "vllm_importance_sampling_correction": bool,  # rollout_correction
@@ -123,7 +126,6 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "logging_nan_inf_filter",
         "logging_strategy",
         "metric_for_best_model",
-        "model_init_kwargs",
         "num_generations_eval",
         "pad_to_multiple_of",
         "parallelism_config",
@@ -208,10 +210,8 @@ _ROLLOUT_CORRECTION = {
     "vllm_importance_sampling_clip_min": "rollout_correction_clip_min",
 }
 
-# What groupwise trains with: every adamw_torch* is torch.optim.AdamW.
-_OPTIM_PREFIX = "adamw_torch"
 _DEFAULT_SAVE_STEPS = 500  # TrainingArguments' save_steps
-_ENUMS = ("lr_scheduler_type", "save_strategy", "eval_strategy")
+_ENUMS = ("lr_scheduler_type", "save_strategy", "eval_strategy", "optim")
 # Options that TRL allows to be None ("unset") where groupwise has a value.
 _NONE_IS_DEFAULT = (
     "eval_steps",
@@ -308,6 +308,59 @@ def _set(kwargs: dict[str, Any], name: str, value: Any, because: str) -> None:
     kwargs[name] = value
 
 
+# A BitsAndBytesConfig's keys -> (groupwise's option, or None: only the value that groupwise
+# does anyway is accepted) for QLoRA's 4-bit base. The compute dtype is the run's own
+# (runtime.quantization.compute_dtype), so bnb_4bit_compute_dtype is not read.
+_QUANTIZATION_KEYS = {
+    "load_in_4bit": "load_in_4bit",
+    "bnb_4bit_quant_type": "bnb_4bit_quant_type",
+    "bnb_4bit_use_double_quant": "use_bnb_nested_quant",
+}
+_QUANTIZATION_FIXED = {  # key: (the values groupwise accepts, why)
+    "load_in_8bit": ((False, None), "an 8-bit base is not supported; use load_in_4bit"),
+    "bnb_4bit_quant_storage": ((None, "uint8", "torch.uint8"), "4-bit weights are stored as uint8"),
+    "llm_int8_skip_modules": ((None,), "every linear layer but the LM head is quantised"),
+}
+
+
+def _model_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """TRL's ``model_init_kwargs``: its ``quantization_config`` (transformers'
+    ``BitsAndBytesConfig`` or its ``to_dict()``) sets the 4-bit options; the other keys are
+    returned, to be reported as ignored."""
+    init = kwargs.pop("model_init_kwargs", None)
+    if init is None:
+        return {}
+    if not isinstance(init, dict):
+        raise ConfigError(f"model_init_kwargs must be a mapping, got {init!r}")
+    init = dict(init)
+    quant = init.pop("quantization_config", None)
+    if quant is not None:
+        if hasattr(quant, "to_dict"):  # a BitsAndBytesConfig
+            quant = quant.to_dict()
+        if not isinstance(quant, dict):
+            raise ConfigError(
+                "model_init_kwargs['quantization_config'] must be a transformers "
+                f"BitsAndBytesConfig or a mapping, got {quant!r}"
+            )
+        method = quant.get("quant_method", "bitsandbytes")
+        if str(getattr(method, "value", method)) != "bitsandbytes":
+            raise ConfigError(
+                f"model_init_kwargs['quantization_config'] uses quant_method={method!r}; "
+                "groupwise quantises through bitsandbytes only (BitsAndBytesConfig)"
+            )
+        for key, (allowed, why) in _QUANTIZATION_FIXED.items():
+            value = quant.get(key)
+            if str(value) not in map(str, allowed):
+                raise ConfigError(
+                    f"model_init_kwargs['quantization_config'] {key}={value!r} is not "
+                    f"supported: {why}"
+                )
+        for key, name in _QUANTIZATION_KEYS.items():
+            if key in quant:
+                _set(kwargs, name, quant[key], f"quantization_config {key}={quant[key]!r}")
+    return {"model_init_kwargs": init} if init else {}
+
+
 def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``GRPOConfig`` keyword arguments with TRL names translated (see the module docstring),
     and the ignored ones ``{name: value}`` taken out."""
@@ -315,6 +368,7 @@ def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
     ignored = {name: kwargs.pop(name) for name in sorted(kwargs) if name in TRL_IGNORED}
     ignored.update(_refuse_training_options(kwargs))
     _generation_kwargs(kwargs)
+    ignored.update(_model_init_kwargs(kwargs))
     for trl_name, name in _ROLLOUT_CORRECTION.items():
         if trl_name in kwargs:
             value = kwargs.pop(trl_name)
@@ -343,13 +397,6 @@ def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
     bf16 = kwargs.pop("bf16", None)
     if bf16 is not None:
         _set(kwargs, "bf16_autocast", bool(bf16), f"bf16={bf16}")
-    optim = kwargs.pop("optim", None)
-    if optim is not None and not str(getattr(optim, "value", optim)).startswith(_OPTIM_PREFIX):
-        raise ConfigError(
-            f"optim={optim!r} is not supported: groupwise trains with torch.optim.AdamW "
-            "(optim='adamw_torch' or 'adamw_torch_fused'); weight_decay, adam_beta1, adam_beta2 "
-            "and adam_epsilon configure it"
-        )
     if "use_vllm" in kwargs and not kwargs["use_vllm"]:  # TRL: transformers' own generation
         kwargs.setdefault("generation_engine", "hf")
     if kwargs.pop("use_vllm", False):

@@ -35,6 +35,7 @@ from ..errors import ConfigError
 from ..rollout import Rollout, RolloutEngine
 from ..runtime.distributed import DistributedContext, all_reduce_sum, any_rank
 from ..runtime.precision import Precision
+from ..runtime.quantization import build_optimizer
 from . import update
 from .logprobs import completion_logprobs
 from .parallel import LogprobModule, fsdp_full_weights, shard_fsdp
@@ -113,7 +114,9 @@ class Trainable:
     ) -> None:
         self.module, self.wrapper, self.dist = module, wrapper, dist
         self.optimization, self.after_step = optimization, after_step
-        self.optimizer = torch.optim.AdamW(
+        # torch's AdamW, or bitsandbytes' with 8-bit / paged states (TRL's optim names).
+        self.optimizer = build_optimizer(
+            optimization.optim,
             [p for p in module.parameters() if p.requires_grad],
             lr=learning_rate,
             betas=(optimization.adam_beta1, optimization.adam_beta2),

@@ -360,15 +360,20 @@ def load_model_and_tokenizer(
     device: torch.device | str = "cpu",
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
+    quantization: Any | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Resolve a built-in model name, a local path, or an already-loaded model (returned as
     is). Saved weights are read straight into ``dtype`` on ``device`` (no fp32 copy in CPU
     memory first); ``tiny-random`` is initialised on the CPU in fp32, so its seeded weights are
     the same on every machine, then cast. ``trust_remote_code``: transformers' option, always
-    passed, so a model with its own code is refused (False) rather than asked about on stdin."""
+    passed, so a model with its own code is refused (False) rather than asked about on stdin.
+    ``quantization`` (a ``BitsAndBytesConfig``) quantises saved weights as they are read; a
+    model built or merged in memory comes back unquantised (the caller quantises it)."""
     device = torch.device(device)
     # device_map puts each tensor on the GPU as it is read (accelerate, a peft dependency).
     placement: dict[str, Any] = {"dtype": dtype}
+    if quantization is not None:
+        placement["quantization_config"] = quantization
     if device.type == "cuda":
         placement["device_map"] = {"": device}
     if attn_implementation is not None:

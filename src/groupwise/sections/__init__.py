@@ -161,6 +161,7 @@ def check_across(s: Sections) -> None:
             "steps_per_generation / generation_batch_size: algorithm=ppo takes one optimizer "
             "step per generation batch (per num_iterations pass); leave both unset"
         )
+    _check_quantization(s)
     multi_turn = s.tools.multi_turn
     if s.generation.generation_engine == "static" and multi_turn:
         raise ConfigError(STATIC_MULTI_TURN)
@@ -224,3 +225,30 @@ def check_across(s: Sections) -> None:
             "num_generations must be >= 2: a group of one completion has no baseline "
             "(its advantage is always 0)"
         )
+
+
+def _check_quantization(s: Sections) -> None:
+    """QLoRA's 4-bit base and bitsandbytes' optimizers with the parts that cannot take them."""
+    engine, algorithm = s.generation.generation_engine, s.algorithm.algorithm
+    if s.model.load_in_4bit and engine not in ("hf", "auto"):  # auto resolves to hf for it
+        raise ConfigError(
+            f"load_in_4bit=True with generation_engine={engine} is not supported: the "
+            f"{engine} engine decodes from its own 16-bit copy of the weights, which a 4-bit "
+            "base is there to avoid (docs/speed-memory.md, 'QLoRA'); use generation_engine: hf"
+        )
+    if s.model.load_in_4bit and algorithm == "ppo":
+        raise ConfigError(
+            "load_in_4bit=True works with algorithm=grpo only: PPO's critic is a fully trained "
+            "copy of the policy's weights, which a frozen 4-bit base cannot give"
+        )
+    sharded = s.runtime.data_parallel == "fsdp"
+    if sharded and (s.model.load_in_4bit or s.optimization.optim not in _TORCH_OPTIMS):
+        what = "load_in_4bit=True" if s.model.load_in_4bit else f"optim={s.optimization.optim}"
+        raise ConfigError(
+            f"{what} with data_parallel=fsdp is not supported: FSDP2 shards parameters into "
+            "DTensors, which bitsandbytes' 4-bit layers and optimizers do not take; use "
+            "data_parallel: ddp"
+        )
+
+
+_TORCH_OPTIMS = ("adamw_torch", "adamw_torch_fused")

@@ -14,7 +14,8 @@ from .base import Section, at_least, choice, in_unit, positive, require
 
 @dataclass(frozen=True)
 class ModelOptions(Section):
-    """What is loaded and trained: the model, its weights' dtype and attention kernel, LoRA."""
+    """What is loaded and trained: the model, its weights' dtype and attention kernel, LoRA,
+    QLoRA's 4-bit base."""
 
     name: ClassVar[str] = "model"
     model: str
@@ -27,9 +28,25 @@ class ModelOptions(Section):
     lora_dropout: float
     lora_target_modules: tuple[str, ...] | None
     save_merged_model: bool
+    load_in_4bit: bool
+    bnb_4bit_quant_type: str
+    use_bnb_nested_quant: bool
 
     def validate(self) -> None:
         choice(self, "dtype", ("auto", "float32", "bfloat16"))
+        choice(self, "bnb_4bit_quant_type", ("nf4", "fp4"))
+        if self.load_in_4bit and not self.use_peft:
+            raise ConfigError(
+                "load_in_4bit=True needs use_peft=True: a 4-bit base is frozen (its weights are "
+                "quantised constants, not parameters an optimizer can step), so only a LoRA "
+                "adapter on top of it can train (QLoRA)"
+            )
+        if self.load_in_4bit and self.save_merged_model:
+            raise ConfigError(
+                "save_merged_model=True with load_in_4bit=True is not supported: merging into "
+                "the 4-bit base would quantise the merged weights again; the run saves the "
+                "adapter, which groupwise (and peft) load merged into the unquantised base"
+            )
         choice(self, "attn_implementation", ("sdpa", "eager", "flash_attention_2"))
         at_least(self, 0, "lora_dropout")
         if self.use_peft and (self.lora_r < 1 or self.lora_alpha < 1):

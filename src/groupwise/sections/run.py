@@ -12,12 +12,24 @@ from typing import ClassVar
 from ..errors import ConfigError
 from .base import Section, at_least, choice, positive, require
 
+# transformers' OptimizerNames that groupwise trains with: torch's AdamW, bitsandbytes' AdamW
+# with 8-bit states (two spellings) and its paged variants (runtime.quantization.OPTIMIZERS).
+OPTIM_CHOICES = (
+    "adamw_torch",
+    "adamw_torch_fused",
+    "adamw_bnb_8bit",
+    "adamw_8bit",
+    "paged_adamw_8bit",
+    "paged_adamw_32bit",
+)
+
 
 @dataclass(frozen=True)
 class OptimizationOptions(Section):
-    """AdamW, its schedule and the run's length."""
+    """AdamW (torch's or bitsandbytes' 8-bit / paged one), its schedule and the run's length."""
 
     name: ClassVar[str] = "optimization"
+    optim: str
     learning_rate: float
     lr_scheduler_type: str
     warmup_steps: int
@@ -45,6 +57,11 @@ class OptimizationOptions(Section):
             ("max_grad_norm", self.max_grad_norm > 0, "> 0 (inf: no clipping)"),
         )
         choice(self, "lr_scheduler_type", ("constant", "linear", "cosine"))
+        if self.optim not in OPTIM_CHOICES:
+            raise ConfigError(
+                f"optim={self.optim!r} is not supported: groupwise trains with AdamW, one of "
+                f"{list(OPTIM_CHOICES)} (torch's, or bitsandbytes' with 8-bit / paged states)"
+            )
         at_least(self, 0, "learning_rate", "warmup_steps", "weight_decay")
         if self.max_steps < 1 and self.max_steps != -1:
             raise ConfigError(
