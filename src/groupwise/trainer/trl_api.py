@@ -6,7 +6,9 @@
 ``log_history`` ends with the end-of-training rows), callbacks and ``control``, and TRL's
 attribute names for the trainer's parts (``model``, ``ref_model``, ``optimizer``,
 ``reward_funcs``, ``reward_processing_classes``, ``tools``, ...). :func:`trl_arguments` reads the
-constructor's TRL forms (positional order, ``peft_config``, ``optimizers``).
+constructor's TRL forms (positional order, ``peft_config``, ``optimizers``). transformers'
+post-training methods (``log_metrics``, ``save_state``, ``accelerator``, ...) come from
+:mod:`.hf_api`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..runtime.models import is_peft_model
 from .checkpoints import resume_argument
 from .datasets import check_eval_dataset, materialize
 from .evaluate import evaluation_metrics
+from .hf_api import HFTrainerMethods
 from .loop import TrainingLoop
 
 if TYPE_CHECKING:
@@ -122,7 +125,7 @@ class CallbackHandler:
         return control
 
 
-class TRLSurface:
+class TRLSurface(HFTrainerMethods):
     """TRL's and transformers' methods and attribute names on
     :class:`groupwise.trainer.base.Trainer`, over the parts its constructor built (``policy``,
     ``engine``, ``scorer``, ``prompts``, ``records``, ``checkpoints``, ``callback_handler``)."""
