@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
 from ..runtime.distributed import DistributedContext, barrier, leave_process_group
 
 if TYPE_CHECKING:
@@ -128,7 +129,9 @@ def push_folder(args: GRPOConfig, output_dir: Path, repo_id: str, commit_message
     api = HfApi(token=args.trl_ignored.get("hub_token"))
     try:
         repo = api.create_repo(repo_id, exist_ok=True).repo_id
-        return api.upload_folder(repo_id=repo, folder_path=output_dir, commit_message=commit_message)
+        return api.upload_folder(
+            repo_id=repo, folder_path=output_dir, commit_message=commit_message
+        )
     except OSError as err:  # requests' and huggingface_hub's errors derive from OSError
         raise RuntimeError(
             f"push_to_hub: could not upload to the Hub repository {repo_id!r} ({err}); {where}"

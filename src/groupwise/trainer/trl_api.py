@@ -273,8 +273,13 @@ class TRLSurface:
         """transformers' ``Trainer.end()``: leave the process group at the end of a script."""
         self.accelerator.end_training()
 
-    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
-                          tags: str | list[str] | None = None, **_: Any) -> Path | None:  # fmt: skip
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | None = None,
+        tags: str | list[str] | None = None,
+        **_: Any,
+    ) -> Path | None:
         """``output_dir/README.md`` (main process; TRL's keyword names, the others accepted):
         :func:`groupwise.trainer.hf_api.write_model_card`."""
         if not self.is_world_process_zero():
