@@ -66,7 +66,7 @@ def test_defaults_stay_each_dataclasss_own_and_only_given_options_count_as_set()
 def test_trl_names_on_the_command_line():
     _, config, _ = _parse([
         "--bf16", "False", "--use_cpu", "--optim", "adamw_torch_fused", "--push_to_hub", "False",
-        "--logging_dir", "logs", "--scale_rewards", "false", "--warmup_steps", "0.25",
+        "--logging-dir", "logs", "--scale_rewards", "false", "--warmup-steps", "0.25",
     ])  # fmt: skip
     assert config.bf16_autocast is False and config.bf16 is False
     assert config.device == "cpu" and config.use_cpu

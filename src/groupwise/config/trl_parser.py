@@ -202,7 +202,8 @@ class TrlParser(HfArgumentParser):
             options["nargs"] = "+"
         elif _takes_bool(tp) or tp is None:
             options.update(nargs="?", const="true")
-        self.add_argument(f"--{name}", dest=name, **options)
+        aliases = [f"--{name.replace('_', '-')}"] if "_" in name else []  # as HfArgumentParser
+        self.add_argument(f"--{name}", *aliases, dest=name, **options)
 
     def _add_dataclass_arguments(self, dtype: Any) -> None:
         hints = typing.get_type_hints(dtype)
