@@ -218,3 +218,23 @@ def test_model_config_and_script_arguments_have_trls_fields():
             "lora_modules_to_save", "use_dora"} <= set(model)  # fmt: skip
     script = {f.name: f.default for f in dataclasses.fields(ScriptArguments)}
     assert script["dataset_test_split"] == "test" and script["dataset_streaming"] is False
+
+
+def test_scripts_read_trl_names_back_from_the_config():
+    """TRL's grpo.py reads training_args.model_init_kwargs, open-r1's local_rank, fp16, do_eval:
+    the value given, the translation, or TrainingArguments' default."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = GRPOConfig(use_cpu=True, bf16=True, hub_model_id="me/run", push_to_hub=True)
+    assert (config.push_to_hub, config.hub_model_id) == (True, "me/run")
+    assert config.bf16 is True and config.fp16 is False and config.use_cpu is True
+    assert config.use_vllm is False
+    plain = GRPOConfig()
+    assert plain.model_init_kwargs is None and plain.push_to_hub is False
+    assert (plain.local_rank, plain.do_eval) == (-1, False)
+    assert plain.bf16 is None  # auto: on with a bf16 GPU
+    plain.model_init_kwargs = {"dtype": "bfloat16"}  # TRL's script sets it after parsing
+    assert plain.model_init_kwargs == {"dtype": "bfloat16"}
+    assert "model_init_kwargs" not in plain.to_dict()
+    with pytest.raises(AttributeError, match="'GRPOConfig' object has no attribute 'n_gpus'"):
+        plain.n_gpus  # noqa: B018
