@@ -19,18 +19,18 @@ _EXPORTS = {
     "format_reward": ".rewards",
     "GRPOTrainer": ".trainer",
     # the rest of a TRL script's `from trl import ...` line (docs/trl.md "TRL scripts")
-    "ModelConfig": ".config",
-    "ScriptArguments": ".config",
-    "TrlParser": ".config",
-    "get_kbit_device_map": ".config",
-    "get_peft_config": ".config",
-    "get_quantization_config": ".config",
+    "ModelConfig": ".config.trl_parser",
+    "ScriptArguments": ".config.trl_parser",
+    "TrlParser": ".config.trl_parser",
+    "get_kbit_device_map": ".config.trl_parser",
+    "get_peft_config": ".config.trl_parser",
+    "get_quantization_config": ".config.trl_parser",
 }
 
 if TYPE_CHECKING:
     from .algo import group_advantages, kl_k3, pass_at_k, policy_loss
-    from .config import (
-        GRPOConfig,
+    from .config import GRPOConfig
+    from .config.trl_parser import (
         ModelConfig,
         ScriptArguments,
         TrlParser,

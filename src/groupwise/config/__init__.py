@@ -1,7 +1,8 @@
 """The run's options: :class:`GRPOConfig` (:mod:`.grpo_config`: one dataclass with TRL's names,
 loadable from YAML and overridable from the command line) and the TRL / transformers names it
 translates or accepts (:mod:`.trl`), and the rest of a TRL script's imports
-(:mod:`.trl_parser`: ``TrlParser``, ``ModelConfig``, ``ScriptArguments``, ...).
+(:mod:`.trl_parser`: ``TrlParser``, ``ModelConfig``, ``ScriptArguments``, ...; not imported
+here: it needs transformers, and the command line's --help must not load it).
 ``GRPOConfig.sections()`` splits it into the sections that the components read
 (:mod:`groupwise.sections`)."""
 
@@ -23,19 +24,10 @@ from .grpo_config import (
     parse_cli_overrides,
     unused_dir,
 )
-from .trl_parser import (
-    ModelConfig,
-    ScriptArguments,
-    TrlParser,
-    get_kbit_device_map,
-    get_peft_config,
-    get_quantization_config,
-)
 
 __all__ = [
     "CISPO_DEFAULT_CAP", "GENERATION_ENGINES", "PPO_MULTI_TURN", "STATIC_MULTI_TURN",
-    "UNBOUNDED_FIELDS", "VLLM_MULTI_TURN", "ConfigError", "GRPOConfig", "ModelConfig",
-    "ScriptArguments", "TrlParser", "coerce", "default_output_dir", "get_kbit_device_map",
-    "get_peft_config", "get_quantization_config", "option_help", "parse_cli_overrides",
-    "unused_dir", "world_size_from_env",
+    "UNBOUNDED_FIELDS", "VLLM_MULTI_TURN", "ConfigError", "GRPOConfig", "coerce",
+    "default_output_dir", "option_help", "parse_cli_overrides", "unused_dir",
+    "world_size_from_env",
 ]  # fmt: skip
