@@ -109,6 +109,20 @@ def test_config_file_then_command_line(tmp_path, monkeypatch):
     assert rest == ["--not_an_option", "1"]
 
 
+def test_parse_yaml_file_routes_names_as_the_command_line(tmp_path):
+    path = tmp_path / "args.yaml"
+    path.write_text("dataset_name: d\nmax_steps: 3\nbf16: false\nlora_r: 4\nuse_peft: true\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        script, config, model = TrlParser((ScriptArguments, GRPOConfig, ModelConfig)
+                                          ).parse_yaml_file(path)  # fmt: skip
+    assert script.dataset_name == "d" and config.max_steps == 3 and config.bf16_autocast is False
+    assert model.lora_r == config.lora_r == 4 and model.use_peft and config.use_peft
+    path.write_text("max_steps: 3\nnot_an_option: 1\n")
+    with pytest.raises(ValueError, match="not used by the TrlParser: \\['not_an_option'\\]"):
+        TrlParser((ScriptArguments, GRPOConfig)).parse_yaml_file(path)
+
+
 # open-r1's configs.py, trimmed to the fields that matter here (github.com/huggingface/open-r1,
 # src/open_r1/configs.py at 1416fa0cf21595d2083b399a2a0bbddd7f6e9563, Apache-2.0): a @dataclass
 # subclass of GRPOConfig and script arguments that declare reward_funcs and

@@ -268,6 +268,25 @@ class TrlParser(HfArgumentParser):
             raise ValueError(f"Some specified arguments are not used by the TrlParser: {remaining}")
         return tuple(outputs)
 
+    def parse_dict(self, args: dict[str, Any], allow_extra_keys: bool = False) -> tuple[Any, ...]:
+        """HfArgumentParser's ``parse_dict`` (and so ``parse_yaml_file`` / ``parse_json_file``)
+        with the same routing of shared names and TRL's names as the command line."""
+        unused = set(args)
+        outputs = []
+        for dtype in self.dataclass_types:
+            names = {f.name for f in dataclasses.fields(dtype) if f.init}
+            given = {k: v for k, v in args.items() if k in names and self._receives(dtype, k)}
+            if _is_config(dtype):
+                given.update({k: v for k, v in args.items()
+                              if is_trl_name(k) and k not in self._declared})  # fmt: skip
+                outputs.append(dtype.from_dict(given, source="parse_dict"))
+            else:
+                outputs.append(dtype(**given))
+            unused -= set(given)
+        if unused and not allow_extra_keys:
+            raise ValueError(f"Some keys are not used by the TrlParser: {sorted(unused)}")
+        return tuple(outputs)
+
     def parse_args_and_config(
         self,
         args: Iterable[str] | None = None,
