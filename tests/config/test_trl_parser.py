@@ -250,5 +250,7 @@ def test_scripts_read_trl_names_back_from_the_config():
     plain.model_init_kwargs = {"dtype": "bfloat16"}  # TRL's script sets it after parsing
     assert plain.model_init_kwargs == {"dtype": "bfloat16"}
     assert "model_init_kwargs" not in plain.to_dict()
+    copied = plain.replace(max_steps=5)  # what the trainer's for_dataset() makes
+    assert copied.model_init_kwargs == {"dtype": "bfloat16"} and copied.max_steps == 5
     with pytest.raises(AttributeError, match="'GRPOConfig' object has no attribute 'n_gpus'"):
         plain.n_gpus  # noqa: B018

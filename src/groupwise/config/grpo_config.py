@@ -512,10 +512,16 @@ class GRPOConfig(metaclass=_TRLConfigType):
 
     def replace(self, **changes: Any) -> GRPOConfig:
         """A copy with ``changes`` (``dataclasses.replace``) that keeps what the copy's values
-        cannot tell: the ignored TRL options (unreported again) and :attr:`explicit_options`,
-        plus the names changed. ``dataclasses.replace`` itself passes every field, so its copy
-        counts every option as given."""
+        cannot tell: the ignored TRL options (unreported again), attributes set beyond the
+        fields, and :attr:`explicit_options`, plus the names changed. ``dataclasses.replace``
+        itself passes every field, so its copy counts every option as given."""
         copied = dataclasses.replace(self, **changes)
+        # Attributes set on the config beyond its fields travel too: TRL's grpo.py sets
+        # training_args.model_init_kwargs after parsing, and the trainer works on copies.
+        fields = set(self.field_names())
+        for key, value in vars(self).items():
+            if key not in fields and key not in ("trl_ignored", "explicit_options"):
+                setattr(copied, key, value)
         copied.trl_ignored = dict(self.trl_ignored)
         copied.explicit_options = self.explicit_options | frozenset(changes)
         return copied
