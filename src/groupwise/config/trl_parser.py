@@ -45,7 +45,8 @@ from .trl import TRL_IGNORED, TRL_REFUSED, TRL_TRANSLATED, is_trl_name
 # ModelConfig names that are GRPOConfig options with the same meaning: the value reaches both.
 SAME_MEANING = frozenset(
     {"dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
-     "lora_target_modules", "trust_remote_code"}
+     "lora_target_modules", "trust_remote_code", "load_in_4bit", "bnb_4bit_quant_type",
+     "use_bnb_nested_quant"}
 )  # fmt: skip
 
 
