@@ -18,11 +18,26 @@ _EXPORTS = {
     "accuracy_reward": ".rewards",
     "format_reward": ".rewards",
     "GRPOTrainer": ".trainer",
+    # the rest of a TRL script's `from trl import ...` line (docs/trl.md "TRL scripts")
+    "ModelConfig": ".config.trl_parser",
+    "ScriptArguments": ".config.trl_parser",
+    "TrlParser": ".config.trl_parser",
+    "get_kbit_device_map": ".config.trl_parser",
+    "get_peft_config": ".config.trl_parser",
+    "get_quantization_config": ".config.trl_parser",
 }
 
 if TYPE_CHECKING:
     from .algo import group_advantages, kl_k3, pass_at_k, policy_loss
     from .config import GRPOConfig
+    from .config.trl_parser import (
+        ModelConfig,
+        ScriptArguments,
+        TrlParser,
+        get_kbit_device_map,
+        get_peft_config,
+        get_quantization_config,
+    )
     from .errors import ConfigError
     from .rewards import accuracy_reward, format_reward
     from .trainer import GRPOTrainer, PPOTrainer
@@ -31,9 +46,15 @@ __all__ = [
     "ConfigError",
     "GRPOConfig",
     "GRPOTrainer",
+    "ModelConfig",
     "PPOTrainer",
+    "ScriptArguments",
+    "TrlParser",
     "accuracy_reward",
     "format_reward",
+    "get_kbit_device_map",
+    "get_peft_config",
+    "get_quantization_config",
     "group_advantages",
     "kl_k3",
     "pass_at_k",

@@ -70,7 +70,7 @@ def test_batch_arithmetic_follows_trl(monkeypatch):
 @pytest.mark.parametrize(
     "options, match",
     [
-        (dict(steps_per_generation=2, generation_batch_size=16), "mutually exclusive"),
+        (dict(steps_per_generation=2, generation_batch_size=24), "must be .* = 16"),
         (dict(steps_per_generation=0), "steps_per_generation must be >= 1"),
         (dict(steps_per_generation=3, gradient_accumulation_steps=2), "steps_per_generation:"),
         (dict(generation_batch_size=12), "generation_batch_size=12"),

@@ -49,8 +49,8 @@ def _values(kind, **changes):
 def test_a_section_checks_its_own_fields_when_made():
     with pytest.raises(ConfigError, match="delta must be > 1"):
         LossOptions(**_values(LossOptions, delta=0.5))
-    with pytest.raises(ConfigError, match="mutually exclusive"):
-        BatchOptions(**_values(BatchOptions, steps_per_generation=2, generation_batch_size=16))
+    with pytest.raises(ConfigError, match="disagree"):  # 8 x 1 rank x 2 = 16, not 24
+        BatchOptions(**_values(BatchOptions, steps_per_generation=2, generation_batch_size=24))
     with pytest.raises(ConfigError, match="select_top_up_first must be >= 2"):
         CurriculumSection(**_values(CurriculumSection, select_top_up_first=1))
 

@@ -1,7 +1,10 @@
 """The run's options: :class:`GRPOConfig` (:mod:`.grpo_config`: one dataclass with TRL's names,
 loadable from YAML and overridable from the command line) and the TRL / transformers names it
-translates or accepts (:mod:`.trl`). ``GRPOConfig.sections()`` splits it into the sections that
-the components read (:mod:`groupwise.sections`)."""
+translates or accepts (:mod:`.trl`), and the rest of a TRL script's imports
+(:mod:`.trl_parser`: ``TrlParser``, ``ModelConfig``, ``ScriptArguments``, ...; not imported
+here: it needs transformers, and the command line's --help must not load it).
+``GRPOConfig.sections()`` splits it into the sections that the components read
+(:mod:`groupwise.sections`)."""
 
 from ..errors import ConfigError
 from ..sections import (

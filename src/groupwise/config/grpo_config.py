@@ -30,8 +30,10 @@ from ..sections import (
     sections,
 )
 from .trl import (
+    TRL_DEFAULTS,
     TRL_IGNORED,
     TRL_TRANSLATED,
+    TRL_VIEWS,
     IgnoredOptionsWarning,
     ignored_message,
     is_trl_name,
@@ -56,8 +58,39 @@ UNBOUNDED_FIELDS = frozenset(
 )
 
 
+class _TRLConfigType(type):
+    """``GRPOConfig(**options)`` for the class and for every ``@dataclass`` subclass (open-r1's
+    configs.py adds its fields that way, and ``@dataclass`` gives the subclass an ``__init__`` of
+    its own): construction goes through here, so TRL's names are checked and translated
+    (:func:`groupwise.config.trl.translate_trl_options`) before any generated ``__init__`` sees
+    them; the TRL options with no meaning here are kept in ``trl_ignored`` and reported in one
+    warning."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        names = cls.field_names()  # type: ignore[attr-defined]
+        for name in kwargs:
+            if name not in names and not is_trl_name(name):
+                raise cls.unknown_option(name, cls.__name__)  # type: ignore[attr-defined]
+        kwargs, ignored = translate_trl_options(kwargs)
+        config = super().__call__(*args, **kwargs)
+        config.trl_ignored = ignored
+        # Which options were given, not defaulted (GRPOConfig.is_set): e.g. max_steps, which an
+        # environment that owns its data requires. Not a field: to_dict() and config.yaml never
+        # see it.
+        config.explicit_options = frozenset(names[: len(args)]) | frozenset(kwargs)
+        if ignored:
+            warnings.warn(ignored_message(ignored), IgnoredOptionsWarning, stacklevel=2)
+        return config
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        """The dataclass's own signature (its fields), not ``__call__``'s ``*args, **kwargs``."""
+        signature = inspect.signature(cls.__init__)  # type: ignore[misc]
+        return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
 @dataclass
-class GRPOConfig:
+class GRPOConfig(metaclass=_TRLConfigType):
     # --- model and data -------------------------------------------------------------------
     model: str = "tiny-random"  # built-in name (smollm2-135m-instruct, tiny-random) or a path
     # Run the model's own Python code (its auto_map) when it has some: policy and reward
@@ -118,8 +151,9 @@ class GRPOConfig:
     # "Batch arithmetic"). steps_per_generation: micro-batches (of per_device_train_batch_size
     # completions, per rank) per generation batch; None: gradient_accumulation_steps, i.e. one
     # optimizer step per generation. generation_batch_size: completions per generation batch
-    # over all ranks (= per_device_train_batch_size * ranks * steps_per_generation). At most one
-    # of the two may be set. Each optimizer step takes gradient_accumulation_steps of them.
+    # over all ranks (= per_device_train_batch_size * ranks * steps_per_generation). Set one, or
+    # both when they agree (as TRL resolves them). Each optimizer step takes
+    # gradient_accumulation_steps of them.
     steps_per_generation: int | None = None
     generation_batch_size: int | None = None  # completions per generation batch, all ranks
     num_iterations: int = 1  # mu: passes over each generation batch's mini-batches
@@ -421,6 +455,25 @@ class GRPOConfig:
         self.report_to = normalise_report_to(self.report_to)
         self.validate()
 
+    def __getattr__(self, name: str) -> Any:
+        """Only reached when ``name`` is no field or attribute: TRL's names that scripts read back
+        (``training_args.push_to_hub``, ``.model_init_kwargs``, ``.bf16``, ...): the value given
+        (kept in ``trl_ignored``), its groupwise translation, or TrainingArguments' default."""
+        if name.startswith("__"):  # copy / pickle probe these before __dict__ is filled
+            raise AttributeError(name)
+        if name == "trl_ignored":  # an instance made without __call__ (object.__new__)
+            return {}
+        if name == "explicit_options":
+            return frozenset()
+        ignored = self.__dict__.get("trl_ignored", {})
+        if name in ignored:
+            return ignored[name]
+        if name in TRL_VIEWS:
+            return TRL_VIEWS[name](self)
+        if name in TRL_DEFAULTS:
+            return TRL_DEFAULTS[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     # ----------------------------------------------------------------------------------------
     def sections(self) -> Sections:
         """These options by concern (:mod:`groupwise.sections`), each section checked, then the
@@ -479,10 +532,16 @@ class GRPOConfig:
 
     def replace(self, **changes: Any) -> GRPOConfig:
         """A copy with ``changes`` (``dataclasses.replace``) that keeps what the copy's values
-        cannot tell: the ignored TRL options (unreported again) and :attr:`explicit_options`,
-        plus the names changed. ``dataclasses.replace`` itself passes every field, so its copy
-        counts every option as given."""
+        cannot tell: the ignored TRL options (unreported again), attributes set beyond the
+        fields, and :attr:`explicit_options`, plus the names changed. ``dataclasses.replace``
+        itself passes every field, so its copy counts every option as given."""
         copied = dataclasses.replace(self, **changes)
+        # Attributes set on the config beyond its fields travel too: TRL's grpo.py sets
+        # training_args.model_init_kwargs after parsing, and the trainer works on copies.
+        fields = set(self.field_names())
+        for key, value in vars(self).items():
+            if key not in fields and key not in ("trl_ignored", "explicit_options"):
+                setattr(copied, key, value)
         copied.trl_ignored = dict(self.trl_ignored)
         copied.explicit_options = self.explicit_options | frozenset(changes)
         return copied
@@ -620,32 +679,6 @@ def unused_dir(path: str | Path) -> str:
         n += 1
         candidate = path.with_name(f"{path.name}-{n}")
     return str(candidate)
-
-
-_generated_init = GRPOConfig.__init__
-_FIELDS = frozenset(GRPOConfig.field_names())
-_FIELDS_IN_ORDER = tuple(GRPOConfig.field_names())
-
-
-def _init(self: GRPOConfig, *args: Any, **kwargs: Any) -> None:
-    """GRPOConfig(**options): groupwise's fields and TRL's names (trl_compat); the TRL options
-    with no meaning here are kept in ``trl_ignored`` and reported in one warning."""
-    for name in kwargs:
-        if name not in _FIELDS and not is_trl_name(name):
-            raise GRPOConfig.unknown_option(name, "GRPOConfig")
-    kwargs, ignored = translate_trl_options(kwargs)
-    _generated_init(self, *args, **kwargs)
-    self.trl_ignored = ignored
-    # Which options were given, not defaulted (GRPOConfig.is_set): e.g. max_steps, which an
-    # environment that owns its data requires. Not a field: to_dict() and config.yaml never
-    # see it.
-    self.explicit_options = frozenset(_FIELDS_IN_ORDER[: len(args)]) | frozenset(kwargs)
-    if ignored:
-        warnings.warn(ignored_message(ignored), IgnoredOptionsWarning, stacklevel=2)
-
-
-_init.__signature__ = inspect.signature(_generated_init)  # type: ignore[attr-defined]
-GRPOConfig.__init__ = _init  # type: ignore[method-assign]
 
 
 def _type_name(tp: Any) -> str:

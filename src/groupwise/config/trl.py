@@ -32,6 +32,7 @@ A TRL script builds ``GRPOConfig(...)`` with the usual ``TrainingArguments`` key
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError
@@ -160,6 +161,28 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "vllm_server_timeout",
     )
 )
+
+# TRL's translated names as a script reads them back from its config (training_args.bf16, ...).
+TRL_VIEWS: dict[str, Callable[[Any], Any]] = {
+    "bf16": lambda config: config.bf16_autocast,  # None: auto (on with a bf16 GPU)
+    "fp16": lambda config: False,  # fp16=True is refused
+    "use_cpu": lambda config: config.device == "cpu",
+    "use_vllm": lambda config: config.generation_engine == "vllm",
+}
+
+# TrainingArguments' / TRL's defaults of names scripts read back when they were not given:
+# TRL's grpo.py reads model_init_kwargs and push_to_hub, open-r1 local_rank and do_eval.
+TRL_DEFAULTS: dict[str, Any] = {
+    "model_init_kwargs": None,
+    "push_to_hub": False,
+    "hub_model_id": None,
+    "local_rank": -1,
+    "do_train": False,
+    "do_eval": False,
+    "do_predict": False,
+    "run_name": None,
+    "logging_dir": None,
+}
 
 # TRL options that change what is trained and that groupwise does not implement: accepted at
 # the value that means "off" (groupwise's behaviour, reported with the ignored ones), refused

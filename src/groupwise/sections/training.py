@@ -73,12 +73,15 @@ class BatchOptions(Section):
         # steps_per_generation / generation_batch_size, as TRL checks them, plus what groupwise
         # needs: whole optimizer steps (and so whole prompt groups) per generation batch.
         spg, gbs = self.steps_per_generation, self.generation_batch_size
-        if spg is not None and gbs is not None:
-            raise ConfigError(
-                "steps_per_generation and generation_batch_size are mutually exclusive (as in "
-                f"TRL): got steps_per_generation={spg} and generation_batch_size={gbs}; set one"
-            )
         at_least(self, 1, "steps_per_generation", optional=True)
+        if spg is not None and gbs is not None:  # a TRL-resolved config fills both
+            expected = self.per_device_train_batch_size * world_size_from_env() * spg
+            if gbs != expected:
+                raise ConfigError(
+                    f"steps_per_generation={spg} and generation_batch_size={gbs} disagree: "
+                    "generation_batch_size must be per_device_train_batch_size * ranks * "
+                    f"steps_per_generation = {expected} (as TRL resolves them); set one of the two"
+                )
         if gbs is not None:
             per_micro = self.per_device_train_batch_size * world_size_from_env()
             if gbs < 1 or gbs % per_micro:

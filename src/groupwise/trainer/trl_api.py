@@ -6,7 +6,9 @@
 ``log_history`` ends with the end-of-training rows), callbacks and ``control``, and TRL's
 attribute names for the trainer's parts (``model``, ``ref_model``, ``optimizer``,
 ``reward_funcs``, ``reward_processing_classes``, ``tools``, ...). :func:`trl_arguments` reads the
-constructor's TRL forms (positional order, ``peft_config``, ``optimizers``).
+constructor's TRL forms (positional order, ``peft_config``, ``optimizers``). transformers'
+post-training methods (``log_metrics``, ``save_metrics``, ``save_state``, ``accelerator``,
+``create_model_card``, ``push_to_hub``, ``end``) with their Hugging Face meaning.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedModel, TrainerControl, TrainerState
+from transformers.trainer_pt_utils import log_metrics, save_metrics, save_state
 from transformers.trainer_utils import TrainOutput
 
 from ..config.grpo_config import GRPOConfig
@@ -28,6 +31,7 @@ from ..runtime.models import is_peft_model
 from .checkpoints import resume_argument
 from .datasets import check_eval_dataset, materialize
 from .evaluate import evaluation_metrics
+from .hf_api import Accelerator, push_folder, write_model_card
 from .loop import TrainingLoop
 
 if TYPE_CHECKING:
@@ -135,6 +139,7 @@ class TRLSurface:
     scorer: RolloutScorer
     global_step: int
     output_dir: Path
+    device: torch.device
 
     # TRL's flag: whether the loss adds a Mixture-of-Experts model's router load-balancing loss
     # (then logged as aux_loss). groupwise trains on its policy loss alone, so never.
@@ -241,6 +246,53 @@ class TRLSurface:
         ``output_dir`` is TRL's name for ``path``."""
         path = path if path is not None else output_dir
         return self.checkpoints.save_model(Path(path) if path is not None else self.output_dir)
+
+    # -- transformers.Trainer's post-training methods ------------------------------------------
+    # transformers.Trainer binds these functions of trainer_pt_utils the same way, so
+    # {split}_results.json, all_results.json and trainer_state.json are the files it writes.
+    log_metrics = log_metrics
+    save_metrics = save_metrics
+    save_state = save_state
+
+    @property
+    def accelerator(self) -> Accelerator:
+        return Accelerator(self.dist, self.device)
+
+    def is_world_process_zero(self) -> bool:
+        return self.dist.is_main
+
+    def is_local_process_zero(self) -> bool:
+        return self.dist.local_rank == 0
+
+    @property
+    def hub_model_id(self) -> str:
+        """TrainingArguments' ``hub_model_id``, else the output folder's name (transformers')."""
+        return self.args.trl_ignored.get("hub_model_id") or self.output_dir.name
+
+    def end(self) -> None:
+        """transformers' ``Trainer.end()``: leave the process group at the end of a script."""
+        self.accelerator.end_training()
+
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | None = None,
+        tags: str | list[str] | None = None,
+        **_: Any,
+    ) -> Path | None:
+        """``output_dir/README.md`` (main process; TRL's keyword names, the others accepted):
+        :func:`groupwise.trainer.hf_api.write_model_card`."""
+        if not self.is_world_process_zero():
+            return None
+        return write_model_card(self.args, self.output_dir, model_name, dataset_name, tags)
+
+    def push_to_hub(self, commit_message: str = "End of training", **kwargs: Any) -> Any:
+        """A model card from ``kwargs`` (as TRL), then ``output_dir`` uploaded to
+        ``hub_model_id``; offline or unreachable, an error saying so."""
+        if not self.is_world_process_zero():
+            return None
+        self.create_model_card(**kwargs)
+        return push_folder(self.args, self.output_dir, self.hub_model_id, commit_message)
 
     # -- log history and callbacks ---------------------------------------------------------------
     @property
