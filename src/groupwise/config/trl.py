@@ -384,6 +384,16 @@ def _model_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {"model_init_kwargs": init} if init else {}
 
 
+def model_init_changes(init: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """TRL's ``model_init_kwargs`` given after the config was made (TRL's grpo.py assigns
+    ``training_args.model_init_kwargs``), read as at construction: ``(options its
+    quantization_config sets, the other keys, ignored)``."""
+    changes: dict[str, Any] = {"model_init_kwargs": init}
+    rest = _model_init_kwargs(changes).get("model_init_kwargs", {})
+    changes.pop("model_init_kwargs", None)
+    return changes, rest
+
+
 def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``GRPOConfig`` keyword arguments with TRL names translated (see the module docstring),
     and the ignored ones ``{name: value}`` taken out."""

@@ -128,6 +128,10 @@ def reasoning_accuracy_reward(
     return rewards
 
 
+# Both score task success: groupwise's success rate and curricula read them (rewards.basic).
+accuracy_reward.is_correctness = True  # type: ignore[attr-defined]
+reasoning_accuracy_reward.is_correctness = True  # type: ignore[attr-defined]
+
 _THINK = re.compile(r"^<think>(?!.*<think>)(.*?)</think>.*$", re.DOTALL | re.MULTILINE)
 
 
