@@ -157,8 +157,10 @@ def test_trl_grpo_script_trains_with_trl_rewards_and_saves(tmp_path):
 
 @pytest.mark.slow
 def test_trl_grpo_script_trains_on_a_dataset_mixture(tmp_path):
-    """The same script with TRL's DatasetMixtureConfig from the --config YAML file: two local
-    datasets at fractions 0.5 / 0.5, one cut to two columns; get_dataset mixes them."""
+    """The same script with TRL's DatasetMixtureConfig from the --config YAML file (two local
+    datasets at fractions 0.5 / 0.5, one cut to two columns; get_dataset mixes them), and QLoRA
+    from ModelConfig's names: get_quantization_config's BitsAndBytesConfig reaches the trainer
+    as quantization_config=, get_peft_config's LoraConfig as peft_config=."""
     _math_dataset(tmp_path / "a", [("What is 1+1?", "2"), ("What is 2+1?", "3")])
     _math_dataset(tmp_path / "b", [(f"What is {i}+{i}?", str(2 * i)) for i in range(6)],
                   extra=list(range(6)))  # fmt: skip
@@ -169,12 +171,20 @@ def test_trl_grpo_script_trains_on_a_dataset_mixture(tmp_path):
         "reward_funcs: [reasoning_accuracy_reward]\n"
         "max_steps: 2\n"
     )
-    result = _run("grpo.py", [*_TINY_RUN, "--config", "mix.yaml", "--output_dir", "out"],
-                  tmp_path, tmp_path)  # fmt: skip
+    result = _run("grpo.py", [
+        *_TINY_RUN, "--config", "mix.yaml", "--output_dir", "out", "--use_peft", "True",
+        "--load_in_4bit", "True", "--lora_r", "4", "--lora_alpha", "8",
+    ], tmp_path, tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = _metrics(tmp_path / "out")
+    out = tmp_path / "out"
+    config = (out / "config.yaml").read_text()
+    for line in ("use_peft: true", "lora_r: 4", "load_in_4bit: true", "bnb_4bit_quant_type: nf4"):
+        assert line in config
+    assert (out / "adapter_config.json").exists()  # save_model: the LoRA adapter
+    rows = _metrics(out)
     assert [row["step"] for row in rows] == [1, 2]
     # No </think> in a tiny model's 8 tokens: TRL's reasoning reward is 0.0, not None.
-    assert all(row["rewards/reasoning_accuracy_reward/mean"] == 0.0
-               and row["rewards/reasoning_accuracy_reward/frac_none"] == 0.0
-               and row["rewards/reasoning_accuracy_reward/errors"] == 0 for row in rows)  # fmt: skip
+    for row in rows:
+        assert row["rewards/reasoning_accuracy_reward/mean"] == 0.0
+        assert row["rewards/reasoning_accuracy_reward/frac_none"] == 0.0
+        assert row["rewards/reasoning_accuracy_reward/errors"] == 0

@@ -122,8 +122,8 @@ class Trainer(TRLSurface):
     ``control.should_save`` are obeyed), ``reward_processing_classes`` (the tokenizers of the
     reward models in ``reward_funcs``: one, or a list with an entry per reward function),
     ``optimizers`` (only ``(None, None)``), ``quantization_config`` (a
-    ``transformers.BitsAndBytesConfig``: QLoRA's 4-bit base, as in ``model_init_kwargs``). TRL's positional order ``(model, reward_funcs, args,
-    train_dataset)`` works too.
+    ``transformers.BitsAndBytesConfig``: QLoRA's 4-bit base, as in ``model_init_kwargs``).
+    TRL's positional order ``(model, reward_funcs, args, train_dataset)`` works too.
 
     Multi-turn rollouts (docs/tools.md): ``tools``, typed and documented Python
     functions (or built-in names) the model may call, as TRL's ``tools``; or

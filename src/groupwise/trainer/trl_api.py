@@ -101,9 +101,10 @@ def with_model_init_kwargs(args: GRPOConfig, quantization_config: Any = None) ->
     changes, ignored = model_init_changes(dict(init))
     # What TRL's grpo.py always sets is no news when it says what groupwise does anyway: unset
     # (None), the default revision, or the run's own option of that name.
+    fields = GRPOConfig.field_names()
     ignored = {key: value for key, value in ignored.items()
                if value is not None and (key, value) != ("revision", "main")
-               and not (key in GRPOConfig.field_names() and getattr(args, key) == value)}  # fmt: skip
+               and not (key in fields and getattr(args, key) == value)}  # fmt: skip
     for name, value in changes.items():
         if args.is_set(name) and getattr(args, name) != value:
             raise ConfigError(
