@@ -274,3 +274,13 @@ def test_torch_dtype_is_trls_older_name_of_dtype():
     assert ModelConfig(torch_dtype="auto").dtype == "auto"
     with pytest.raises(ConfigError, match="torch_dtype is TRL's older name of dtype"):
         ModelConfig(dtype="bfloat16", torch_dtype="auto")
+
+
+def test_report_to_reads_back_as_transformers_list():
+    """open-r1's `"wandb" in training_args.report_to`: a list, as TrainingArguments holds it,
+    also when no logger is wanted (default, "none")."""
+    for argv, expected in (([], []), (["--report_to", "none"], []),
+                           (["--report_to", "tensorboard"], ["tensorboard"])):  # fmt: skip
+        _, config, _ = _parse(["--model_name_or_path", "m", *argv])
+        assert config.report_to == expected and "wandb" not in config.report_to
+    assert GRPOConfig(report_to=None).report_to == []

@@ -459,14 +459,15 @@ def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
     return kwargs, ignored
 
 
-def normalise_report_to(value: Any) -> list[str] | None:
-    """TRL's ``report_to``: "none" (or a list holding it) -> None; "all" -> the installed ones of
-    tensorboard and wandb; a single name -> a list."""
+def normalise_report_to(value: Any) -> list[str]:
+    """TRL's ``report_to``, held as transformers' ``TrainingArguments`` holds it, a list (so a
+    script's ``"wandb" in training_args.report_to`` works): None, "none" or a list holding it
+    -> []; "all" -> the installed ones of tensorboard and wandb; a single name -> a list."""
     if value is None:
-        return None
+        return []
     names = [value] if isinstance(value, str) else list(value)
     if "none" in names:
-        return None
+        return []
     if "all" in names:
         return [n for n in ("tensorboard", "wandb") if importlib.util.find_spec(n) is not None]
     return names
