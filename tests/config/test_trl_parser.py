@@ -284,3 +284,19 @@ def test_report_to_reads_back_as_transformers_list():
         _, config, _ = _parse(["--model_name_or_path", "m", *argv])
         assert config.report_to == expected and "wandb" not in config.report_to
     assert GRPOConfig(report_to=None).report_to == []
+
+
+def test_trainingarguments_logging_names_read_back(monkeypatch):
+    """open-r1 logs with training_args.get_process_log_level() and .n_gpu (TrainingArguments')."""
+    from transformers.utils import logging as hf_logging
+
+    config = GRPOConfig(device="cpu")
+    assert config.n_gpu == 0  # CPU: no GPU, as TrainingArguments(use_cpu=True)
+    assert config.get_process_log_level() == hf_logging.get_verbosity()  # "passive"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        chatty = GRPOConfig(device="cpu", log_level="info", log_level_replica="error")
+    assert chatty.get_process_log_level() == 20
+    monkeypatch.setenv("LOCAL_RANK", "1")  # another process of the machine: the replica level
+    assert chatty.get_process_log_level() == 40
+    assert GRPOConfig(device="cpu").get_process_log_level() == 30  # replica default "warning"

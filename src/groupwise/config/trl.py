@@ -162,8 +162,38 @@ TRL_IGNORED: frozenset[str] = frozenset(
     )
 )
 
+_LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+
+def _process_log_level(config: Any) -> Callable[[], int]:
+    """TrainingArguments' ``get_process_log_level()``: ``log_level`` on each machine's first
+    process (transformers' own verbosity while "passive", its default), ``log_level_replica``
+    ("warning" by default) on the others."""
+
+    def get_process_log_level() -> int:
+        import os
+
+        from transformers.utils import logging as hf_logging
+
+        first = int(os.environ.get("LOCAL_RANK", "0")) == 0
+        name = (config.trl_ignored.get("log_level", "passive") if first
+                else config.trl_ignored.get("log_level_replica", "warning"))  # fmt: skip
+        return _LOG_LEVELS.get(name, hf_logging.get_verbosity())
+
+    return get_process_log_level
+
+
+def _n_gpu(config: Any) -> int:
+    """TrainingArguments' ``n_gpu``: GPUs this process uses; groupwise uses one per process."""
+    import torch
+
+    return int(config.device != "cpu" and torch.cuda.is_available())
+
+
 # TRL's translated names as a script reads them back from its config (training_args.bf16, ...).
 TRL_VIEWS: dict[str, Callable[[Any], Any]] = {
+    "get_process_log_level": _process_log_level,  # open-r1 sets its loggers' level with it
+    "n_gpu": _n_gpu,
     "bf16": lambda config: config.bf16_autocast,  # None: auto (on with a bf16 GPU)
     "fp16": lambda config: False,  # fp16=True is refused
     "use_cpu": lambda config: config.device == "cpu",
