@@ -25,11 +25,14 @@ _EXPORTS = {
     "get_kbit_device_map": ".config.trl_parser",
     "get_peft_config": ".config.trl_parser",
     "get_quantization_config": ".config.trl_parser",
+    "DatasetMixtureConfig": ".config.trl_datasets",
+    "get_dataset": ".config.trl_datasets",
 }
 
 if TYPE_CHECKING:
     from .algo import group_advantages, kl_k3, pass_at_k, policy_loss
     from .config import GRPOConfig
+    from .config.trl_datasets import DatasetMixtureConfig, get_dataset
     from .config.trl_parser import (
         ModelConfig,
         ScriptArguments,
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConfigError",
+    "DatasetMixtureConfig",
     "GRPOConfig",
     "GRPOTrainer",
     "ModelConfig",
@@ -52,6 +56,7 @@ __all__ = [
     "TrlParser",
     "accuracy_reward",
     "format_reward",
+    "get_dataset",
     "get_kbit_device_map",
     "get_peft_config",
     "get_quantization_config",

@@ -254,3 +254,49 @@ def test_scripts_read_trl_names_back_from_the_config():
     assert copied.model_init_kwargs == {"dtype": "bfloat16"} and copied.max_steps == 5
     with pytest.raises(AttributeError, match="'GRPOConfig' object has no attribute 'n_gpus'"):
         plain.n_gpus  # noqa: B018
+
+
+def test_torch_dtype_is_trls_older_name_of_dtype():
+    """open-r1 reads model_args.torch_dtype (TRL's ModelConfig before the rename to dtype): one
+    value under both names, on the command line, in YAML and in Python; it reaches GRPOConfig's
+    dtype as --dtype does."""
+    _, config, model = _parse(["--model_name_or_path", "m", "--torch_dtype", "bfloat16"])
+    assert (model.dtype, model.torch_dtype, config.dtype) == ("bfloat16", "bfloat16", "bfloat16")
+    assert config.is_set("dtype")
+    _, config, model = _parse(["--model_name_or_path", "m", "--dtype", "bfloat16"])
+    assert (model.dtype, model.torch_dtype, config.dtype) == ("bfloat16", "bfloat16", "bfloat16")
+    _, config, model = _parse(["--model_name_or_path", "m"])  # TRL 1.16's default, both names
+    assert (model.dtype, model.torch_dtype) == ("float32", "float32")
+    assert not config.is_set("dtype")
+    _, config, model = TrlParser((ScriptArguments, GRPOConfig, ModelConfig)).parse_dict(
+        {"model_name_or_path": "m", "torch_dtype": "bfloat16"})  # fmt: skip
+    assert (model.dtype, config.dtype) == ("bfloat16", "bfloat16")
+    assert ModelConfig(torch_dtype="auto").dtype == "auto"
+    with pytest.raises(ConfigError, match="torch_dtype is TRL's older name of dtype"):
+        ModelConfig(dtype="bfloat16", torch_dtype="auto")
+
+
+def test_report_to_reads_back_as_transformers_list():
+    """open-r1's `"wandb" in training_args.report_to`: a list, as TrainingArguments holds it,
+    also when no logger is wanted (default, "none")."""
+    for argv, expected in (([], []), (["--report_to", "none"], []),
+                           (["--report_to", "tensorboard"], ["tensorboard"])):  # fmt: skip
+        _, config, _ = _parse(["--model_name_or_path", "m", *argv])
+        assert config.report_to == expected and "wandb" not in config.report_to
+    assert GRPOConfig(report_to=None).report_to == []
+
+
+def test_trainingarguments_logging_names_read_back(monkeypatch):
+    """open-r1 logs with training_args.get_process_log_level() and .n_gpu (TrainingArguments')."""
+    from transformers.utils import logging as hf_logging
+
+    config = GRPOConfig(device="cpu")
+    assert config.n_gpu == 0  # CPU: no GPU, as TrainingArguments(use_cpu=True)
+    assert config.get_process_log_level() == hf_logging.get_verbosity()  # "passive"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        chatty = GRPOConfig(device="cpu", log_level="info", log_level_replica="error")
+    assert chatty.get_process_log_level() == 20
+    monkeypatch.setenv("LOCAL_RANK", "1")  # another process of the machine: the replica level
+    assert chatty.get_process_log_level() == 40
+    assert GRPOConfig(device="cpu").get_process_log_level() == 30  # replica default "warning"

@@ -133,7 +133,7 @@ def test_trl_quickstart_runs_with_only_the_import_changed(tmp_path, monkeypatch)
     # bf16=False: no autocast; fp32 weights either way (TRL's bf16 never means bf16 weights).
     assert trainer.args.device == "cpu" and trainer.args.bf16_autocast is False
     assert trainer.precision.name == "fp32" and trainer.model.dtype == torch.float32
-    assert trainer.args.report_to is None and trainer.args.gradient_checkpointing
+    assert trainer.args.report_to == [] and trainer.args.gradient_checkpointing
     reports = [w for w in caught if issubclass(w.category, IgnoredOptionsWarning)]
     assert len(reports) == 1
     message = str(reports[0].message)
@@ -167,8 +167,8 @@ def _config(**kwargs) -> GRPOConfig:
         ({"tf32": False}, {"tf32": False}),
         ({"fp16": False}, {"dtype": "auto"}),
         ({"optim": "adamw_torch_fused", "adam_epsilon": 1e-6}, {"adam_epsilon": 1e-6}),
-        ({"report_to": "none"}, {"report_to": None}),
-        ({"report_to": ["none"]}, {"report_to": None}),
+        ({"report_to": "none"}, {"report_to": []}),  # a list, as TrainingArguments holds it
+        ({"report_to": ["none"]}, {"report_to": []}),
         ({"report_to": "tensorboard"}, {"report_to": ["tensorboard"]}),
         ({"warmup_steps": 0.1}, {"warmup_ratio": 0.1, "warmup_steps": 0}),
         ({"warmup_steps": 3}, {"warmup_ratio": 0.0, "warmup_steps": 3}),

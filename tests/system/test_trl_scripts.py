@@ -90,3 +90,101 @@ def test_trl_grpo_agent_script_trains_and_saves(tmp_path):
 
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.num_parameters() > 0 and (out / "tokenizer.json").exists()
+
+
+def _math_dataset(folder: Path, questions: list[tuple[str, str]], **extra: list) -> None:
+    """A local stand-in for a hub math dataset: conversational prompts and a ``solution``
+    column (TRL's accuracy rewards read it), saved as ``folder/train.parquet``."""
+    import pandas as pd
+
+    folder.mkdir(parents=True)
+    pd.DataFrame({"prompt": [[{"role": "user", "content": q}] for q, _ in questions],
+                  "solution": [s for _, s in questions], **extra}
+                 ).to_parquet(folder / "train.parquet")  # fmt: skip
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+_TINY_RUN = [
+    "--model_name_or_path", "tiny-random", "--per_device_train_batch_size", "4",
+    "--num_generations", "2", "--max_completion_length", "8", "--use_cpu", "True",
+    "--bf16", "False", "--report_to", "none", "--eval_strategy", "no", "--seed", "0",
+    "--disable_tqdm", "True",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_trl_grpo_script_trains_with_trl_rewards_and_saves(tmp_path):
+    """TRL's trl/scripts/grpo.py (``trl grpo``): GRPOScriptArguments' reward_funcs by TRL's
+    registry names, a local --dataset_name, model_init_kwargs assigned after parsing, and
+    quantization_config= / peft_config= passed to the trainer."""
+    _math_dataset(tmp_path / "data", [
+        (r"What is 1/3? Answer in \boxed{}.", r"\frac{1}{3}"),
+        ("What is 2+2?", "4"),
+        ("What is 3*3?", "9"),
+        ("Name a colour.", "no math here"),  # TRL's accuracy_reward: None for this prompt
+    ])  # fmt: skip
+    result = _run("grpo.py", [
+        *_TINY_RUN, "--dataset_name", "data", "--output_dir", "out", "--max_steps", "2",
+        "--reward_funcs", "accuracy_reward", "think_format_reward",
+        "get_soft_overlong_punishment", "--learning_rate", "1e-2",
+    ], tmp_path, tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Training completed." in result.stdout and "Model saved to out." in result.stdout
+    # The model_init_kwargs the script assigns after parsing are read: what agrees with the run
+    # (revision "main", trust_remote_code False, attn_implementation None) goes unreported, and
+    # ModelConfig's dtype, which groupwise's own dtype option decides, is reported as ignored.
+    assert "IgnoredOptionsWarning" in result.stderr
+    assert "model_init_kwargs={'dtype': 'float32'}" in result.stderr
+    out = tmp_path / "out"
+    rows = _metrics(out)
+    assert [row["step"] for row in rows] == [1, 2]
+    names = ("accuracy_reward", "think_format_reward", "soft_overlong_punishment_reward")
+    for name in names:
+        assert all(row[f"rewards/{name}/errors"] == 0 for row in rows), name
+    # Two prompts a step, one pass over the four: the unparseable solution's two completions
+    # (of the run's eight) scored None, once.
+    assert sum(row["rewards/accuracy_reward/frac_none"] for row in rows) == pytest.approx(0.5)
+    rewards = json.loads((out / "rewards.json").read_text())
+    assert [r["name"] for r in rewards] == list(names)
+    assert [r["is_correctness"] for r in rewards] == [True, False, False]
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(out).num_parameters() > 0
+
+
+@pytest.mark.slow
+def test_trl_grpo_script_trains_on_a_dataset_mixture(tmp_path):
+    """The same script with TRL's DatasetMixtureConfig from the --config YAML file (two local
+    datasets at fractions 0.5 / 0.5, one cut to two columns; get_dataset mixes them), and QLoRA
+    from ModelConfig's names: get_quantization_config's BitsAndBytesConfig reaches the trainer
+    as quantization_config=, get_peft_config's LoraConfig as peft_config=."""
+    _math_dataset(tmp_path / "a", [("What is 1+1?", "2"), ("What is 2+1?", "3")])
+    _math_dataset(tmp_path / "b", [(f"What is {i}+{i}?", str(2 * i)) for i in range(6)],
+                  extra=list(range(6)))  # fmt: skip
+    (tmp_path / "mix.yaml").write_text(
+        "datasets:\n"
+        "  - {path: a, fraction: 0.5}\n"
+        "  - {path: b, columns: [prompt, solution], fraction: 0.5}\n"
+        "reward_funcs: [reasoning_accuracy_reward]\n"
+        "max_steps: 2\n"
+    )
+    result = _run("grpo.py", [
+        *_TINY_RUN, "--config", "mix.yaml", "--output_dir", "out", "--use_peft", "True",
+        "--load_in_4bit", "True", "--lora_r", "4", "--lora_alpha", "8",
+    ], tmp_path, tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "out"
+    config = (out / "config.yaml").read_text()
+    for line in ("use_peft: true", "lora_r: 4", "load_in_4bit: true", "bnb_4bit_quant_type: nf4"):
+        assert line in config
+    assert (out / "adapter_config.json").exists()  # save_model: the LoRA adapter
+    rows = _metrics(out)
+    assert [row["step"] for row in rows] == [1, 2]
+    # No </think> in a tiny model's 8 tokens: TRL's reasoning reward is 0.0, not None.
+    for row in rows:
+        assert row["rewards/reasoning_accuracy_reward/mean"] == 0.0
+        assert row["rewards/reasoning_accuracy_reward/frac_none"] == 0.0
+        assert row["rewards/reasoning_accuracy_reward/errors"] == 0

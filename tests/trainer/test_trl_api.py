@@ -331,3 +331,67 @@ def test_a_peft_model_trains_its_own_adapter(tmp_path, tiny_model, tokenizer):
     with pytest.raises(ConfigError, match="already a PeftModel"):
         GRPOTrainer(model, _lengths, ROWS, args=args, processing_class=tokenizer,
                     peft_config=peft.LoraConfig())  # fmt: skip
+
+
+# -- TRL's model loading keywords: quantization_config= and model_init_kwargs set after parsing --
+
+
+def _quant(**kwargs):
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, **kwargs)
+
+
+def test_quantization_config_keyword_loads_a_4bit_base(tmp_path):
+    """TRL's GRPOTrainer(quantization_config=...): the same 4-bit options as model_init_kwargs
+    ['quantization_config'] (fp4, nested here), and the base is quantised."""
+    from groupwise.runtime.quantization import is_4bit
+
+    args = tiny_config(tmp_path, use_peft=True, lora_r=4, lora_alpha=8)
+    trainer = GRPOTrainer("tiny-random", _lengths, ROWS, args=args,
+                          quantization_config=_quant(bnb_4bit_quant_type="fp4",
+                                                     bnb_4bit_use_double_quant=True))  # fmt: skip
+    assert (trainer.args.load_in_4bit, trainer.args.bnb_4bit_quant_type,
+            trainer.args.use_bnb_nested_quant) == (True, "fp4", True)  # fmt: skip
+    assert is_4bit(trainer.model.get_base_model())
+    assert not args.load_in_4bit  # the caller's config is not changed
+
+
+def test_model_init_kwargs_assigned_after_construction_take_effect():
+    """TRL's grpo.py: training_args.model_init_kwargs = {...} after parsing. Read as at
+    construction: its quantization_config sets the 4-bit options, the rest is reported unless
+    it says what the run does anyway (None, revision "main", an option's own value)."""
+    from groupwise.trainer.trl_api import with_model_init_kwargs
+
+    args = GRPOConfig(use_peft=True)
+    assert with_model_init_kwargs(args) is args  # nothing assigned: unchanged
+    args.model_init_kwargs = {"quantization_config": _quant(bnb_4bit_quant_type="fp4"),
+                              "revision": "main", "trust_remote_code": False,
+                              "attn_implementation": None, "device_map": "auto"}  # fmt: skip
+    with pytest.warns(UserWarning, match=r"model_init_kwargs=\{'device_map': 'auto'\}"):
+        applied = with_model_init_kwargs(args)
+    assert applied.load_in_4bit and applied.bnb_4bit_quant_type == "fp4"
+    assert applied.is_set("load_in_4bit") and not args.load_in_4bit
+
+
+def test_model_init_kwargs_and_quantization_config_refusals():
+    from groupwise.trainer.trl_api import with_model_init_kwargs
+
+    args = GRPOConfig(use_peft=True)
+    args.model_init_kwargs = {"quantization_config": _quant()}
+    with pytest.raises(ConfigError, match="quantization_config was given both"):
+        with_model_init_kwargs(args, _quant())
+    args.model_init_kwargs = ["not", "a", "mapping"]
+    with pytest.raises(ConfigError, match="args.model_init_kwargs must be a mapping"):
+        with_model_init_kwargs(args)
+    # An option given with another value than the quantization_config says.
+    given = GRPOConfig(use_peft=True, bnb_4bit_quant_type="nf4")
+    with pytest.raises(ConfigError, match="bnb_4bit_quant_type='fp4'"):
+        with_model_init_kwargs(given, _quant(bnb_4bit_quant_type="fp4"))
+    # QLoRA's own rule still holds: a 4-bit base needs the LoRA adapter.
+    with pytest.raises(ConfigError, match="load_in_4bit=True needs use_peft=True"):
+        with_model_init_kwargs(GRPOConfig(), _quant())
+    from transformers import BitsAndBytesConfig
+
+    with pytest.raises(ConfigError, match="load_in_8bit"):  # refused as at construction
+        with_model_init_kwargs(GRPOConfig(use_peft=True), BitsAndBytesConfig(load_in_8bit=True))

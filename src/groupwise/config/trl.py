@@ -162,8 +162,38 @@ TRL_IGNORED: frozenset[str] = frozenset(
     )
 )
 
+_LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+
+def _process_log_level(config: Any) -> Callable[[], int]:
+    """TrainingArguments' ``get_process_log_level()``: ``log_level`` on each machine's first
+    process (transformers' own verbosity while "passive", its default), ``log_level_replica``
+    ("warning" by default) on the others."""
+
+    def get_process_log_level() -> int:
+        import os
+
+        from transformers.utils import logging as hf_logging
+
+        first = int(os.environ.get("LOCAL_RANK", "0")) == 0
+        name = (config.trl_ignored.get("log_level", "passive") if first
+                else config.trl_ignored.get("log_level_replica", "warning"))  # fmt: skip
+        return _LOG_LEVELS.get(name, hf_logging.get_verbosity())
+
+    return get_process_log_level
+
+
+def _n_gpu(config: Any) -> int:
+    """TrainingArguments' ``n_gpu``: GPUs this process uses; groupwise uses one per process."""
+    import torch
+
+    return int(config.device != "cpu" and torch.cuda.is_available())
+
+
 # TRL's translated names as a script reads them back from its config (training_args.bf16, ...).
 TRL_VIEWS: dict[str, Callable[[Any], Any]] = {
+    "get_process_log_level": _process_log_level,  # open-r1 sets its loggers' level with it
+    "n_gpu": _n_gpu,
     "bf16": lambda config: config.bf16_autocast,  # None: auto (on with a bf16 GPU)
     "fp16": lambda config: False,  # fp16=True is refused
     "use_cpu": lambda config: config.device == "cpu",
@@ -384,6 +414,16 @@ def _model_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {"model_init_kwargs": init} if init else {}
 
 
+def model_init_changes(init: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """TRL's ``model_init_kwargs`` given after the config was made (TRL's grpo.py assigns
+    ``training_args.model_init_kwargs``), read as at construction: ``(options its
+    quantization_config sets, the other keys, ignored)``."""
+    changes: dict[str, Any] = {"model_init_kwargs": init}
+    rest = _model_init_kwargs(changes).get("model_init_kwargs", {})
+    changes.pop("model_init_kwargs", None)
+    return changes, rest
+
+
 def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``GRPOConfig`` keyword arguments with TRL names translated (see the module docstring),
     and the ignored ones ``{name: value}`` taken out."""
@@ -449,14 +489,15 @@ def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
     return kwargs, ignored
 
 
-def normalise_report_to(value: Any) -> list[str] | None:
-    """TRL's ``report_to``: "none" (or a list holding it) -> None; "all" -> the installed ones of
-    tensorboard and wandb; a single name -> a list."""
+def normalise_report_to(value: Any) -> list[str]:
+    """TRL's ``report_to``, held as transformers' ``TrainingArguments`` holds it, a list (so a
+    script's ``"wandb" in training_args.report_to`` works): None, "none" or a list holding it
+    -> []; "all" -> the installed ones of tensorboard and wandb; a single name -> a list."""
     if value is None:
-        return None
+        return []
     names = [value] if isinstance(value, str) else list(value)
     if "none" in names:
-        return None
+        return []
     if "all" in names:
         return [n for n in ("tensorboard", "wandb") if importlib.util.find_spec(n) is not None]
     return names

@@ -89,8 +89,21 @@ class ModelConfig:
     bnb_4bit_quant_type: str = field(default="nf4", metadata={"choices": ["fp4", "nf4"]})
     use_bnb_nested_quant: bool = False
     bnb_4bit_quant_storage: str | None = None
+    # TRL's older name of dtype (before TRL followed transformers' rename; open-r1 reads
+    # model_args.torch_dtype): one value under both names.
+    torch_dtype: str | None = field(
+        default=None, metadata={"choices": ["auto", "bfloat16", "float16", "float32"]}
+    )
 
     def __post_init__(self) -> None:
+        if self.torch_dtype is not None:
+            if self.dtype not in ("float32", self.torch_dtype):  # float32: dtype's default
+                raise ConfigError(
+                    f"ModelConfig: dtype={self.dtype!r} and torch_dtype={self.torch_dtype!r} "
+                    "disagree; torch_dtype is TRL's older name of dtype, give one of them"
+                )
+            self.dtype = self.torch_dtype
+        self.torch_dtype = self.dtype
         if self.load_in_8bit and self.load_in_4bit:
             raise ConfigError("ModelConfig: load_in_8bit and load_in_4bit cannot both be true")
         # TRL: a one-element list is the name itself (peft then matches it as a regex).
@@ -256,6 +269,7 @@ class TrlParser(HfArgumentParser):
                     if n in values and n not in hints and is_trl_name(n)
                 }
                 given.update({n: _scalar(v) for n, v in trl_names.items()})
+                _older_dtype(values, given)
                 outputs.append(dtype.from_dict(_lists(given), source="command line"))
                 continue
             for name in list(given):
@@ -280,6 +294,7 @@ class TrlParser(HfArgumentParser):
             if _is_config(dtype):
                 given.update({k: v for k, v in args.items()
                               if is_trl_name(k) and k not in self._declared})  # fmt: skip
+                _older_dtype(args, given)
                 outputs.append(dtype.from_dict(given, source="parse_dict"))
             else:
                 outputs.append(dtype(**given))
@@ -335,6 +350,14 @@ class TrlParser(HfArgumentParser):
                 action.required = False
                 used.add(action.dest)
         return [item for k, v in kwargs.items() if k not in used for item in (f"--{k}", str(v))]
+
+
+def _older_dtype(values: dict[str, Any], given: dict[str, Any]) -> None:
+    """ModelConfig's ``torch_dtype`` (TRL's older name of ``dtype``) reaches GRPOConfig's
+    ``dtype`` as ``--dtype`` does, unless ``--dtype`` is given too (ModelConfig checks that
+    the two agree)."""
+    if values.get("torch_dtype") is not None and "dtype" not in given:
+        given["dtype"] = values["torch_dtype"]
 
 
 def _lists(values: dict[str, Any]) -> dict[str, Any]:

@@ -121,8 +121,9 @@ class Trainer(TRLSurface):
     ``(args, state, control, **kwargs)``; ``control.should_training_stop`` and
     ``control.should_save`` are obeyed), ``reward_processing_classes`` (the tokenizers of the
     reward models in ``reward_funcs``: one, or a list with an entry per reward function),
-    ``optimizers`` (only ``(None, None)``). TRL's positional order ``(model, reward_funcs, args,
-    train_dataset)`` works too.
+    ``optimizers`` (only ``(None, None)``), ``quantization_config`` (a
+    ``transformers.BitsAndBytesConfig``: QLoRA's 4-bit base, as in ``model_init_kwargs``).
+    TRL's positional order ``(model, reward_funcs, args, train_dataset)`` works too.
 
     Multi-turn rollouts (docs/tools.md): ``tools``, typed and documented Python
     functions (or built-in names) the model may call, as TRL's ``tools``; or
@@ -143,12 +144,14 @@ class Trainer(TRLSurface):
         reward_processing_classes: Any = None,
         callbacks: Sequence[Any] | None = None,
         optimizers: tuple[Any, Any] = (None, None),
+        quantization_config: Any | None = None,
         peft_config: Any | None = None,
         tools: Sequence[Callable[..., Any] | str] | None = None,
         environment_factory: Callable[[], Any] | None = None,
     ) -> None:
         train_dataset, args = trl_arguments(
-            model, train_dataset, args, optimizers, peft_config, self.default_args
+            model, train_dataset, args, optimizers, peft_config, self.default_args,
+            quantization_config,
         )
         # Tools or an environment: multi-turn rollouts (rollout/multiturn.py).
         self.interaction = build_interaction(args, tools, environment_factory)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from transformers.trainer_pt_utils import log_metrics, save_metrics, save_state
 from transformers.trainer_utils import TrainOutput
 
 from ..config.grpo_config import GRPOConfig
+from ..config.trl import IgnoredOptionsWarning, ignored_message, model_init_changes
 from ..errors import ConfigError
 from ..rewards import RewardFunc
 from ..runtime.models import is_peft_model
@@ -48,11 +50,13 @@ def trl_arguments(
     optimizers: tuple[Any, Any],
     peft_config: Any,
     default_args: Callable[[], GRPOConfig],
+    quantization_config: Any = None,
 ) -> tuple[Any, GRPOConfig]:
     """The training set and config from a constructor call in TRL's forms: TRL's positional
     order ``(model, reward_funcs, args, train_dataset)``, ``args`` left out (``default_args()``),
-    a ``PeftModel`` or ``peft_config`` (LoRA as configured there, recorded in the config), and
-    ``optimizers``, refused unless ``(None, None)``."""
+    a ``PeftModel`` or ``peft_config`` (LoRA as configured there, recorded in the config),
+    ``quantization_config`` and ``args.model_init_kwargs`` assigned after the config was made
+    (:func:`with_model_init_kwargs`), and ``optimizers``, refused unless ``(None, None)``."""
     if isinstance(train_dataset, GRPOConfig) and not isinstance(args, GRPOConfig):
         train_dataset, args = args, train_dataset  # TRL's order: (model, funcs, args, data)
     if tuple(optimizers) != (None, None):
@@ -62,7 +66,7 @@ def trl_arguments(
         )
     if args is not None and not isinstance(args, GRPOConfig):
         raise TypeError(f"args must be a groupwise GRPOConfig, got {type(args).__name__}")
-    args = args or default_args()
+    args = with_model_init_kwargs(args or default_args(), quantization_config)
     if is_peft_model(model):  # TRL: a PeftModel trains its own adapter
         if peft_config is not None:
             raise ConfigError(
@@ -73,6 +77,44 @@ def trl_arguments(
     if peft_config is not None:
         args = with_peft_config(args, peft_config)
     return train_dataset, args
+
+
+def with_model_init_kwargs(args: GRPOConfig, quantization_config: Any = None) -> GRPOConfig:
+    """``args`` with TRL's model loading options applied: a ``model_init_kwargs`` assigned to
+    the config after it was made (TRL's grpo.py does ``training_args.model_init_kwargs = ...``)
+    and the trainer's ``quantization_config`` keyword (a ``BitsAndBytesConfig``, as TRL puts it
+    in ``model_init_kwargs["quantization_config"]``), both read as ``GRPOConfig(
+    model_init_kwargs=...)`` reads them (:func:`groupwise.config.trl.model_init_changes`)."""
+    init = vars(args).get("model_init_kwargs")  # assigned after construction, else None
+    if init is not None and not isinstance(init, Mapping):
+        raise ConfigError(f"args.model_init_kwargs must be a mapping, got {init!r}")
+    if quantization_config is not None:
+        init = dict(init or {})
+        if init.get("quantization_config") is not None:
+            raise ConfigError(  # TRL refuses it too
+                "quantization_config was given both to the trainer and in "
+                "args.model_init_kwargs; give it once"
+            )
+        init["quantization_config"] = quantization_config
+    if init is None:
+        return args
+    changes, ignored = model_init_changes(dict(init))
+    # What TRL's grpo.py always sets is no news when it says what groupwise does anyway: unset
+    # (None), the default revision, or the run's own option of that name.
+    fields = GRPOConfig.field_names()
+    ignored = {key: value for key, value in ignored.items()
+               if value is not None and (key, value) != ("revision", "main")
+               and not (key in fields and getattr(args, key) == value)}  # fmt: skip
+    for name, value in changes.items():
+        if args.is_set(name) and getattr(args, name) != value:
+            raise ConfigError(
+                f"model_init_kwargs' quantization_config means {name}={value!r}, but "
+                f"{name}={getattr(args, name)!r} was also given"
+            )
+    if ignored:
+        warnings.warn(ignored_message({"model_init_kwargs": ignored}), IgnoredOptionsWarning,
+                      stacklevel=3)  # fmt: skip
+    return args.replace(**changes) if changes else args
 
 
 def with_peft_config(args: GRPOConfig, peft_config: Any) -> GRPOConfig:
