@@ -107,7 +107,8 @@ def _gpt2():
 
 def _nemotron_h():
     config = transformers.NemotronHConfig(
-        vocab_size=500, hidden_size=16, layers_block_type=["linear_attention", "full_attention", "mlp"],
+        vocab_size=500, hidden_size=16,
+        layers_block_type=["linear_attention", "full_attention", "mlp"],
         mamba_num_heads=8, mamba_head_dim=4, ssm_state_size=16, n_groups=1, chunk_size=16,
         num_attention_heads=4, num_key_value_heads=2, head_dim=4, intermediate_size=32,
     )  # fmt: skip
@@ -138,7 +139,8 @@ def test_packed_logprobs_equal_padded_on_every_architecture(name):
         model, prompt_ids[rows], prompt_mask[rows], completion_ids, completion_mask, **kwargs
     )
     # Packed, from per-row prompts and from shared prompts (group_size 3).
-    for p_ids, p_mask, group in ((prompt_ids[rows], prompt_mask[rows], 1), (prompt_ids, prompt_mask, 3)):
+    shapes = ((prompt_ids[rows], prompt_mask[rows], 1), (prompt_ids, prompt_mask, 3))
+    for p_ids, p_mask, group in shapes:
         packed, packed_entropy = completion_logprobs(
             model, p_ids, p_mask, completion_ids, completion_mask, group_size=group,
             padding_free=True, **kwargs,
