@@ -8,8 +8,14 @@ import pytest
 import torch
 import transformers
 
+from conftest import tiny_config
+from groupwise import GRPOConfig, GRPOTrainer
+from groupwise.algo.losses import LOSSES
 from groupwise.policy.logprobs import completion_logprobs, full_logits_logprobs
+from groupwise.policy.loss import GRPOLoss
 from groupwise.policy.packing import first_fit_decreasing, is_flash, pack_rows
+from groupwise.policy.update import trimmed_completions
+from groupwise.rollout import Rollout
 from groupwise.runtime.models import tiny_random_model
 
 
@@ -183,3 +189,73 @@ def test_flash_models_pack_into_one_row():
     assert not is_flash(model)
     model.config._attn_implementation = "flash_attention_2"
     assert is_flash(model)
+
+
+# -- one update, padded and packed: the same loss and gradients for every loss_type ----------
+
+PLAIN_ROWS = [{"prompt": f"Add {i} and {i + 1}.", "answer": str(2 * i + 1)} for i in range(8)]
+LENGTHS = [12, 1, 2, 1, 9, 1, 1, 2]  # a long tail: most completions short, one at the limit
+
+
+def _zero_reward(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def _trainer(tmp_path, name, **options):
+    # String prompts (no chat template): 6 to 7 tokens, so short sequences share rows.
+    args = tiny_config(
+        tmp_path / name, beta=0.04, max_completion_length=12, per_device_train_batch_size=4,
+        gradient_accumulation_steps=2, **options,
+    )  # fmt: skip
+    trainer = GRPOTrainer("tiny-random", _zero_reward, PLAIN_ROWS, args=args)
+    grads = []
+
+    def record_instead_of_stepping():  # the optimizer must not move the weights between losses
+        grads.append({n: p.grad.clone() for n, p in trainer.policy.model.named_parameters()})
+
+    trainer.policy.network.step = record_instead_of_stepping
+    return trainer, grads
+
+
+def _long_tailed_rollout(trainer) -> Rollout:
+    rollout = trainer.engine.generate(trainer.prompts.next().prompt_ids, 4)
+    width = rollout.completion_ids.shape[1]
+    wanted = torch.tensor(LENGTHS)[:, None] > torch.arange(width)[None, :]
+    mask = rollout.completion_mask * wanted
+    assert (mask.sum(1) >= 1).all() and mask.sum(1).max() >= 9
+    return Rollout(
+        rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids * mask, mask,
+        rollout.truncated, rollout.group_ids, rollout.texts,
+    )  # fmt: skip
+
+
+def test_packed_update_equals_padded_for_every_loss_type(tmp_path):
+    padded, padded_grads = _trainer(tmp_path, "padded")
+    packed, packed_grads = _trainer(tmp_path, "packed", padding_free=True)
+    rollout = _long_tailed_rollout(padded)
+    layouts = [
+        pack_rows(rollout.prompt_ids[rollout.group_ids[rows]],
+                  rollout.prompt_mask[rollout.group_ids[rows]],
+                  *trimmed_completions(rollout, rows)[:2])
+        for rows in padded.policy.micro_batches(rollout)
+    ]  # fmt: skip
+    assert len(layouts) == 2 and all(p.input_ids.shape[0] < 4 for p in layouts)  # rows shared
+    advantages = torch.randn(8, generator=torch.Generator().manual_seed(0))
+    for loss_type in LOSSES:
+        options = GRPOConfig(loss_type=loss_type, beta=0.04, max_completion_length=12)
+        loss = GRPOLoss(options.sections().loss, 12)
+        stats = {}
+        for name, trainer in (("padded", padded), ("packed", packed)):
+            # need_old: pi_old from the forward too, as with num_iterations > 1
+            inputs = trainer.policy.prepare(rollout, advantages, None, need_old=True)
+            assert all(ref is not None for ref in inputs.ref_logprobs)
+            stats[name] = trainer.policy.update(inputs, loss)
+        assert stats["packed"].sums.keys() == stats["padded"].sums.keys()
+        for key, value in stats["padded"].sums.items():
+            assert stats["packed"].sums[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        assert abs(stats["padded"].sums["loss"]) > 1e-4
+        for name, grad in padded_grads[-1].items():
+            torch.testing.assert_close(
+                packed_grads[-1][name], grad, atol=1e-6, rtol=1e-4, msg=f"{loss_type}: {name}"
+            )
+    assert len(packed_grads) == len(LOSSES)
