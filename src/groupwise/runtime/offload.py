@@ -46,6 +46,10 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
         self.saved = self.offloaded = self.restored = self.offloaded_bytes = 0
         super().__init__(self._pack, self._unpack)
 
+    def __enter__(self) -> OffloadActivations:
+        super().__enter__()
+        return self
+
     def _keep(self, tensor: torch.Tensor) -> bool:
         if tensor.device.type == "cpu" and not self.copy_host:
             return True
