@@ -85,9 +85,11 @@ def pack_rows(
     keep = torch.cat([prompt_mask.bool(), completion_mask.bool()], dim=1)
     prompt_lengths = prompt_mask.bool().sum(1)
     completion_lengths = completion_mask.bool().sum(1)
-    if bool((prompt_lengths == 0).any()):
+    # The layout is decided on the host: one read of the lengths per micro-batch.
+    host_prompt, host_completion = torch.stack([prompt_lengths, completion_lengths]).tolist()
+    if min(host_prompt) == 0:
         raise ValueError("padding_free needs a non-empty prompt in every row")
-    lengths = (prompt_lengths + completion_lengths).tolist()
+    lengths = [p + c for p, c in zip(host_prompt, host_completion, strict=True)]
     n_rows, device = len(lengths), ids.device
     if one_row:
         bins = [list(range(n_rows))]
