@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast lint browser docs bench bench-speed bench-roofline bench-memory bench-curriculum bench-curriculum-tiny bench-curriculum-e9-freeze bench-curriculum-e9-pilot bench-curriculum-e9-measure bench-curriculum-e9 bench-curriculum-e9-report trl-suite clean
+.PHONY: setup demo test test-fast lint browser docs bench bench-speed bench-roofline bench-memory bench-packing bench-curriculum bench-curriculum-tiny bench-curriculum-e9-freeze bench-curriculum-e9-pilot bench-curriculum-e9-measure bench-curriculum-e9 bench-curriculum-e9-report trl-suite clean
 
 # Exact versions of everything setup installs (pyproject.toml declares ranges).
 CONSTRAINTS := constraints/cpu.txt
@@ -85,6 +85,11 @@ bench-roofline: setup
 # Peak memory of real runs: PPO vs GRPO, LoRA, naive log-probs, checkpointing (about 15 minutes).
 bench-memory: setup
 	$(PY) benchmarks/memory.py
+
+# The padding-free update against the padded one, SmolLM2-135M at the demo's lengths and at a
+# long-tailed mix (medians of interleaved runs, about 10 minutes on 2 cores).
+bench-packing: setup
+	$(PY) benchmarks/packing.py
 
 # The curriculum experiment: select against uniform GRPO on SmolLM2-135M, tokens to a target
 # accuracy, paired seeds (a pilot, then about 26 minutes per run on 2 cores; finished runs are

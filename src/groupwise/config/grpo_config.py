@@ -378,6 +378,8 @@ class GRPOConfig(metaclass=_TRLConfigType):
     logprob_chunk_size: int = 512  # tokens per chunk of the LM head + log-softmax
     logprob_impl: str = "chunked"  # chunked (no [tokens x vocab] logits kept) | naive (full)
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory)
+    padding_free: bool = False  # the update's forwards over sequences packed without padding
+    activation_offloading: bool = False  # training activations wait in pinned host memory
     # Micro-batches of similar completion lengths (whole groups, longest first), so each one is
     # padded only to its own longest completion. Only matters with several micro-batches.
     group_by_length: bool = True

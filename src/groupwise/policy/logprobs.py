@@ -48,6 +48,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedModel
 
 from ..rollout.base import cache_keyword, has_recurrent_state, returned_cache
+from .packing import is_flash, pack_rows
 
 IMPLS = ("chunked", "checkpoint", "naive")
 
@@ -266,14 +267,26 @@ def _trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, tor
     return ids[:, start:], mask[:, start:]
 
 
-
-
-
-
-
-
-
-
+def _packed_hidden(
+    decoder: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    one_row: bool,
+) -> torch.Tensor:
+    """The hidden states [M, H] that predict the unmasked completion tokens (row-major order),
+    from one forward over the sequences packed without padding (policy/packing.py)."""
+    packed = pack_rows(prompt_ids, prompt_mask, completion_ids, completion_mask, one_row=one_row)
+    # No attention mask and no cache: transformers then reads the restarting position ids as
+    # packed sequences and makes the attention block-diagonal (with a cache it would not).
+    hidden = decoder(
+        input_ids=packed.input_ids,
+        position_ids=packed.position_ids,
+        use_cache=False,
+        **packed.flash_kwargs,
+    ).last_hidden_state
+    return hidden.flatten(0, 1)[packed.predict]
 
 
 def completion_logprobs(
@@ -288,6 +301,7 @@ def completion_logprobs(
     group_size: int = 1,
     impl: str = "chunked",
     entropy_grad: bool = False,
+    padding_free: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs [N, T] of ``completion_ids`` under ``model`` (0 at masked positions) and the
     per-token entropy [N, T] (0 at masked positions; detached unless ``entropy_grad``).
@@ -297,7 +311,9 @@ def completion_logprobs(
     ``temperature`` so the log-probs are those of the sampling distribution (as TRL does).
     ``impl`` picks how the LM head and log-softmax run (module docstring): ``"chunked"``
     (custom autograd function, default), ``"checkpoint"`` or ``"naive"`` (full logits).
-    Results are fp32 (fp64 for an fp64 model).
+    Results are fp32 (fp64 for an fp64 model). ``padding_free``: one forward over the
+    sequences packed without padding (policy/packing.py; the same values), except for models
+    with a recurrent state, whose state would flow across packed sequences.
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -320,7 +336,23 @@ def completion_logprobs(
         prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0)
         prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
         group_size = 1
-    if group_size == 1:
+    select = completion_mask.bool()
+    packed = padding_free and not has_recurrent_state(cache)
+    if packed:
+        # Each row its own prompt again: packing runs every prompt token once per sequence.
+        rows_hidden = _packed_hidden(
+            decoder,
+            prompt_ids.repeat_interleave(group_size, dim=0),
+            prompt_mask.repeat_interleave(group_size, dim=0),
+            completion_ids,
+            completion_mask,
+            one_row=is_flash(model),
+        )
+        hidden = None
+        if impl == "naive":
+            hidden = rows_hidden.new_zeros((n_rows, width, rows_hidden.shape[-1]))
+            hidden = hidden.masked_scatter(select[..., None], rows_hidden)
+    elif group_size == 1:
         ids = torch.cat([prompt_ids, completion_ids], dim=1)
         mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -365,19 +397,19 @@ def completion_logprobs(
             hidden, completion_ids, completion_mask, lm_head, temperature, softcap, entropy_grad
         )
     # LM head + log-softmax only at unmasked completion positions, chunk by chunk.
-    select = completion_mask.bool()
-    rows_hidden = hidden[select]  # [M, H]
+    if not packed:
+        rows_hidden = hidden[select]  # [M, H]
     targets = completion_ids[select]
-    out_dtype = _math_dtype(hidden.dtype)
-    logprobs = hidden.new_zeros((n_rows, width), dtype=out_dtype)
-    entropies = hidden.new_zeros((n_rows, width), dtype=out_dtype)
+    out_dtype = _math_dtype(rows_hidden.dtype)
+    logprobs = rows_hidden.new_zeros((n_rows, width), dtype=out_dtype)
+    entropies = rows_hidden.new_zeros((n_rows, width), dtype=out_dtype)
     if rows_hidden.shape[0] == 0:
         return logprobs, entropies
     if impl == "chunked" and _is_plain_linear(lm_head):
         # Under autocast the head runs in the weight's dtype in both passes: the backward
         # (outside autocast) recomputes exactly the logits the forward used.
         weight = lm_head.weight
-        with torch.autocast(device_type=hidden.device.type, enabled=False):
+        with torch.autocast(device_type=rows_hidden.device.type, enabled=False):
             logp, entropy = ChunkedLMHeadLogprob.apply(
                 rows_hidden.to(weight.dtype), targets, weight, lm_head.bias, temperature,
                 softcap, chunk_size, entropy_grad,

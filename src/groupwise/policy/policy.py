@@ -524,6 +524,7 @@ class Policy:
                 group_size=group_size,
                 impl=runtime.logprob_impl,
                 entropy_grad=entropy_grad,
+                padding_free=runtime.padding_free,
             )
         pad = (0, rollout.completion_ids.shape[1] - width)
         return torch.nn.functional.pad(logps, pad), torch.nn.functional.pad(entropy, pad)

@@ -28,6 +28,7 @@ from ..algo.losses import BatchCounts, LossTerms, MicroBatch, rollout_correction
 from ..rollout import Rollout
 from ..rollout.base import select_prompts
 from ..runtime.distributed import DistributedContext, all_reduce_sum, any_rank, max_over_ranks
+from ..runtime.offload import OffloadActivations
 from ..sections import (
     BatchOptions,
     GenerationOptions,
@@ -268,6 +269,7 @@ class UpdatedPolicy(TrainedNetwork, Protocol):
     ``micro_batches``, ``step``), so a subclass or a wrapper of one changes the whole update."""
 
     options: PolicyOptions
+    model: PreTrainedModel
     device: torch.device
     dist: DistributedContext
     sharded: bool
@@ -482,11 +484,11 @@ def update(
             for net in networks:
                 stack.enter_context(net.gradient_sync(sync))
             if k >= len(inputs.micro_batches):  # FSDP padding: adds nothing
-                with policy.autocast():
+                with policy.autocast(), _offload(policy):
                     logps, _ = policy.logprobs(rollout, rows)
                 (logps.sum() * 0.0).backward()
                 continue
-            with policy.autocast():
+            with policy.autocast(), _offload(policy):
                 logps, entropy = policy.logprobs(rollout, rows, entropy_grad=entropy_grad)
             if first and rollout.sampling_logprobs is not None:
                 inputs.correction[k] = _rollout_correction(policy, inputs, k, logps.detach())
@@ -530,6 +532,14 @@ def update(
     if after_step is not None:
         after_step(policy.dist)
     return stats
+
+
+def _offload(policy: UpdatedPolicy) -> contextlib.AbstractContextManager:
+    """The training forward's saved activations in pinned host memory (activation_offloading;
+    runtime/offload.py), else kept on the device."""
+    if policy.options.runtime.activation_offloading:
+        return OffloadActivations(policy.model)
+    return contextlib.nullcontext()
 
 
 def _rollout_correction(

@@ -90,6 +90,8 @@ class RuntimeOptions(Section):
     gradient_checkpointing: bool
     group_by_length: bool
     data_parallel: str
+    padding_free: bool
+    activation_offloading: bool
 
     def validate(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
@@ -97,6 +99,9 @@ class RuntimeOptions(Section):
         choice(self, "logprob_impl", ("chunked", "naive"))
         choice(self, "data_parallel", ("ddp", "fsdp"))
         at_least(self, 1, "logprob_chunk_size")
+        for name in ("padding_free", "activation_offloading"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)
