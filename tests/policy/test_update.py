@@ -311,8 +311,12 @@ def test_spg_makes_that_many_optimizer_steps_per_generation(tmp_path, monkeypatc
     assert first == [first[0], first[1]] * iterations and first[0] != first[1]
     assert trainer.optimizer.state_dict()["state"][0]["step"] == 2 * steps
     assert trainer.scheduler.last_epoch == 2 * steps
-    # The linear schedule decays over max_steps x spg x mu optimizer steps.
-    assert logs[-1]["learning_rate"] == pytest.approx(0.0, abs=1e-12)
+    # The linear schedule decays over max_steps x spg x mu = T optimizer steps; the logged rate
+    # is the one the step's last optimizer step ran at (transformers': peak * (T - s) / T for
+    # s = T - 1, i.e. peak / T), the next one being 0.
+    total = 2 * steps
+    assert logs[-1]["learning_rate"] == pytest.approx(args.learning_rate / total, rel=1e-9)
+    assert trainer.scheduler.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
     assert [r["compute/optimizer_steps_total"] for r in logs] == [steps, 2 * steps]
     assert [r["step"] for r in logs] == [1, 2]
     # The curriculum sees each row's policy term from the mini-batch it was trained in: the

@@ -42,7 +42,6 @@ import torch
 from ..data.prompts import is_conversational
 from ..files import atomic_write_text
 from ..rollout import Rollout
-from ..tools.toolbox import SLOW_CALL_WARNING_S
 from .basic import RewardFunc, correctness_index, reward_func_name
 
 logger = logging.getLogger("groupwise.rewards")
@@ -139,6 +138,12 @@ def _call_watched(
         return func(**kwargs)
     finally:
         timer.cancel()
+
+
+# A reward function whose one call took longer than this is named, once, with the time it took
+# (the slow_call_warning option's default; tools.toolbox holds the same default for tools, and
+# neither package imports the other).
+SLOW_CALL_WARNING_S = 5.0
 
 
 __all__ = [
