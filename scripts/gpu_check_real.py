@@ -93,6 +93,9 @@ def model_config(name: str, quick: bool) -> tuple[Any, str]:
     fields = {k: v for k, v in fields.items() if k not in ("model_type", "transformers_version")}
     if quick:
         fields.update(TINY)
+        # transformers derives layer_types from num_hidden_layers when it is not given; the
+        # shipped config's list has the full model's length.
+        fields.pop("layer_types", None)
     fields.update(SPECIAL_IDS)
     return AutoConfig.for_model(model_type, **fields), source
 
