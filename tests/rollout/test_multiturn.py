@@ -505,28 +505,28 @@ def test_a_tool_conversation_reaches_rewards_in_trls_message_shapes(
     from groupwise.rewards.scoring import RewardScorer, score_rollout
 
     agent = _agent_rewards()
-    database = tmp_path / "biogrid.db"
+    database = tmp_path / "genes.db"
     with sqlite3.connect(database) as conn:
         conn.execute("CREATE TABLE interactions (gene_a TEXT, gene_b TEXT)")
         conn.execute("INSERT INTO interactions VALUES ('JNKK', 'MAPK8')")
-    monkeypatch.setenv("BIOGRID_DB", str(database))
+    monkeypatch.setenv("GENES_DB", str(database))
 
-    def query_biogrid(sql_command: str) -> list[tuple]:
-        """Execute a read-only SQL command on the BioGRID database.
+    def query_genes(sql_command: str) -> list[tuple]:
+        """Look gene pairs up in the interactions table (opened read-only).
 
         Args:
-            sql_command: The SQL command to execute.
+            sql_command: One SQL statement over interactions(gene_a, gene_b).
         """
         import os
 
-        conn = sqlite3.connect(f"file:{os.environ['BIOGRID_DB']}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"file:{os.environ['GENES_DB']}?mode=ro", uri=True)
         try:
             return conn.execute(sql_command).fetchall()
         finally:
             conn.close()
 
     sql = "SELECT * FROM interactions WHERE gene_a = 'JNKK'"
-    call = json.dumps({"name": "query_biogrid", "arguments": {"sql_command": sql}})
+    call = json.dumps({"name": "query_genes", "arguments": {"sql_command": sql}})
     turns = [f"Let me check.\n<tool_call>\n{call}\n</tool_call>", "It does. Answer: yes"]
     eos = tokenizer.eos_token_id
     script = [tokenizer(t, add_special_tokens=False)["input_ids"] + [eos] for t in turns]
@@ -535,7 +535,7 @@ def test_a_tool_conversation_reaches_rewards_in_trls_message_shapes(
         turn = torch.tensor([script.pop(0)], dtype=input_ids.dtype)
         return torch.cat([input_ids, turn], dim=-1)
 
-    env = ToolEnvironment(ToolBox([query_biogrid]))  # a user tool: run in a forked child
+    env = ToolEnvironment(ToolBox([query_genes]))  # a user tool: run in a forked child
     env.reset({})
     prompt = [{"role": "user", "content": "Does the gene JNKK interact with MAPK8?"}]
     prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
@@ -551,11 +551,11 @@ def test_a_tool_conversation_reaches_rewards_in_trls_message_shapes(
             "content": "Let me check.",
             "tool_calls": [
                 {"type": "function",
-                 "function": {"name": "query_biogrid", "arguments": {"sql_command": sql}}}
+                 "function": {"name": "query_genes", "arguments": {"sql_command": sql}}}
             ],
         },  # fmt: skip
         # the rows as returned (through the child's JSON, the tuples arrive as lists)
-        {"role": "tool", "name": "query_biogrid", "content": [["JNKK", "MAPK8"]]},
+        {"role": "tool", "name": "query_genes", "content": [["JNKK", "MAPK8"]]},
         {"role": "assistant", "content": "It does. Answer: yes"},
     ]
     n = int(rollout.completion_mask[0].sum())
@@ -569,8 +569,8 @@ def test_a_tool_conversation_reaches_rewards_in_trls_message_shapes(
     rewards = [agent.answer_reward, agent.call_reward, agent.evidence_reward]
     rows = [{"prompt": prompt, "answer": "Yes"}]
     _, per_func = score_rollout(RewardScorer(rewards), rows, rollout)
-    # answer: "Answer: yes" is right (+1.0); call: one query_biogrid call, arguments a dict,
-    # with WHERE (+0.5); evidence: one query_biogrid reply holding one row, so "yes" (+1.5).
+    # answer: "Answer: yes" is right (+1.0); call: one query_genes call, arguments a dict,
+    # with WHERE (+0.5); evidence: one query_genes reply holding one row, so "yes" (+1.5).
     assert per_func[0].tolist() == pytest.approx([1.0, 0.5, 1.5])
 
     def scores(conversation: list[dict]) -> list[float]:
@@ -591,7 +591,7 @@ def test_a_tool_conversation_reaches_rewards_in_trls_message_shapes(
         {**reply, "content": json.dumps(reply["content"])}, final,
     ]  # fmt: skip
     assert scores(as_json) == [1.0, -0.5, -0.5]
-    assert env.state() == {"tool_calls": 1, "tool_errors": 0, "tools_used": ["query_biogrid"]}
+    assert env.state() == {"tool_calls": 1, "tool_errors": 0, "tools_used": ["query_genes"]}
 
 
 def test_a_tool_list_cut_for_the_model_is_kept_as_the_text_it_saw(tokenizer):
