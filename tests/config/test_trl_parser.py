@@ -1,7 +1,7 @@
 """TRL's parser pattern with groupwise's GRPOConfig: ``TrlParser((ScriptArguments, GRPOConfig,
 ModelConfig))`` with the names both declare, TRL's names on the command line, ``--config``
-YAML, ``@dataclass`` subclasses (open-r1's configs.py), and ModelConfig's helpers against
-TRL's meaning (``get_peft_config``, ``get_quantization_config``)."""
+YAML, ``@dataclass`` subclasses (the pattern of open-r1's configs.py), and ModelConfig's
+helpers against TRL's meaning (``get_peft_config``, ``get_quantization_config``)."""
 
 from __future__ import annotations
 
@@ -123,71 +123,67 @@ def test_parse_yaml_file_routes_names_as_the_command_line(tmp_path):
         TrlParser((ScriptArguments, GRPOConfig)).parse_yaml_file(path)
 
 
-# open-r1's configs.py, trimmed to the fields that matter here (github.com/huggingface/open-r1,
-# src/open_r1/configs.py at 1416fa0cf21595d2083b399a2a0bbddd7f6e9563, Apache-2.0): a @dataclass
-# subclass of GRPOConfig and script arguments that declare reward_funcs and
-# repetition_max_penalty, as groupwise's GRPOConfig does.
+# A training script's own argument classes, the pattern recipe repositories built on TRL use:
+# options added by subclassing GRPOConfig with @dataclass, and script arguments that declare
+# names GRPOConfig also has (reward_funcs, repetition_max_penalty) for the script to read.
 @dataclass
-class OpenR1GRPOConfig(GRPOConfig):
-    benchmarks: list[str] = field(default_factory=lambda: [])
-    callbacks: list[str] = field(default_factory=lambda: [])
-    chat_template: str | None = None
-    num_completions_to_print: int = 0
-    system_prompt: str | None = None
-    wandb_log_unique_prompts: bool = True
+class RecipeGRPOConfig(GRPOConfig):
+    eval_suites: list[str] = field(default_factory=list)  # benchmarks to run after training
+    system_prompt: str | None = None  # prepended to every prompt by the script
+    samples_to_print: int = 0  # completions the script prints each step
+    log_prompts_once: bool = True
 
 
 @dataclass
-class OpenR1ScriptArguments(ScriptArguments):
-    reward_funcs: list[str] = field(default_factory=lambda: ["accuracy", "format", "tag_count"])
-    repetition_n_grams: int = 3
-    repetition_max_penalty: float = -1.0
-    dataset_prompt_column: str = "prompt"
+class RecipeScriptArguments(ScriptArguments):
+    reward_funcs: list[str] = field(default_factory=lambda: ["accuracy", "format"])
+    repetition_max_penalty: float = -1.0  # the script's own repetition reward
+    prompt_column: str = "prompt"
 
 
-def test_open_r1_configs_parse():
+def test_script_subclass_configs_parse():
     script, config, model = _parse(
-        ["--reward_funcs", "accuracy", "tag_count", "--repetition_max_penalty", "-0.5",
-         "--benchmarks", "math_500", "--bf16", "false", "--max_steps", "2", "--use_peft", "true",
+        ["--reward_funcs", "accuracy", "length", "--repetition_max_penalty", "-0.5",
+         "--eval_suites", "math_500", "--bf16", "false", "--max_steps", "2", "--use_peft", "true",
          "--system_prompt", "Think first."],
-        (OpenR1ScriptArguments, OpenR1GRPOConfig, ModelConfig),
+        (RecipeScriptArguments, RecipeGRPOConfig, ModelConfig),
     )  # fmt: skip
     # The script's own names are the script's: GRPOConfig keeps its defaults (TRL's has none).
-    assert script.reward_funcs == ["accuracy", "tag_count"]
+    assert script.reward_funcs == ["accuracy", "length"]
     assert script.repetition_max_penalty == -0.5
     assert config.reward_funcs is None and config.repetition_max_penalty == -1.0
-    assert type(config) is OpenR1GRPOConfig and config.benchmarks == ["math_500"]
+    assert type(config) is RecipeGRPOConfig and config.eval_suites == ["math_500"]
     assert config.system_prompt == "Think first." and config.bf16_autocast is False
     assert model.use_peft and config.use_peft
-    default_script, *_ = _parse([], (OpenR1ScriptArguments, OpenR1GRPOConfig, ModelConfig))
-    assert default_script.reward_funcs == ["accuracy", "format", "tag_count"]
+    default_script, *_ = _parse([], (RecipeScriptArguments, RecipeGRPOConfig, ModelConfig))
+    assert default_script.reward_funcs == ["accuracy", "format"]
 
 
 def test_a_dataclass_subclass_keeps_trl_names_and_methods(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        config = OpenR1GRPOConfig(bf16=False, max_steps=3, logging_dir="logs", benchmarks=["x"])
+        config = RecipeGRPOConfig(bf16=False, max_steps=3, logging_dir="logs", eval_suites=["x"])
     assert config.bf16_autocast is False and config.trl_ignored == {"logging_dir": "logs"}
     assert [str(w.message).count("logging_dir") for w in caught] == [1]
     assert config.is_set("max_steps") and not config.is_set("beta")
     copied = config.replace(beta=0.0)
-    assert type(copied) is OpenR1GRPOConfig and copied.benchmarks == ["x"]
+    assert type(copied) is RecipeGRPOConfig and copied.eval_suites == ["x"]
     assert copied.is_set("beta") and copied.trl_ignored == {"logging_dir": "logs"}
     with pytest.raises(ConfigError, match="unknown option 'bf17'"):
-        OpenR1GRPOConfig(bf17=True)
-    assert "benchmarks" in OpenR1GRPOConfig.field_names()
+        RecipeGRPOConfig(bf17=True)
+    assert "eval_suites" in RecipeGRPOConfig.field_names()
     # An instance made without the constructor (what copy and pickle do) answers too.
-    bare = object.__new__(OpenR1GRPOConfig)
+    bare = object.__new__(RecipeGRPOConfig)
     assert bare.trl_ignored == {} and not bare.is_set("max_steps")
 
 
 def test_a_peft_config_on_a_subclass(tmp_path):
     from groupwise.trainer.trl_api import with_peft_config
 
-    config = OpenR1GRPOConfig(max_steps=1)
+    config = RecipeGRPOConfig(max_steps=1)
     model = ModelConfig(use_peft=True, lora_r=4, lora_target_modules=["q_proj", "v_proj"])
     recorded = with_peft_config(config, get_peft_config(model))
-    assert type(recorded) is OpenR1GRPOConfig and recorded.use_peft and recorded.lora_r == 4
+    assert type(recorded) is RecipeGRPOConfig and recorded.use_peft and recorded.lora_r == 4
     assert recorded.lora_target_modules == ["q_proj", "v_proj"]
 
 

@@ -479,55 +479,55 @@ def test_ppo_refuses_tools(tmp_path):
         GRPOConfig(algorithm="ppo", tools=["calculator"])
 
 
-def _trl_agent_rewards():
-    """TRL's examples/scripts/grpo_agent.py rewards (tests/fixtures, Apache-2.0)."""
+def _agent_rewards():
+    """tests/fixtures/agent_rewards.py: rewards that read TRL's tool-call message shapes."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "fixtures" / "trl_grpo_agent_rewards.py"
-    spec = importlib.util.spec_from_file_location("trl_grpo_agent_rewards", path)
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "agent_rewards.py"
+    spec = importlib.util.spec_from_file_location("agent_rewards", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_a_tool_conversation_scores_under_trls_agent_rewards_as_under_trl(
+def test_a_tool_conversation_reaches_rewards_in_trls_message_shapes(
     tiny_model, tokenizer, tmp_path, monkeypatch
 ):
     """One scripted conversation (a SQL tool call, its rows, the answer) through the multi-turn
-    engine and a real tool, scored by TRL's grpo_agent rewards: TRL's tool loop hands them the
-    assistant turn with parsed ``tool_calls`` and the tool turn with ``name`` and the returned
-    rows, which give correctness / structure / query = 0.6 / 0.1 / 2.4 (as text, without
-    ``tool_calls``, the same turns gave 0.6 / 0.0 / -1.5)."""
+    engine and a real tool, scored by agent rewards that read TRL's shapes: the assistant turn
+    with parsed ``tool_calls`` (arguments a dict) and the tool turn with ``name`` and the
+    returned rows. The same turns in other shapes (the call left as text, the arguments or the
+    rows as JSON text) score differently, so the scores prove which shape the rewards saw."""
     import sqlite3
     from unittest.mock import patch
 
     from groupwise.rewards.scoring import RewardScorer, score_rollout
 
-    trl = _trl_agent_rewards()
-    database = tmp_path / "biogrid.db"
+    agent = _agent_rewards()
+    database = tmp_path / "genes.db"
     with sqlite3.connect(database) as conn:
         conn.execute("CREATE TABLE interactions (gene_a TEXT, gene_b TEXT)")
         conn.execute("INSERT INTO interactions VALUES ('JNKK', 'MAPK8')")
-    monkeypatch.setenv("BIOGRID_DB", str(database))
+    monkeypatch.setenv("GENES_DB", str(database))
 
-    def query_biogrid(sql_command: str) -> list[tuple]:
-        """Execute a read-only SQL command on the BioGRID database.
+    def query_genes(sql_command: str) -> list[tuple]:
+        """Look gene pairs up in the interactions table (opened read-only).
 
         Args:
-            sql_command: The SQL command to execute.
+            sql_command: One SQL statement over interactions(gene_a, gene_b).
         """
         import os
 
-        conn = sqlite3.connect(f"file:{os.environ['BIOGRID_DB']}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"file:{os.environ['GENES_DB']}?mode=ro", uri=True)
         try:
             return conn.execute(sql_command).fetchall()
         finally:
             conn.close()
 
     sql = "SELECT * FROM interactions WHERE gene_a = 'JNKK'"
-    call = json.dumps({"name": "query_biogrid", "arguments": {"sql_command": sql}})
-    turns = [f"Let me check.\n<tool_call>\n{call}\n</tool_call>", "It does: *Yes*"]
+    call = json.dumps({"name": "query_genes", "arguments": {"sql_command": sql}})
+    turns = [f"Let me check.\n<tool_call>\n{call}\n</tool_call>", "It does. Answer: yes"]
     eos = tokenizer.eos_token_id
     script = [tokenizer(t, add_special_tokens=False)["input_ids"] + [eos] for t in turns]
 
@@ -535,7 +535,7 @@ def test_a_tool_conversation_scores_under_trls_agent_rewards_as_under_trl(
         turn = torch.tensor([script.pop(0)], dtype=input_ids.dtype)
         return torch.cat([input_ids, turn], dim=-1)
 
-    env = ToolEnvironment(ToolBox([query_biogrid]))  # a user tool: run in a forked child
+    env = ToolEnvironment(ToolBox([query_genes]))  # a user tool: run in a forked child
     env.reset({})
     prompt = [{"role": "user", "content": "Does the gene JNKK interact with MAPK8?"}]
     prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
@@ -551,12 +551,12 @@ def test_a_tool_conversation_scores_under_trls_agent_rewards_as_under_trl(
             "content": "Let me check.",
             "tool_calls": [
                 {"type": "function",
-                 "function": {"name": "query_biogrid", "arguments": {"sql_command": sql}}}
+                 "function": {"name": "query_genes", "arguments": {"sql_command": sql}}}
             ],
         },  # fmt: skip
         # the rows as returned (through the child's JSON, the tuples arrive as lists)
-        {"role": "tool", "name": "query_biogrid", "content": [["JNKK", "MAPK8"]]},
-        {"role": "assistant", "content": "It does: *Yes*"},
+        {"role": "tool", "name": "query_genes", "content": [["JNKK", "MAPK8"]]},
+        {"role": "assistant", "content": "It does. Answer: yes"},
     ]
     n = int(rollout.completion_mask[0].sum())
     seen = tokenizer.decode(rollout.completion_ids[0, :n].tolist())
@@ -564,15 +564,34 @@ def test_a_tool_conversation_scores_under_trls_agent_rewards_as_under_trl(
     # The completions log shows the turns as written and the rows as the model saw them.
     assert rollout.texts[0] == (
         f"Let me check.\n<tool_call>\n{call}\n</tool_call>\n"
-        '[tool] [["JNKK", "MAPK8"]]\nIt does: *Yes*'
+        '[tool] [["JNKK", "MAPK8"]]\nIt does. Answer: yes'
     )
-    scorer = RewardScorer([trl.correctness_reward, trl.structure_reward, trl.query_reward])
+    rewards = [agent.answer_reward, agent.call_reward, agent.evidence_reward]
     rows = [{"prompt": prompt, "answer": "Yes"}]
-    _, per_func = score_rollout(scorer, rows, rollout)
-    # correctness: *yes* right (+0.6); structure: call, response and text (0.1); query: one
-    # query with WHERE (+0.4) whose rows support "yes" (+2.0).
-    assert per_func[0].tolist() == pytest.approx([0.6, 0.1, 2.4])
-    assert env.state() == {"tool_calls": 1, "tool_errors": 0, "tools_used": ["query_biogrid"]}
+    _, per_func = score_rollout(RewardScorer(rewards), rows, rollout)
+    # answer: "Answer: yes" is right (+1.0); call: one query_genes call, arguments a dict,
+    # with WHERE (+0.5); evidence: one query_genes reply holding one row, so "yes" (+1.5).
+    assert per_func[0].tolist() == pytest.approx([1.0, 0.5, 1.5])
+
+    def scores(conversation: list[dict]) -> list[float]:
+        return [f([conversation], answer=["Yes"])[0] for f in rewards]
+
+    ask, reply, final = rollout.conversations[0]
+    # The call left in the text, the rows as JSON text in an unnamed tool turn: no call seen
+    # (0.0), no readable rows (-0.5); only the answer (+1.0) is unchanged.
+    as_text = [{"role": "assistant", "content": rollout.texts[0].split("\n[tool]")[0]},
+               {"role": "tool", "content": '[["JNKK", "MAPK8"]]'}, final]  # fmt: skip
+    assert scores(as_text) == [1.0, 0.0, -0.5]
+    # Parsed calls but the arguments and the rows as JSON text: -0.5 for the unparsed
+    # arguments, -0.5 for the reply that is no list of rows.
+    function = ask["tool_calls"][0]["function"]
+    as_json = [
+        {**ask, "tool_calls": [{"type": "function", "function": {
+            "name": function["name"], "arguments": json.dumps(function["arguments"])}}]},
+        {**reply, "content": json.dumps(reply["content"])}, final,
+    ]  # fmt: skip
+    assert scores(as_json) == [1.0, -0.5, -0.5]
+    assert env.state() == {"tool_calls": 1, "tool_errors": 0, "tools_used": ["query_genes"]}
 
 
 def test_a_tool_list_cut_for_the_model_is_kept_as_the_text_it_saw(tokenizer):

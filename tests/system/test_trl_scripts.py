@@ -1,7 +1,8 @@
-"""Real TRL scripts, run with their ``from trl import ...`` line switched to groupwise: the
-trimmed copies in tests/fixtures/trl_scripts/ (each names its source, commit, licence and every
-change: the import line and the offline stand-ins for hub datasets) run as a user runs them,
-``python script.py --option value ...``, in a subprocess, on the built-in tiny-random model."""
+"""GRPO scripts run as a user runs them, ``python script.py --option value ...``, in a
+subprocess, on the built-in tiny-random model: TRL 1.16's trl/scripts/grpo.py from its PyPI
+wheel with its ``trl`` import lines switched to groupwise (tests/fixtures/trl_scripts/grpo.py
+names the wheel, its licence and every change), and sql_agent.py, a tool-using script
+groupwise wrote in the layout of TRL's agent examples."""
 
 from __future__ import annotations
 
@@ -33,51 +34,45 @@ def _run(script: str, args: list[str], cwd: Path, assets: Path) -> subprocess.Co
     )  # fmt: skip
 
 
-def _biogrid_assets(assets: Path) -> None:
-    """Stand-ins for the hub datasets qgallouedec/biogrid (interactions, with the spaced column
-    names the script renames) and qgallouedec/biogrid_qa (question, answer)."""
+def _agent_assets(assets: Path) -> None:
+    """The SQL agent's inputs: the interactions table and its yes/no questions."""
     import pandas as pd
 
-    (assets / "qgallouedec" / "biogrid").mkdir(parents=True)
-    (assets / "qgallouedec" / "biogrid_qa").mkdir(parents=True)
-    pd.DataFrame({
-        "Alt IDs Interactor A": ["entrez gene/locuslink:MAP2K4", "entrez gene/locuslink:TP53"],
-        "Alt IDs Interactor B": ["entrez gene/locuslink:MAPK8", "entrez gene/locuslink:MDM2"],
-        "Aliases Interactor A": ["entrez gene/locuslink:JNKK(gene name synonym)", "-"],
-        "Aliases Interactor B": ["-", "-"],
-        "Taxid Interactor A": ["taxid:9606", "taxid:9606"],
-    }).to_parquet(assets / "qgallouedec" / "biogrid" / "train.parquet")  # fmt: skip
+    (assets / "interactions").mkdir(parents=True)
+    (assets / "questions").mkdir(parents=True)
+    pd.DataFrame({"gene_a": ["MAP2K4", "TP53", "TP53"], "gene_b": ["MAPK8", "MDM2", "EP300"]}
+                 ).to_parquet(assets / "interactions" / "train.parquet")  # fmt: skip
     questions = [
-        ("Does the gene TP53 interact with MDM2?", "Yes"),
-        ("Does the gene TP53 interact with MAPK8?", "No"),
-        ("Does the gene MAP2K4 interact with MAPK8?", "Yes"),
-        ("Does the gene MDM2 interact with JNKK?", "No"),
-        ("Which genes interact with TP53?", "MDM2"),  # the script keeps "Does the gene" ones
+        ("Does TP53 interact with MDM2?", "yes"),
+        ("Does TP53 interact with MAPK8?", "no"),
+        ("Does MAP2K4 interact with MAPK8?", "yes"),
+        ("Does MDM2 interact with EP300?", "no"),
     ]
     pd.DataFrame({"question": [q for q, _ in questions], "answer": [a for _, a in questions]}
-                 ).to_parquet(assets / "qgallouedec" / "biogrid_qa" / "train.parquet")  # fmt: skip
+                 ).to_parquet(assets / "questions" / "train.parquet")  # fmt: skip
 
 
 @pytest.mark.slow
-def test_trl_grpo_agent_script_trains_and_saves(tmp_path):
-    """TRL's examples/scripts/grpo_agent.py: TrlParser((ScriptArguments, GRPOConfig,
-    ModelConfig)) with TRL's names on the command line, a SQL tool, three reward functions."""
+def test_sql_agent_script_trains_and_saves(tmp_path):
+    """sql_agent.py: TrlParser((ScriptArguments, GRPOConfig, ModelConfig)) with TRL's names on
+    the command line, a SQL tool given through tools=, two reward functions."""
     assets = tmp_path / "assets"
-    _biogrid_assets(assets)
-    result = _run("grpo_agent.py", [
-        "--model_name_or_path", "tiny-random", "--output_dir", "out", "--max_steps", "2",
+    _agent_assets(assets)
+    result = _run("sql_agent.py", [
+        "--model_name_or_path", "tiny-random", "--dataset_name", "assets/questions",
+        "--output_dir", "out", "--max_steps", "2",
         "--per_device_train_batch_size", "4", "--num_generations", "2",
         "--max_completion_length", "8", "--use_cpu", "True", "--bf16", "False",
         "--report_to", "none", "--push_to_hub", "False", "--learning_rate", "1e-2",
         "--seed", "0", "--disable_tqdm", "True",
     ], tmp_path, assets)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "biogrid.db created. Rows stored: 2" in result.stdout
+    assert "Table loaded into interactions.db: 3 rows" in result.stdout
     out = tmp_path / "out"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2]
-    # The script's three reward functions scored every step's completions.
-    for name in ("correctness_reward", "structure_reward", "query_reward"):
+    # The script's two reward functions scored every step's completions.
+    for name in ("answer_reward", "tool_reward"):
         assert all(f"rewards/{name}/mean" in row and row[f"rewards/{name}/errors"] == 0
                    for row in rows)  # fmt: skip
     # The command line's options, TRL's names translated, are the run's.
@@ -90,6 +85,36 @@ def test_trl_grpo_agent_script_trains_and_saves(tmp_path):
 
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.num_parameters() > 0 and (out / "tokenizer.json").exists()
+
+
+def test_sql_agent_rewards_read_parsed_tool_calls():
+    """The script's rewards on hand-built conversations in TRL's tool-call shapes."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sql_agent", SCRIPTS / "sql_agent.py")
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
+
+    def call(name: str, arguments) -> dict:
+        return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+    select = call("run_sql", {"query": "SELECT * FROM interactions WHERE gene_a = 'TP53'"})
+    rows = {"role": "tool", "name": "run_sql", "content": [["TP53", "MDM2"]]}
+    asked = {"role": "assistant", "content": "", "tool_calls": [select]}
+    final = {"role": "assistant", "content": "Found it. Answer: Yes"}
+    conversations = [
+        [asked, rows, final],  # one answered SELECT: 0.5
+        [asked, rows, asked, rows, asked, rows, final],  # three: two count, 1.0
+        [asked, final],  # a call no tool turn answered: 0.0
+        [{**asked, "tool_calls": [select, call("drop_table", {})]}, rows, final],  # 0.5 - 0.5
+        [{**asked, "tool_calls": [call("run_sql", '{"query": "SELECT 1"}')]}, rows, final],
+        [{"role": "assistant", "content": "Answer: no"}],  # no calls: 0.0
+    ]  # fmt: skip
+    assert agent.tool_reward(conversations) == [0.5, 1.0, 0.0, 0.0, 0.0, 0.0]
+    # The answer must close the last turn: "yes" is right for the first five rows.
+    assert agent.answer_reward(conversations, answer=["yes"] * 6) == [1.0] * 5 + [0.0]
+    late = [{"role": "assistant", "content": "Answer: yes, I think"}]
+    assert agent.answer_reward([late], answer=["yes"]) == [0.0]
 
 
 def _math_dataset(folder: Path, questions: list[tuple[str, str]], **extra: list) -> None:
