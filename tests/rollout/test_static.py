@@ -345,3 +345,31 @@ def test_compiled_step_gives_the_same_greedy_tokens(tiny_model, tokenizer):
     eager = _engine(tiny_model, tokenizer).generate(prompts, COUNTS)
     compiled = _engine(tiny_model, tokenizer, compile=True).generate(prompts, COUNTS)
     _same(compiled, eager)
+
+
+def test_a_tied_head_beside_lora_on_the_embedding_stays_the_bare_weight(tokenizer):
+    """peft adapts embed_tokens and leaves the tied lm_head on the bare weight: the static copy
+    is built untied and decodes with the policy's own logits, before and after a sync."""
+    import peft
+
+    model = peft.get_peft_model(
+        _qwen3(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["embed_tokens", "q_proj"])
+    )
+    with torch.no_grad():  # a non-zero adapter, so the merged embedding differs from the head
+        for name, param in model.named_parameters():
+            if "lora_embedding_B" in name or "lora_B" in name:
+                param.normal_(0, 0.5)
+    model.eval()
+    prompts = [[5, 17, 301, 44], [9, 9, 100], [250]]
+    greedy = SamplingParams(12, temperature=0.0)
+    engine = StaticEngine(model, tokenizer, greedy, dtype=torch.float32)
+    assert not engine.decoder.tied
+    reference = generate(model, tokenizer, prompts, [2, 1, 1], greedy)
+    assert torch.equal(engine.generate(prompts, [2, 1, 1]).completion_ids, reference.completion_ids)
+    with torch.no_grad():  # train the embedding's adapter further, then sync
+        for name, param in model.named_parameters():
+            if "lora_embedding_A" in name:
+                param.add_(torch.randn_like(param))
+    engine.sync(model)
+    reference = generate(model, tokenizer, prompts, [2, 1, 1], greedy)
+    assert torch.equal(engine.generate(prompts, [2, 1, 1]).completion_ids, reference.completion_ids)

@@ -53,7 +53,7 @@ from .hf import (
     token_logprobs,
 )
 from .static_graphs import DecodeGraphs
-from .weight_sync import checkpoint_weights
+from .weight_sync import checkpoint_weights, unties_embeddings
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -119,7 +119,11 @@ class DecoderWeights:
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
-        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        # A tied config whose head computes with other weights than the embedding (LoRA on
+        # embed_tokens only, or a head trained apart) gets its own head copy, loaded each sync.
+        self.tied = bool(getattr(config, "tie_word_embeddings", False)) and not unties_embeddings(
+            getattr(model, "module", model)
+        )
         state = dict(checkpoint_weights(getattr(model, "module", model), engine="static"))
         self.embed = self._new(state["model.embed_tokens.weight"])
         head = state.get("lm_head.weight")
