@@ -602,6 +602,9 @@ def report(results: Path, meta: dict, setup: Setup) -> dict:
                      f"{t['low']:+.4f}, {t['high']:+.4f}), t {t['t']:.2f} against boundary "
                      f"{r['boundary']:.2f}; 1.35x gain {r['gain_135']:+.4f}; informative "
                      f"groups per rollout {r['informative']['ratio']:.2f}x")  # fmt: skip
+            k = r["implied_speedup"]
+            line += (f"; implied token speed-up {k['mean']:.2f}x (95% {k['low']:.2f}x, "
+                     f"{k['high']:.2f}x)")  # fmt: skip
         else:
             line += f" ({r.get('seeds', 0)} seeds; the first look is at {r['next_look']})"
         if "welch_p" in r:

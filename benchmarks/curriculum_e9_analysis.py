@@ -35,6 +35,9 @@ Plain numpy and scipy; the runs' records in, numbers and verdicts out.
 - **Secondary.** Informative groups per rollout, curriculum / uniform, as the geometric mean of
   the per-seed ratios with a t interval on their logs (:func:`geometric_mean_ratio`); informative
   2-digit groups per run; greedy 2-digit accuracy and sampled 4-digit accuracy at the budget.
+  The implied token speed-up (:func:`implied_speedup`): the time-warp of uniform's mean curve
+  whose gain equals the mean difference, and the same for each end of its 95% interval (a gain
+  uniform's own curve cannot reach by any warp up to ``MAX_WARP`` reads as "more than").
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ ALPHA_ONE_SIDED = 0.025  # per curriculum
 SPEEDUP = 1.35  # the speed-up whose gain decides "does not pay"
 PLANNING_SD = 0.07  # the endpoint's planned per-run standard deviation (upper planning value)
 SPREAD_ALARM = 1.5  # times PLANNING_SD at the first look: stop without a claim
+MAX_WARP = 10.0  # the implied speed-up is searched in [1 / MAX_WARP, MAX_WARP]
 PAYS, NOT_135, UNDECIDED, CONTINUE = "pays", "does not pay 1.35x", "undecided", "continue"
 
 
@@ -130,6 +134,28 @@ def warp_gain(tokens: Sequence[float], mean_accuracy: Sequence[float],
     t, a = np.asarray(tokens, float), np.asarray(mean_accuracy, float)
     warped = np.interp(np.minimum(speedup * t, t[-1]), t, a)
     return budget_average(t, warped) - budget_average(t, a)
+
+
+def implied_speedup(tokens: Sequence[float], mean_accuracy: Sequence[float],
+                    gain: float, max_warp: float = MAX_WARP) -> float:  # fmt: skip
+    """The token speed-up k whose time-warp of uniform's mean curve gains ``gain``
+    (``warp_gain(tokens, mean_accuracy, k) == gain``): the smallest such k, by bisection on a
+    log grid of [1 / max_warp, max_warp] (the warped average is non-decreasing in k wherever
+    the mean curve rises; a curve that dips is searched from below). ``math.inf`` when no warp up
+    to ``max_warp`` gains that much (the curve's plateau caps what a warp can show), 0.0 when
+    even ``1 / max_warp`` gains more."""
+    grid = np.exp(np.linspace(-math.log(max_warp), math.log(max_warp), 401))
+    gains = np.array([warp_gain(tokens, mean_accuracy, k) for k in grid])
+    if gain > gains.max():
+        return math.inf
+    if gain <= gains[0]:
+        return 0.0 if gain < gains[0] else float(grid[0])
+    i = int(np.argmax(gains >= gain))  # the first grid point at or above the target
+    low, high = float(grid[i - 1]), float(grid[i])
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if warp_gain(tokens, mean_accuracy, mid) < gain else (low, mid)
+    return high
 
 
 def decide(differences: Sequence[float], gain_135: float, looks: Sequence[int] = LOOKS) -> dict:
@@ -214,8 +240,12 @@ def analyse(runs: Sequence[dict], warm_accuracy: float, curricula: Sequence[str]
         # of the seeds of that look (of every seed so far before the first look).
         look = decide(diffs, 0.0, looks).get("look") or len(seeds)
         used = seeds[:look]
-        gain = warp_gain(*uniform_mean_curve([by[("uniform", s)] for s in used], warm_accuracy))
+        curve = uniform_mean_curve([by[("uniform", s)] for s in used], warm_accuracy)
+        gain = warp_gain(*curve)
         result = {**decide(diffs, gain, looks), "gain_135": gain}
+        if result.get("test"):
+            result["implied_speedup"] = {key: implied_speedup(*curve, result["test"][key])
+                                         for key in ("mean", "low", "high")}  # fmt: skip
         result["seeds"] = len(seeds)
         result["mean_difference"] = float(np.mean(diffs[:look]))
         arm_values = [endpoint(by[(arm, s)], warm_accuracy) for s in used]

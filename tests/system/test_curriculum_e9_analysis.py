@@ -91,6 +91,22 @@ def test_warp_gain_by_hand(an: ModuleType) -> None:
     assert an.warp_gain([0, 10, 20], [0.0, 0.5, 1.0], 1.0) == 0.0
 
 
+def test_implied_speedup_inverts_the_warp_by_hand(an: ModuleType) -> None:
+    # A straight rise over 10 evaluations: 2x faster reads min(2t, 10) / 10, whose trapezoid
+    # average is (0.1 + 0.3 + 0.5 + 0.7 + 0.9 + 5 x 1) / 10 = 0.75 against 0.5: a gain of 0.25.
+    grid, line = list(range(11)), [t / 10 for t in range(11)]
+    assert an.warp_gain(grid, line, 2.0) == pytest.approx(0.25)
+    assert an.implied_speedup(grid, line, 0.25) == pytest.approx(2.0, abs=1e-9)
+    assert an.implied_speedup([0, 10, 20], [0.0, 0.5, 1.0], 0.125) == pytest.approx(1.5, abs=1e-9)
+    assert an.implied_speedup(grid, line, 0.0) == pytest.approx(1.0, abs=1e-9)
+    # A loss reads as a slow-down: the warp by 1/2 and back.
+    assert an.implied_speedup(grid, line, an.warp_gain(grid, line, 0.5)) == pytest.approx(0.5)
+    # A curve on its plateau from the first evaluation: no warp gains anything, so any gain
+    # reads as "more than any warp" and a loss as "less than any".
+    assert an.implied_speedup([0, 10, 20], [0.0, 1.0, 1.0], 0.05) == math.inf
+    assert an.implied_speedup(grid, line, -0.6) == 0.0
+
+
 def with_t(n: int, t: float, sd: float = 0.05, seed: int = 0) -> np.ndarray:
     """n values whose mean and sd give exactly the t statistic ``t``."""
     z = np.random.default_rng(seed).normal(size=n)
@@ -178,6 +194,10 @@ def test_analyse_pairs_by_seed_and_decides(an: ModuleType) -> None:
     uniform = [r for r in runs if r["arm"] == "uniform"]
     grid, mean = an.uniform_mean_curve(uniform, warm)
     assert select["gain_135"] == pytest.approx(an.warp_gain(grid, mean, 1.35))
+    # select ends 0.1 above uniform's plateau: no warp of uniform's curve reaches its mean gain.
+    implied = select["implied_speedup"]
+    assert implied["mean"] == math.inf
+    assert implied["low"] == an.implied_speedup(grid, mean, select["test"]["low"])
     gdro = out["curricula"]["rollout_gdro_level"]
     assert gdro["state"] == an.CONTINUE and gdro["next_look"] == 14
     assert not out["spread"]["alarm"]
