@@ -586,6 +586,14 @@ def command_measure(work: Path, results: Path, setup: Setup, steps: int, unfroze
     return out
 
 
+def speedup_text(k: float) -> str:
+    """An implied speed-up as the report prints it (the ends of the searched warp range as
+    "more than" / "less than")."""
+    if k == float("inf"):
+        return f"more than {analysis.MAX_WARP:g}x"
+    return f"less than {1 / analysis.MAX_WARP:g}x" if k == 0 else f"{k:.2f}x"
+
+
 def report(results: Path, meta: dict, setup: Setup) -> dict:
     """The analysis of what is in (``analysis.json``) and a table of it."""
     out = current_analysis(results, meta, setup)
@@ -602,9 +610,8 @@ def report(results: Path, meta: dict, setup: Setup) -> dict:
                      f"{t['low']:+.4f}, {t['high']:+.4f}), t {t['t']:.2f} against boundary "
                      f"{r['boundary']:.2f}; 1.35x gain {r['gain_135']:+.4f}; informative "
                      f"groups per rollout {r['informative']['ratio']:.2f}x")  # fmt: skip
-            k = r["implied_speedup"]
-            line += (f"; implied token speed-up {k['mean']:.2f}x (95% {k['low']:.2f}x, "
-                     f"{k['high']:.2f}x)")  # fmt: skip
+            k = {key: speedup_text(v) for key, v in r["implied_speedup"].items()}
+            line += f"; implied token speed-up {k['mean']} (95% {k['low']}, {k['high']})"
         else:
             line += f" ({r.get('seeds', 0)} seeds; the first look is at {r['next_look']})"
         if "welch_p" in r:
