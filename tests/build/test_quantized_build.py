@@ -174,3 +174,47 @@ def test_auto_resolves_a_4bit_base_to_the_hf_engine_on_cuda():
     engine, _ = resolve_generation_engine("auto", device_type="cuda", static_unsupported=why)
     assert engine == "hf"
     assert GRPOConfig(**QLORA).generation_engine == "auto"  # the default is accepted
+
+
+def test_eval_and_chat_load_a_qlora_adapter_on_its_4bit_base(tmp_path, monkeypatch):
+    # A QLoRA run's saved adapter: with load_in_4bit, groupwise eval/chat put it unmerged on the
+    # 4-bit base it was trained on and compute exactly the trained model's logits; without, it
+    # is merged into the unquantised base, which is another model.
+    from groupwise.build.model import load_for_generation
+    from groupwise.cli import main
+    from groupwise.runtime.precision import Precision
+
+    args = tiny_config(tmp_path, **QLORA, lora_r=4, lora_alpha=8, lora_dropout=0.0,
+                       max_steps=2, learning_rate=5e-2)  # fmt: skip
+    trainer = GRPOTrainer("tiny-random", _reward, ROWS, args=args)
+    trainer.train()
+    run = str(tmp_path / "run")
+    fp32 = Precision(torch.float32, False)
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    loaded, _ = load_for_generation(run, args, torch.device("cpu"), fp32)
+    assert is_4bit(loaded) and not loaded.training
+    with torch.no_grad():
+        trained = trainer.model.eval()(input_ids=ids).logits
+        # Exactly: the same 4-bit layers in the layout they trained in (bitsandbytes' CPU
+        # inference repack alone differs by about 3e-3 here).
+        assert torch.equal(loaded(input_ids=ids).logits, trained)
+        merged, _ = load_for_generation(run, GRPOConfig(output_dir=str(tmp_path / "m")),
+                                        torch.device("cpu"), fp32)  # fmt: skip
+        assert not is_4bit(merged)
+        assert (merged(input_ids=ids).logits - trained).abs().max() > 0.1
+    # Both commands load through it.
+    seen = []
+    import groupwise.build.model as build_model
+
+    def spy(name, args, device, precision):
+        model, tokenizer = load_for_generation(name, args, device, precision)
+        if name == run:  # (the adapter's base is loaded through it too)
+            seen.append(type(model).__name__ == "PeftModelForCausalLM" and is_4bit(model))
+        return model, tokenizer
+
+    monkeypatch.setattr(build_model, "load_for_generation", spy)
+    # `groupwise eval RUN` / `chat RUN` read the run's config.yaml (use_peft, load_in_4bit).
+    few = ["--max_completion_length", "2", "--num_eval_prompts", "2"]
+    assert main(["eval", run, *few, "--eval_output", str(tmp_path / "eval.json")]) == 0
+    assert main(["chat", run, *few]) == 0
+    assert seen == [True, True]

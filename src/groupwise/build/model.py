@@ -1,11 +1,13 @@
 """A run's options -> its machine and model: the device (:func:`resolve_device`), the precision
 (:func:`resolve_run_precision`), the attention implementation (:func:`check_attn_implementation`)
 and the model itself (:func:`build_model`: loaded or built in, QLoRA's 4-bit base, gradient
-checkpointing, LoRA with :func:`apply_lora`)."""
+checkpointing, LoRA with :func:`apply_lora`; :func:`load_for_generation` for ``groupwise eval``
+and ``chat``)."""
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,7 +15,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config.grpo_config import GRPOConfig
 from ..errors import ConfigError
-from ..runtime.models import is_peft_model, load_model_and_tokenizer
+from ..runtime.models import (
+    is_adapter_folder,
+    is_peft_model,
+    load_model_and_tokenizer,
+    saved_adapter_base,
+)
 from ..runtime.precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
 from ..runtime.quantization import (
     bnb_config,
@@ -149,3 +156,41 @@ def build_model(
         model = apply_lora(model, ModelOptions.from_config(args), peft_config)
     model.train()
     return model, tokenizer
+
+
+def load_for_generation(
+    name: str, args: GRPOConfig, device: torch.device, precision: Precision
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model ``groupwise eval`` and ``chat`` generate with, in eval mode: read in the run's
+    weights dtype on ``device``. With ``load_in_4bit`` its base is 4-bit, as QLoRA trains it, and
+    a saved adapter sits unmerged on that quantised base, as it was trained (merged into the
+    16-bit base instead, it would be evaluated on weights it never saw); the 4-bit layers keep
+    the layout and numerics they trained in."""
+    quantization = None
+    if args.load_in_4bit:
+        require_bitsandbytes("load_in_4bit=True")
+        quantization = (args.bnb_4bit_quant_type, args.use_bnb_nested_quant,
+                        compute_dtype(precision.weights, precision.autocast))  # fmt: skip
+        if is_adapter_folder(name):
+            from peft import PeftModel
+            from transformers import AutoTokenizer
+
+            base, tokenizer = load_for_generation(saved_adapter_base(name), args, device, precision)
+            if (Path(name) / "tokenizer_config.json").is_file():
+                tokenizer = AutoTokenizer.from_pretrained(name)
+            return PeftModel.from_pretrained(base, name).eval(), tokenizer
+    model, tokenizer = load_model_and_tokenizer(
+        name,
+        seed=args.seed,
+        dtype=precision.weights,
+        device=device,
+        trust_remote_code=args.trust_remote_code,
+        quantization=bnb_config(*quantization) if quantization else None,
+    )
+    if not is_4bit(model):  # transformers refuses to cast a 4-bit model's dtype
+        model = model.to(device=device, dtype=precision.weights)
+    if quantization and not is_4bit(model):
+        model = quantize_4bit(model, *quantization, device)
+    if is_4bit(model):  # the training run's CPU layout and numerics (keep_trainable_layout)
+        keep_trainable_layout(model)
+    return model.eval(), tokenizer

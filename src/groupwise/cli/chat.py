@@ -12,12 +12,11 @@ from ..config.grpo_config import GRPOConfig
 def run_chat(args: GRPOConfig, prompts: list[str], count: int = 3) -> list[dict[str, Any]]:
     """Print ``args.model``'s answers to ``prompts`` (or to ``count`` held-out prompts of the
     task), sampled with the run's generation settings; returns them."""
-    from ..build.model import resolve_device
+    from ..build.model import load_for_generation, resolve_device
     from ..build.rollout import build_interaction, sampling_params, with_interaction
     from ..data.prompts import tokenize_prompts
     from ..evaluation import prompt_render
     from ..rollout import HFEngine, SamplingParams
-    from ..runtime.models import load_model_and_tokenizer
     from ..runtime.precision import resolve_precision
 
     if prompts:
@@ -29,10 +28,7 @@ def run_chat(args: GRPOConfig, prompts: list[str], count: int = 3) -> list[dict[
     precision = resolve_precision(
         args.dtype, args.bf16_autocast, args.generation_dtype, device, use_peft=args.use_peft
     )
-    model, tokenizer = load_model_and_tokenizer(
-        args.model, seed=args.seed, dtype=precision.weights, device=device
-    )
-    model.to(device=device, dtype=precision.weights)
+    model, tokenizer = load_for_generation(args.model, args, device, precision)
     engine = HFEngine(model, tokenizer, SamplingParams(),
                       numerics=lambda: precision.generation_context(device))  # fmt: skip
     options = args.sections()

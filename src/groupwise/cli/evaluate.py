@@ -12,7 +12,7 @@ from ..errors import ConfigError, OutputDirError
 
 def run_eval(args: GRPOConfig) -> dict:
     """Evaluate ``args.model`` (and ``args.compare_model``) on the task's held-out prompts."""
-    from ..build.model import resolve_device
+    from ..build.model import load_for_generation, resolve_device
     from ..build.rewards import build_reward_func, default_reward_names
     from ..build.rollout import build_interaction, with_interaction
     from ..evaluation import (
@@ -24,7 +24,6 @@ def run_eval(args: GRPOConfig) -> dict:
         save_json,
     )
     from ..rollout import HFEngine, SamplingParams
-    from ..runtime.models import load_model_and_tokenizer
     from ..runtime.precision import resolve_precision
 
     if args.output_dir is None and not args.eval_output:
@@ -59,10 +58,7 @@ def run_eval(args: GRPOConfig) -> dict:
     options = args.sections()
 
     def run(model_name: str):
-        model, tokenizer = load_model_and_tokenizer(
-            model_name, seed=args.seed, dtype=precision.weights, device=device
-        )
-        model.to(device=device, dtype=precision.weights)
+        model, tokenizer = load_for_generation(model_name, args, device, precision)
 
         def numerics():
             return precision.generation_context(device)

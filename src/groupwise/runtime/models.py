@@ -278,11 +278,10 @@ def is_adapter_folder(path: str | Path) -> bool:
     return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
 
 
-def _load_adapter(
-    folder: Path, tokenizer: PreTrainedTokenizerBase | None, **load: Any
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A saved adapter merged into the base model its adapter_config.json names (which may be a
-    built-in name: ``from_pretrained`` alone cannot resolve that)."""
+def saved_adapter_base(folder: str | Path) -> str:
+    """The base model a saved adapter names in its adapter_config.json (a built-in name, a path
+    or a hub id)."""
+    folder = Path(folder)
     try:
         base_name = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))[
             "base_model_name_or_path"
@@ -295,9 +294,17 @@ def _load_adapter(
             f"empty); set it to the model the adapter was trained on (e.g. "
             f"{', '.join(BUILTIN_MODELS)}, a path or a hub id)"
         )
+    return base_name
+
+
+def _load_adapter(
+    folder: Path, tokenizer: PreTrainedTokenizerBase | None, **load: Any
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A saved adapter merged into the base model its adapter_config.json names (which may be a
+    built-in name: ``from_pretrained`` alone cannot resolve that)."""
     from peft import PeftModel
 
-    base, base_tokenizer = load_model_and_tokenizer(base_name, tokenizer, **load)
+    base, base_tokenizer = load_model_and_tokenizer(saved_adapter_base(folder), tokenizer, **load)
     if tokenizer is None and (folder / "tokenizer_config.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(folder)
     model = PeftModel.from_pretrained(base, folder).merge_and_unload()
