@@ -262,7 +262,9 @@ def drop_imports(text: str, module: str, file_module: str, reason: str, log: Edi
                 spans.append((node.lineno, node.end_lineno))
     for start, end in sorted(spans, reverse=True):
         _replace_lines(lines, start, end, [])
-        log.changes.append(f"lines {start}-{end}: import of {module} dropped ({reason})")
+    if spans:
+        where = ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in sorted(spans))
+        log.changes.append(f"lines {where}: imports of {module} dropped ({reason})")
     return "".join(lines)
 
 
@@ -642,6 +644,9 @@ def check_one(name: str, source: Source, prepared: Prepared, script: str, args: 
             names = ["correctness_reward", "structure_reward", "query_reward"]
             checks.append(("rewards logged", *check_rewards(out, names, options.steps)))
             checks += check_agent(out, stdout)
+        ignored = [line.split(": ", 2)[-1] for line in stderr.splitlines()
+                   if "IgnoredOptionsWarning" in line]  # fmt: skip
+        checks.append(("options groupwise ignores (reported)", True, "; ".join(ignored) or "none"))
     command = f"python {script} {' '.join(args)}"
     return Row(name, source.revision(), command, code, checks, prepared)
 

@@ -455,6 +455,11 @@ class GRPOConfig(metaclass=_TRLConfigType):
 
     def __post_init__(self) -> None:
         self.report_to = normalise_report_to(self.report_to)
+        # "steps" with eval_steps 0 evaluates nothing during training, as "no" does; it reads
+        # back as "no", TrainingArguments' default, which scripts test before they index a test
+        # split (TRL's grpo.py, open-r1's: `if training_args.eval_strategy != "no"`).
+        if self.eval_strategy == "steps" and self.eval_steps == 0:
+            self.eval_strategy = "no"
         self.validate()
 
     def __getattr__(self, name: str) -> Any:
