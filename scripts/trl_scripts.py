@@ -195,6 +195,7 @@ def edit_trl_imports(text: str, log: EditLog, provides=_provides) -> str:
                 new.append(f"{indent}from {node.module} import {spell(lack)}\n")
                 log.missing += [f"{node.module}.{n} (line {node.lineno})" for n, _ in lack]
             if have:
+                new[-1] = new[-1][:-1] + _tail(lines, node)
                 edits.append((node.lineno, node.end_lineno, new))
                 log.changes.append(f"line {node.lineno}: {len(have)} name(s) from {target}")
         elif isinstance(node, ast.Import) and any(a.name == "trl" for a in node.names):
@@ -204,8 +205,8 @@ def edit_trl_imports(text: str, log: EditLog, provides=_provides) -> str:
             lack = [n for n in used if not provides("groupwise", n)]
             log.missing += [f"trl.{n} (used as {bound}.{n})" for n in lack]
             if len(node.names) == 1 and not lack:
-                edits.append((node.lineno, node.end_lineno,
-                              [f"{indent}import groupwise as {bound}\n"]))  # fmt: skip
+                new = [f"{indent}import groupwise as {bound}{_tail(lines, node)}"]
+                edits.append((node.lineno, node.end_lineno, new))
                 log.changes.append(f"line {node.lineno}: import groupwise as {bound}")
             elif len(node.names) == 1 and len(lack) < len(used):
                 # Some names only: those groupwise has are read from it, the rest from trl.
@@ -223,6 +224,11 @@ def edit_trl_imports(text: str, log: EditLog, provides=_provides) -> str:
     for start, end, new in sorted(edits, reverse=True):
         _replace_lines(lines, start, end, new)
     return "".join(lines)
+
+
+def _tail(lines: list[str], node: ast.stmt) -> str:
+    """What follows statement ``node`` on its last line (a comment), with the line's end."""
+    return lines[node.end_lineno - 1].encode()[node.end_col_offset :].decode() or "\n"
 
 
 def _retarget(line: str, nodes: list[ast.Attribute]) -> str:
@@ -408,6 +414,7 @@ def _load_script(path: Path, name: str):
     """The copied script as a module (its ``__main__`` block does not run)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
