@@ -247,7 +247,8 @@ def replace_literals(text: str, mapping: dict[str, str], log: EditLog) -> str:
              and n.value in mapping and n.lineno == n.end_lineno]  # fmt: skip
     for n in sorted(nodes, key=lambda n: (n.lineno, n.col_offset), reverse=True):
         line = lines[n.lineno - 1].encode()
-        line = line[: n.col_offset] + repr(mapping[n.value]).encode() + line[n.end_col_offset :]
+        literal = json.dumps(mapping[n.value]).encode()  # a double-quoted Python string
+        line = line[: n.col_offset] + literal + line[n.end_col_offset :]
         lines[n.lineno - 1] = line.decode()
         log.changes.append(f"line {n.lineno}: {n.value!r} -> local stand-in")
     return "".join(lines)

@@ -95,7 +95,7 @@ def test_trl_imports_become_groupwise_imports_and_missing_names_stay_on_trl():
 def test_hub_literals_recipe_values_and_optional_imports():
     log = harness.EditLog()
     out = harness.replace_literals(SCRIPT, {"org/data": "/assets/org/data"}, log)
-    assert 'load(\'/assets/org/data\', split="train"), "org/data-2"' in out
+    assert 'load("/assets/org/data", split="train"), "org/data-2"' in out
     assert out.count("/assets/") == 1 and len(log.changes) == 1  # "org/data-2" is untouched
     recipe = "model_name_or_path: org/model\nnested:\n  id: org/model\nseed: 42\n"
     assert harness.edit_recipe(recipe, {"org/model": "/m"}, log) == (
