@@ -562,6 +562,14 @@ def check_model(out: Path) -> tuple[bool, str]:
         return False, f"{type(error).__name__}: {str(error)[:200]}"
 
 
+def check_completions(out: Path) -> tuple[bool, str]:
+    """Both runs ask for log_completions (TRL: a sample at each logged step)."""
+    file = out / "completions.jsonl"
+    records = [json.loads(line) for line in file.read_text().splitlines()] if file.exists() else []
+    steps = sorted({r["step"] for r in records})
+    return bool(records), f"completions.jsonl: {len(records)} prompts, steps {steps}"
+
+
 def check_rewards(out: Path, names: list[str], steps: int) -> tuple[bool, str]:
     """Each reward function logged a finite mean and no errors at every step."""
     rows = _rows(out)
@@ -644,6 +652,7 @@ def check_one(name: str, source: Source, prepared: Prepared, script: str, args: 
                else str(code))]  # fmt: skip
     if code == 0:
         checks.append(("model loads", *check_model(out)))
+        checks.append(("completions logged", *check_completions(out)))
         if name == "open-r1":
             names = ["accuracy_reward", "format_reward", "tag_count_reward"]
             checks.append(("rewards logged", *check_rewards(out, names, options.steps)))

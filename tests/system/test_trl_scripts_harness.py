@@ -343,6 +343,7 @@ warmup_ratio: 0.1
 num_generations: 16
 max_completion_length: 1024
 reward_funcs: [accuracy, format, tag_count]
+log_completions: true
 push_to_hub: true
 report_to: [wandb]
 '''
@@ -417,6 +418,7 @@ def test_the_harness_end_to_end_on_fake_sources(tmp_path):
     out = work / "open-r1" / "out"
     assert json.loads((out / "train_results.json").read_text())["train_samples"] == 4
     assert "open-r1" in (out / "README.md").read_text()
-    for check in ("| model loads | yes |", "| tool called | yes |",
-                  "| rewards saw tool_calls | yes |", "| train_samples | yes |"):  # fmt: skip
-        assert check in results, check
+    for check, count in (("| model loads | yes |", 2), ("| completions logged | yes |", 2),
+                         ("| tool called | yes |", 1), ("| rewards saw tool_calls | yes |", 1),
+                         ("| train_samples | yes |", 1), ("| model card | yes |", 1)):  # fmt: skip
+        assert results.count(check) == count, check
