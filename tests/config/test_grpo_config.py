@@ -442,3 +442,21 @@ def test_the_options_given_are_recorded(tmp_path):
     assert not resolved.is_set("beta")
     # dataclasses.replace passes every field back: its copy counts them all as given.
     assert dataclasses.replace(from_file).is_set("max_steps")
+
+
+def test_eval_strategy_without_eval_steps_reads_back_as_trls_default_no():
+    """TrainingArguments' eval_strategy defaults to "no", and GRPO scripts test it before they
+    index a test split; groupwise's "steps" with eval_steps 0 evaluates nothing during training
+    either, so it reads back as "no", with the same schedule."""
+    default = GRPOConfig()
+    assert (default.eval_strategy, default.eval_steps) == ("no", 0)
+    assert default.for_dataset(64).eval_steps == 0
+    every = GRPOConfig(eval_steps=5)
+    assert (every.eval_strategy, every.for_dataset(64).eval_steps) == ("steps", 5)
+    trl_style = GRPOConfig(eval_strategy="steps", logging_steps=3)  # TRL: eval_steps = logging
+    assert (trl_style.eval_strategy, trl_style.eval_steps) == ("steps", 3)
+    assert GRPOConfig(eval_strategy="epoch", max_steps=4).eval_strategy == "epoch"
+    # The line of TRL's grpo.py and open-r1's grpo.py, on a dataset with no test split:
+    splits = {"train": ["row"]}
+    eval_dataset = splits["test"] if default.eval_strategy != "no" else None
+    assert eval_dataset is None

@@ -230,6 +230,20 @@ def test_model_config_and_script_arguments_have_trls_fields():
     assert script["dataset_test_split"] == "test" and script["dataset_streaming"] is False
 
 
+def test_trust_remote_code_is_read_from_model_config_as_older_trl_scripts_do(tmp_path):
+    """open-r1's get_model / get_tokenizer read model_args.trust_remote_code, TRL's ModelConfig
+    field before TRL 1.7 moved it to the trainer configs: the parsed value lands on both, from
+    the command line or a recipe file."""
+    _, config, model = _parse(["--model_name_or_path", "m", "--trust_remote_code", "True"])
+    assert (model.trust_remote_code, config.trust_remote_code) == (True, True)
+    _, config, model = _parse(["--model_name_or_path", "m"])
+    assert (model.trust_remote_code, config.trust_remote_code) == (False, False)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model_name_or_path: m\ntrust_remote_code: true\n")
+    _, config, model = _parse(["--config", str(recipe)])
+    assert (model.trust_remote_code, config.trust_remote_code) == (True, True)
+
+
 def test_scripts_read_trl_names_back_from_the_config():
     """TRL's grpo.py reads training_args.model_init_kwargs, open-r1's local_rank, fp16, do_eval:
     the value given, the translation, or TrainingArguments' default."""

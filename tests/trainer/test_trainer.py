@@ -500,6 +500,20 @@ def test_the_loop_cadence_by_hand():
     assert not never.evaluates()
 
 
+def test_log_completions_logs_a_sample_at_each_logged_step_as_trl_does():
+    """TRL's log_completions=True logs a sample every logging_steps; log_completions_steps, when
+    given, sets its own cadence."""
+    from groupwise.trainer.loop import Cadence
+
+    trl_style = Cadence(GRPOConfig(max_steps=10, logging_steps=3, log_completions=True))
+    assert [s for s in range(1, 11) if trl_style.log_completions(s)] == [3, 6, 9, 10]
+    own = Cadence(GRPOConfig(max_steps=10, logging_steps=3, log_completions=True,
+                             log_completions_steps=4))  # fmt: skip
+    assert [s for s in range(1, 11) if own.log_completions(s)] == [4, 8]
+    off = Cadence(GRPOConfig(max_steps=10, logging_steps=3))
+    assert not any(off.log_completions(s) for s in range(1, 11))
+
+
 @pytest.mark.parametrize("log_completions", [True, False])
 def test_log_completions_keeps_the_last_steps_completions(tmp_path, log_completions):
     # The records are told log_completions once; each step's batch then keeps its samples.

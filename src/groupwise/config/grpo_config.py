@@ -440,9 +440,10 @@ class GRPOConfig(metaclass=_TRLConfigType):
     eval_ks: list[int] | None = None  # groupwise eval: k of pass@k (None: 1, 2, 4, ..., n)
     eval_output: str | None = None  # groupwise eval: JSON file (None: OUTPUT_DIR/eval.json)
     compare_model: str | None = None  # groupwise eval: second model, paired difference + 95% CI
-    log_completions: bool = False  # keep the last step's completions on the trainer
+    # keep the last step's completions on the trainer, and log them at each logged step (TRL's)
+    log_completions: bool = False
     log_completions_steps: int = 0  # every N steps: prompts, completions, rewards to
-    # OUTPUT_DIR/completions.jsonl (0: never)
+    # OUTPUT_DIR/completions.jsonl (0: never, or each logged step with log_completions)
     num_completions_to_print: int = 0  # print that many prompts of each logged sample (rich)
     completions_sample_size: int = 2  # prompts per completions.jsonl record (all G each)
     report_to: list[str] | None = None  # extra loggers: tensorboard, wandb (offline)
@@ -455,6 +456,11 @@ class GRPOConfig(metaclass=_TRLConfigType):
 
     def __post_init__(self) -> None:
         self.report_to = normalise_report_to(self.report_to)
+        # "steps" with eval_steps 0 evaluates nothing during training, as "no" does; it reads
+        # back as "no", TrainingArguments' default, which scripts test before they index a test
+        # split (TRL's grpo.py, open-r1's: `if training_args.eval_strategy != "no"`).
+        if self.eval_strategy == "steps" and self.eval_steps == 0:
+            self.eval_strategy = "no"
         self.validate()
 
     def __getattr__(self, name: str) -> Any:

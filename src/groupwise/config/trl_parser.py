@@ -94,6 +94,9 @@ class ModelConfig:
     torch_dtype: str | None = field(
         default=None, metadata={"choices": ["auto", "bfloat16", "float16", "float32"]}
     )
+    # TRL's field until 1.7 moved it to the trainer configs (open-r1 reads
+    # model_args.trust_remote_code); a SAME_MEANING name, so the value reaches GRPOConfig too.
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if self.torch_dtype is not None:

@@ -84,6 +84,8 @@ class Cadence:
 
     def log_completions(self, step: int) -> bool:
         every = self.args.log_completions_steps
+        if not every and self.args.log_completions:  # TRL's meaning: at every logged step
+            return self.log(step)
         return bool(every) and step % every == 0
 
     def evaluate(self, step: int) -> bool:
