@@ -35,9 +35,10 @@ Plain numpy and scipy; the runs' records in, numbers and verdicts out.
 - **Secondary.** Informative groups per rollout, curriculum / uniform, as the geometric mean of
   the per-seed ratios with a t interval on their logs (:func:`geometric_mean_ratio`); informative
   2-digit groups per run; greedy 2-digit accuracy and sampled 4-digit accuracy at the budget.
-  The implied token speed-up (:func:`implied_speedup`): the time-warp of uniform's mean curve
-  whose gain equals the mean difference, and the same for each end of its 95% interval (a gain
-  uniform's own curve cannot reach by any warp up to ``MAX_WARP`` reads as "more than").
+  The implied token speed-up (:func:`implied_speedup`): the tokens uniform's mean curve needs
+  to reach its own level at half the budget, over the tokens the curriculum's mean curve needs
+  to reach that level, with a 95% seed-bootstrap interval (seeds resampled with both arms,
+  ``BOOTSTRAP`` times).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ ALPHA_ONE_SIDED = 0.025  # per curriculum
 SPEEDUP = 1.35  # the speed-up whose gain decides "does not pay"
 PLANNING_SD = 0.07  # the endpoint's planned per-run standard deviation (upper planning value)
 SPREAD_ALARM = 1.5  # times PLANNING_SD at the first look: stop without a claim
-MAX_WARP = 10.0  # the implied speed-up is searched in [1 / MAX_WARP, MAX_WARP]
+BOOTSTRAP = 2000  # seed-bootstrap resamples of the implied token speed-up
 PAYS, NOT_135, UNDECIDED, CONTINUE = "pays", "does not pay 1.35x", "undecided", "continue"
 
 
@@ -136,26 +137,41 @@ def warp_gain(tokens: Sequence[float], mean_accuracy: Sequence[float],
     return budget_average(t, warped) - budget_average(t, a)
 
 
-def implied_speedup(tokens: Sequence[float], mean_accuracy: Sequence[float],
-                    gain: float, max_warp: float = MAX_WARP) -> float:  # fmt: skip
-    """The token speed-up k whose time-warp of uniform's mean curve gains ``gain``
-    (``warp_gain(tokens, mean_accuracy, k) == gain``): the smallest such k, by bisection on a
-    log grid of [1 / max_warp, max_warp] (the warped average is non-decreasing in k wherever
-    the mean curve rises; a curve that dips is searched from below). ``math.inf`` when no warp up
-    to ``max_warp`` gains that much (the curve's plateau caps what a warp can show), 0.0 when
-    even ``1 / max_warp`` gains more."""
-    grid = np.exp(np.linspace(-math.log(max_warp), math.log(max_warp), 401))
-    gains = np.array([warp_gain(tokens, mean_accuracy, k) for k in grid])
-    if gain > gains.max():
-        return math.inf
-    if gain <= gains[0]:
-        return 0.0 if gain < gains[0] else float(grid[0])
-    i = int(np.argmax(gains >= gain))  # the first grid point at or above the target
-    low, high = float(grid[i - 1]), float(grid[i])
-    for _ in range(60):
-        mid = (low + high) / 2
-        low, high = (mid, high) if warp_gain(tokens, mean_accuracy, mid) < gain else (low, mid)
-    return high
+def tokens_to_reach(tokens: Sequence[float], accuracy: Sequence[float], level: float) -> float:
+    """The tokens at which the curve (linear between evaluations) first reaches ``level``;
+    ``math.inf`` if it never does within the budget."""
+    t, a = np.asarray(tokens, float), np.asarray(accuracy, float)
+    if a[0] >= level:
+        return float(t[0])
+    for i in range(1, len(t)):
+        if a[i] >= level:
+            return float(t[i - 1] + (level - a[i - 1]) / (a[i] - a[i - 1]) * (t[i] - t[i - 1]))
+    return math.inf
+
+
+def speedup_at_half_budget(tokens: Sequence[float], uniform: Sequence[float],
+                           curriculum: Sequence[float]) -> float:  # fmt: skip
+    """Tokens uniform's curve needs to reach its own level at half the budget, over the tokens
+    the curriculum's curve (same grid) needs to reach it: 0 when it never does."""
+    t = np.asarray(tokens, float)
+    level = float(np.interp(t[-1] / 2, t, np.asarray(uniform, float)))
+    mine = tokens_to_reach(t, curriculum, level)
+    return 0.0 if mine == math.inf else tokens_to_reach(t, uniform, level) / max(mine, 1e-12)
+
+
+def implied_speedup(tokens: Sequence[float], uniform: np.ndarray, curriculum: np.ndarray,
+                    reps: int = BOOTSTRAP, seed: int = 0) -> dict[str, float]:  # fmt: skip
+    """The implied token speed-up of the curriculum's mean curve over uniform's
+    (:func:`speedup_at_half_budget`), from per-seed curves (rows: seeds in the same order in
+    both arrays, columns: the evaluation grid ``tokens``), and its 95% percentile interval from
+    ``reps`` resamples of the seeds (both arms together, as the pairs are)."""
+    u, c = np.asarray(uniform, float), np.asarray(curriculum, float)
+    estimate = speedup_at_half_budget(tokens, u.mean(0), c.mean(0))
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(u), size=(reps, len(u)))
+    boot = [speedup_at_half_budget(tokens, u[k].mean(0), c[k].mean(0)) for k in picks]
+    low, high = np.quantile(boot, [0.025, 0.975])
+    return {"estimate": estimate, "low": float(low), "high": float(high), "reps": reps}
 
 
 def decide(differences: Sequence[float], gain_135: float, looks: Sequence[int] = LOOKS) -> dict:
@@ -207,13 +223,19 @@ def endpoint(run: dict, warm_accuracy: float) -> float:
     return budget_average(*run_curve(run, warm_accuracy))
 
 
+def nominal_curve(run: dict, warm_accuracy: float) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, sampled 2-digit accuracy) of a run on the nominal grid: every tenth of the
+    budget, the warm start's point at 0."""
+    tokens = [0.0] + [p["mark"] * run["budget"] for p in run["points"]]
+    acc = [warm_accuracy] + [float(np.mean(p["sampled"])) for p in run["points"]]
+    return np.array(tokens), np.array(acc)
+
+
 def uniform_mean_curve(runs: Sequence[dict], warm_accuracy: float) -> tuple[np.ndarray, ...]:
-    """Uniform's mean curve on the nominal grid (every tenth of the budget, the warm start at
-    0): the mean over runs of the accuracy at each evaluation."""
-    budget = runs[0]["budget"]
-    marks = [p["mark"] for p in runs[0]["points"]]
-    acc = np.mean([[float(np.mean(p["sampled"])) for p in r["points"]] for r in runs], axis=0)
-    return np.array([0.0] + [m * budget for m in marks]), np.concatenate([[warm_accuracy], acc])
+    """Uniform's mean curve on the nominal grid (:func:`nominal_curve`): the mean over runs of
+    the accuracy at each evaluation."""
+    curves = [nominal_curve(r, warm_accuracy) for r in runs]
+    return curves[0][0], np.mean([acc for _, acc in curves], axis=0)
 
 
 def analyse(runs: Sequence[dict], warm_accuracy: float, curricula: Sequence[str],
@@ -244,8 +266,10 @@ def analyse(runs: Sequence[dict], warm_accuracy: float, curricula: Sequence[str]
         gain = warp_gain(*curve)
         result = {**decide(diffs, gain, looks), "gain_135": gain}
         if result.get("test"):
-            result["implied_speedup"] = {key: implied_speedup(*curve, result["test"][key])
-                                         for key in ("mean", "low", "high")}  # fmt: skip
+            grid = curve[0]
+            per_seed = {a: np.array([nominal_curve(by[(a, s)], warm_accuracy)[1] for s in used])
+                        for a in ("uniform", arm)}  # fmt: skip
+            result["implied_speedup"] = implied_speedup(grid, per_seed["uniform"], per_seed[arm])
         result["seeds"] = len(seeds)
         result["mean_difference"] = float(np.mean(diffs[:look]))
         arm_values = [endpoint(by[(arm, s)], warm_accuracy) for s in used]

@@ -147,10 +147,9 @@ def test_run_goes_by_blocks_stops_decided_curricula_and_resumes(e9, tmp_path, mo
     assert analysis["curricula"]["select"]["look"] == 2
     assert analysis["curricula"]["rollout_gdro_level"]["look"] == 3
     implied = analysis["curricula"]["select"]["implied_speedup"]
-    assert set(implied) == {"mean", "low", "high"} and implied["low"] <= implied["high"]
+    assert implied["low"] <= implied["estimate"] <= implied["high"]
     assert "implied token speed-up" in capsys.readouterr().out
-    assert e9.speedup_text(float("inf")) == "more than 10x" and e9.speedup_text(0.0) == (
-        "less than 0.1x") and e9.speedup_text(1.234) == "1.23x"  # fmt: skip
+    assert e9.speedup_text(0.0) == "never reached" and e9.speedup_text(1.234) == "1.23x"
     # Resumed: nothing left to run.
     ran.clear()
     e9.command_run(tmp_path, tmp_path, setup, jobs=1, unfrozen=True, force=False)

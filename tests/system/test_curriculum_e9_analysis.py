@@ -91,20 +91,34 @@ def test_warp_gain_by_hand(an: ModuleType) -> None:
     assert an.warp_gain([0, 10, 20], [0.0, 0.5, 1.0], 1.0) == 0.0
 
 
-def test_implied_speedup_inverts_the_warp_by_hand(an: ModuleType) -> None:
-    # A straight rise over 10 evaluations: 2x faster reads min(2t, 10) / 10, whose trapezoid
-    # average is (0.1 + 0.3 + 0.5 + 0.7 + 0.9 + 5 x 1) / 10 = 0.75 against 0.5: a gain of 0.25.
-    grid, line = list(range(11)), [t / 10 for t in range(11)]
-    assert an.warp_gain(grid, line, 2.0) == pytest.approx(0.25)
-    assert an.implied_speedup(grid, line, 0.25) == pytest.approx(2.0, abs=1e-9)
-    assert an.implied_speedup([0, 10, 20], [0.0, 0.5, 1.0], 0.125) == pytest.approx(1.5, abs=1e-9)
-    assert an.implied_speedup(grid, line, 0.0) == pytest.approx(1.0, abs=1e-9)
-    # A loss reads as a slow-down: the warp by 1/2 and back.
-    assert an.implied_speedup(grid, line, an.warp_gain(grid, line, 0.5)) == pytest.approx(0.5)
-    # A curve on its plateau from the first evaluation: no warp gains anything, so any gain
-    # reads as "more than any warp" and a loss as "less than any".
-    assert an.implied_speedup([0, 10, 20], [0.0, 1.0, 1.0], 0.05) == math.inf
-    assert an.implied_speedup(grid, line, -0.6) == 0.0
+def test_tokens_to_reach_and_the_speedup_at_half_budget_by_hand(an: ModuleType) -> None:
+    grid = [0, 10, 20, 30, 40]
+    # Linear between evaluations: 0.2 -> 0.6 over 10..20 reaches 0.5 at 17.5.
+    assert an.tokens_to_reach(grid, [0.1, 0.2, 0.6, 0.6, 0.6], 0.5) == pytest.approx(17.5)
+    assert an.tokens_to_reach(grid, [0.5, 0.2, 0.2, 0.2, 0.2], 0.5) == 0.0
+    assert an.tokens_to_reach(grid, [0.1, 0.2, 0.3, 0.3, 0.3], 0.5) == math.inf
+    # Uniform rises 0 -> 0.8 linearly: its level at half the budget (20) is 0.4, reached at 20.
+    # A curriculum twice as fast reaches 0.4 at 10: 2x; one that never gets there: 0.
+    uniform = [0.0, 0.2, 0.4, 0.6, 0.8]
+    assert an.speedup_at_half_budget(grid, uniform, [0.0, 0.4, 0.8, 0.8, 0.8]) == pytest.approx(2)
+    assert an.speedup_at_half_budget(grid, uniform, uniform) == pytest.approx(1.0)
+    assert an.speedup_at_half_budget(grid, uniform, [0.0, 0.1, 0.2, 0.3, 0.3]) == 0.0
+
+
+def test_implied_speedup_bootstraps_the_seeds_with_both_arms(an: ModuleType) -> None:
+    grid = [0, 10, 20, 30, 40]
+    uniform = np.array([[0.0, 0.2, 0.4, 0.6, 0.8]] * 5)
+    # Every seed the same: every resample gives the estimate, 2x.
+    same = an.implied_speedup(grid, uniform, np.array([[0.0, 0.4, 0.8, 0.8, 0.8]] * 5), reps=50)
+    assert same["estimate"] == pytest.approx(2) and same["low"] == same["high"] == same["estimate"]
+    # Seeds differ: the interval holds the estimate, and resampling the pairs (not each arm
+    # alone) keeps a seed's curriculum run with its own uniform run.
+    rng = np.random.default_rng(1)
+    u = uniform + rng.normal(0, 0.03, uniform.shape)
+    c = np.array([[0.0, 0.4, 0.8, 0.8, 0.8]] * 5) + rng.normal(0, 0.03, uniform.shape)
+    out = an.implied_speedup(grid, u, c, reps=400)
+    assert out["low"] <= out["estimate"] <= out["high"]
+    assert out["estimate"] == pytest.approx(an.speedup_at_half_budget(grid, u.mean(0), c.mean(0)))
 
 
 def with_t(n: int, t: float, sd: float = 0.05, seed: int = 0) -> np.ndarray:
@@ -194,10 +208,12 @@ def test_analyse_pairs_by_seed_and_decides(an: ModuleType) -> None:
     uniform = [r for r in runs if r["arm"] == "uniform"]
     grid, mean = an.uniform_mean_curve(uniform, warm)
     assert select["gain_135"] == pytest.approx(an.warp_gain(grid, mean, 1.35))
-    # select ends 0.1 above uniform's plateau: no warp of uniform's curve reaches its mean gain.
+    # The implied speed-up: tokens to uniform's half-budget level, on the seeds' mean curves.
+    picked = [r for r in runs if r["arm"] == "select"]
+    _, select_mean = an.uniform_mean_curve(picked, warm)  # (the same averaging for any arm)
     implied = select["implied_speedup"]
-    assert implied["mean"] == math.inf
-    assert implied["low"] == an.implied_speedup(grid, mean, select["test"]["low"])
+    assert implied["estimate"] == pytest.approx(an.speedup_at_half_budget(grid, mean, select_mean))
+    assert implied["estimate"] > 1 and implied["low"] <= implied["estimate"] <= implied["high"]
     gdro = out["curricula"]["rollout_gdro_level"]
     assert gdro["state"] == an.CONTINUE and gdro["next_look"] == 14
     assert not out["spread"]["alarm"]
