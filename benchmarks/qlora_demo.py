@@ -12,14 +12,15 @@ demo's full fine-tune uses 1e-5). The arms differ in the model that is quantised
 - ``base``: SmolLM2-135M-Instruct as shipped. Its weights arrive dequantised from a 4-bit GGUF
   (Q4_1), so NF4 quantises them a second time.
 - ``warm``: the same model after the supervised warm start of ``benchmarks/curriculum.py``
-  (``fine_tune``: 10 AdamW steps on worked answers of one-digit ``+``/``-`` training problems,
-  in fp32), quantised to NF4 afterwards. The demo's held-out problems are the evaluation split
-  (and include ``*``), which the warm start never saw.
+  (``fine_tune``: ``--sft-steps`` AdamW steps, default its 10, on worked answers of one-digit
+  ``+``/``-`` training problems, in fp32), quantised to NF4 afterwards. The demo's held-out
+  problems are the evaluation split (and include ``*``), which the warm start never saw.
 
 Results: ``benchmarks/results_qlora_demo.json``, one record per arm: accuracy and format before
 and after, the reward of the first and last steps, minutes, and the command.
 
-    python benchmarks/qlora_demo.py [--arms base warm] [--lr 2e-4] [--work runs/qlora-demo]
+    python benchmarks/qlora_demo.py [--arms base warm] [--lr 2e-4] [--sft-steps 10]
+        [--work runs/qlora-demo]
 """
 
 from __future__ import annotations
@@ -39,13 +40,15 @@ QLORA = ["--use_peft", "true", "--load_in_4bit", "true", "--use_bnb_nested_quant
          "--lora_r", "16", "--lora_alpha", "32"]  # fmt: skip
 
 
-def warm_model(work: Path) -> Path:
-    """The supervised warm start of benchmarks/curriculum.py, built once into ``work``."""
-    folder = work / "warm-supervised-10"
+def warm_model(work: Path, steps: int) -> Path:
+    """The supervised warm start of benchmarks/curriculum.py with ``steps`` AdamW steps, built
+    once into ``work``."""
+    folder = work / f"warm-supervised-{steps}"
     if not (folder / "config.json").exists():
         sys.path.insert(0, str(HERE))
         import curriculum
 
+        curriculum.SFT_STEPS = steps  # fine_tune's step count
         record = curriculum.fine_tune(folder)
         (folder / "warm_start.json").write_text(json.dumps(record, indent=1))
     return folder
@@ -59,8 +62,8 @@ def read_metrics(output_dir: Path) -> tuple[list[dict], list[dict]]:
     return evals, steps
 
 
-def run_arm(arm: str, model: str, lr: float, work: Path) -> dict:
-    out = work / f"{arm}-lr{lr:g}"
+def run_arm(key: str, model: str, lr: float, work: Path) -> dict:
+    out = work / key
     cmd = [sys.executable, "-m", "groupwise", "demo", "--model", model, *QLORA,
            "--learning_rate", str(lr), "--output_dir", str(out), "--overwrite_output_dir",
            "true"]  # fmt: skip
@@ -70,7 +73,7 @@ def run_arm(arm: str, model: str, lr: float, work: Path) -> dict:
     evals, steps = read_metrics(out)
     first, last = evals[0], evals[-1]
     return {
-        "arm": arm,
+        "arm": key.split("-")[0],
         "model": model,
         "learning_rate": lr,
         "accuracy_before": first[ACC],
@@ -91,18 +94,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arms", nargs="+", default=["base", "warm"], choices=["base", "warm"])
     parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--sft-steps", type=int, default=10, help="the warm start's steps")
     parser.add_argument("--work", default="runs/qlora-demo")
     o = parser.parse_args()
     work = Path(o.work)
     work.mkdir(parents=True, exist_ok=True)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for arm in o.arms:
-        key = f"{arm}-lr{o.lr:g}"
+        key = f"{arm}-lr{o.lr:g}" + (f"-sft{o.sft_steps}" if arm == "warm" and o.sft_steps != 10
+                                      else "")  # fmt: skip
         if key in results:
             print(f"{key}: in {RESULTS.name} already (skipped)")
             continue
-        model = "smollm2-135m-instruct" if arm == "base" else str(warm_model(work))
-        results[key] = run_arm(arm, model, o.lr, work)
+        model = "smollm2-135m-instruct" if arm == "base" else str(warm_model(work, o.sft_steps))
+        results[key] = run_arm(key, model, o.lr, work)
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     for key, r in results.items():
         print(f"{key}: held-out greedy accuracy {r['accuracy_before']:.1%} -> "
