@@ -1,5 +1,5 @@
 """QLoRA on the demo's task: does GRPO on a frozen 4-bit base with LoRA adapters raise held-out
-accuracy? (An experiment, not a test: about 10 minutes an arm on 2 CPU cores; an arm that is in
+accuracy? (An experiment, not a test: 7 to 10 minutes an arm on 2 CPU cores; an arm that is in
 the results file is skipped on a rerun.)
 
 Every arm is ``groupwise demo`` (the demo's settings: one-digit arithmetic, format + accuracy
@@ -10,19 +10,19 @@ layer but the head, and the learning rate raised for the adapter (``--lr``, defa
 demo's full fine-tune uses 1e-5). The arms differ in the model that is quantised:
 
 - ``base``: SmolLM2-135M-Instruct as shipped. Its weights arrive dequantised from a 4-bit GGUF
-  (Q4_1), so NF4 quantises them a second time.
+  (Q4_1), so NF4 quantises them a second time, and it starts without the answer format.
 - ``warm``: the same model after the supervised warm start of ``benchmarks/curriculum.py``
   (``fine_tune``: ``--sft-steps`` AdamW steps, default 2, on worked answers of one-digit
   ``+``/``-`` training problems, in fp32), quantised to NF4 afterwards. The demo's held-out
   problems are the evaluation split (and include ``*``), which the warm start never saw. Two
-  steps restore enough of the answer format for GRPO to have a signal, and leave the held-out
-  accuracy where the shipped model's is; ten (``benchmarks/curriculum.py``'s own) leave little
-  for GRPO to learn.
+  steps bring back part of the answer format and leave the held-out accuracy where the
+  unquantised shipped model's is; ten (``benchmarks/curriculum.py``'s own) leave little for
+  GRPO to learn.
 
 Results: ``benchmarks/results_qlora_demo.json``, one record per arm: accuracy and format before
 and after, the reward of the first and last steps, minutes, and the command.
 
-    python benchmarks/qlora_demo.py [--arms base warm] [--lr 2e-4] [--sft-steps 2]
+    python benchmarks/qlora_demo.py [--arms warm base] [--lr 2e-4] [--sft-steps 2] [--rerun]
         [--work runs/qlora-demo]
 """
 
@@ -95,7 +95,9 @@ def run_arm(key: str, model: str, lr: float, work: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--arms", nargs="+", default=["base", "warm"], choices=["base", "warm"])
+    parser.add_argument("--arms", nargs="+", default=["base", "warm"],
+                        choices=["base", "warm"])  # fmt: skip
+    parser.add_argument("--rerun", action="store_true", help="run arms already in the results")
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--sft-steps", type=int, default=2, help="the warm start's steps")
     parser.add_argument("--work", default="runs/qlora-demo")
@@ -105,8 +107,8 @@ def main() -> None:
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for arm in o.arms:
         key = f"{arm}-lr{o.lr:g}" + (f"-sft{o.sft_steps}" if arm == "warm" else "")
-        if key in results:
-            print(f"{key}: in {RESULTS.name} already (skipped)")
+        if key in results and not o.rerun:
+            print(f"{key}: in {RESULTS.name} already (skipped; --rerun runs it again)")
             continue
         model = "smollm2-135m-instruct" if arm == "base" else str(warm_model(work, o.sft_steps))
         results[key] = {**run_arm(key, model, o.lr, work),
