@@ -208,7 +208,7 @@ def test_analyse_pairs_by_seed_and_decides(an: ModuleType) -> None:
     uniform = [r for r in runs if r["arm"] == "uniform"]
     grid, mean = an.uniform_mean_curve(uniform, warm)
     assert select["gain_135"] == pytest.approx(an.warp_gain(grid, mean, 1.35))
-    # The implied speed-up: tokens to uniform's half-budget level, on the seeds' mean curves.
+    # The implied speed-up: tokens to uniform's half-budget level, on the mean curves over seeds.
     picked = [r for r in runs if r["arm"] == "select"]
     _, select_mean = an.uniform_mean_curve(picked, warm)  # (the same averaging for any arm)
     implied = select["implied_speedup"]
