@@ -141,12 +141,7 @@ def build_model(
             "the model given holds 4-bit (bitsandbytes) layers: set load_in_4bit=True with "
             "use_peft=True to train a LoRA adapter on it (QLoRA)"
         )
-    if not is_4bit(model):  # transformers refuses to cast a 4-bit model's dtype
-        model = model.to(device=device, dtype=dtype)
-    if quantization and not is_4bit(model):
-        model = quantize_4bit(model, *quantization, device)
-    if quantization:
-        keep_trainable_layout(model)
+    model = place(model, device, dtype, quantization)
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
@@ -187,10 +182,19 @@ def load_for_generation(
         trust_remote_code=args.trust_remote_code,
         quantization=bnb_config(*quantization) if quantization else None,
     )
+    return place(model, device, precision.weights, quantization).eval(), tokenizer
+
+
+def place(
+    model: PreTrainedModel, device: torch.device, dtype: torch.dtype, quantization: tuple | None
+) -> PreTrainedModel:
+    """A loaded model on ``device``: cast to ``dtype``, or with ``quantization`` (quant type,
+    double quantisation, compute dtype) quantised as it is placed where loading did not already;
+    4-bit layers keep the layout training and generation share (:func:`keep_trainable_layout`)."""
     if not is_4bit(model):  # transformers refuses to cast a 4-bit model's dtype
-        model = model.to(device=device, dtype=precision.weights)
+        model = model.to(device=device, dtype=dtype)
     if quantization and not is_4bit(model):
         model = quantize_4bit(model, *quantization, device)
-    if is_4bit(model):  # the training run's CPU layout and numerics (keep_trainable_layout)
+    if is_4bit(model):
         keep_trainable_layout(model)
-    return model.eval(), tokenizer
+    return model
