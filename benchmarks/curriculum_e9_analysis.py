@@ -164,7 +164,7 @@ def implied_speedup(tokens: Sequence[float], uniform: np.ndarray, curriculum: np
     """The implied token speed-up of the curriculum's mean curve over uniform's
     (:func:`speedup_at_half_budget`), from per-seed curves (rows: seeds in the same order in
     both arrays, columns: the evaluation grid ``tokens``), and its 95% percentile interval from
-    ``reps`` resamples of the seeds (both arms together, as the pairs are)."""
+    ``reps`` resamples of the seed indices (both arms together, as the pairs are)."""
     u, c = np.asarray(uniform, float), np.asarray(curriculum, float)
     estimate = speedup_at_half_budget(tokens, u.mean(0), c.mean(0))
     rng = np.random.default_rng(seed)
@@ -176,7 +176,7 @@ def implied_speedup(tokens: Sequence[float], uniform: np.ndarray, curriculum: np
 
 def decide(differences: Sequence[float], gain_135: float, looks: Sequence[int] = LOOKS) -> dict:
     """The decision for one curriculum from its per-seed differences in seed order (only the
-    looks the seeds reach count): the state (``PAYS``, ``NOT_135``, ``UNDECIDED`` or
+    looks reached so far count): the state (``PAYS``, ``NOT_135``, ``UNDECIDED`` or
     ``CONTINUE``), the look it was reached at, and that look's test."""
     d = list(differences)
     last: dict = {"state": CONTINUE, "look": None, "next_look": looks[0]}
@@ -259,7 +259,7 @@ def analyse(runs: Sequence[dict], warm_accuracy: float, curricula: Sequence[str]
         diffs = [endpoint(by[(arm, s)], warm_accuracy) - endpoint(by[("uniform", s)],
                  warm_accuracy) for s in seeds]  # fmt: skip
         # Where it stops does not depend on the 1.35x gain; the gain comes from uniform's runs
-        # of the seeds of that look (of every seed so far before the first look).
+        # of that look's seed indices (of every one so far before the first look).
         look = decide(diffs, 0.0, looks).get("look") or len(seeds)
         used = seeds[:look]
         curve = uniform_mean_curve([by[("uniform", s)] for s in used], warm_accuracy)

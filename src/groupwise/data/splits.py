@@ -1,5 +1,5 @@
 """The train / eval split of generated tasks, a function of a problem's text alone (so the two
-never overlap, whatever the seeds or sizes), and ``STALL_DRAWS``: how many draws without a new
+never overlap, whatever the random seed or size), and ``STALL_DRAWS``: how many draws without a new
 problem mean a generator has found its whole space."""
 
 from __future__ import annotations
