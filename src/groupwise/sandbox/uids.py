@@ -70,9 +70,14 @@ class UidPool:
 
     @contextlib.contextmanager
     def lease(self) -> Iterator[int]:
+        """A uid no other run holds and no task owns. RLIMIT_NPROC counts every task of the uid,
+        zombies included: the processes of an earlier run that still wait to be reaped (by the
+        host's init, after a kill) would take the new run's process slots."""
         start = secrets.randbelow(len(self.uids))
         order = self.uids[start:] + self.uids[:start]
+        warned = False
         while True:
+            leftovers = False
             for uid in order:
                 path = os.path.join(self.lock_dir, f"uid-{uid}.lock")
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -81,11 +86,19 @@ class UidPool:
                 except BlockingIOError:
                     os.close(fd)
                     continue
+                if uid in process_uids().values():  # a leftover: try the next uid
+                    os.close(fd)
+                    leftovers = True
+                    continue
                 try:
                     yield uid
                 finally:
                     os.close(fd)  # releases the flock
                 return
+            if leftovers and not warned:
+                logger.warning("every sandbox uid is leased or still owns a process (a leftover "
+                               "of an earlier run); waiting for one")  # fmt: skip
+                warned = True
             time.sleep(0.01)
 
 
