@@ -481,7 +481,7 @@ def command_run(work: Path, results: Path, setup: Setup, jobs: int, unfrozen: bo
         running = [c for c in CURRICULA if state["curricula"][c]["state"] == analysis.CONTINUE]
         if not running:
             print("every curriculum is decided", flush=True)
-            return
+            break
         done = {(r["arm"], r["seed"]) for r in read_runs(results)
                 if r["warm"] == meta["supervised"]["digest"]}  # fmt: skip
         todo = [(arm, seed) for seed in block for arm in ("uniform", *running)

@@ -109,9 +109,10 @@ def test_code_state_reads_this_checkout(e9: ModuleType) -> None:
     assert len(state["commit"]) == 40 and isinstance(state["dirty"], bool)
 
 
-def synthetic_record(arm: str, seed: int, gain: float) -> dict:
+def synthetic_record(arm: str, seed: int, gain: float, gaining: tuple[str, ...] = ("select",)
+                     ) -> dict:  # fmt: skip
     rng = np.random.default_rng(seed)
-    accs = [min(1.0, 0.3 + 0.02 * k + (gain if arm == "select" else 0.0)
+    accs = [min(1.0, 0.3 + 0.02 * k + (gain if arm in gaining else 0.0)
                 + 0.01 * rng.normal()) for k in range(10)]  # fmt: skip
     return {"arm": arm, "seed": seed, "warm": "w", "budget": 100,
             "informative_per_rollout": 0.2 if arm == "select" else 0.1,
@@ -155,6 +156,32 @@ def test_run_goes_by_blocks_stops_decided_curricula_and_resumes(e9, tmp_path, mo
     e9.command_run(tmp_path, tmp_path, setup, jobs=1, unfrozen=True, force=False)
     assert ran == []
     assert len(e9.read_runs(tmp_path)) == 8
+
+
+def test_run_reports_when_every_curriculum_is_decided(e9, tmp_path, monkeypatch, capsys):
+    # Both curricula 0.05 ahead in every seed: both pay at the first look (2 seeds in the tiny
+    # setup), nothing more runs, and the analysis is still written and printed.
+    (tmp_path / "pilot.json").write_text(json.dumps({"go": {"proceed": True}}))
+    (tmp_path / "warm.json").write_text(json.dumps({"supervised": {"digest": "w"},
+                                                    "tokens_per_step": 10.0,
+                                                    "sampled_accuracy": 0.3}))  # fmt: skip
+    ran = []
+
+    def fake_run_arm(arm, seed, model_path, meta, setup, code):
+        ran.append((arm, seed))
+        return synthetic_record(arm, seed, 0.05, gaining=("select", "rollout_gdro_level"))
+
+    monkeypatch.setattr(e9, "run_arm", fake_run_arm)
+    monkeypatch.setattr(e9, "warm_start", lambda work, results, setup: (
+        "m", json.loads((tmp_path / "warm.json").read_text())))  # fmt: skip
+    monkeypatch.setattr(e9, "check_frozen", lambda results, unfrozen: {"commit": "c"})
+    e9.command_run(tmp_path, tmp_path, e9.tiny(), jobs=1, unfrozen=True, force=False)
+    assert ran == [(a, s) for s in (1, 2) for a in ("uniform", "select", "rollout_gdro_level")]
+    out = capsys.readouterr().out
+    assert "every curriculum is decided" in out and "rollout_gdro_level: pays at 2 seeds" in out
+    analysis = json.loads((tmp_path / "analysis.json").read_text())
+    assert {c: analysis["curricula"][c]["state"] for c in ("select", "rollout_gdro_level")} == {
+        "select": "pays", "rollout_gdro_level": "pays"}
 
 
 def test_run_stops_without_a_claim_when_the_spread_is_too_large(e9, tmp_path, monkeypatch,
