@@ -553,6 +553,41 @@ def measure_one(work: Path, results: Path, setup: Setup, seed: int, steps: int) 
             "steps_per_second": len(timed) / sum(timed)}  # fmt: skip
 
 
+def phase_times(work: Path, results: Path, setup: Setup, seed: int, steps: int,
+                arms: tuple[str, ...] = tuple(ARMS)) -> list[dict]:  # fmt: skip
+    """Where an arm's training time goes: ``steps`` training steps per arm on seed ``seed``'s
+    pool (no evaluation), one after the other in this process, and the seconds of generation
+    and of the policy update per 1,000 generated tokens over the steps after the first."""
+    model_path, meta = warm_start(work, results, setup)
+
+    class Steps(r8.StepLogs):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[dict] = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+            if self.new_step(state, logs):
+                self.rows.append(dict(logs))
+
+    out = []
+    for arm in arms:
+        steps_logs = Steps()
+        with tempfile.TemporaryDirectory() as tmp:
+            GRPOTrainer(model_path, ["accuracy"], pool_rows(seed, setup),
+                           args=run_options(arm, seed, setup, tmp, max_steps=steps),
+                           callbacks=[steps_logs]).train()  # fmt: skip
+        timed = steps_logs.rows[1:] or steps_logs.rows
+        tokens = sum(r["compute/generated_tokens"] for r in timed)
+        record = {"arm": arm, "seed": seed, "steps": len(timed), "tokens": tokens,
+                  "threads": int(torch.get_num_threads())}  # fmt: skip
+        for phase in ("generation", "update", "step"):
+            seconds = sum(r[f"time/{phase}"] for r in timed)
+            record[f"{phase}_s_per_1k_tokens"] = 1000 * seconds / tokens
+        print(json.dumps(record), flush=True)
+        out.append(record)
+    return out
+
+
 def command_measure(work: Path, results: Path, setup: Setup, steps: int, unfrozen: bool) -> dict:
     """Two one-thread runs side by side, then one two-thread run: steps per second, and the
     throughput ratio that decides ``run --jobs``."""
@@ -630,13 +665,13 @@ def report(results: Path, meta: dict, setup: Setup) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("stage", choices=["freeze", "pilot", "measure", "run", "report",
-                                          "measure-one"])  # fmt: skip
+                                          "measure-one", "phases"])  # fmt: skip
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--work", default="runs/curriculum-e9-work", help="model weights")
     parser.add_argument("--tree", default="runs/e9-code", help="freeze: the worktree")
     parser.add_argument("--jobs", type=int, default=1, help="run: worker processes (measure)")
-    parser.add_argument("--steps", type=int, default=10, help="measure: steps a run")
-    parser.add_argument("--seed", type=int, default=1, help="measure-one")
+    parser.add_argument("--steps", type=int, default=10, help="measure, phases: steps a run")
+    parser.add_argument("--seed", type=int, default=1, help="measure-one, phases")
     parser.add_argument("--units", default=None, help="run: arm:seed,... (a --jobs worker)")
     parser.add_argument("--force", action="store_true", help="run despite a no-go pilot")
     parser.add_argument("--tiny", action="store_true", help="the tiny test setup")
@@ -656,6 +691,8 @@ def main(argv: list[str] | None = None) -> None:
         command_measure(work, results, setup, o.steps, o.unfrozen)
     elif o.stage == "measure-one":
         print(json.dumps(measure_one(work, results, setup, o.seed, o.steps)), flush=True)
+    elif o.stage == "phases":
+        phase_times(work, results, setup, o.seed, o.steps)
     elif o.stage == "run":
         only = None
         if o.units:

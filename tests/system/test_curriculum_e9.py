@@ -232,6 +232,17 @@ def test_tiny_pilot_and_every_arm_end_to_end(e9, tmp_path) -> None:
 
 
 @pytest.mark.slow
+def test_phase_times_split_each_arm_into_generation_and_update(e9, tmp_path) -> None:
+    work, results = tmp_path / "work", tmp_path / "results"
+    results.mkdir()
+    out = e9.phase_times(work, results, e9.tiny(), seed=1, steps=3)
+    assert [r["arm"] for r in out] == ["uniform", "select", "rollout_gdro_level"]
+    for r in out:
+        assert r["steps"] == 2 and r["tokens"] > 0  # the first step is not timed
+        parts = r["generation_s_per_1k_tokens"] + r["update_s_per_1k_tokens"]
+        assert 0 < parts <= r["step_s_per_1k_tokens"] * (1 + 1e-9)
+
+
 def test_measure_and_two_jobs_in_worker_processes(e9, tmp_path) -> None:
     results, work = tmp_path / "e9", tmp_path / "work"
     setup = e9.tiny()
