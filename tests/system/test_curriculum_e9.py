@@ -121,10 +121,9 @@ def synthetic_record(arm: str, seed: int, gain: float, gaining: tuple[str, ...] 
                        for k, a in enumerate(accs)]}  # fmt: skip
 
 
-def test_run_goes_by_blocks_stops_decided_curricula_and_resumes(e9, tmp_path, monkeypatch,
-                                                                capsys):  # fmt: skip
-    # Synthetic runs: select 0.05 ahead in every seed (pays at the first look, 2 seeds in the
-    # tiny setup); Rollout-GDRO exactly uniform (runs on to the last look).
+def fake_experiment(e9, tmp_path, monkeypatch, gaining: tuple[str, ...]) -> list:
+    """A go pilot and a warm start in ``tmp_path``, and ``run_arm`` replaced by synthetic
+    records (the ``gaining`` arms 0.05 ahead of uniform); returns the list of (arm, seed) run."""
     (tmp_path / "pilot.json").write_text(json.dumps({"go": {"proceed": True}}))
     (tmp_path / "warm.json").write_text(json.dumps({"supervised": {"digest": "w"},
                                                     "tokens_per_step": 10.0,
@@ -133,12 +132,20 @@ def test_run_goes_by_blocks_stops_decided_curricula_and_resumes(e9, tmp_path, mo
 
     def fake_run_arm(arm, seed, model_path, meta, setup, code):
         ran.append((arm, seed))
-        return synthetic_record(arm, seed, 0.05)
+        return synthetic_record(arm, seed, 0.05, gaining=gaining)
 
     monkeypatch.setattr(e9, "run_arm", fake_run_arm)
     monkeypatch.setattr(e9, "warm_start", lambda work, results, setup: (
         "m", json.loads((tmp_path / "warm.json").read_text())))  # fmt: skip
     monkeypatch.setattr(e9, "check_frozen", lambda results, unfrozen: {"commit": "c"})
+    return ran
+
+
+def test_run_goes_by_blocks_stops_decided_curricula_and_resumes(e9, tmp_path, monkeypatch,
+                                                                capsys):  # fmt: skip
+    # Synthetic runs: select 0.05 ahead in every seed (pays at the first look, 2 seeds in the
+    # tiny setup); Rollout-GDRO exactly uniform (runs on to the last look).
+    ran = fake_experiment(e9, tmp_path, monkeypatch, gaining=("select",))
     setup = e9.tiny()
     e9.command_run(tmp_path, tmp_path, setup, jobs=1, unfrozen=True, force=False)
     assert ran == [(a, s) for s in (1, 2) for a in ("uniform", "select", "rollout_gdro_level")] + [
@@ -161,20 +168,7 @@ def test_run_goes_by_blocks_stops_decided_curricula_and_resumes(e9, tmp_path, mo
 def test_run_reports_when_every_curriculum_is_decided(e9, tmp_path, monkeypatch, capsys):
     # Both curricula 0.05 ahead in every seed: both pay at the first look (2 seeds in the tiny
     # setup), nothing more runs, and the analysis is still written and printed.
-    (tmp_path / "pilot.json").write_text(json.dumps({"go": {"proceed": True}}))
-    (tmp_path / "warm.json").write_text(json.dumps({"supervised": {"digest": "w"},
-                                                    "tokens_per_step": 10.0,
-                                                    "sampled_accuracy": 0.3}))  # fmt: skip
-    ran = []
-
-    def fake_run_arm(arm, seed, model_path, meta, setup, code):
-        ran.append((arm, seed))
-        return synthetic_record(arm, seed, 0.05, gaining=("select", "rollout_gdro_level"))
-
-    monkeypatch.setattr(e9, "run_arm", fake_run_arm)
-    monkeypatch.setattr(e9, "warm_start", lambda work, results, setup: (
-        "m", json.loads((tmp_path / "warm.json").read_text())))  # fmt: skip
-    monkeypatch.setattr(e9, "check_frozen", lambda results, unfrozen: {"commit": "c"})
+    ran = fake_experiment(e9, tmp_path, monkeypatch, gaining=("select", "rollout_gdro_level"))
     e9.command_run(tmp_path, tmp_path, e9.tiny(), jobs=1, unfrozen=True, force=False)
     assert ran == [(a, s) for s in (1, 2) for a in ("uniform", "select", "rollout_gdro_level")]
     out = capsys.readouterr().out
