@@ -94,7 +94,7 @@ import numpy as np
 import torch
 
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum
+from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum, SelectOptions
 from groupwise.data.prompts import tokenize_prompts
 from groupwise.evaluation import evaluate_model
 from groupwise.rewards import accuracy_reward
@@ -894,9 +894,9 @@ def replay_levels(pass_rate: np.ndarray, arm: str, seed: int, steps: int = BUDGE
     prompts = BASE_OPTIONS["per_device_train_batch_size"] // BASE_OPTIONS["num_generations"]
     select = None
     if arm == "select":
-        select = SelectCurriculum(num_generations=BASE_OPTIONS["num_generations"],
-                                  n_min=BASE_OPTIONS["rollout_min"],
-                                  n_max=BASE_OPTIONS["rollout_max"], seed=seed)  # fmt: skip
+        values = {**GRPOConfig().to_dict(), "curriculum": "select", "seed": seed,
+                  **{k: BASE_OPTIONS[k] for k in ("num_generations", "rollout_min", "rollout_max")}}
+        select = SelectCurriculum(SelectOptions.from_config(values))  # fmt: skip
     order: list[int] = []
     groups = np.zeros(len(LEVELS))
     informative = np.zeros(len(LEVELS))

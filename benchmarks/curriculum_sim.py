@@ -33,13 +33,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from groupwise.config.grpo_config import GRPOConfig
 from groupwise.curriculum import (
+    GDROOptions,
     GlobalRows,
     NoCurriculum,
     PromptBatch,
     PromptGDROCurriculum,
     RolloutGDROCurriculum,
     SelectCurriculum,
+    SelectOptions,
 )
 from groupwise.curriculum.base import PromptSampler
 
@@ -57,8 +60,8 @@ PROMPTS, NUM_GENERATIONS, POOL = 8, 4, 256
 class OracleSelect(SelectCurriculum):
     """``select`` told the true pass rates (a near point-mass posterior): its ceiling here."""
 
-    def __init__(self, theta: np.ndarray, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, theta: np.ndarray, options: SelectOptions) -> None:
+        super().__init__(options)
         self.theta = theta  # the world's logits, updated in place as the policy learns
 
     def beta_of(self, index: int) -> tuple[float, float]:
@@ -66,24 +69,40 @@ class OracleSelect(SelectCurriculum):
         return 1e6 * p + 1e-9, 1e6 * (1.0 - p) + 1e-9
 
 
+def arm_options(kind: type, curriculum: str, **values):
+    """A curriculum's options (``kind``: GDROOptions, SelectOptions) as a run with GRPOConfig's
+    defaults and ``values`` (the arm's mean group size, seed and choices) has them."""
+    config = GRPOConfig().to_dict()
+    config.update(curriculum=curriculum, num_generations=NUM_GENERATIONS, **values)
+    return kind.from_config(config)
+
+
 def make_arm(name: str, seed: int, theta: np.ndarray):
-    """The curriculum of an arm, as ``groupwise`` builds it (group sizes 2..12 where variable)."""
+    """The curriculum of an arm, as ``groupwise`` builds it (group sizes 2..12 where variable;
+    the GDRO arms' bandits draw with seed 0)."""
     g = NUM_GENERATIONS
     if name == "uniform":
         return NoCurriculum(g)
     if name == "select_oracle":
-        return OracleSelect(theta, num_generations=g, seed=seed)
+        return OracleSelect(theta, arm_options(SelectOptions, "select", seed=seed))
     if name.startswith("select"):
         allocator = {"select": "knapsack", "select_sqrt": "sqrt", "select_fixed_g": "uniform"}
-        return SelectCurriculum(num_generations=g, allocator=allocator[name], seed=seed)
+        return SelectCurriculum(
+            arm_options(SelectOptions, "select", select_allocator=allocator[name], seed=seed)
+        )
     if name == "prompt_gdro":
         return PromptGDROCurriculum(
-            mean_budget=g, prompt_signal="failure_rate", prompt_kwargs={"share_normalize": False}
-        )
+            arm_options(GDROOptions, "prompt_gdro", gdro_signal="failure_rate",
+                    gdro_share_normalize=False, seed=0)
+        )  # fmt: skip
     if name == "rollout_gdro_sqrt":
-        return RolloutGDROCurriculum(mean_budget=g, allocator="sqrt")
+        return RolloutGDROCurriculum(
+            arm_options(GDROOptions, "rollout_gdro", rollout_allocator="sqrt", seed=0)
+        )
     if name == "rollout_gdro":
-        return RolloutGDROCurriculum(mean_budget=g, allocator="bandit")
+        return RolloutGDROCurriculum(
+            arm_options(GDROOptions, "rollout_gdro", rollout_allocator="bandit", seed=0)
+        )
     raise ValueError(f"unknown arm {name!r}")
 
 

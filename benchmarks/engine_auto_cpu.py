@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
+from groupwise.config.grpo_config import GRPOConfig
 from groupwise.data.prompts import tokenize_prompts
-from groupwise.rollout import HFEngine, SamplingParams
+from groupwise.rollout import HFEngine, plain_sampling
 from groupwise.rollout.static import StaticEngine
 from groupwise.runtime.models import load_model_and_tokenizer
 from groupwise.tasks.arithmetic import arithmetic_dataset
@@ -37,8 +38,8 @@ GROUP = 8
 def whole_steps(steps: int) -> None:
     """Whole demo steps with each engine, alternating (see the module docstring)."""
     from groupwise import GRPOConfig, GRPOTrainer
-    from groupwise.build.rewards import default_reward_names
-    from groupwise.build.rows import build_datasets
+    from groupwise.wiring.rewards import default_reward_names
+    from groupwise.wiring.rows import build_datasets
 
     demo = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
     trainers = {}
@@ -88,10 +89,12 @@ def main() -> None:
     model.eval()
     rows = arithmetic_dataset(args.batch // GROUP, "train", seed=0)  # the demo's task
     prompts = tokenize_prompts([r["prompt"] for r in rows], tokenizer, 512)
-    params = SamplingParams(max_completion_length=args.new_tokens, temperature=1.0)
+    params = plain_sampling(args.new_tokens, 1.0)
     engines = {
         "hf": HFEngine(model, tokenizer, params),
-        "static": StaticEngine(copy.deepcopy(model), tokenizer, params, dtype=torch.float32),
+        "static": StaticEngine(copy.deepcopy(model), tokenizer, params, dtype=torch.float32,
+                               eos_check_every=GRPOConfig.static_eos_check_every,
+                               cuda_graphs=GRPOConfig.static_cuda_graphs),  # fmt: skip
     }
     seconds: dict[str, list[float]] = {name: [] for name in engines}
     kept: dict[str, list[int]] = {name: [] for name in engines}

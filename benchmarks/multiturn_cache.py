@@ -18,8 +18,9 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
+from groupwise.config.grpo_config import GRPOConfig
 from groupwise.data.prompts import tokenize_prompts
-from groupwise.rollout import SamplingParams
+from groupwise.rollout import plain_sampling
 from groupwise.rollout.multiturn import TurnLimits, TurnRenderer, converse
 from groupwise.runtime.models import smollm2_path, smollm2_tokenizer
 from groupwise.tasks.arithmetic import arithmetic_dataset
@@ -57,8 +58,8 @@ def main() -> None:
     rows = arithmetic_dataset(opts.prompts, digits=2, ops="*")
     ids = tokenize_prompts([r["prompt"] for r in rows], tokenizer, None)
     # Turns end at a newline: the model writes a line, the environment answers.
-    limits = TurnLimits(max_turns=opts.turns, stop_strings=("\n",))
-    params = SamplingParams(max_completion_length=96 * opts.turns, temperature=0.0)
+    limits = TurnLimits(opts.turns, GRPOConfig.max_tool_output_tokens, stop_strings=("\n",))
+    params = plain_sampling(96 * opts.turns, 0.0)
 
     def run(reencode: bool):
         envs = [Replies(opts.turns, opts.reply) for _ in range(opts.prompts * opts.generations)]

@@ -39,9 +39,9 @@ import groupwise.rollout.hf as rollout_module  # the engine's generation code
 from groupwise.algo.advantages import group_advantages
 from groupwise.algo.grpo import policy_loss
 from groupwise.data.prompts import tokenize_prompts
+from groupwise.policy.batches import micro_batch_rows, prompt_blocks, trimmed_completions
 from groupwise.policy.logprobs import completion_logprobs
-from groupwise.policy.update import micro_batch_rows, prompt_blocks, trimmed_completions
-from groupwise.rollout import Rollout, SamplingParams, generate
+from groupwise.rollout import Rollout, generate, plain_sampling
 from groupwise.runtime.models import load_model_and_tokenizer
 from groupwise.tasks.arithmetic import arithmetic_dataset
 
@@ -138,7 +138,7 @@ def cpu_has_bf16() -> bool:
 
 
 def generation_variants(model, tokenizer, prompts, opts) -> dict[str, Callable[[], Rollout]]:
-    params = SamplingParams(max_completion_length=opts.tokens, temperature=1.0)
+    params = plain_sampling(opts.tokens, 1.0)
 
     def run(prompt_ids=prompts, group=opts.group, **kwargs):
         return generate(
@@ -321,7 +321,7 @@ def main() -> None:
         tokenizer,
         prompts,
         opts.group,
-        SamplingParams(max_completion_length=opts.tokens),
+        plain_sampling(opts.tokens, 1.0),
         torch.Generator().manual_seed(0),
     )
     lengths = rollout.lengths.tolist()

@@ -30,12 +30,13 @@ from pathlib import Path
 import torch
 
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.build.rewards import default_reward_names
-from groupwise.build.rows import build_datasets
+from groupwise.policy import update
+from groupwise.policy.batches import trimmed_completions
 from groupwise.policy.packing import pack_rows
-from groupwise.policy.update import trimmed_completions
 from groupwise.rollout import Rollout
 from groupwise.trainer.base import PhaseTimer
+from groupwise.wiring.rewards import default_reward_names
+from groupwise.wiring.rows import build_datasets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +57,7 @@ def tokens(trainer: GRPOTrainer, rollout: Rollout) -> tuple[int, int]:
     """Token positions one update's forwards run: padded (shared prompts, each micro-batch
     trimmed to its longest completion) and packed (rows x width)."""
     padded = packed = 0
-    for rows in trainer.policy.micro_batches(rollout):
+    for rows in update.micro_batches_of(trainer.policy.options, rollout):
         ids, mask, width = trimmed_completions(rollout, rows)
         groups = rollout.group_ids[rows]
         prompt_mask = rollout.prompt_mask[groups]
@@ -69,9 +70,9 @@ def tokens(trainer: GRPOTrainer, rollout: Rollout) -> tuple[int, int]:
 
 
 def time_update(trainer: GRPOTrainer, rollout: Rollout, advantages: torch.Tensor) -> float:
-    inputs = trainer.policy.prepare(rollout, advantages, None)
+    inputs = update.prepare(trainer.policy, rollout, advantages, None)
     start = time.perf_counter()
-    trainer.policy.update(inputs, trainer.loss)
+    update.update(trainer.policy, inputs, trainer.loss)
     return time.perf_counter() - start
 
 

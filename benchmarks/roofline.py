@@ -40,8 +40,9 @@ from typing import Any, Protocol
 
 import torch
 
+from groupwise.config.grpo_config import GRPOConfig
 from groupwise.data.prompts import tokenize_prompts
-from groupwise.rollout import HFEngine, Rollout, SamplingParams
+from groupwise.rollout import HFEngine, Rollout, SamplingParams, plain_sampling
 from groupwise.rollout.static import StaticEngine
 from groupwise.runtime.models import load_model_and_tokenizer
 from groupwise.tasks.arithmetic import arithmetic_dataset
@@ -314,8 +315,10 @@ def build_engine(name: str, model: torch.nn.Module, tokenizer: Any, params: Samp
         # must not change what the HF engines measure.
         own = copy.deepcopy(model)
         return StaticEngine(
-            own, tokenizer, params, dtype=torch.bfloat16, compile=ENGINES[name].compiled
-        )
+            own, tokenizer, params, dtype=torch.bfloat16, compile=ENGINES[name].compiled,
+            eos_check_every=GRPOConfig.static_eos_check_every,
+            cuda_graphs=GRPOConfig.static_cuda_graphs,
+        )  # fmt: skip
     raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
 
 
@@ -421,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     shape = DecodeShape.from_config(model.config)
     rows = arithmetic_dataset(max(batches) // GROUP, "train", seed=0)  # the demo's task
     prompts = tokenize_prompts([r["prompt"] for r in rows], tokenizer, 512)
-    params = SamplingParams(max_completion_length=new_tokens, temperature=1.0)
+    params = plain_sampling(new_tokens, 1.0)
 
     print(f"measuring peaks ({torch.get_num_threads()} torch threads)...", flush=True)
     peaks = measure_peaks(shape, batches, opts.quick)

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from groupwise.rollout import SamplingParams, sample_next_token
+from groupwise.rollout import plain_sampling, sample_next_token
 
 
 def timed(fn, repeats: int) -> float:
@@ -29,7 +29,7 @@ def main() -> None:
     args = parser.parse_args()
     logits = torch.randn(args.rows, args.vocab)
     gen = torch.Generator().manual_seed(0)
-    params = SamplingParams(temperature=1.0)
+    params = plain_sampling(256, 1.0)
 
     def multinomial():
         return torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)

@@ -29,7 +29,7 @@ import torch
 
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.data.prompts import tokenize_prompts
-from groupwise.rollout import SamplingParams
+from groupwise.rollout import plain_sampling
 from groupwise.tasks import answer_block
 from groupwise.tasks.arithmetic import arithmetic_dataset
 from groupwise.tools.prompting import EXAMPLES
@@ -66,7 +66,7 @@ def greedy_eval(trainer: GRPOTrainer, rows: list[dict[str, Any]]) -> dict[str, f
     """Greedy held-out accuracy and tool-call rate, through the run's own engine."""
     engine, correct, calls = trainer.engine, 0, 0
     render = getattr(engine, "prompt_text", None)
-    params = SamplingParams(trainer.args.max_completion_length, temperature=0.0)
+    params = plain_sampling(trainer.args.max_completion_length, 0.0)
     for begin in range(0, len(rows), 25):
         batch = rows[begin : begin + 25]
         ids = tokenize_prompts([r["prompt"] for r in batch], trainer.tokenizer, None, render)

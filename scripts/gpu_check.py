@@ -838,8 +838,9 @@ def check_static_engine(ns, model: Path, scratch: Path) -> dict:
     largest gap between the static engine's sampling log-probs and the trainer's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from groupwise import GRPOConfig
     from groupwise.policy.logprobs import completion_logprobs
-    from groupwise.rollout import HFEngine, SamplingParams
+    from groupwise.rollout import HFEngine, plain_sampling
     from groupwise.rollout.static import StaticEngine
 
     device = ns.torch_device
@@ -854,13 +855,15 @@ def check_static_engine(ns, model: Path, scratch: Path) -> dict:
         generator = torch.Generator().manual_seed(1)
         prompts = [torch.randint(3, 1000, (20 + 3 * i,), generator=generator).tolist()
                    for i in range(4)]  # fmt: skip
-        greedy = SamplingParams(32, temperature=0.0)
+        greedy = plain_sampling(32, 0.0)
         reference = HFEngine(policy, tokenizer, greedy).generate(prompts, [3, 1, 2, 2])
-        static = StaticEngine(policy, tokenizer, greedy, dtype=torch.float32)
+        static = StaticEngine(policy, tokenizer, greedy, dtype=torch.float32,
+                              eos_check_every=GRPOConfig.static_eos_check_every,
+                              cuda_graphs=GRPOConfig.static_cuda_graphs)  # fmt: skip
         out = static.generate(prompts, [3, 1, 2, 2])
         same = [torch.equal(a, b) for a, b in zip(out.completion_ids, reference.completion_ids,
                                                    strict=True)]  # fmt: skip
-        sampled = static.generate(prompts, 2, SamplingParams(32, temperature=1.0),
+        sampled = static.generate(prompts, 2, plain_sampling(32, 1.0),
                                   torch.Generator(device=device).manual_seed(0))  # fmt: skip
         with torch.no_grad():
             trainer, _ = completion_logprobs(
@@ -956,7 +959,8 @@ def check_vllm(ns, model: Path, scratch: Path) -> dict:
         return {"passed": True, "skipped": "not run: needs CUDA", "summary": "not run: CPU"}
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from groupwise.rollout import HFEngine, SamplingParams, eos_token_ids
+    from groupwise import GRPOConfig
+    from groupwise.rollout import HFEngine, eos_token_ids, plain_sampling
     from groupwise.rollout.vllm import build_vllm_engine
 
     device = ns.torch_device
@@ -978,12 +982,14 @@ def check_vllm(ns, model: Path, scratch: Path) -> dict:
     # Never below 0.01: vLLM would silently sample at 0.01 (the vLLM engine refuses lower).
     while temperature / 2 >= 0.01 and top20_mass(temperature) < 0.5:
         temperature /= 2
-    first = SamplingParams(1, temperature=temperature)
+    first = plain_sampling(1, temperature)
     hf = HFEngine(policy, tokenizer, first, torch.Generator(device=device).manual_seed(1),
                   records_logprobs=True)  # fmt: skip
     engine = build_vllm_engine(
         policy, tokenizer, first, eos_token_ids(policy, tokenizer), device=device,
         weights_dtype=torch.float32, seed=0, gpu_memory_utilization=0.3, max_model_len=512,
+        enable_prefix_caching=GRPOConfig.vllm_enable_prefix_caching,
+        enable_sleep_mode=GRPOConfig.vllm_enable_sleep_mode,
     )  # fmt: skip
     out: dict[str, Any] = {"temperature": temperature, "samples": samples}
 
@@ -1000,12 +1006,12 @@ def check_vllm(ns, model: Path, scratch: Path) -> dict:
     out["first_token_after_sync"] = chi_square(first_tokens(hf), vllm_after)
     out["vllm_before_vs_after"] = chi_square(vllm_before, vllm_after)
     # Completion lengths and speed: 8 prompts x 16 completions at the run's temperature.
-    long = SamplingParams(ns.sizes.generation_tokens, temperature=1.0)
+    long = plain_sampling(ns.sizes.generation_tokens, 1.0)
     prompts = [torch.randint(3, 1000, (24 + 4 * i,), generator=generator).tolist()
                for i in range(8)]  # fmt: skip
     lengths, speed = {}, {}
     for name, e in (("hf", hf), ("vllm", engine)):
-        e.generate(prompts[:2], 2, params=SamplingParams(8, temperature=1.0))  # warm-up
+        e.generate(prompts[:2], 2, params=plain_sampling(8, 1.0))  # warm-up
         synchronize(device)
         start = time.perf_counter()
         rollout = e.generate(prompts, 16, params=long)

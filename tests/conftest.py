@@ -1,13 +1,21 @@
 import collections
+import dataclasses
 import os
+from typing import Any
 
 import pytest
 import torch
 
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.curriculum import Outcome
+from groupwise.policy import update
+from groupwise.rollout import SamplingParams
+from groupwise.rollout.multiturn import TurnLimits
 from groupwise.runtime.models import smollm2_tokenizer, tiny_random_model
+from groupwise.sections import Sections
+from groupwise.sections.curriculum import CurriculumOptions, GDROOptions, SelectOptions
 from groupwise.trainer.base import PhaseTimer
+from groupwise.trainer.metrics import StepResult
 
 
 def pytest_configure(config):
@@ -109,9 +117,9 @@ class PlainStepTrainer(GRPOTrainer):
         scores = self.scorer(batch.rows, rollout)
         advantages = self.advantages(scores, rollout.group_ids)
         timer.mark("scoring")
-        inputs = self.policy.prepare(rollout, advantages, plan.row_weights(rollout))
+        inputs = update.prepare(self.policy, rollout, advantages, plan.row_weights(rollout))
         for _ in range(self.args.num_iterations):
-            stats = self.policy.update(inputs, self.loss)
+            stats = update.update(self.policy, inputs, self.loss)
         self.engine.sync(self.policy.model)
         timer.mark("update")
         self.global_step += 1
@@ -119,5 +127,84 @@ class PlainStepTrainer(GRPOTrainer):
             rollout, scores.correctness, scores.rewards, stats.sequence_loss, stats.skipped
         )
         curriculum_logs = self.curriculum.observe(plan, outcome)
-        self.records.keep_batch(batch.rows, rollout, scores, advantages, plan)
-        return self.step_logs(rollout, scores, stats, timer, curriculum_logs)
+        result = StepResult(batch.rows, plan, rollout, scores, advantages, stats,
+                            extra=(curriculum_logs,))  # fmt: skip
+        return self.step_logs(result, timer)
+
+
+# Options as a run reads them: GRPOConfig's defaults, checked by their sections. A test that builds
+# a component by hand takes its options from here, so the component is configured as a run's is.
+
+
+def options(**overrides: Any) -> Sections:
+    """Every section of ``GRPOConfig(**overrides)``."""
+    return GRPOConfig(**overrides).sections()
+
+
+def gdro_options(**overrides: Any) -> GDROOptions:
+    """The GDRO curricula's options: GRPOConfig's defaults (with ``curriculum: rollout_gdro``)
+    and ``overrides`` by option name, checked as a run's are. Not through ``GRPOConfig`` itself,
+    so values no batch would take are allowed (a mean budget ``num_generations=2.5``)."""
+    return _curriculum_options(GDROOptions, {"curriculum": "rollout_gdro", **overrides})
+
+
+def select_options(**overrides: Any) -> SelectOptions:
+    """The select curriculum's options: GRPOConfig's defaults (with ``curriculum: select``) and
+    ``overrides`` by option name, checked as a run's are (see :func:`gdro_options`)."""
+    return _curriculum_options(SelectOptions, {"curriculum": "select", **overrides})
+
+
+def _curriculum_options(kind: type[CurriculumOptions], overrides: dict[str, Any]) -> Any:
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(kind)})
+    if unknown:
+        raise TypeError(f"{kind.__name__} has no option {unknown}")
+    return kind.from_config({**GRPOConfig().to_dict(), **overrides})
+
+
+def sampling(
+    max_completion_length: int, temperature: float | None = None, **overrides: Any
+) -> SamplingParams:
+    """The engines' sampling of ``max_completion_length`` tokens at ``temperature`` (0: greedy):
+    GRPOConfig's sampling options (temperature, top_p, top_k, min_p, repetition_penalty) but for
+    those given."""
+    generation = options().generation
+    values = {
+        "temperature": generation.temperature if temperature is None else temperature,
+        "top_p": generation.top_p,
+        "top_k": generation.top_k,
+        "min_p": generation.min_p or 0.0,  # the engines' 0.0 is GRPOConfig's null: off
+        "repetition_penalty": generation.repetition_penalty,
+    }
+    return SamplingParams(max_completion_length, **{**values, **overrides})
+
+
+def static_engine_options(**overrides: Any) -> dict[str, Any]:
+    """``StaticEngine``'s keyword arguments that are run options (``eos_check_every``,
+    ``cuda_graphs``) as GRPOConfig's defaults set them, with ``overrides``."""
+    generation = options().generation
+    return {
+        "eos_check_every": generation.static_eos_check_every,
+        "cuda_graphs": generation.static_cuda_graphs,
+        **overrides,
+    }
+
+
+def vllm_engine_options(**overrides: Any) -> dict[str, Any]:
+    """``build_vllm_engine``'s keyword arguments that are ``vllm_*`` run options, as GRPOConfig's
+    defaults set them, with ``overrides``."""
+    generation = options().generation
+    return {
+        "gpu_memory_utilization": generation.vllm_gpu_memory_utilization,
+        "max_model_len": generation.vllm_max_model_length,
+        "enable_prefix_caching": generation.vllm_enable_prefix_caching,
+        "enable_sleep_mode": generation.vllm_enable_sleep_mode,
+        **overrides,
+    }
+
+
+def turn_limits(max_turns: int | None = None, stop_strings: tuple[str, ...] = ()) -> TurnLimits:
+    """A conversation's bounds: GRPOConfig's ``max_turns`` (unless given) and
+    ``max_tool_output_tokens``, ending turns at ``stop_strings`` too."""
+    tools = options().tools
+    turns = tools.max_turns if max_turns is None else max_turns
+    return TurnLimits(turns, tools.max_tool_output_tokens, stop_strings)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from groupwise.build.rewards import build_reward_func
-from groupwise.build.rollout import resolve_environment
 from groupwise.cli import main
 from groupwise.errors import ConfigError
 from groupwise.imports import import_callable, is_import_spec
+from groupwise.wiring.rewards import build_reward_func
+from groupwise.wiring.rollout import resolve_environment
 
 TINY = [
     "--model", "tiny-random", "--max_steps", "1", "--num_generations", "2",

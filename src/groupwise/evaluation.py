@@ -44,7 +44,7 @@ from .data.prompts import tokenize_prompts
 from .files import atomic_write_text
 from .rewards.basic import correctness_index
 from .rewards.scoring import RewardScorer, score_rollout
-from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams
+from .rollout import HFEngine, Rollout, RolloutEngine, SamplingParams, plain_sampling
 
 DEFAULT_THRESHOLD = 1.0 - 1e-6
 
@@ -114,6 +114,8 @@ class EvalConfig:
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
+            min_p=0.0,  # off: evaluation has no min_p or repetition penalty
+            repetition_penalty=1.0,
         )
 
 
@@ -228,7 +230,7 @@ def _nanmean(values: torch.Tensor) -> float:
 def as_engine(model: torch.nn.Module | RolloutEngine, tokenizer: Any) -> RolloutEngine:
     """An engine as is; a model wrapped in the Hugging Face / torch engine."""
     if isinstance(model, torch.nn.Module):
-        return HFEngine(model, tokenizer, SamplingParams())
+        return HFEngine(model, tokenizer, EvalConfig().sampling_params())  # calls pass their own
     return model
 
 
@@ -346,9 +348,7 @@ def evaluate_model(
                 if format_j is not None:
                     result.format_rate = float((values[:, format_j] >= threshold).double().mean())
         if config.greedy:
-            params = SamplingParams(
-                max_completion_length=config.max_completion_length, temperature=0.0
-            )
+            params = plain_sampling(config.max_completion_length, 0.0)
             rollout = engine.generate(ids, 1, params, rows=batch)
             per_func = _score(scorer, batch, rollout)
             for p, result in enumerate(batch_results):

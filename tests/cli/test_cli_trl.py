@@ -10,10 +10,10 @@ import pytest
 
 from conftest import TargetToken, tiny_config
 from groupwise import GRPOTrainer
-from groupwise.build.rows import build_datasets
 from groupwise.cli import main
 from groupwise.errors import ConfigError
 from groupwise.trainer.checkpoints import CheckpointError
+from groupwise.wiring.rows import build_datasets
 
 ROWS = [{"prompt": f"Say something number {i}"} for i in range(8)]
 

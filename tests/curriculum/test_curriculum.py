@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 
+from conftest import gdro_options
 from groupwise.curriculum import (
     DifficultyClassifier,
     PromptGDRO,
@@ -15,6 +16,13 @@ from groupwise.curriculum import (
     sqrt_allocation,
     weighted_standard_error,
 )
+from groupwise.errors import ConfigError
+
+
+def opts(**overrides):
+    """The GDRO options of these tests: a mean budget of 4 and seed 0 unless given (the values
+    the expectations below were worked out with), else GRPOConfig's defaults."""
+    return gdro_options(**{"num_generations": 4, "seed": 0, **overrides})
 
 
 def test_edges_and_bins():
@@ -24,7 +32,7 @@ def test_edges_and_bins():
 
 
 def test_classifier_window_and_unseen_prompts():
-    clf = DifficultyClassifier(num_bins=10, window=3)
+    clf = DifficultyClassifier(opts(gdro_num_bins=10, gdro_window=3, gdro_unseen="hardest"))
     assert clf.classify(["a", "b"]) == [0, 0]  # unseen: accuracy 0, hardest bin
     clf.update(["a"], [True])
     clf.update(["a"], [True])
@@ -36,7 +44,9 @@ def test_classifier_window_and_unseen_prompts():
 
 
 def test_classifier_hysteresis_up_and_down():
-    clf = DifficultyClassifier(edges=[0.4, 0.75], window=0, hysteresis=0.05)
+    clf = DifficultyClassifier(
+        opts(gdro_bin_edges=[0.4, 0.75], gdro_window=0, gdro_hysteresis=0.05, gdro_unseen="hardest")
+    )
     history = {"x": []}
 
     def step(outcomes):
@@ -56,10 +66,11 @@ def test_classifier_hysteresis_up_and_down():
 
 
 def test_classifier_state_round_trip():
-    clf = DifficultyClassifier(num_bins=5, window=2)
+    options = opts(gdro_num_bins=5, gdro_window=2, gdro_unseen="hardest")
+    clf = DifficultyClassifier(options)
     clf.update(["a", "b"], [True, False])
     clf.classify(["a", "b"])
-    other = DifficultyClassifier(num_bins=5, window=2)
+    other = DifficultyClassifier(options)
     other.load_state_dict(clf.state_dict())
     other.update(["a"], [True])
     other.update(["a"], [False])
@@ -89,7 +100,8 @@ def test_per_response_loss_on_policy_is_minus_advantage():
 
 
 def test_prompt_gdro_ema_and_weights_by_hand():
-    gdro = PromptGDRO(num_bins=3, eta=1.0, gamma=0.0, ema_beta=0.5, share_normalize=False)
+    options = opts(gdro_eta=1.0, gdro_gamma=0.0, gdro_ema_beta=0.5, gdro_share_normalize=False)
+    gdro = PromptGDRO(3, options)
     gdro.update([0, 0, 1], [1.0, 3.0, 2.0])
     assert gdro.scores == [2.0, 2.0, None]  # first observation sets S
     gdro.update([0], [4.0])
@@ -102,17 +114,19 @@ def test_prompt_gdro_ema_and_weights_by_hand():
 
 
 def test_prompt_gdro_share_normalisation_gamma_and_cap():
-    gdro = PromptGDRO(num_bins=2, eta=1.0, gamma=0.0, ema_beta=1.0)
+    gdro = PromptGDRO(2, opts(gdro_eta=1.0, gdro_gamma=0.0, gdro_ema_beta=1.0))
     gdro.update([0, 0, 1], [1.0, 3.0, 2.0])
     # bin 0: mean 2 / share 2/3 = 3; bin 1: mean 2 / share 1/3 = 6
     assert gdro.scores == [pytest.approx(3.0), pytest.approx(6.0)]
-    mixed = PromptGDRO(num_bins=4, eta=0.0, gamma=0.5)
+    mixed = PromptGDRO(4, opts(gdro_eta=0.0, gdro_gamma=0.5))
     np.testing.assert_allclose(mixed.bin_weights(), [0.25] * 4)  # eta 0: uniform
-    capped = PromptGDRO(num_bins=2, eta=50.0, gamma=0.0, weight_cap=1.5, ema_beta=1.0)
+    capped = PromptGDRO(
+        2, opts(gdro_eta=50.0, gdro_gamma=0.0, gdro_weight_cap=1.5, gdro_ema_beta=1.0)
+    )
     capped.update([1], [1.0])
     w = capped.sample_weights([1, 0, 0, 0])
     assert w[0] == 1.5 and w[1] < 1e-6  # bin 1 dominates; cap at 1.5
-    clipped = PromptGDRO(num_bins=2, eta=1.0, gamma=0.0, clip=1.0, ema_beta=1.0)
+    clipped = PromptGDRO(2, opts(gdro_eta=1.0, gdro_gamma=0.0, gdro_clip=1.0, gdro_ema_beta=1.0))
     clipped.update([0, 1], [100.0, -100.0])
     # clip(S) = [1, -1] -> softmax = [e, 1/e] / (e + 1/e) = [0.880797, 0.119203]
     np.testing.assert_allclose(clipped.bin_weights(), [0.880797, 0.119203], atol=1e-6)
@@ -120,10 +134,11 @@ def test_prompt_gdro_share_normalisation_gamma_and_cap():
 
 def test_both_adversaries_mix_the_same_exponential_weights_with_gamma():
     # softmax([0, ln 2]) = [1/3, 2/3]; with gamma 0.1: 0.9 * [1/3, 2/3] + 0.1 / 2 = [0.35, 0.65]
-    prompts = PromptGDRO(num_bins=2, eta=1.0, gamma=0.1, ema_beta=1.0, share_normalize=False)
+    options = opts(gdro_eta=1.0, gdro_gamma=0.1, gdro_ema_beta=1.0, gdro_share_normalize=False)
+    prompts = PromptGDRO(2, options)
     prompts.update([0, 1], [0.0, math.log(2.0)])
     np.testing.assert_allclose(prompts.bin_weights(), [0.35, 0.65], atol=1e-12)
-    arms = RolloutGDRO(num_bins=1, n_min=2, n_max=3, mean_budget=2.5, eta=1.0, gamma=0.1)
+    arms = RolloutGDRO(1, opts(gdro_eta=1.0, gdro_gamma=0.1, rollout_max=3, num_generations=2.5))
     arms.scores[0] = [0.0, math.log(2.0)]
     np.testing.assert_allclose(arms.arm_probs(0), [0.35, 0.65], atol=1e-12)
 
@@ -176,7 +191,7 @@ def test_exact_budget_dp_matches_brute_force():
 
 
 def test_rollout_gdro_allocation_exact_and_mu_direction_expected_rule():
-    gdro = RolloutGDRO(num_bins=3, n_min=2, n_max=12, mean_budget=4, mu_update="expected")
+    gdro = RolloutGDRO(3, opts(rollout_mu_update="expected"))
     bins = [0, 0, 1, 2, 2, 2]
     n = gdro.allocate(bins)
     assert sum(n) == 24 and all(2 <= x <= 12 for x in n)
@@ -185,14 +200,15 @@ def test_rollout_gdro_allocation_exact_and_mu_direction_expected_rule():
     assert gdro.expected_mean(bins) > 4
     gdro.update(bins, n, [0.1] * 6)
     assert gdro.mu > 0
-    cheap = RolloutGDRO(num_bins=3, n_min=2, n_max=12, mean_budget=4, mu_update="expected")
+    cheap = RolloutGDRO(3, opts(rollout_mu_update="expected"))
     cheap.scores[:, 0] = 10.0  # prefer 2 rollouts: mean below budget, mu falls
     cheap.update(bins, cheap.allocate(bins), [0.1] * 6)
     assert cheap.mu < 0
 
 
 def test_rollout_gdro_update_uses_paper_sign():
-    gdro = RolloutGDRO(num_bins=1, n_min=2, n_max=4, mean_budget=3, score_decay=1.0, dual_lr=0.0)
+    options = opts(rollout_max=4, num_generations=3, rollout_score_decay=1.0, rollout_dual_lr=0.0)
+    gdro = RolloutGDRO(1, options)
     gdro.mu = 0.5
     gdro.update([0, 0], [2, 2], [1.0, 3.0])
     # J = -mean loss = -2; reward of arm 2 = J - mu * 2 = -3 (eq. 20: higher loss, lower score)
@@ -296,17 +312,20 @@ def test_prompt_signal_pg_loss_is_flat_on_policy_and_failure_rate_is_not():
     # Two prompts in bins 0 and 2, two rollouts each; prompt 0 fails, prompt 1 succeeds.
     row_prompt, correct = [0, 0, 1, 1], [0.0, 0.0, 1.0, 1.0]
     advantages = [0.7, -0.7, 0.7, -0.7]  # on-policy: the pg signal is -A, summing to 0 per group
-    kwargs = {"eta": 1.0, "gamma": 0.0}
-    flat = PromptGDROCurriculum(num_bins=3, unseen="hardest", prompt_kwargs=kwargs)
+    kwargs = {"curriculum": "prompt_gdro", "gdro_eta": 1.0, "gdro_gamma": 0.0}
+    flat = PromptGDROCurriculum(opts(gdro_num_bins=3, gdro_unseen="hardest", **kwargs))
     rows = GlobalRows(row_prompt, correct, [-a for a in advantages], [0.0, 0.0, 1.0, 1.0])
     flat.observe_global(_plan([0, 2], [2, 2]), rows)
     assert flat.prompt_gdro.scores == [0.0, None, 0.0]
     assert flat.prompt_weights([0, 2], [2, 2]) == [1.0, 1.0]
     hard = PromptGDROCurriculum(
-        num_bins=3,
-        unseen="hardest",
-        prompt_signal="failure_rate",
-        prompt_kwargs={**kwargs, "share_normalize": False},
+        opts(
+            gdro_num_bins=3,
+            gdro_unseen="hardest",
+            gdro_signal="failure_rate",
+            gdro_share_normalize=False,
+            **kwargs,
+        )
     )
     hard.observe_global(_plan([0, 2], [2, 2]), GlobalRows(row_prompt, correct, [0.0] * 4,
                                                           [0.0, 0.0, 1.0, 1.0]))  # fmt: skip
@@ -316,10 +335,10 @@ def test_prompt_signal_pg_loss_is_flat_on_policy_and_failure_rate_is_not():
     # per-sample q = [0.5761, 0.5761, 0.2119, 0.2119] -> mean-1 weights 2 q / (q_0 + q_2):
     # 2 e / (e + 1) = 1.462117 and 2 / (e + 1) = 0.537883
     np.testing.assert_allclose(w, [1.462117, 1.462117, 0.537883, 0.537883], atol=1e-5)
-    # With share normalisation the same signal is refused (rarity, not
+    # With share normalisation the same signal is refused by the options (rarity, not
     # difficulty); the message names both options.
-    with pytest.raises(ValueError, match="share_normalize.*pg_loss"):
-        PromptGDROCurriculum(num_bins=3, prompt_signal="failure_rate", prompt_kwargs=kwargs)
+    with pytest.raises(ConfigError, match="gdro_share_normalize: false.*gdro_signal: pg_loss"):
+        opts(gdro_num_bins=3, gdro_signal="failure_rate", **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -358,44 +377,44 @@ def test_classifier_uses_per_rollout_fraction_not_pass_at_n():
 
     # Three prompts with per-rollout success 0.25, 0.25 and 1/12, given 8, 4 and 12 rollouts.
     outcome = [(8, 2), (4, 1), (12, 1)]
-    new = RolloutGDROCurriculum(num_bins=10)
+    new = RolloutGDROCurriculum(opts(gdro_num_bins=10))
     _step(new, ["a", "b", "c"], outcome)
     # 0.25 -> bin 2 ([0.2, 0.3)) for both, whatever their rollout count; 0.0833 -> bin 0.
     assert new.classifier.classify(["a", "b", "c"]) == [2, 2, 0]
     assert new.classifier.counts("a") == (2, 8)
     # The paper's c(x) (pass@n_b): every prompt had a success, so all look easiest (bin 9),
     # including the 1-in-12 prompt that got the most rollouts.
-    old = RolloutGDROCurriculum(num_bins=10, classifier_signal="any_correct")
+    old = RolloutGDROCurriculum(opts(gdro_num_bins=10, gdro_classifier_signal="any_correct"))
     _step(old, ["a", "b", "c"], outcome)
     assert old.classifier.classify(["a", "b", "c"]) == [9, 9, 9]
 
 
 def test_classifier_unseen_state_and_hardest_mode():
-    clf = DifficultyClassifier(num_bins=4, unseen="unseen", hysteresis=0.1)
+    clf = DifficultyClassifier(opts(gdro_num_bins=4, gdro_unseen="unseen", gdro_hysteresis=0.1))
     assert clf.num_states == 5 and clf.unseen_state == 4
     assert clf.classify(["a", "b"]) == [4, 4]  # never observed: their own state
     assert clf.last_bin == {}  # hysteresis starts at the first real bin
     clf.update(["a"], [3], [4])  # 0.75 -> bin 3, no hysteresis against the unseen state
     assert clf.classify(["a", "b"]) == [3, 4]
-    paper = DifficultyClassifier(num_bins=4, unseen="hardest")
+    paper = DifficultyClassifier(opts(gdro_num_bins=4, gdro_unseen="hardest"))
     assert paper.num_states == 4 and paper.classify(["a"]) == [0]  # accuracy 0: bin 0
-    with pytest.raises(ValueError, match="unseen must be one of"):
-        DifficultyClassifier(unseen="prior")
+    with pytest.raises(ConfigError, match="gdro_unseen='prior' is not one of"):
+        opts(gdro_unseen="prior")
     with pytest.raises(ValueError, match="3 successes out of 2"):
         clf.update(["a"], [3], [2])
 
 
 def test_classifier_window_zero_is_all_history_and_old_checkpoints_load():
-    clf = DifficultyClassifier(num_bins=10, window=0)
+    clf = DifficultyClassifier(opts(gdro_num_bins=10, gdro_window=0, gdro_unseen="hardest"))
     for i in range(100):  # 100 appearances: a window would forget the first ones
         clf.update(["a"], [1 if i < 30 else 0], [1])
     assert clf.accuracy("a") == pytest.approx(0.3)
-    windowed = DifficultyClassifier(num_bins=10, window=50)
+    windowed = DifficultyClassifier(opts(gdro_num_bins=10, gdro_window=50, gdro_unseen="hardest"))
     for i in range(100):
         windowed.update(["a"], [1 if i < 30 else 0], [1])
     assert windowed.accuracy("a") == 0.0  # the last 50 appearances all failed
     # Checkpoints before the (successes, rollouts) pairs kept one c(x) per appearance.
-    legacy = DifficultyClassifier(num_bins=10, window=3)
+    legacy = DifficultyClassifier(opts(gdro_num_bins=10, gdro_window=3, gdro_unseen="hardest"))
     legacy.load_state_dict({"history": {"a": [1, 0, 1, 1]}, "last_bin": {"a": 6}})
     assert legacy.counts("a") == (2, 3) and legacy.last_bin == {"a": 6}
 
@@ -405,7 +424,13 @@ def test_window_zero_keeps_all_history_for_the_bin_rates():
 
     def bin_zero_rate(window):
         cur = RolloutGDROCurriculum(
-            num_bins=4, window=window, unseen="hardest", variance="bin", allocator="sqrt"
+            opts(
+                gdro_num_bins=4,
+                gdro_window=window,
+                gdro_unseen="hardest",
+                rollout_variance="bin",
+                rollout_allocator="sqrt",
+            )
         )
         # New prompts every step, so every prompt is in bin 0 (unseen -> hardest).
         for uid, correct in (("a", 4), ("b", 0), ("c", 0)):
@@ -480,7 +505,7 @@ def test_rollout_gdro_mu_does_not_drift_without_information():
     bins = [0, 0, 1, 2, 2, 2]
 
     def run(mu_update, steps=200, mu=0.0, loss=0.0):
-        gdro = RolloutGDRO(num_bins=3, n_min=2, n_max=12, mean_budget=4, mu_update=mu_update)
+        gdro = RolloutGDRO(3, opts(rollout_mu_update=mu_update))
         gdro.mu = mu
         path = []
         for _ in range(steps):  # the same loss for every arm: the arms carry no information
@@ -505,7 +530,7 @@ def test_rollout_gdro_mu_does_not_drift_without_information():
 def test_rollout_gdro_best_response_clears_the_budget_with_information():
     # Bin 0's J rises with n (more rollouts help), bin 1's is flat: the best response puts bin 0
     # high and mu settles where the budget clears, instead of drifting.
-    gdro = RolloutGDRO(num_bins=2, n_min=2, n_max=6, mean_budget=4, dual_lr=0.01)
+    gdro = RolloutGDRO(2, opts(rollout_max=6, rollout_dual_lr=0.01))
     gdro.j_hat[0] = [-1.0, -0.6, -0.4, -0.3, -0.25]  # arms 2..6
     gdro.j_hat[1] = [-0.5] * 5
     bins = [0, 1]
@@ -528,7 +553,7 @@ def test_rollout_gdro_sampling_is_seeded_and_resumes_exactly():
     bins = [0, 0, 1, 2, 2, 2]
 
     def make(**kwargs):
-        return RolloutGDRO(num_bins=3, n_min=2, n_max=8, mean_budget=4, seed=5, **kwargs)
+        return RolloutGDRO(3, opts(rollout_max=8, seed=5, **kwargs))
 
     def advance(gdro, steps, losses=(0.3, -0.1, 0.2, 0.0, 0.5, -0.2)):
         out = []
@@ -553,19 +578,19 @@ def test_rollout_gdro_sampling_is_seeded_and_resumes_exactly():
     assert np.array_equal(resumed.j_hat, straight.j_hat, equal_nan=True)
     assert resumed.mu == straight.mu
     assert len({tuple(n) for n in full}) > 1  # sampled: not the same arms every step
-    greedy = make(arm_choice="greedy", mu_update="realized")
+    greedy = make(rollout_arm_choice="greedy", rollout_mu_update="realized")
     flat = advance(greedy, 1, losses=(0.0,) * 6)
     # Flat probabilities: the DP keeps the first path found, the smallest arm for bins 0 and 1
     # and for bin 2 (3 prompts) the arm that closes the budget: (24 - 2 * 2 - 2) / 3 = 6.
     assert flat == [[2, 2, 2, 6, 6, 6]]
-    with pytest.raises(ValueError, match="arm_choice must be one of"):
-        make(arm_choice="argmax")
+    with pytest.raises(ConfigError, match="rollout_arm_choice='argmax' is not one of"):
+        make(rollout_arm_choice="argmax")
 
 
 def test_sqrt_allocation_per_prompt_variance_by_hand():
     from groupwise.curriculum import RolloutGDROCurriculum
 
-    cur = RolloutGDROCurriculum(num_bins=10, n_min=2, n_max=12, mean_budget=4, variance_prior=2)
+    cur = RolloutGDROCurriculum(opts(gdro_num_bins=10, rollout_variance_prior=2))
     uids = ["a", "b", "c", "d"]
     plan, logs = _step(cur, uids, [(4, 4), (4, 0), (4, 2), (4, 1)])
     assert plan.bins == [10] * 4 and plan.counts == [4] * 4  # all unseen, all equal
@@ -590,7 +615,7 @@ def test_sqrt_allocation_per_prompt_variance_by_hand():
     assert logs["curriculum/wse_heldout"] == pytest.approx(expected_wse)
     # The earlier per-bin variance: unobserved bins use their range midpoints 0.95, 0.05, 0.55,
     # 0.25 -> v = 0.0475, 0.0475, 0.2475, 0.1875: a different allocation.
-    per_bin = RolloutGDROCurriculum(num_bins=10, variance="bin")
+    per_bin = RolloutGDROCurriculum(opts(gdro_num_bins=10, rollout_variance="bin"))
     _step(per_bin, uids, [(4, 4), (4, 0), (4, 2), (4, 1)])
     v = [0.0475, 0.0475, 0.2475, 0.1875]
     assert per_bin.plan(_plan_for(uids, [0] * 4, [1] * 4).batch).counts == sqrt_allocation(
@@ -623,8 +648,8 @@ def test_curriculum_state_round_trip_and_identical_ranks():
         return plans
 
     for allocator in ("bandit", "sqrt"):
-        kwargs = dict(num_bins=4, window=3, n_max=8, allocator=allocator)
-        rank0, rank1 = RolloutGDROCurriculum(**kwargs), RolloutGDROCurriculum(**kwargs)
+        options = opts(gdro_num_bins=4, gdro_window=3, rollout_max=8, rollout_allocator=allocator)
+        rank0, rank1 = RolloutGDROCurriculum(options), RolloutGDROCurriculum(options)
         for per_prompt in outcomes:
             for cur in (rank0, rank1):
                 plan = cur.plan(_plan_for(uids, [0] * 6, [1] * 6).batch)
@@ -637,7 +662,7 @@ def test_curriculum_state_round_trip_and_identical_ranks():
         buffer = io.BytesIO()
         torch.save(plain(rank1.state_dict()), buffer)  # as Trainer.state_dict saves it
         buffer.seek(0)
-        resumed = RolloutGDROCurriculum(**kwargs)
+        resumed = RolloutGDROCurriculum(options)
         resumed.load_state_dict(torch.load(buffer, weights_only=True))
         assert head + run(resumed, 4, start=2) == straight, allocator
         assert repr(resumed.state_dict()) == repr(rank0.state_dict())
@@ -695,10 +720,11 @@ def test_config_options_of_the_rollout_allocator():
 def test_a_checkpoint_with_another_number_of_groups_is_refused():
     from groupwise.curriculum import PromptGDROCurriculum
 
-    old = PromptGDROCurriculum(num_bins=4, unseen="hardest").state_dict()  # the earlier state shape
+    hardest = opts(curriculum="prompt_gdro", gdro_num_bins=4, gdro_unseen="hardest")
+    old = PromptGDROCurriculum(hardest).state_dict()  # the earlier state shape
     with pytest.raises(ValueError, match="4 groups, this run 5.*gdro_unseen: hardest"):
-        PromptGDROCurriculum(num_bins=4).load_state_dict(old)
-    PromptGDROCurriculum(num_bins=4, unseen="hardest").load_state_dict(old)
+        PromptGDROCurriculum(opts(curriculum="prompt_gdro", gdro_num_bins=4)).load_state_dict(old)
+    PromptGDROCurriculum(hardest).load_state_dict(old)
 
 
 def test_unseen_prompts_binned_by_their_difficulty_level():
@@ -710,7 +736,8 @@ def test_unseen_prompts_binned_by_their_difficulty_level():
         rows = [{} if lv is None else {"difficulty": lv} for lv in levels]
         return PromptBatch(uids, slice(0, len(uids)), rows, [[1]] * len(uids))
 
-    cur = RolloutGDROCurriculum(num_bins=10, unseen="difficulty", variance_prior=2)
+    options = opts(gdro_num_bins=10, gdro_unseen="difficulty", rollout_variance_prior=2)
+    cur = RolloutGDROCurriculum(options)
     plan = cur.plan(batch(["a", "b", "e"], [1, 2, None]))
     assert plan.bins == [10, 10, 10]  # no level observed yet: the unseen group
     cur.observe_global(plan, _rows([(4, 3), (4, 0), (4, 2)]))
@@ -730,7 +757,7 @@ def test_unseen_prompts_binned_by_their_difficulty_level():
     cur.observe_global(plan, _rows([(5, 5), (5, 1), (2, 0), (4, 2)]))
     assert cur.level_success["1"][-1] == (7, 9)  # c and a, pooled in one entry for the step
     state = json.loads(json.dumps(cur.state_dict()))  # JSON-friendly, as the torchrun test dumps
-    other = RolloutGDROCurriculum(num_bins=10, unseen="difficulty", variance_prior=2)
+    other = RolloutGDROCurriculum(options)
     other.load_state_dict(state)
     assert other._level_rate("1") == pytest.approx(10 / 13)
     assert json.dumps(other.state_dict()) == json.dumps(cur.state_dict())

@@ -16,6 +16,7 @@ from groupwise.curriculum import Plan, PromptBatch
 from groupwise.curriculum.base import PromptSampler
 from groupwise.curriculum.dynamic import Draw, join_groups, select_keys, shares, split_groups
 from groupwise.errors import ConfigError
+from groupwise.policy import update
 from groupwise.rewards.scoring import Scores
 from groupwise.rollout import Rollout
 from groupwise.trainer.base import PhaseTimer
@@ -78,7 +79,7 @@ def _draw(pad: int = 0) -> Draw:
                       sampling_logprobs=-mask.float())  # fmt: skip
     correctness = torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0])
     scores = Scores(torch.arange(5.0), torch.arange(10.0).view(5, 2), correctness)
-    return Draw(batch, plan, rollout, scores)
+    return Draw.weighed(batch, plan, rollout, scores, "rollouts")
 
 
 def test_split_and_join_groups_round_trip():
@@ -90,8 +91,9 @@ def test_split_and_join_groups_round_trip():
     assert groups[0].completion_ids.shape == (2, 3)  # trimmed to the group's longest
     assert groups[1].prompt.tolist() == [7]  # the prompt's padding is gone
     # The second group first, as rank 0 of a 2-prompt global batch.
-    joined = join_groups([groups[1], groups[0]], [13, 12], slice(0, 2), [3, 2], [2.0, 0.5], 0)
-    batch, plan, rollout, scores = joined
+    joined = join_groups([groups[1], groups[0]], [13, 12], slice(0, 2), [3, 2], [2.0, 0.5], 0,
+                         prompt_weighting="rollouts")  # fmt: skip
+    batch, plan, rollout, scores, row_weights = joined
     assert batch.indices == [13, 12] and batch.mine == slice(0, 2)
     assert [r["prompt"] for r in batch.rows] == ["b", "a"] and batch.prompt_ids == [[7], [5, 6]]
     assert plan.local_counts == [3, 2] and plan.weights == [2.0, 0.5]
@@ -108,8 +110,16 @@ def test_split_and_join_groups_round_trip():
     assert scores.rewards.tolist() == [2.0, 3.0, 4.0, 0.0, 1.0]
     assert scores.per_func[:, 1].tolist() == [5.0, 7.0, 9.0, 1.0, 3.0]
     assert scores.correctness.tolist() == [1.0, 1.0, 1.0, 0.0, 1.0]
+    # The joined draw carries each row's prompt weight, from the joined plan ...
+    assert row_weights.tolist() == [2.0, 2.0, 2.0, 0.5, 0.5]
+    assert draw.row_weights.tolist() == [0.5, 0.5, 2.0, 2.0, 2.0]  # rank 1's rows of the draw
+    # ... times GDRO eq. 17's mean(n) / n_x of the joined counts [3, 2] with "equal".
+    equal = join_groups([groups[1], groups[0]], [13, 12], slice(0, 2), [3, 2], [2.0, 0.5], 0,
+                        prompt_weighting="equal")  # fmt: skip
+    expected = [2.0 * 2.5 / 3] * 3 + [0.5 * 2.5 / 2] * 2
+    torch.testing.assert_close(equal.row_weights, torch.tensor(expected), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="at least one group"):
-        join_groups([], [], slice(0, 0), [], [], 0)
+        join_groups([], [], slice(0, 0), [], [], 0, prompt_weighting="rollouts")
 
 
 def test_a_joined_batch_trains_like_the_batch_it_came_from(tmp_path):
@@ -120,16 +130,17 @@ def test_a_joined_batch_trains_like_the_batch_it_came_from(tmp_path):
     draw = trainer.draw(PhaseTimer())
     batch = draw.batch
     joined = join_groups(split_groups(draw), batch.indices, batch.mine, draw.plan.counts,
-                         draw.plan.weights, trainer.tokenizer.pad_token_id)  # fmt: skip
+                         draw.plan.weights, trainer.tokenizer.pad_token_id,
+                         prompt_weighting="rollouts")  # fmt: skip
     assert joined.batch.rows == batch.rows and joined.rollout.texts == draw.rollout.texts
     grads = []
     for rollout in (draw.rollout, joined.rollout):
         advantages = torch.linspace(-1.0, 1.0, rollout.completion_ids.shape[0])
-        inputs = trainer.policy.prepare(rollout, advantages)
+        inputs = update.prepare(trainer.policy, rollout, advantages)
         seen = {}
-        trainer.policy.step = lambda seen=seen: seen.update(
+        trainer.policy.network.step = lambda seen=seen: seen.update(
             {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
-        trainer.policy.update(inputs, trainer.loss)
+        update.update(trainer.policy, inputs, trainer.loss)
         grads.append(seen)
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
@@ -190,28 +201,28 @@ def _args(tmp_path, **overrides) -> GRPOConfig:
     return tiny_config(tmp_path, **{**run, **overrides})
 
 
-def _recording(trainer):
+def _recording(trainer, monkeypatch):
     """Record every prepared rollout's prompts (this is what reaches the loss) and every
     micro-batch's rows."""
     prepared, rows_seen = [], []
-    prepare, loss = trainer.policy.prepare, trainer.loss
+    prepare, loss = update.prepare, trainer.loss
 
-    def recording_prepare(rollout, *args, **kwargs):
+    def recording_prepare(policy, rollout, *args, **kwargs):
         prepared.append(rollout)
-        return prepare(rollout, *args, **kwargs)
+        return prepare(policy, rollout, *args, **kwargs)
 
     def recording_loss(logps, mb):
         rows_seen.append(mb.rows.tolist())
         return loss(logps, mb)
 
-    trainer.policy.prepare = recording_prepare
+    monkeypatch.setattr(update, "prepare", recording_prepare)
     trainer.loss = recording_loss
     return prepared, rows_seen
 
 
-def test_uniform_groups_never_reach_the_loss(tmp_path):
+def test_uniform_groups_never_reach_the_loss(tmp_path, monkeypatch):
     trainer = GRPOTrainer("tiny-random", [correct, shaped], ROWS, args=_args(tmp_path))
-    prepared, rows_seen = _recording(trainer)
+    prepared, rows_seen = _recording(trainer, monkeypatch)
     drawn = []
     inner = trainer.prompts.next
 
@@ -245,14 +256,14 @@ def test_uniform_groups_never_reach_the_loss(tmp_path):
     assert len(trainer.prompts.sampler.order) == 12 - 2 * len(drawn)
 
 
-def test_the_cap_is_respected_and_logged(tmp_path):
+def test_the_cap_is_respected_and_logged(tmp_path, monkeypatch):
     def all_right(completions, **kwargs):
         return [1.0] * len(completions)
 
     all_right.is_correctness = True
     args = _args(tmp_path, max_num_gen_batches=3, max_steps=2)
     trainer = GRPOTrainer("tiny-random", [all_right, shaped], ROWS, args=args)
-    prepared, _ = _recording(trainer)
+    prepared, _ = _recording(trainer, monkeypatch)
     trainer.train()
     logs = trainer.log_history
     for step, log in enumerate(logs, 1):
@@ -273,7 +284,7 @@ def test_the_cap_is_respected_and_logged(tmp_path):
     assert trainer.prompts.sampler.epoch == 1 and len(trainer.prompts.sampler.order) == 0
 
 
-def test_a_capped_step_trains_on_the_informative_groups_it_found(tmp_path):
+def test_a_capped_step_trains_on_the_informative_groups_it_found(tmp_path, monkeypatch):
     # Only prompts 1 and 2 (of 12) are informative; with a cap of 1 batch, a step keeps the
     # informative groups of its one batch (0, 1 or 2 of them).
     def rare(completions, answer, **kwargs):
@@ -282,7 +293,7 @@ def test_a_capped_step_trains_on_the_informative_groups_it_found(tmp_path):
     rare.is_correctness = True
     trainer = GRPOTrainer("tiny-random", [rare], ROWS,
                           args=_args(tmp_path, max_num_gen_batches=1, max_steps=6))  # fmt: skip
-    prepared, _ = _recording(trainer)
+    prepared, _ = _recording(trainer, monkeypatch)
     trainer.train()
     logs = trainer.log_history
     kept = [log["dynamic/kept_groups"] for log in logs]
@@ -293,7 +304,7 @@ def test_a_capped_step_trains_on_the_informative_groups_it_found(tmp_path):
         assert log["dynamic/capped"] == 1.0 and groups == max(log["dynamic/kept_groups"], 1)
 
 
-def test_no_cap_draws_until_the_target_is_reached(tmp_path):
+def test_no_cap_draws_until_the_target_is_reached(tmp_path, monkeypatch):
     # max_num_gen_batches = 0 (verl: no limit): only prompts 1 and 2 of 12 are informative, so
     # the step draws until it has met both, crossing into the next epoch if it must.
     def rare(completions, answer, **kwargs):
@@ -302,7 +313,7 @@ def test_no_cap_draws_until_the_target_is_reached(tmp_path):
     rare.is_correctness = True
     trainer = GRPOTrainer("tiny-random", [rare], ROWS,
                           args=_args(tmp_path, max_num_gen_batches=0, max_steps=1))  # fmt: skip
-    prepared, _ = _recording(trainer)
+    prepared, _ = _recording(trainer, monkeypatch)
     log = trainer.train_step()
     assert log["dynamic/kept_groups"] == 2 and log["dynamic/capped"] == 0.0
     assert sorted(row["answer"] for row in trainer.records.last_batch[0]) == ["1", "2"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import gdro_options, tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.algo.grpo import sequence_surrogate
 from groupwise.curriculum import GlobalRows, PromptBatch, PromptGDROCurriculum
@@ -101,7 +101,10 @@ def test_prompt_gdro_weights_stay_equal_on_the_centred_signal_and_move_otherwise
     # pg_loss signal (-A_i) for a few steps: every bin weight stays equal, so every row weight is
     # 1 (uniform GRPO). Fed -A_i log pi (cispo's on-policy signal), the weights move apart.
     def weights_after(signal_of) -> list[float]:
-        gdro = PromptGDROCurriculum(num_bins=4, unseen="difficulty", window=0)
+        gdro = PromptGDROCurriculum(
+            gdro_options(curriculum="prompt_gdro", num_generations=4, seed=0, gdro_num_bins=4,
+                         gdro_unseen="difficulty", gdro_window=0)
+        )  # fmt: skip
         rng = np.random.default_rng(0)
         for step in range(5):
             rows = [{"difficulty": 1}, {"difficulty": 1}, {"difficulty": 2}, {"difficulty": 2}]

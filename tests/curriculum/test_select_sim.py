@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum
+from groupwise.config.grpo_config import GRPOConfig
+from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum, SelectOptions
 from groupwise.curriculum.base import PromptSampler
 
 
@@ -88,7 +89,9 @@ def simulate(arm: str, regime: str, seed: int) -> Result:
     sampler = PromptSampler(reg.pool, seed)
     cur = None
     if arm != "uniform":
-        cur = SelectCurriculum(num_generations=reg.group, n_max=reg.n_max, rule=arm, seed=seed)
+        options = {**GRPOConfig(curriculum="select").to_dict(), "num_generations": reg.group,
+                   "rollout_max": reg.n_max, "select_rule": arm, "seed": seed}  # fmt: skip
+        cur = SelectCurriculum(SelectOptions.from_config(options))
     rng = np.random.default_rng(zlib.crc32(f"{arm}|{seed}".encode()))
     informative = rollouts = 0
     hit = None

@@ -95,10 +95,13 @@ def test_collect_joins_every_round_per_group_and_reports_counts():
     batch = PromptBatch([10, 11, 12], slice(0, 3), rows, [[5], [6], [7]], skipped=[99])
     plan = Plan(batch, [4, 4, 4], [1.0, 1.0, 1.0])
     top_up = TopUp(True, first=2, n_max=5, pad_token_id=0)
-    draw = top_up.collect(batch, plan, _fake_roll(script, calls), lambda n: [4 / x for x in n])
+    draw = top_up.collect(batch, plan, _fake_roll(script, calls), lambda n: [4 / x for x in n],
+                          prompt_weighting="rollouts")  # fmt: skip
     assert [c[1] for c in calls] == [[2, 2, 2], [2, 2], [1]]
     assert [[r["p"] for r in c[0]] for c in calls] == [[0, 1, 2], [1, 2], [1]]
     assert draw.plan.counts == [2, 5, 4] and draw.plan.weights == [2.0, 0.8, 1.0]
+    # Each row carries its prompt's weight for the realised group sizes.
+    assert draw.row_weights.tolist() == pytest.approx([2.0] * 2 + [0.8] * 5 + [1.0] * 4)
     assert draw.batch is batch and draw.batch.skipped == [99]  # the selector logs the skips
     assert draw.rollout.group_ids.tolist() == [0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2]
     assert draw.scores.correctness.tolist() == [1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1]
@@ -123,14 +126,17 @@ def test_collect_stops_at_the_budget_and_at_the_max():
     calls: list = []
     script = [{0: [1.0, 1.0], 1: [0.0, 0.0]}, {0: [1.0]}]
     top_up = TopUp(True, first=2, n_max=8, pad_token_id=0)
-    draw = top_up.collect(batch, Plan(batch, [3, 2], [1.0, 1.0]), _fake_roll(script, calls))
+    draw = top_up.collect(batch, Plan(batch, [3, 2], [1.0, 1.0]), _fake_roll(script, calls),
+                          prompt_weighting="rollouts")  # fmt: skip
     assert draw.plan.counts == [3, 2] and draw.plan.weights == [1.0, 1.0]
+    assert draw.row_weights is None  # every weight 1
     assert top_up.stop == "budget" and top_up.logs["curriculum/select/top_up_unspent"] == 0
     # n_max 3: after round 2 both groups are at 3 and still uniform; 4 of the budget unspent.
     calls = []
     script = [{0: [1.0, 1.0], 1: [0.0, 0.0]}, {0: [1.0], 1: [0.0]}]
     top_up = TopUp(True, first=2, n_max=3, pad_token_id=0)
-    draw = top_up.collect(batch, Plan(batch, [5, 5], [1.0, 1.0]), _fake_roll(script, calls))
+    draw = top_up.collect(batch, Plan(batch, [5, 5], [1.0, 1.0]), _fake_roll(script, calls),
+                          prompt_weighting="rollouts")  # fmt: skip
     assert draw.plan.counts == [3, 3] and top_up.stop == "max"
     assert top_up.logs["curriculum/select/top_up_unspent"] == 4
     assert top_up.logs["curriculum/select/informative_after_top_up"] == 0
@@ -146,7 +152,7 @@ def _args(tmp_path, **overrides):
 class _Recording(TopUp):
     """Records each step's rounds: (prompt texts, counts, correctness) per round."""
 
-    def collect(self, batch, plan, roll, weigh=None):
+    def collect(self, batch, plan, roll, weigh=None, *, prompt_weighting):
         rounds = []
 
         def recorded(prompt_ids, counts, rows):
@@ -155,7 +161,7 @@ class _Recording(TopUp):
                            scores.correctness.tolist()))  # fmt: skip
             return rollout, scores
 
-        draw = super().collect(batch, plan, recorded, weigh)
+        draw = super().collect(batch, plan, recorded, weigh, prompt_weighting=prompt_weighting)
         self.steps.append((list(plan.counts), rounds, draw))
         return draw
 

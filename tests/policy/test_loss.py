@@ -125,8 +125,14 @@ def test_adapt_entropy_coef_by_hand():
     assert adapt_entropy_coef(0.003, 0.3, **bounds) == 0.0  # floored at min
 
 
+def _loss(**options):
+    """The loss section of a config with ``options``."""
+    return GRPOConfig(**options).sections().loss
+
+
 def test_adaptive_control_applies_the_coefficient_only_at_or_below_target():
-    control = EntropyControl(0.01, adaptive=True, target=0.5, delta=0.01)
+    control = EntropyControl(_loss(entropy_coef=0.01, use_adaptive_entropy=True,
+                                    entropy_target=0.5, entropy_coef_delta=0.01))
     assert control.applied == 0.0  # nothing measured yet (TRL)
     # Two micro-batches in one optimizer step: entropies 0.2, 0.4 (2 tokens) and 0.3 (1 token;
     # the second token is padding): token mean 0.3 <= 0.5, so c = 0.02 and it applies.
@@ -143,13 +149,13 @@ def test_adaptive_control_applies_the_coefficient_only_at_or_below_target():
     # A step without observations (nothing to measure) keeps everything.
     control.step(SINGLE)
     assert (control.coef, control.last_entropy) == (pytest.approx(0.01), pytest.approx(0.9))
-    clone = EntropyControl(0.5, adaptive=True, target=0.5)
+    clone = EntropyControl(_loss(entropy_coef=0.5, use_adaptive_entropy=True, entropy_target=0.5))
     clone.load_state_dict(control.state_dict())
     assert (clone.coef, clone.applied) == (pytest.approx(0.01), 0.0)
 
 
 def test_a_static_coefficient_always_applies():
-    control = EntropyControl(0.1)
+    control = EntropyControl(_loss(entropy_coef=0.1))
     control.observe(torch.tensor([[5.0]]), torch.tensor([[1]]))
     control.step(SINGLE)
     assert (control.coef, control.applied) == (0.1, 0.1)

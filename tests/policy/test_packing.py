@@ -11,10 +11,11 @@ import transformers
 from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.algo.losses import LOSSES
+from groupwise.policy import update
+from groupwise.policy.batches import trimmed_completions
 from groupwise.policy.logprobs import completion_logprobs, full_logits_logprobs
 from groupwise.policy.loss import GRPOLoss
 from groupwise.policy.packing import first_fit_decreasing, is_flash, pack_rows
-from groupwise.policy.update import trimmed_completions
 from groupwise.rollout import Rollout
 from groupwise.runtime.models import tiny_random_model
 
@@ -237,7 +238,7 @@ def test_packed_update_equals_padded_for_every_loss_type(tmp_path):
         pack_rows(rollout.prompt_ids[rollout.group_ids[rows]],
                   rollout.prompt_mask[rollout.group_ids[rows]],
                   *trimmed_completions(rollout, rows)[:2])
-        for rows in padded.policy.micro_batches(rollout)
+        for rows in update.micro_batches_of(padded.policy.options, rollout)
     ]  # fmt: skip
     assert len(layouts) == 2 and all(p.input_ids.shape[0] < 4 for p in layouts)  # rows shared
     advantages = torch.randn(8, generator=torch.Generator().manual_seed(0))
@@ -247,9 +248,9 @@ def test_packed_update_equals_padded_for_every_loss_type(tmp_path):
         stats = {}
         for name, trainer in (("padded", padded), ("packed", packed)):
             # need_old: pi_old from the forward too, as with num_iterations > 1
-            inputs = trainer.policy.prepare(rollout, advantages, None, need_old=True)
+            inputs = update.prepare(trainer.policy, rollout, advantages, None, need_old=True)
             assert all(ref is not None for ref in inputs.ref_logprobs)
-            stats[name] = trainer.policy.update(inputs, loss)
+            stats[name] = update.update(trainer.policy, inputs, loss)
         assert stats["packed"].sums.keys() == stats["padded"].sums.keys()
         for key, value in stats["padded"].sums.items():
             assert stats["packed"].sums[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key

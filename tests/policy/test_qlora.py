@@ -133,9 +133,9 @@ def test_adamw8bit_full_fine_tune_learns(tmp_path):
                        max_completion_length=8, temperature=0.1)  # fmt: skip
     rows = [{"prompt": "Say something"}] * 4
     trainer = GRPOTrainer("tiny-random", TargetToken(), rows, args=args)
-    assert type(trainer.policy.optimizer).__name__ == "AdamW8bit"
+    assert type(trainer.policy.network.optimizer).__name__ == "AdamW8bit"
     trainer.train()
-    states = [s["state1"] for s in trainer.policy.optimizer.state.values() if "state1" in s]
+    states = [s["state1"] for s in trainer.policy.network.optimizer.state.values() if "state1" in s]
     assert any(s.dtype == torch.uint8 for s in states)  # 8-bit states were used
     rewards = [row["reward"] for row in trainer.log_history]
     assert rewards[0] < 0.2, rewards
@@ -154,7 +154,7 @@ def test_adamw8bit_resume_is_exact(tmp_path):
         args=args("b", max_steps=4, save_steps=2, resume_from_checkpoint="auto"),
     )  # fmt: skip
     rest.train()
-    assert type(rest.policy.optimizer).__name__ == "AdamW8bit"
+    assert type(rest.policy.network.optimizer).__name__ == "AdamW8bit"
     for (name, p), q in zip(full.model.named_parameters(), rest.model.parameters(), strict=True):
         assert torch.equal(p, q), name
 

@@ -12,14 +12,15 @@ import copy
 import pytest
 import torch
 
-from conftest import PlainStepTrainer, tiny_config
+from conftest import PlainStepTrainer, select_options, tiny_config
 from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
 from groupwise.algo.advantages import equal_prompt_factors, informative_groups
 from groupwise.algo.grpo import policy_loss
 from groupwise.curriculum import CURRICULA, Curriculum, Plan, PromptBatch
 from groupwise.curriculum.gdro import PromptGDROCurriculum
 from groupwise.errors import ConfigError
-from groupwise.policy.update import minibatch_prompts
+from groupwise.policy import update
+from groupwise.policy.batches import minibatch_prompts
 from groupwise.rollout import Rollout
 from groupwise.rollout.base import select_prompts
 from groupwise.trainer.metrics import sequence_tokens, verl_throughput
@@ -185,11 +186,11 @@ def test_one_definition_of_informative_serves_metric_dynamic_sampling_and_curric
     from groupwise.curriculum import GlobalRows, PromptBatch, SelectCurriculum, dynamic, topup
     from groupwise.rewards.scoring import Scores
     from groupwise.runtime.distributed import DistributedContext
-    from groupwise.trainer import base as run
+    from groupwise.trainer import metrics
 
     assert dynamic.informative_groups is core.informative_groups
     assert topup.informative_groups is core.informative_groups
-    assert run.informative_groups is core.informative_groups
+    assert metrics.informative_groups is core.informative_groups
     # Group 0: all correct, totals differ by a length penalty; group 1: mixed; group 2: the
     # same correctness up to float noise.
     correctness = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.3, 0.1 + 0.2], dtype=torch.float64)
@@ -199,10 +200,11 @@ def test_one_definition_of_informative_serves_metric_dynamic_sampling_and_curric
     assert core.informative_groups(correctness, ids).tolist() == expected
     rollout = SimpleNamespace(completion_mask=torch.ones(6, 2), completion_ids=torch.zeros(6, 2),
                               group_ids=ids)  # fmt: skip
-    owner = SimpleNamespace(options=GRPOConfig().sections(), dist=DistributedContext())
-    spent = run.Trainer.compute_spent(owner, rollout, Scores(total, total[:, None], correctness))
+    scores = Scores(total, total[:, None], correctness)
+    batch = GRPOConfig().sections().batch
+    spent = metrics.compute_spent(rollout, scores, DistributedContext(), batch)
     assert spent["informative_groups"] == 1
-    cur = SelectCurriculum(num_generations=2, n_min=2, n_max=2)
+    cur = SelectCurriculum(select_options(num_generations=2, rollout_max=2, seed=0))
     plan = cur.plan(PromptBatch([5, 6, 7], slice(0, 3), [{}] * 3, [[1]] * 3, []))
     logs = cur.observe_global(plan, GlobalRows(ids.tolist(), correctness.tolist(), [0.0] * 6,
                                                total.tolist()))  # fmt: skip
@@ -292,15 +294,15 @@ def test_spg_makes_that_many_optimizer_steps_per_generation(tmp_path, monkeypatc
                  num_iterations=iterations, lr_scheduler_type="linear")  # fmt: skip
     trainer = GRPOTrainer("tiny-random", _reward, ROWS, args=args)
     generations, updates = [], []
-    generate, update = trainer.engine.generate, trainer.policy.update
+    generate, real_update = trainer.engine.generate, update.update
     monkeypatch.setattr(trainer.engine, "generate",
                         lambda *a, **k: generations.append(1) or generate(*a, **k))  # fmt: skip
 
-    def recording_update(inputs, loss, also=()):
+    def recording_update(policy, inputs, loss, also=()):
         updates.append((len(generations), inputs.rollout.prompt_ids.shape[0], id(inputs)))
-        return update(inputs, loss, also)
+        return real_update(policy, inputs, loss, also)
 
-    monkeypatch.setattr(trainer.policy, "update", recording_update)
+    monkeypatch.setattr(update, "update", recording_update)
     trainer.train()
     logs = trainer.log_history
     steps = 2 * iterations  # optimizer steps per generation
@@ -364,10 +366,10 @@ def test_old_logprobs_are_the_sampling_policys(tmp_path):
     scores = trainer.scorer(batch.rows, rollout)
     advantages = trainer.advantages(scores, rollout.group_ids)
     sampler = copy.deepcopy(trainer.model)
-    generation = trainer.policy.prepare_generation(rollout, advantages)
+    generation = update.prepare_generation(trainer.policy, rollout, advantages)
     assert len(generation.inputs) == 2
     assert [r.tolist() for r in generation.rows] == [list(range(8)), list(range(8, 16))]
-    trainer.policy.train_generation(generation, trainer.loss)
+    update.train_generation(trainer.policy, generation, trainer.loss)
     assert trainer.optimizer.state_dict()["state"][0]["step"] == 2
     for inputs in generation.inputs:
         for rows, old in zip(inputs.micro_batches, inputs.old_logprobs, strict=True):

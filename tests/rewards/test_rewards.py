@@ -1,5 +1,5 @@
 """Tests for groupwise.rewards: format and accuracy rewards, answer parsing, names and the
-correctness flag (the name -> function factory is tested in tests/build/test_build.py)."""
+correctness flag (the name -> function factory is tested in tests/wiring/test_build.py)."""
 
 import pytest
 

@@ -60,11 +60,10 @@ def test_log_metric_means_and_log_extra_columns():
         log_metric("m", 4.0)
         log_extra("upper", [c.upper() for c in completions])
         log_extra("short", ["x"])  # one value for four completions: left out
-        assert kwargs["trainer_state"] == "state"  # what scorer.trainer_state returns
+        assert kwargs["trainer_state"] == "state"  # what the trainer_state callable returns
         return [0.0] * len(completions)
 
-    scorer = RewardScorer([logs])
-    scorer.trainer_state = lambda: "state"
+    scorer = RewardScorer([logs], trainer_state=lambda: "state")
     scorer(PROMPTS, COMPLETIONS)
     scorer(PROMPTS, COMPLETIONS)
     assert scorer.take_metrics() == {"m": 2.5}  # (1 + 4 + 1 + 4) / 4
@@ -272,9 +271,9 @@ def test_a_reward_sleeping_30_s_gets_the_timeout_error_or_the_warning(monkeypatc
     from types import SimpleNamespace
 
     from groupwise import GRPOConfig
-    from groupwise.build.rewards import ScorerOptions, build_scorer
     from groupwise.errors import ConfigError
     from groupwise.rewards import scoring
+    from groupwise.wiring.rewards import ScorerOptions, build_scorer
 
     clock = [1000.0]
     monkeypatch.setattr(scoring, "time", SimpleNamespace(perf_counter=lambda: clock[0]))

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 import fake_vllm
+from conftest import sampling, static_engine_options, vllm_engine_options
 from groupwise.policy.logprobs import completion_logprobs
 from groupwise.rollout import (
     Engine,
     HFEngine,
     Request,
     RolloutEngine,
-    SamplingParams,
     eos_token_ids,
 )
 from groupwise.runtime.models import tiny_random_model
@@ -60,6 +60,7 @@ def fake_vllm_engine(model, tokenizer, params, monkeypatch) -> Case:
         device=torch.device("cpu"),
         weights_dtype=torch.float32,
         seed=0,
+        **vllm_engine_options(),
     )
     private = engine.llm.model.lm
     return Case(
@@ -73,7 +74,9 @@ def static_engine(model, tokenizer, params, monkeypatch) -> Case:
     from groupwise.rollout.static import StaticEngine
 
     generator = torch.Generator().manual_seed(0)
-    engine = StaticEngine(model, tokenizer, params, generator, dtype=torch.float32)
+    engine = StaticEngine(
+        model, tokenizer, params, generator, **static_engine_options(dtype=torch.float32)
+    )
     return Case(
         engine, weights=lambda: {n: t.clone() for n, t in engine.decoder.hf_state().items()}
     )
@@ -112,7 +115,7 @@ def trainer_logprobs(model, rollout, temperature: float) -> torch.Tensor:
 
 
 def test_rows_groups_masks_padding_and_truncation(make, model, tokenizer):
-    params = SamplingParams(MAX_NEW, temperature=1.0)
+    params = sampling(MAX_NEW, temperature=1.0)
     rollout = make(model, params).engine.generate(PROMPTS, COUNTS)
     assert rollout.group_ids.tolist() == [0, 0, 0, 1, 2, 2, 2, 2]
     # Prompts left-padded, once each.
@@ -145,7 +148,7 @@ def test_rows_groups_masks_padding_and_truncation(make, model, tokenizer):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampling_logprobs_equal_the_trainers(make, model, temperature):
     """Same fp32 numerics: the rollout correction weight pi_old / pi_rollout is 1."""
-    params = SamplingParams(MAX_NEW, temperature=temperature)
+    params = sampling(MAX_NEW, temperature=temperature)
     rollout = make(model, params).engine.generate(PROMPTS, COUNTS)
     logps = trainer_logprobs(model, rollout, temperature)
     mask = rollout.completion_mask.bool()
@@ -155,7 +158,7 @@ def test_sampling_logprobs_equal_the_trainers(make, model, temperature):
 def test_sampling_logprobs_are_of_the_truncated_distribution(make, model):
     """With top-k / top-p, each recorded log-prob is log softmax(logits / T) over the kept set,
     renormalised (vLLM's processed_logprobs), computed here from the full logits."""
-    params = SamplingParams(MAX_NEW, temperature=0.8, top_k=6, top_p=0.8)
+    params = sampling(MAX_NEW, temperature=0.8, top_k=6, top_p=0.8)
     rollout = make(model, params).engine.generate(PROMPTS, COUNTS)
     for i in range(rollout.completion_ids.shape[0]):
         prompt = PROMPTS[int(rollout.group_ids[i])]
@@ -180,9 +183,7 @@ def test_min_p_and_repetition_penalty_apply_in_every_engine(make, model):
     the prompt or the completion divided by the penalty if positive (multiplied if negative),
     then / T, then the tokens below min_p times the top probability dropped, renormalised."""
     penalty, min_p, temperature = 1.5, 0.3, 0.9
-    params = SamplingParams(
-        MAX_NEW, temperature=temperature, min_p=min_p, repetition_penalty=penalty
-    )
+    params = sampling(MAX_NEW, temperature=temperature, min_p=min_p, repetition_penalty=penalty)
     rollout = make(model, params).engine.generate(PROMPTS, COUNTS)
     checked = 0
     for i in range(rollout.completion_ids.shape[0]):
@@ -205,9 +206,9 @@ def test_min_p_and_repetition_penalty_apply_in_every_engine(make, model):
 
 
 def test_greedy_with_repetition_penalty_equals_the_hf_engines(make, model, tokenizer):
-    params = SamplingParams(MAX_NEW, temperature=0.0, repetition_penalty=3.0)
+    params = sampling(MAX_NEW, temperature=0.0, repetition_penalty=3.0)
     reference = HFEngine(model, tokenizer, params).generate(PROMPTS, COUNTS)
-    plain = HFEngine(model, tokenizer, SamplingParams(MAX_NEW, temperature=0.0))
+    plain = HFEngine(model, tokenizer, sampling(MAX_NEW, temperature=0.0))
     rollout = make(model, params).engine.generate(PROMPTS, COUNTS)
     assert torch.equal(rollout.completion_ids, reference.completion_ids)
     # The penalty changed the greedy text (else this test would not see it).
@@ -215,7 +216,7 @@ def test_greedy_with_repetition_penalty_equals_the_hf_engines(make, model, token
 
 
 def test_greedy_completions_equal_the_hf_engines(make, model, tokenizer):
-    params = SamplingParams(MAX_NEW, temperature=0.0)
+    params = sampling(MAX_NEW, temperature=0.0)
     reference = HFEngine(model, tokenizer, params).generate(PROMPTS, COUNTS)
     rollout = make(model, params).engine.generate(PROMPTS, COUNTS)
     assert torch.equal(rollout.completion_ids, reference.completion_ids)
@@ -224,7 +225,7 @@ def test_greedy_completions_equal_the_hf_engines(make, model, tokenizer):
 
 
 def test_after_an_optimizer_step_and_sync_generation_follows_the_new_policy(make, model, tokenizer):
-    params = SamplingParams(MAX_NEW, temperature=0.0)
+    params = sampling(MAX_NEW, temperature=0.0)
     case = make(model, params)
     engine = case.engine
     before = engine.generate(PROMPTS, COUNTS).completion_ids  # fills a prefix cache, if any
@@ -263,13 +264,13 @@ def test_after_an_optimizer_step_and_sync_generation_follows_the_new_policy(make
 def test_every_engine_refuses_a_missing_count_or_an_empty_prompt_alike(
     make, model, prompts, counts, message
 ):
-    engine = make(model, SamplingParams(max_completion_length=MAX_NEW)).engine
+    engine = make(model, sampling(max_completion_length=MAX_NEW)).engine
     with pytest.raises(ValueError, match=message):
         engine.generate(prompts, counts)
 
 
 def test_every_engine_is_a_rollout_engine(make, model):
-    engine = make(model, SamplingParams(max_completion_length=MAX_NEW)).engine
+    engine = make(model, sampling(max_completion_length=MAX_NEW)).engine
     assert isinstance(engine, Engine) and isinstance(engine, RolloutEngine)
 
 
@@ -285,7 +286,7 @@ class Echo(Engine):
 
 
 def test_a_derived_engine_gets_checked_requests_with_its_own_defaults():
-    own, given = SamplingParams(8), SamplingParams(4, temperature=0.0)
+    own, given = sampling(8), sampling(4, temperature=0.0)
     own_generator, given_generator = torch.Generator(), torch.Generator()
     engine = Echo(own, own_generator)
     rows = [{"prompt": "a"}, {"prompt": "b"}]

@@ -4,7 +4,8 @@ search, length penalty) generate through ``model.generate``."""
 import pytest
 import torch
 
-from groupwise.rollout import SamplingParams, generate
+from conftest import sampling
+from groupwise.rollout import generate
 from groupwise.rollout import hf as hf_module
 from groupwise.rollout.hf import HFEngine, generate_with_transformers
 
@@ -20,7 +21,7 @@ def test_greedy_without_options_is_the_token_loop(tiny_model, tokenizer):
     # as the token loop. An EOS on prompt 1's 2nd token
     # ends its rows early.
     prompts = _prompts(tokenizer)
-    params = SamplingParams(7, temperature=0.0)
+    params = sampling(7, temperature=0.0)
     free = generate(tiny_model, tokenizer, prompts, 2, params)
     eos = int(free.completion_ids[2, 1])
     tiny_model.generation_config.eos_token_id = eos
@@ -40,7 +41,7 @@ def test_greedy_without_options_is_the_token_loop(tiny_model, tokenizer):
 
 def test_beam_search_gives_a_group_per_prompt_ending_at_eos(tiny_model, tokenizer):
     prompts = _prompts(tokenizer)
-    params = SamplingParams(6, temperature=1.0, top_k=50)
+    params = sampling(6, temperature=1.0, top_k=50)
     beams = {"num_beams": 2, "length_penalty": -0.1}
     free = generate_with_transformers(tiny_model, tokenizer, prompts, [3, 1, 2], params, beams)
     assert free.group_ids.tolist() == [0, 0, 0, 1, 2, 2]
@@ -78,7 +79,7 @@ def test_engine_routes_through_generate_with_kwargs(tiny_model, tokenizer, monke
         return real(*args, **kwargs)
 
     monkeypatch.setattr(tiny_model, "generate", spy)
-    params = SamplingParams(4, temperature=0.9, top_p=0.8)
+    params = sampling(4, temperature=0.9, top_p=0.8)
     engine = HFEngine(tiny_model, tokenizer, params, generate_kwargs={"num_beams": 2})
     out = engine.generate(_prompts(tokenizer), 2)
     assert out.completion_ids.shape[0] == 6

@@ -1,6 +1,7 @@
 import torch
 from scipy.stats import chisquare
 
+from conftest import sampling
 from groupwise.rollout import SamplingParams, generate, left_pad, sample_next_token
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
@@ -14,21 +15,21 @@ def _frequencies(params: SamplingParams, seed: int = 0) -> torch.Tensor:
 
 
 def test_sampled_frequencies_match_softmax_chi_square():
-    counts = _frequencies(SamplingParams(temperature=1.0))
+    counts = _frequencies(sampling(256, temperature=1.0))
     expected = torch.softmax(LOGITS.double(), -1) * DRAWS
     _, p_value = chisquare(counts.numpy(), expected.numpy())
     assert p_value > 1e-3, (counts, expected)
 
 
 def test_temperature_sharpens_distribution_chi_square():
-    counts = _frequencies(SamplingParams(temperature=0.5), seed=1)
+    counts = _frequencies(sampling(256, temperature=0.5), seed=1)
     expected = torch.softmax(LOGITS.double() / 0.5, -1) * DRAWS
     _, p_value = chisquare(counts.numpy(), expected.numpy())
     assert p_value > 1e-3
 
 
 def test_top_k_keeps_only_k_most_likely_tokens():
-    counts = _frequencies(SamplingParams(temperature=1.0, top_k=2), seed=2)
+    counts = _frequencies(sampling(256, temperature=1.0, top_k=2), seed=2)
     assert counts[2:].sum() == 0
     # Renormalised over the top two: p0 = e^2 / (e^2 + e^1) = 0.7311.
     expected = torch.tensor([0.7310585786, 0.2689414214], dtype=torch.double) * DRAWS
@@ -40,7 +41,7 @@ def test_top_p_keeps_smallest_prefix_reaching_p():
     # softmax(LOGITS) = [0.5535, 0.2036, 0.1235, 0.0749, 0.0276, 0.0037]; top_p = 0.7:
     # mass before token 0 is 0 (kept), before token 1 is 0.5535 (kept), before token 2 is
     # 0.7571 >= 0.7 (dropped).
-    counts = _frequencies(SamplingParams(temperature=1.0, top_p=0.7), seed=3)
+    counts = _frequencies(sampling(256, temperature=1.0, top_p=0.7), seed=3)
     assert counts[2:].sum() == 0
     probs = torch.softmax(LOGITS.double(), -1)[:2]
     _, p_value = chisquare(counts[:2].numpy(), (probs / probs.sum() * DRAWS).numpy())
@@ -49,13 +50,13 @@ def test_top_p_keeps_smallest_prefix_reaching_p():
 
 def test_zero_probability_token_never_sampled():
     logits = torch.tensor([0.0, float("-inf"), 0.0, float("-inf")]).expand(5000, -1).clone()
-    tokens = sample_next_token(logits, SamplingParams(), torch.Generator().manual_seed(0))
+    tokens = sample_next_token(logits, sampling(256), torch.Generator().manual_seed(0))
     assert set(tokens.tolist()) == {0, 2}
 
 
 def test_greedy_is_argmax():
     logits = torch.tensor([[0.1, 3.0, -1.0], [5.0, 4.9, 0.0]])
-    assert sample_next_token(logits, SamplingParams(temperature=0.0)).tolist() == [1, 0]
+    assert sample_next_token(logits, sampling(256, temperature=0.0)).tolist() == [1, 0]
 
 
 def test_left_pad():
@@ -80,7 +81,7 @@ def _prompts(tokenizer):
 def test_greedy_matches_transformers_generate(tiny_model, tokenizer):
     prompts = _prompts(tokenizer)
     assert len({len(p) for p in prompts}) > 1  # left padding is exercised
-    out = generate(tiny_model, tokenizer, prompts, 2, SamplingParams(12, temperature=0.0))
+    out = generate(tiny_model, tokenizer, prompts, 2, sampling(12, temperature=0.0))
     for i, prompt in enumerate(prompts):
         reference = tiny_model.generate(
             torch.tensor([prompt]),
@@ -97,13 +98,13 @@ def test_greedy_matches_transformers_generate(tiny_model, tokenizer):
 
 def test_stops_at_eos_and_masks_the_rest(tiny_model, tokenizer):
     prompts = _prompts(tokenizer)[:1]
-    free = generate(tiny_model, tokenizer, prompts, 1, SamplingParams(10, temperature=0.0))
+    free = generate(tiny_model, tokenizer, prompts, 1, sampling(10, temperature=0.0))
     assert bool(free.truncated[0]) and int(free.lengths[0]) == 10
     # Declare the greedy path's 4th token to be EOS: generation must stop right there.
     eos = int(free.completion_ids[0, 3])
     first = free.completion_ids[0].tolist().index(eos)
     tiny_model.generation_config.eos_token_id = eos
-    out = generate(tiny_model, tokenizer, prompts, 1, SamplingParams(10, temperature=0.0))
+    out = generate(tiny_model, tokenizer, prompts, 1, sampling(10, temperature=0.0))
     assert int(out.lengths[0]) == first + 1  # EOS itself is part of the completion
     assert not bool(out.truncated[0])
     assert out.completion_mask[0].tolist() == [1] * (first + 1)
@@ -115,7 +116,7 @@ def test_stops_at_eos_and_masks_the_rest(tiny_model, tokenizer):
 def test_sampled_rollout_shapes_and_masks(tiny_model, tokenizer):
     prompts = _prompts(tokenizer)
     gen = torch.Generator().manual_seed(0)
-    out = generate(tiny_model, tokenizer, prompts, 4, SamplingParams(8, temperature=1.0), gen)
+    out = generate(tiny_model, tokenizer, prompts, 4, sampling(8, temperature=1.0), gen)
     assert out.completion_ids.shape == (12, 8)
     assert out.completion_mask.shape == (12, 8)
     assert len(out.texts) == 12
@@ -124,16 +125,16 @@ def test_sampled_rollout_shapes_and_masks(tiny_model, tokenizer):
     # Sampling differs across the group: the shared cache does not collapse the G samples.
     assert len({tuple(r.tolist()) for r in out.completion_ids[:4]}) == 4
     again = generate(
-        tiny_model, tokenizer, prompts, 4, SamplingParams(8, 1.0), torch.Generator().manual_seed(0)
+        tiny_model, tokenizer, prompts, 4, sampling(8, 1.0), torch.Generator().manual_seed(0)
     )
     assert torch.equal(out.completion_ids, again.completion_ids)  # seeded: reproducible
 
 
 def test_groups_of_different_sizes(tiny_model, tokenizer):
     prompts = _prompts(tokenizer)
-    out = generate(tiny_model, tokenizer, prompts, [1, 3, 2], SamplingParams(6, temperature=0.0))
+    out = generate(tiny_model, tokenizer, prompts, [1, 3, 2], sampling(6, temperature=0.0))
     assert out.group_ids.tolist() == [0, 1, 1, 1, 2, 2]
-    same = generate(tiny_model, tokenizer, prompts, 1, SamplingParams(6, temperature=0.0))
+    same = generate(tiny_model, tokenizer, prompts, 1, sampling(6, temperature=0.0))
     for row, prompt in enumerate(out.group_ids.tolist()):
         assert torch.equal(out.completion_ids[row], same.completion_ids[prompt])
 
@@ -141,11 +142,11 @@ def test_groups_of_different_sizes(tiny_model, tokenizer):
 def test_keeping_finished_rows_gives_the_same_greedy_completions(tiny_model, tokenizer):
     # Make EOS the greedy choice for some rows only: prompt 0's 3rd greedy token becomes EOS.
     prompts = _prompts(tokenizer)
-    free = generate(tiny_model, tokenizer, prompts, 1, SamplingParams(10, temperature=0.0))
+    free = generate(tiny_model, tokenizer, prompts, 1, sampling(10, temperature=0.0))
     tiny_model.generation_config.eos_token_id = int(free.completion_ids[0, 2])
-    dropped = generate(tiny_model, tokenizer, prompts, 2, SamplingParams(10, temperature=0.0))
+    dropped = generate(tiny_model, tokenizer, prompts, 2, sampling(10, temperature=0.0))
     kept = generate(
-        tiny_model, tokenizer, prompts, 2, SamplingParams(10, temperature=0.0), drop_finished=False
+        tiny_model, tokenizer, prompts, 2, sampling(10, temperature=0.0), drop_finished=False
     )
     assert dropped.lengths.tolist() != [10] * 6  # some rows finished early
     assert dropped.lengths.tolist() == kept.lengths.tolist()
@@ -159,7 +160,7 @@ def test_sampling_logprobs_match_the_trainers_logprobs(tiny_model, tokenizer):
     from groupwise.policy.logprobs import completion_logprobs
 
     prompts = _prompts(tokenizer)
-    params = SamplingParams(8, temperature=0.7)
+    params = sampling(8, temperature=0.7)
     gen = torch.Generator().manual_seed(1)
     out = generate(tiny_model, tokenizer, prompts, 2, params, gen, return_logprobs=True)
     assert out.sampling_logprobs.shape == out.completion_ids.shape

@@ -4,8 +4,9 @@ its cache holds recurrent (conv + SSM) states next to keys and values."""
 import pytest
 import torch
 
+from conftest import sampling
 from groupwise.policy.logprobs import completion_logprobs
-from groupwise.rollout import SamplingParams, generate
+from groupwise.rollout import generate
 from groupwise.rollout.base import has_recurrent_state
 from groupwise.rollout.hf import prefill, repeat_cache_rows, select_cache_rows
 
@@ -63,12 +64,12 @@ def test_the_prompt_cache_has_recurrent_layers_and_repeats_them(hybrid_model, to
 
 def test_greedy_matches_transformers_generate_with_rows_leaving(hybrid_model, tokenizer):
     prompts = _prompts(tokenizer)
-    free = generate(hybrid_model, tokenizer, prompts, 2, SamplingParams(8, temperature=0.0))
+    free = generate(hybrid_model, tokenizer, prompts, 2, sampling(8, temperature=0.0))
     # Declare prompt 1's 3rd greedy token an EOS: its rows leave the batch (and the cache)
     # while the other prompts' rows decode on.
     eos = int(free.completion_ids[2, 2])
     hybrid_model.generation_config.eos_token_id = [tokenizer.eos_token_id, eos]
-    out = generate(hybrid_model, tokenizer, prompts, 2, SamplingParams(8, temperature=0.0))
+    out = generate(hybrid_model, tokenizer, prompts, 2, sampling(8, temperature=0.0))
     assert out.lengths.tolist()[2:4] == [3, 3]
     for i, prompt in enumerate(prompts):
         reference = hybrid_model.generate(
@@ -88,7 +89,7 @@ def test_sampling_logprobs_match_the_trainers_logprobs(hybrid_model, tokenizer):
     # The sampler's log-probs (prompt cache repeated, recurrent states included) equal the
     # trainer's, which encodes each row's prompt itself for a recurrent model.
     prompts = _prompts(tokenizer)
-    params = SamplingParams(6, temperature=0.7)
+    params = sampling(6, temperature=0.7)
     out = generate(
         hybrid_model, tokenizer, prompts, 2, params, torch.Generator().manual_seed(0),
         return_logprobs=True,

@@ -9,18 +9,16 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from conftest import TargetToken, tiny_config
+from conftest import TargetToken, sampling, tiny_config, turn_limits
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.algo.grpo import policy_loss
-from groupwise.build.rollout import build_interaction
 from groupwise.data.prompts import prompt_text
 from groupwise.errors import ConfigError
 from groupwise.evaluation import evaluate_model
 from groupwise.policy.logprobs import completion_logprobs
-from groupwise.rollout import HFEngine, SamplingParams
+from groupwise.rollout import HFEngine
 from groupwise.rollout.multiturn import (
     MultiTurnEngine,
-    TurnLimits,
     TurnRenderer,
     converse,
 )
@@ -28,6 +26,7 @@ from groupwise.tasks.arithmetic import arithmetic_dataset
 from groupwise.tools import EnvStep, ToolBox, ToolEnvironment, calculator
 from groupwise.tools.prompting import prompt_text_with_tools, template_supports_tools
 from groupwise.trainer.metrics import conversation_logs
+from groupwise.wiring.rollout import build_interaction
 
 
 class Scripted:
@@ -63,11 +62,11 @@ def _converse(model, tokenizer, counts=(2, 1, 3), greedy=False, reencode=False, 
     envs = [Scripted(turns) for _ in range(sum(counts))]
     for env in envs:
         env.reset({})
-    params = SamplingParams(max_completion_length=budget, temperature=0.0 if greedy else 1.0)
+    params = sampling(max_completion_length=budget, temperature=0.0 if greedy else 1.0)
     generator = None if greedy else torch.Generator().manual_seed(0)
     return converse(
         model, tokenizer, _prompts(tokenizer), list(counts), envs, TurnRenderer(tokenizer, True),
-        params, TurnLimits(max_turns=4, stop_strings=STOP), generator,
+        params, turn_limits(4, STOP), generator,
         return_logprobs=logprobs, reencode=reencode,
     )  # fmt: skip
 
@@ -174,7 +173,7 @@ def test_training_on_a_conversation_equals_training_on_the_hand_written_completi
     multi = GRPOTrainer("tiny-random", reward, rows[:2], args)
     env_rows = []
     multi.engine.make_env = lambda: Scripted(3)
-    multi.engine.limits = TurnLimits(max_turns=3, stop_strings=STOP)
+    multi.engine.limits = turn_limits(3, STOP)
     multi.engine.stop.__init__(multi.tokenizer, STOP)
     record = multi.engine.generate
 
@@ -376,7 +375,7 @@ def test_multi_turn_training_learns_and_logs_tool_metrics(tmp_path, tokenizer):
     assert isinstance(trainer.engine, MultiTurnEngine)
     # Every turn ends at a frequent character and the environment replies: several turns.
     trainer.engine.make_env = lambda: Scripted(2)
-    trainer.engine.limits = TurnLimits(max_turns=2, stop_strings=STOP)
+    trainer.engine.limits = turn_limits(2, STOP)
     trainer.engine.stop.__init__(trainer.tokenizer, STOP)
     trainer.train()
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -433,8 +432,8 @@ def test_evaluation_runs_the_environment_and_gives_pass_at_k(tiny_model, tokeniz
 
     solved.is_correctness = True
     engine = MultiTurnEngine(
-        HFEngine(tiny_model, tokenizer, SamplingParams(max_completion_length=6)), Always,
-        TurnLimits(max_turns=2, stop_strings=STOP),
+        HFEngine(tiny_model, tokenizer, sampling(max_completion_length=6)), Always,
+        turn_limits(2, STOP), tools=None, examples=True,
     )  # fmt: skip
     rows = arithmetic_dataset(3, digits=1, ops="+")
     result = evaluate_model(engine, tokenizer, rows, [solved], n=4, max_completion_length=6)
@@ -465,7 +464,7 @@ def test_tools_work_with_curriculum_lora_dynamic_sampling_and_mini_batches(tmp_p
                        tools=["calculator"], **options)  # fmt: skip
     trainer = GRPOTrainer("tiny-random", low_tokens, rows, args)
     trainer.engine.make_env = lambda: Scripted(2)
-    trainer.engine.limits = TurnLimits(max_turns=2, stop_strings=STOP)
+    trainer.engine.limits = turn_limits(2, STOP)
     trainer.engine.stop.__init__(trainer.tokenizer, STOP)
     trainer.train()
     logs = trainer.log_history
@@ -543,7 +542,7 @@ def test_a_tool_conversation_reaches_rewards_in_trls_message_shapes(
     with patch.object(tiny_model, "generate", side_effect=generate):
         rollout, _ = converse(
             tiny_model, tokenizer, [prompt_ids], [1], [env], TurnRenderer(tokenizer, True),
-            SamplingParams(200, temperature=1.0), TurnLimits(max_turns=4),
+            sampling(200, temperature=1.0), turn_limits(4),
         )  # fmt: skip
     assert rollout.conversations[0] == [
         {

@@ -9,12 +9,12 @@ import pytest
 import torch
 from transformers import GenerationMixin
 
-from conftest import tiny_config
+from conftest import sampling, tiny_config, turn_limits
 from groupwise import GRPOTrainer
-from groupwise.rollout import HFEngine, SamplingParams, generate
+from groupwise.rollout import HFEngine, generate
 from groupwise.rollout import hf as hf_module
 from groupwise.rollout.hf import completion_lengths, replaced_generate
-from groupwise.rollout.multiturn import MultiTurnEngine, TurnLimits, TurnRenderer, converse
+from groupwise.rollout.multiturn import MultiTurnEngine, TurnRenderer, converse
 from groupwise.runtime.models import tiny_random_model
 from groupwise.tools import EnvStep
 
@@ -91,7 +91,7 @@ def test_hf_engine_keeps_the_patched_generates_tokens_up_to_eos(tiny_model, toke
         [31, eos, eos, eos, eos],  # generate's padding after EOS
         [41, 42, 43, eos, 44],
     ])  # fmt: skip
-    params = SamplingParams(5, temperature=0.7, top_p=0.9)
+    params = sampling(5, temperature=0.7, top_p=0.9)
     # records_logprobs: the generate path has no sampler log-probs to record (pi_old is the
     # policy's).
     engine = HFEngine(tiny_model, tokenizer, params, torch.Generator().manual_seed(0),
@@ -124,7 +124,7 @@ def test_hf_engine_keeps_the_patched_generates_tokens_up_to_eos(tiny_model, toke
 def test_an_unpatched_model_keeps_the_token_loop(tiny_model, tokenizer, monkeypatch):
     calls = []
     monkeypatch.setattr(hf_module, "call_generate", lambda *a, **k: calls.append(a))
-    params = SamplingParams(6, temperature=1.0)
+    params = sampling(6, temperature=1.0)
     prompts = _prompts(tokenizer)
     engine = HFEngine(tiny_model, tokenizer, params, torch.Generator().manual_seed(5))
     out = engine.generate(prompts, 3)
@@ -168,7 +168,7 @@ def test_multi_turn_calls_generate_once_per_turn_on_the_rows_still_going(tiny_mo
     with patch.object(tiny_model, "generate", side_effect=script):
         rollout, _ = converse(
             tiny_model, tokenizer, prompts, [2, 1], envs, render,
-            SamplingParams(40, temperature=1.0), TurnLimits(max_turns=3),
+            sampling(40, temperature=1.0), turn_limits(3),
             torch.Generator().manual_seed(0), return_logprobs=True,
         )  # fmt: skip
     # One call with every prompt x rollout row, then one with the two rows that continued.

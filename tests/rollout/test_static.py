@@ -10,8 +10,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from conftest import sampling, static_engine_options
 from groupwise.policy.logprobs import completion_logprobs
-from groupwise.rollout import SamplingParams, generate
+from groupwise.rollout import generate
 from groupwise.rollout.static import StaticEngine, packing_available, supports
 from groupwise.rollout.weight_sync import checkpoint_weights
 
@@ -25,13 +26,14 @@ def _prompts(tokenizer):
 
 def _engine(model, tokenizer, **kwargs):
     kwargs.setdefault("dtype", torch.float32)
-    return StaticEngine(model, tokenizer, SamplingParams(10, temperature=0.0), **kwargs)
+    params = sampling(10, temperature=0.0)
+    return StaticEngine(model, tokenizer, params, **static_engine_options(**kwargs))
 
 
 def _eos_midway(model, tokenizer, prompts):
     """Declare a token of prompt 0's greedy path (its 3rd) an EOS token, so some rows finish
     early and others do not (the EOS handling is exercised)."""
-    free = generate(model, tokenizer, prompts, 1, SamplingParams(10, temperature=0.0))
+    free = generate(model, tokenizer, prompts, 1, sampling(10, temperature=0.0))
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, int(free.completion_ids[0, 2])]
 
 
@@ -48,7 +50,7 @@ def _same(a, b):
 def test_greedy_equals_the_reference_loop(tiny_model, tokenizer, compact):
     prompts = _prompts(tokenizer)
     _eos_midway(tiny_model, tokenizer, prompts)
-    params = SamplingParams(10, temperature=0.0)
+    params = sampling(10, temperature=0.0)
     reference = generate(tiny_model, tokenizer, prompts, COUNTS, params)
     assert reference.lengths.tolist() != [10] * 8  # some rows stop early, some do not
     assert bool(reference.truncated.any())
@@ -61,7 +63,7 @@ def test_greedy_equals_the_reference_loop(tiny_model, tokenizer, compact):
 def test_sampled_rows_equal_the_reference_with_finished_rows_kept(tiny_model, tokenizer):
     prompts = _prompts(tokenizer)
     _eos_midway(tiny_model, tokenizer, prompts)
-    params = SamplingParams(10, temperature=1.3)
+    params = sampling(10, temperature=1.3)
     reference = generate(
         tiny_model,
         tokenizer,
@@ -83,10 +85,10 @@ def test_sampled_rows_equal_the_reference_with_finished_rows_kept(tiny_model, to
 def test_sampled_rows_equal_the_reference_with_finished_rows_dropped(tiny_model, tokenizer):
     # Dropping finished rows after every token draws the reference's random numbers.
     prompts = _prompts(tokenizer)
-    free = generate(tiny_model, tokenizer, prompts, 1, SamplingParams(10, temperature=0.0))
+    free = generate(tiny_model, tokenizer, prompts, 1, sampling(10, temperature=0.0))
     # A token sampled often enough at T = 3 to end some rows early.
     tiny_model.generation_config.eos_token_id = [int(t) for t in free.completion_ids[:, 1]]
-    params = SamplingParams(10, temperature=3.0)
+    params = sampling(10, temperature=3.0)
     reference = generate(
         tiny_model, tokenizer, prompts, COUNTS, params, torch.Generator().manual_seed(5)
     )
@@ -97,7 +99,7 @@ def test_sampled_rows_equal_the_reference_with_finished_rows_dropped(tiny_model,
 
 def test_sampling_logprobs_equal_the_trainers(tiny_model, tokenizer):
     prompts = _prompts(tokenizer)
-    params = SamplingParams(8, temperature=0.7)
+    params = sampling(8, temperature=0.7)
     engine = _engine(tiny_model, tokenizer)
     out = engine.generate(prompts, 2, params, torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -143,8 +145,10 @@ def test_weights_are_packed_only_in_a_dtype_the_cpu_can_pack(tiny_model, tokeniz
 
 def test_bf16_copy_is_close_and_records_logprobs(tiny_model, tokenizer):
     prompts = _prompts(tokenizer)
-    params = SamplingParams(8, temperature=1.0)
-    engine = StaticEngine(tiny_model, tokenizer, params, dtype=torch.bfloat16)
+    params = sampling(8, temperature=1.0)
+    engine = StaticEngine(
+        tiny_model, tokenizer, params, **static_engine_options(dtype=torch.bfloat16)
+    )
     dtypes = {name: t.dtype for name, t in engine.decoder.named_tensors()}
     assert dtypes["layers.0.qkv"] == dtypes["layers.1.down"] == dtypes["embed"] == torch.bfloat16
     assert dtypes["layers.0.ln1"] == dtypes["norm"] == torch.float32  # the fp32 residual stream
@@ -179,7 +183,7 @@ def test_sync_copies_the_policys_new_weights_in_place(tiny_model, tokenizer, pac
     assert torch.equal(stale.completion_ids, before.completion_ids)  # nothing pushed yet
     engine.sync(tiny_model)
     after = engine.generate(prompts, 1)
-    reference = generate(tiny_model, tokenizer, prompts, 1, SamplingParams(10, temperature=0.0))
+    reference = generate(tiny_model, tokenizer, prompts, 1, sampling(10, temperature=0.0))
     _same(after, reference)
     assert not torch.equal(after.completion_ids, before.completion_ids)
     assert {id(t) for t in vars(engine.decoder.layers[0]).values()} == storage  # in place
@@ -220,7 +224,7 @@ def test_lora_is_merged_out_of_place_in_fp32(tiny_model, tokenizer):
     assert not any("lora_" in n or "base_layer" in n for n in names)
     # Greedy decoding follows the merged model (peft's own forward).
     prompts = _prompts(tokenizer)
-    reference = generate(model, tokenizer, prompts, 1, SamplingParams(10, temperature=0.0))
+    reference = generate(model, tokenizer, prompts, 1, sampling(10, temperature=0.0))
     _same(engine.generate(prompts, 1), reference)
 
 
@@ -292,13 +296,12 @@ def _llama_scaled_rope():
 def test_other_llama_family_decoders_match_transformers(build, tokenizer):
     model = build().eval()
     prompts = [[5, 17, 301, 44], [9, 9, 100], [250]]
-    engine = StaticEngine(
-        model, tokenizer, SamplingParams(12, temperature=0.0), dtype=torch.float32
-    )
-    reference = generate(model, tokenizer, prompts, [2, 1, 1], SamplingParams(12, temperature=0.0))
+    params = sampling(12, temperature=0.0)
+    engine = StaticEngine(model, tokenizer, params, **static_engine_options(dtype=torch.float32))
+    reference = generate(model, tokenizer, prompts, [2, 1, 1], sampling(12, temperature=0.0))
     out = engine.generate(prompts, [2, 1, 1])
     assert torch.equal(out.completion_ids, reference.completion_ids)
-    params = SamplingParams(12, temperature=1.0)
+    params = sampling(12, temperature=1.0)
     out = engine.generate(prompts, [2, 1, 1], params, torch.Generator().manual_seed(0))
     with torch.no_grad():
         trainer, _ = completion_logprobs(
@@ -317,7 +320,7 @@ def test_unsupported_models_are_refused_with_the_reason(tokenizer):
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128))
     assert "gpt2" in supports(model)
     with pytest.raises(ValueError, match="static engine cannot decode this model.*gpt2"):
-        StaticEngine(model, tokenizer, SamplingParams(4))
+        StaticEngine(model, tokenizer, sampling(4), **static_engine_options())
     llama = LlamaForCausalLM(
         LlamaConfig(
             vocab_size=64,
@@ -361,8 +364,8 @@ def test_a_tied_head_beside_lora_on_the_embedding_stays_the_bare_weight(tokenize
                 param.normal_(0, 0.5)
     model.eval()
     prompts = [[5, 17, 301, 44], [9, 9, 100], [250]]
-    greedy = SamplingParams(12, temperature=0.0)
-    engine = StaticEngine(model, tokenizer, greedy, dtype=torch.float32)
+    greedy = sampling(12, temperature=0.0)
+    engine = StaticEngine(model, tokenizer, greedy, **static_engine_options(dtype=torch.float32))
     assert not engine.decoder.tied
     reference = generate(model, tokenizer, prompts, [2, 1, 1], greedy)
     assert torch.equal(engine.generate(prompts, [2, 1, 1]).completion_ids, reference.completion_ids)

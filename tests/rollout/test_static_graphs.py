@@ -12,7 +12,7 @@ import contextlib
 import pytest
 import torch
 
-from groupwise.rollout import SamplingParams
+from conftest import sampling, static_engine_options
 from groupwise.rollout.static import StaticEngine, decode_step
 from groupwise.rollout.static_graphs import DecodeGraphs
 
@@ -25,9 +25,9 @@ def _prompts(tokenizer):
 
 
 def _engine(model, tokenizer, graphs=None, temperature=0.0):
-    params = SamplingParams(10, temperature=temperature)
-    return StaticEngine(model, tokenizer, params, dtype=torch.float32, compact=False,
-                        pack_weights=False, decode_graphs=graphs)  # fmt: skip
+    params = sampling(10, temperature=temperature)
+    return StaticEngine(model, tokenizer, params, **static_engine_options(
+        dtype=torch.float32, compact=False, pack_weights=False, decode_graphs=graphs))  # fmt: skip
 
 
 @pytest.mark.parametrize("bucket", [1, 64])
@@ -39,7 +39,7 @@ def test_graphed_step_gives_the_plain_engines_rollouts(tiny_model, tokenizer, bu
     graphs = DecodeGraphs(decode_step, capture=False, slot_bucket=bucket)
     graphed = _engine(tiny_model, tokenizer, graphs)
     for temperature in (0.0, 1.0):
-        params = SamplingParams(10, temperature=temperature)
+        params = sampling(10, temperature=temperature)
         a = plain.generate(prompts, COUNTS, params, torch.Generator().manual_seed(3))
         b = graphed.generate(prompts, COUNTS, params, torch.Generator().manual_seed(3))
         assert torch.equal(a.completion_ids, b.completion_ids)
@@ -174,12 +174,14 @@ def test_graphs_are_refused_without_cuda_or_with_compaction(tiny_model, tokenize
         pytest.skip("this machine has CUDA")
     with pytest.raises(ValueError, match="CUDA device"):
         DecodeGraphs(decode_step)
-    params = SamplingParams(4)
+    params = sampling(4)
     with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device"):
-        StaticEngine(tiny_model, tokenizer, params, dtype=torch.float32, cuda_graphs=True)
+        StaticEngine(tiny_model, tokenizer, params,
+                     **static_engine_options(dtype=torch.float32, cuda_graphs=True))  # fmt: skip
     graphs = DecodeGraphs(decode_step, capture=False)
     with pytest.raises(ValueError, match="compact=False"):
-        StaticEngine(tiny_model, tokenizer, params, dtype=torch.float32, compact=True,
-                     decode_graphs=graphs)  # fmt: skip
+        StaticEngine(tiny_model, tokenizer, params, **static_engine_options(
+            dtype=torch.float32, compact=True, decode_graphs=graphs))  # fmt: skip
     # On a CPU the default is no graphs.
-    assert StaticEngine(tiny_model, tokenizer, params, dtype=torch.float32).graphs is None
+    options = static_engine_options(dtype=torch.float32)
+    assert StaticEngine(tiny_model, tokenizer, params, **options).graphs is None

@@ -13,10 +13,10 @@ import torch
 
 import fake_vllm
 import groupwise.rollout.vllm as vllm_engine
-from conftest import TargetToken, tiny_config
+from conftest import TargetToken, sampling, tiny_config, vllm_engine_options
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.errors import ConfigError
-from groupwise.rollout import SamplingParams, eos_token_ids
+from groupwise.rollout import eos_token_ids
 from groupwise.runtime.models import tiny_random_model
 
 
@@ -34,12 +34,12 @@ def build(model, tokenizer, params=None, **options):
     return vllm_engine.build_vllm_engine(
         model,
         tokenizer,
-        params or SamplingParams(6),
+        params or sampling(6),
         eos_token_ids(model, tokenizer),
         device=torch.device("cpu"),
         weights_dtype=torch.float32,
         seed=7,
-        **options,
+        **vllm_engine_options(**options),
     )
 
 
@@ -75,7 +75,7 @@ def test_under_torchrun_each_rank_has_its_own_seed_and_the_external_launcher(
 
 
 def test_one_request_per_prompt_from_token_ids(fake, tokenizer, tiny_model, monkeypatch):
-    params = SamplingParams(5, temperature=0.9, top_p=0.95, top_k=0)
+    params = sampling(5, temperature=0.9, top_p=0.95, top_k=0)
     engine = build(tiny_model, tokenizer, params)
     seen = {}
     original = engine.llm.generate
@@ -93,7 +93,7 @@ def test_one_request_per_prompt_from_token_ids(fake, tokenizer, tiny_model, monk
     assert (first.max_tokens, first.logprobs) == (5, 0)
     assert first.stop_token_ids == eos_token_ids(tiny_model, tokenizer)
     assert first.seed is None  # training: vLLM's own random state
-    engine.generate([[5]], 1, SamplingParams(5, temperature=0.0, top_k=4))
+    engine.generate([[5]], 1, sampling(5, temperature=0.0, top_k=4))
     # vLLM itself drops top-k / top-p / min-p from a greedy request (sampling_params.py).
     assert (seen["params"][0].temperature, seen["params"][0].top_k) == (0.0, 0)
     # An explicit generator (evaluation) seeds each request: reproducible.
@@ -286,16 +286,14 @@ def test_temperatures_vllm_would_change_or_refuse_are_refused(
 ):
     # vLLM samples (and reports log-probs) at 0.01 for any T in (0, 0.01), and refuses T > 2.
     with pytest.raises(ConfigError, match=rf"temperature={temperature} .*0.01 <= temperature"):
-        build(tiny_model, tokenizer, SamplingParams(4, temperature=temperature))
-    engine = build(tiny_model, tokenizer, SamplingParams(4, temperature=1.0))
+        build(tiny_model, tokenizer, sampling(4, temperature=temperature))
+    engine = build(tiny_model, tokenizer, sampling(4, temperature=1.0))
     with pytest.raises(ConfigError, match="generation_engine: hf"):  # evaluation's parameters
-        engine.generate([[5]], 2, SamplingParams(4, temperature=temperature))
+        engine.generate([[5]], 2, sampling(4, temperature=temperature))
     # The range's ends are sampled at as asked.
     for edge in (0.01, 2.0):
-        engine.generate([[5]], 2, SamplingParams(4, temperature=edge))
-        assert engine.sampling_params(SamplingParams(4, temperature=edge), 2, None).temperature == (
-            edge
-        )
+        engine.generate([[5]], 2, sampling(4, temperature=edge))
+        assert engine.sampling_params(sampling(4, temperature=edge), 2, None).temperature == (edge)
 
 
 @pytest.mark.parametrize("temperature", [0.005, 2.5])
@@ -309,7 +307,7 @@ def test_greedy_requests_with_several_completions_are_sent_once_and_repeated(
     fake, tokenizer, tiny_model
 ):
     engine = build(tiny_model, tokenizer)
-    greedy = SamplingParams(5, temperature=0.0)
+    greedy = sampling(5, temperature=0.0)
     rollout = engine.generate([[5, 6], [7]], [3, 2], greedy)
     assert rollout.group_ids.tolist() == [0, 0, 0, 1, 1]
     for rows in (rollout.completion_ids[:3], rollout.completion_ids[3:]):
@@ -387,11 +385,12 @@ def test_a_policy_gpu_vllm_would_not_build_on_is_refused(fake, tokenizer, tiny_m
         vllm_engine.build_vllm_engine(
             tiny_model,
             tokenizer,
-            SamplingParams(4),
+            sampling(4),
             eos_token_ids(tiny_model, tokenizer),
             device=torch.device("cuda:1"),
             weights_dtype=torch.float32,
             seed=0,
+            **vllm_engine_options(),
         )
     vllm_engine.check_gpu_index(torch.device("cuda:0"), world=1)
     monkeypatch.setenv("LOCAL_RANK", "1")
@@ -500,7 +499,7 @@ def test_the_fake_samples_in_vllms_order_and_honours_logprobs_mode():
         assert abs(float(value) - expected) < 1e-6
     from groupwise.rollout.hf import token_logprobs
 
-    hf = token_logprobs(logits, torch.tensor([0]), SamplingParams(4, min_p=0.25, top_p=0.8))
+    hf = token_logprobs(logits, torch.tensor([0]), sampling(4, min_p=0.25, top_p=0.8))
     assert abs(float(hf) - math.log(0.5 / 0.9)) < 1e-6  # the HF engine's own, documented order
     token, raw = fake_vllm._vllm_sample(
         logits, rows, sp, "raw_logprobs", torch.Generator().manual_seed(0)
@@ -516,7 +515,7 @@ def test_a_prompt_longer_than_vllms_context_is_refused_naming_the_options(
     fake, tokenizer, tiny_model, tmp_path
 ):
     engine = build(tiny_model, tokenizer, max_model_len=6)
-    engine.generate([[5, 6, 7, 8, 9]], 1, SamplingParams(1))  # 5 < 6: fits
+    engine.generate([[5, 6, 7, 8, 9]], 1, sampling(1))  # 5 < 6: fits
     with pytest.raises(ConfigError, match=r"prompt of 6 tokens .*context length 6 \(vllm_max"):
         engine.generate([[5, 6, 7, 8, 9, 10]], 1)
     config = tiny_config(

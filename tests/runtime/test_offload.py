@@ -9,6 +9,7 @@ import torch
 from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.errors import ConfigError
+from groupwise.policy import update
 from groupwise.runtime.offload import OffloadActivations
 
 
@@ -93,8 +94,8 @@ def test_update_with_offloading_is_identical_and_uses_the_hooks(
     advantages = torch.randn(8, generator=torch.Generator().manual_seed(0))
     stats = {}
     for name, trainer in (("plain", plain), ("offload", offload)):
-        inputs = trainer.policy.prepare(rollout, advantages, None)
-        stats[name] = trainer.policy.update(inputs, trainer.loss)
+        inputs = update.prepare(trainer.policy, rollout, advantages, None)
+        stats[name] = update.update(trainer.policy, inputs, trainer.loss)
     assert len(made) == 2  # one per micro-batch of the offloading policy, none for the other
     for hooks in made:
         assert hooks.offloaded > 0 and hooks.restored == hooks.offloaded

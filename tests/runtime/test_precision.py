@@ -14,6 +14,7 @@ from conftest import tiny_config
 from groupwise import GRPOTrainer
 from groupwise.config.grpo_config import GRPOConfig
 from groupwise.errors import ConfigError
+from groupwise.policy import update
 from groupwise.policy.weights import OffloadedWeights, frozen_copy
 from groupwise.runtime import precision
 from groupwise.runtime.precision import PrecisionWarning, resolve_precision
@@ -236,7 +237,7 @@ def test_offloaded_weights_visit_the_device_once_per_block_and_come_back(tiny_mo
     assert len(offloaded.tensors) == len({id(t) for t, _ in offloaded.tensors})
 
 
-def test_the_reference_is_gathered_once_per_step_over_every_micro_batch(tmp_path):
+def test_the_reference_is_gathered_once_per_step_over_every_micro_batch(tmp_path, monkeypatch):
     config = tiny_config(tmp_path, beta=0.1, per_device_train_batch_size=2,
                          gradient_accumulation_steps=4, max_steps=1)  # fmt: skip
     rows = [{"prompt": f"Count to {i}."} for i in range(8)]
@@ -252,8 +253,9 @@ def test_the_reference_is_gathered_once_per_step_over_every_micro_batch(tmp_path
 
     reference.weights = counting
     sizes = []
-    real_split = trainer.policy.micro_batches
-    trainer.policy.micro_batches = lambda rollout: sizes.append(real_split(rollout)) or sizes[-1]
+    real_split = update.micro_batches_of
+    monkeypatch.setattr(update, "micro_batches_of",
+                        lambda *a: sizes.append(real_split(*a)) or sizes[-1])  # fmt: skip
     logs = trainer.train_step()
     assert len(sizes) == 1 and len(sizes[0]) >= 4  # several micro-batches ...
     assert len(entered) == 1 and logs["kl"] >= 0.0  # ... one visit of the reference
@@ -276,7 +278,7 @@ def test_an_update_pass_reads_device_floats_once_not_per_micro_batch(tmp_path, m
                               completions], rows, args=config)  # fmt: skip
         rollout = trainer.engine.generate(trainer.prompts.next().prompt_ids, 4)
         advantages = torch.linspace(-1, 1, rollout.completion_ids.shape[0])
-        inputs = trainer.policy.prepare(rollout, advantages)
+        inputs = update.prepare(trainer.policy, rollout, advantages)
         assert len(inputs.micro_batches) == 8 // micro_batch_rows
         count = [0]
         for name in ("item", "tolist", "__float__", "__bool__"):
@@ -288,7 +290,7 @@ def test_an_update_pass_reads_device_floats_once_not_per_micro_batch(tmp_path, m
                 return _real(self, *args, **kwargs)
 
             monkeypatch.setattr(torch.Tensor, name, counted)
-        trainer.policy.update(inputs, trainer.loss)
+        update.update(trainer.policy, inputs, trainer.loss)
         monkeypatch.undo()
         return count[0]
 

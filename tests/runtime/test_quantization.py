@@ -1,9 +1,8 @@
-"""QLoRA's 4-bit layers and bitsandbytes' 8-bit AdamW on the CPU: the NF4 code and its forward
-against the dequantised reference, the in-memory quantisation against transformers' own, and
-one AdamW8bit run against torch's AdamW."""
+"""QLoRA's 4-bit layers on the CPU: the NF4 code and its forward against the dequantised
+reference, the in-memory quantisation against transformers' own (the 8-bit optimizer states are
+tested with the optimizer, tests/policy/test_optimizer.py)."""
 
 import copy
-import functools
 
 import bitsandbytes as bnb
 import bitsandbytes.functional as bnbf
@@ -12,19 +11,16 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from groupwise.errors import ConfigError
+from groupwise.policy.optimizer import build_optimizer
 from groupwise.runtime.models import tiny_random_model
 from groupwise.runtime.quantization import (
-    OPTIMIZERS,
     bnb_config,
-    build_optimizer,
-    check_optim_device,
     compute_dtype,
     is_4bit,
     keep_trainable_layout,
     quantize_4bit,
     require_bitsandbytes,
 )
-from groupwise.sections.run import OPTIM_CHOICES
 
 # The 16 NormalFloat4 levels (QLoRA, Dettmers et al. 2023, Appendix E: the quantiles of N(0, 1)
 # scaled to [-1, 1], with an exact 0).
@@ -150,61 +146,6 @@ def test_compute_dtype_is_the_runs():
     assert compute_dtype(torch.float32, autocast=False) == torch.float32  # CPU
     assert compute_dtype(torch.float32, autocast=True) == torch.bfloat16  # bf16 autocast
     assert compute_dtype(torch.bfloat16, autocast=True) == torch.bfloat16  # LoRA on a bf16 GPU
-
-
-def _ten_steps(optim: str | type, start: torch.Tensor, grads: list[torch.Tensor]):
-    param = torch.nn.Parameter(start.clone())
-    hyper = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-    make = functools.partial(build_optimizer, optim) if isinstance(optim, str) else optim
-    opt = make([param], **hyper)
-    for grad in grads:
-        param.grad = grad.clone()
-        opt.step()
-    return param.detach(), opt.state[param]
-
-
-def test_adamw8bit_follows_torch_adamw():
-    # 64 x 128 = 8192 elements: above bitsandbytes' min_8bit_size (4096), so the states are
-    # 8-bit block-wise. Ten steps of the same gradients from the same start.
-    torch.manual_seed(0)
-    start = torch.randn(64, 128)
-    grads = [torch.randn(64, 128) for _ in range(10)]
-    torch_adamw, _ = _ten_steps("adamw_torch", start, grads)
-    eight_bit, state = _ten_steps("adamw_8bit", start, grads)
-    assert state["state1"].dtype == torch.uint8 and state["state2"].dtype == torch.uint8
-    # bitsandbytes' 32-bit AdamW with the same hyper-parameters is torch's, to fp32 rounding:
-    # the options mean the same thing; what differs below is the 8-bit states alone.
-    full, _ = _ten_steps(bnb.optim.AdamW32bit, start, grads)
-    torch.testing.assert_close(full, torch_adamw, rtol=0, atol=1e-6)
-    gap, moved = (eight_bit - torch_adamw).abs(), (torch_adamw - start).abs()
-    # Measured: the largest gap 0.0024 (2.4% of the 0.1 that ten steps of lr can move a weight),
-    # the mean gap 1.2% of the mean distance moved. Tolerances: 5% and 2%.
-    assert gap.max() < 0.05 * 10 * 1e-2, gap.max()
-    assert gap.mean() < 0.02 * moved.mean(), (gap.mean(), moved.mean())
-
-
-def test_optim_names_are_the_choices_and_transformers_names():
-    from transformers.training_args import OptimizerNames
-
-    assert set(OPTIMIZERS) == set(OPTIM_CHOICES)
-    assert set(OPTIMIZERS) <= {name.value for name in OptimizerNames}
-    param = torch.nn.Parameter(torch.zeros(4))
-    kinds = {
-        name: type(build_optimizer(name, [param], 1e-3, (0.9, 0.999), 1e-8, 0.0)).__name__
-        for name in OPTIMIZERS
-    }
-    assert kinds == {
-        "adamw_torch": "AdamW", "adamw_torch_fused": "AdamW", "adamw_bnb_8bit": "AdamW8bit",
-        "adamw_8bit": "AdamW8bit", "paged_adamw_8bit": "PagedAdamW8bit",
-        "paged_adamw_32bit": "PagedAdamW32bit",
-    }  # fmt: skip
-
-
-def test_paged_optimizers_are_refused_off_cuda():
-    with pytest.raises(ConfigError, match="optim=paged_adamw_8bit needs a CUDA GPU"):
-        check_optim_device("paged_adamw_8bit", torch.device("cpu"))
-    check_optim_device("adamw_8bit", torch.device("cpu"))
-    check_optim_device("paged_adamw_32bit", torch.device("cuda"))
 
 
 def test_missing_bitsandbytes_names_the_extra(monkeypatch):

@@ -105,9 +105,9 @@ def test_range_errors_name_the_option_its_range_and_the_value(changes, message):
 
 
 def test_a_section_group_holds_the_sections_named_by_its_fields():
-    from groupwise.build.rewards import ScorerOptions
-    from groupwise.build.rollout import EngineOptions
-    from groupwise.policy.update import PolicyOptions
+    from groupwise.policy.policy import PolicyOptions
+    from groupwise.wiring.rewards import ScorerOptions
+    from groupwise.wiring.rollout import EngineOptions
 
     s = GRPOConfig(max_completion_length=24, seed=5).sections()
     engine = EngineOptions.from_sections(s)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from groupwise.build.rewards import ScorerOptions, build_scorer
 from groupwise.cli import main
 from groupwise.config.grpo_config import GRPOConfig
 from groupwise.data.prompts import prompt_text
@@ -27,6 +26,7 @@ from groupwise.tasks import arithmetic as data_module
 from groupwise.tasks import build_task
 from groupwise.tasks.arithmetic import arithmetic_dataset, arithmetic_split_size
 from groupwise.trainer.records import check_output_dir
+from groupwise.wiring.rewards import ScorerOptions, build_scorer
 
 # --- gdro_bin_edges ------------------------------------------------------------------------------
 
@@ -103,7 +103,7 @@ def test_cli_refuses_too_many_train_prompts(tmp_path, capsys, monkeypatch):
     def no_model(*args, **kwargs):
         raise AssertionError("the model must not load")
 
-    monkeypatch.setattr("groupwise.build.model.load_model_and_tokenizer", no_model)
+    monkeypatch.setattr("groupwise.wiring.model.load_model_and_tokenizer", no_model)
     argv = ["train", "--num_train_prompts", "100000", "--output_dir", str(tmp_path / "run")]
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -176,7 +176,7 @@ def test_cli_checks_output_dir_before_loading_the_model(tmp_path, capsys, monkey
     def no_model(*args, **kwargs):
         raise AssertionError("the model must not load")
 
-    monkeypatch.setattr("groupwise.build.model.load_model_and_tokenizer", no_model)
+    monkeypatch.setattr("groupwise.wiring.model.load_model_and_tokenizer", no_model)
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     assert main(["train", "--output_dir", str(blocker / "run"), "--max_steps", "1"]) == 2

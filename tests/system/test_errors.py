@@ -627,8 +627,8 @@ def test_a_reward_past_its_timeout_is_named() -> None:
 
 def test_reward_timeout_is_an_option() -> None:
     from groupwise import GRPOConfig
-    from groupwise.build.rewards import ScorerOptions, build_scorer
     from groupwise.errors import ConfigError
+    from groupwise.wiring.rewards import ScorerOptions, build_scorer
 
     options = ScorerOptions.from_sections(GRPOConfig(reward_timeout=3.0).sections())
     assert build_scorer(["format"], options).combine.timeout == 3.0

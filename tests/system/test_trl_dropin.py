@@ -20,7 +20,7 @@ import torch
 from conftest import tiny_config
 from groupwise import ConfigError, GRPOConfig, GRPOTrainer
 from groupwise.config.trl import TRL_IGNORED, TRL_REFUSED, TRL_TRANSLATED, IgnoredOptionsWarning
-from groupwise.policy.policy import lr_factor
+from groupwise.policy.optimizer import lr_factor
 from groupwise.trainer.checkpoints import config_differences
 
 datasets = pytest.importorskip("datasets")

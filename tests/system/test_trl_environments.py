@@ -17,8 +17,12 @@ from groupwise.tools.environment import (
     PLACEHOLDER_PROMPT,
     EnvironmentFactories,
     MethodEnvironment,
+    ToolLimits,
     environment_reward,
 )
+
+# The run's defaults: 10 s a call, 256 tokens of output (16 characters each), 8 calls.
+LIMITS = ToolLimits(timeout_s=10.0, max_output_chars=4096, max_tool_calls=8, slow_call_s=None)
 
 
 class Counter:
@@ -56,7 +60,7 @@ class Echo:
 
 
 def test_methods_are_tools_and_run_in_process_on_the_instance():
-    env = MethodEnvironment(Counter())
+    env = MethodEnvironment(Counter(), LIMITS)
     assert env.toolbox.names == ["increment"]  # not reset, get_reward or _private
     env.reset({"prompt": "p", "environment": "counter", "x": 1})
     assert env.instance.reset_with == {"prompt": "p", "x": 1}  # the routing column is not passed
@@ -72,7 +76,7 @@ def test_methods_are_tools_and_run_in_process_on_the_instance():
 
 
 def test_placeholder_prompt_is_not_passed_to_reset():
-    env = MethodEnvironment(Counter())
+    env = MethodEnvironment(Counter(), LIMITS)
     env.reset({"prompt": [dict(m) for m in PLACEHOLDER_PROMPT]})
     assert env.instance.reset_with == {}
 
@@ -84,7 +88,7 @@ def test_pools_reuse_instances_and_route_rows_by_name():
         built.append("c")
         return Counter()
 
-    factories = EnvironmentFactories({"counter": make_counter, "echo": Echo})
+    factories = EnvironmentFactories({"counter": make_counter, "echo": Echo}, LIMITS)
     assert built == ["c"]  # probed once
     assert [t.__name__ for t in factories.tools["counter"]] == ["increment"]
     assert [t.__name__ for t in factories.tools["echo"]] == ["shout"]
@@ -100,7 +104,7 @@ def test_pools_reuse_instances_and_route_rows_by_name():
 
 
 def test_environment_rewards_one_per_class_and_none_for_other_environments():
-    factories = EnvironmentFactories({"a": Counter, "b": Counter, "echo": Echo})
+    factories = EnvironmentFactories({"a": Counter, "b": Counter, "echo": Echo}, LIMITS)
     assert [f.__name__ for f in factories.reward_funcs] == ["Counter"]
     counter = Counter()
     counter.reset()

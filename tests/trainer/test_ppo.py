@@ -412,18 +412,18 @@ def _assert_same_state(a, b):
         assert a == b
 
 
-def test_extra_state_round_trip(tmp_path):
+def test_critic_state_round_trip(tmp_path):
     args = _config(tmp_path, learning_rate=1e-2)
     trained = PPOTrainer("tiny-random", even_tokens, PROMPT_ROWS, args=args)
     trained.train_step()
     buffer = io.BytesIO()  # through torch.save, as a checkpoint would
-    torch.save(trained.extra_state_dict(), buffer)
+    torch.save(trained.run.algorithm.state_dict(), buffer)  # the checkpoint's extra entry
     buffer.seek(0)
     state = torch.load(buffer, weights_only=True)
 
     fresh = PPOTrainer("tiny-random", even_tokens, PROMPT_ROWS, args=args)
     assert not torch.equal(fresh.critic.head.weight, trained.critic.head.weight)
-    fresh.load_extra_state_dict(state)
+    fresh.run.algorithm.load_state_dict(state)
     _assert_same_state(fresh.critic.state_dict(), trained.critic.state_dict())
     _assert_same_state(fresh.critic_optimizer.state_dict(), trained.critic_optimizer.state_dict())
     assert fresh.critic_optimizer.state_dict()["state"]  # Adam moments, not an empty state
@@ -480,6 +480,7 @@ def test_lora_policy_gets_a_plain_critic(tmp_path):
 def test_policy_loss_gets_whitened_token_advantages(tmp_path, monkeypatch):
     # The wiring: the surrogate sees each token's own GAE advantage, whitened over the batch (not
     # one advantage per sequence), and the critic sees the GAE returns.
+    import groupwise.policy.loss as loss_module
     import groupwise.trainer.ppo as ppo
 
     seen = {"policy": [], "value": []}
@@ -498,8 +499,8 @@ def test_policy_loss_gets_whitened_token_advantages(tmp_path, monkeypatch):
         return value_loss(values, old_values, returns, mask, cliprange_value)
 
     monkeypatch.setattr(ppo, "gae_advantages", gae_spy)
-    monkeypatch.setattr(ppo, "ppo_policy_loss", policy_spy)
-    monkeypatch.setattr(ppo, "value_loss", value_spy)
+    monkeypatch.setattr(loss_module, "ppo_policy_loss", policy_spy)  # PPOLoss's
+    monkeypatch.setattr(loss_module, "value_loss", value_spy)
     args = _config(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2)
     trainer = PPOTrainer("tiny-random", even_tokens, PROMPT_ROWS, args=args)
     torch.nn.init.normal_(trainer.critic.head.weight, std=0.1)  # values vary from token to token

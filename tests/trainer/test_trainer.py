@@ -9,9 +9,9 @@ from transformers import AutoModelForCausalLM
 from conftest import TargetToken
 from conftest import tiny_config as _config
 from groupwise import GRPOConfig, GRPOTrainer
+from groupwise.policy.batches import micro_batch_rows, prompt_blocks, scatter_rows
 from groupwise.policy.logprobs import completion_logprobs
-from groupwise.policy.policy import lr_factor
-from groupwise.policy.update import micro_batch_rows, prompt_blocks, scatter_rows
+from groupwise.policy.optimizer import lr_factor
 from groupwise.rewards.scoring import RewardFunctionError
 from groupwise.rollout import Rollout
 
@@ -361,7 +361,7 @@ def test_policy_schedule_spans_the_epochs_max_steps(tmp_path):
     assert (options.batch, options.loss, options.runtime) == (
         trainer.options.batch, trainer.options.loss, trainer.options.runtime
     )
-    factor = trainer.policy.scheduler.lr_lambdas[0]
+    factor = trainer.policy.network.scheduler.lr_lambdas[0]
     assert [factor(s) for s in (0, 8, 16)] == [1.0, 0.5, 0.0]
 
 

@@ -276,7 +276,7 @@ def sequence_surrogate(
 
 
 # ----------------------------------------------------------------------------------------------
-# The loss of one micro-batch of the update
+# The entropy bonus and its adaptive coefficient (Eqs. 1-2)
 
 
 def adapt_entropy_coef(

@@ -156,7 +156,7 @@ def ppo_policy_loss(
 
         loss = mean_t -min(rho_t A_t, clip(rho_t, 1 - eps_low, 1 + eps_high) A_t)
 
-    ``grpo_loss.policy_loss`` takes one advantage per sequence; broadcasting would give every token
+    :func:`.grpo.policy_loss` takes one advantage per sequence; broadcasting would give every token
     the same A. So each token is passed to it as a sequence of length 1 ([B*T, 1] log-probs, [B*T]
     advantages) with ``loss_type="dapo"`` (sum over tokens / number of tokens): exactly the
     formula above, with GRPO's clip code and metrics. beta = 0: PPO's KL is in the reward;

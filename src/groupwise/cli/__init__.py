@@ -2,7 +2,7 @@
 (and ``memory``, ``report``).
 
 The command line is one module a part: :mod:`.args` (the config from the arguments),
-:mod:`.rows` (the task's rows), and one module a command: :mod:`.train` (train, demo),
+:mod:`..wiring.rows` (the task's rows), and one module a command: :mod:`.train` (train, demo),
 :mod:`.evaluate` (eval) and :mod:`.chat`; ``groupwise memory`` and ``groupwise report`` are
 their packages' own command lines. Here: the usage text, the dispatch, and how errors and
 Ctrl-C end the program.
@@ -14,11 +14,11 @@ import os
 import sys
 from typing import Any
 
-from ..build.rows import apply_long_prompt_policy as apply_long_prompt_policy
-from ..build.rows import build_datasets as build_datasets
-from ..build.rows import check_reward_columns as check_reward_columns
 from ..config.grpo_config import GRPOConfig, option_help
 from ..errors import ConfigError, UserError, cli_style
+from ..wiring.rows import apply_long_prompt_policy as apply_long_prompt_policy
+from ..wiring.rows import build_datasets as build_datasets
+from ..wiring.rows import check_reward_columns as check_reward_columns
 
 # The commands' public names are importable from here too; main() calls the commands by
 # these names, so patching one here replaces it.

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..build.rows import build_datasets
 from ..config.grpo_config import GRPOConfig
+from ..wiring.rows import build_datasets
 
 
 def run_chat(args: GRPOConfig, prompts: list[str], count: int = 3) -> list[dict[str, Any]]:
     """Print ``args.model``'s answers to ``prompts`` (or to ``count`` held-out prompts of the
     task), sampled with the run's generation settings; returns them."""
-    from ..build.model import load_for_generation, resolve_device
-    from ..build.rollout import build_interaction, sampling_params, with_interaction
     from ..data.prompts import tokenize_prompts
     from ..evaluation import prompt_render
-    from ..rollout import HFEngine, SamplingParams
+    from ..rollout import HFEngine
     from ..runtime.precision import resolve_precision
+    from ..wiring.model import load_for_generation, resolve_device
+    from ..wiring.rollout import build_interaction, sampling_params, with_interaction
 
     if prompts:
         rows: list[dict] = [{"prompt": [{"role": "user", "content": text}]} for text in prompts]
@@ -29,7 +29,7 @@ def run_chat(args: GRPOConfig, prompts: list[str], count: int = 3) -> list[dict[
         args.dtype, args.bf16_autocast, args.generation_dtype, device, use_peft=args.use_peft
     )
     model, tokenizer = load_for_generation(args.model, args, device, precision)
-    engine = HFEngine(model, tokenizer, SamplingParams(),
+    engine = HFEngine(model, tokenizer, sampling_params(args.sections().generation),
                       numerics=lambda: precision.generation_context(device))  # fmt: skip
     options = args.sections()
     engine = with_interaction(

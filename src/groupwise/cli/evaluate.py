@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..build.rows import build_datasets
 from ..config.grpo_config import GRPOConfig, default_output_dir
 from ..errors import ConfigError, OutputDirError
+from ..wiring.rows import build_datasets
 
 
 def run_eval(args: GRPOConfig) -> dict:
     """Evaluate ``args.model`` (and ``args.compare_model``) on the task's held-out prompts."""
-    from ..build.model import load_for_generation, resolve_device
-    from ..build.rewards import build_reward_func, default_reward_names
-    from ..build.rollout import build_interaction, with_interaction
     from ..evaluation import (
         EvalConfig,
         compare,
@@ -23,8 +20,11 @@ def run_eval(args: GRPOConfig) -> dict:
         format_table,
         save_json,
     )
-    from ..rollout import HFEngine, SamplingParams
+    from ..rollout import HFEngine
     from ..runtime.precision import resolve_precision
+    from ..wiring.model import load_for_generation, resolve_device
+    from ..wiring.rewards import build_reward_func, default_reward_names
+    from ..wiring.rollout import build_interaction, with_interaction
 
     if args.output_dir is None and not args.eval_output:
         args.output_dir = default_output_dir(args.model, args.task)
@@ -63,7 +63,7 @@ def run_eval(args: GRPOConfig) -> dict:
         def numerics():
             return precision.generation_context(device)
 
-        engine = HFEngine(model, tokenizer, SamplingParams(), numerics=numerics)
+        engine = HFEngine(model, tokenizer, config.sampling_params(), numerics=numerics)
         engine = with_interaction(engine, options.tools, options.data.chat_template_kwargs,
                                   interaction)  # fmt: skip
         result = evaluate_model(engine, tokenizer, rows, funcs, config)

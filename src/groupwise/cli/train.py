@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
-from ..build.rows import apply_long_prompt_policy, build_datasets
 from ..config.grpo_config import GRPOConfig, unused_dir
 from ..errors import ConfigError
+from ..wiring.rows import apply_long_prompt_policy, build_datasets
 
 # The demo's settings: one file, shipped with the package and linked from configs/demo.yaml,
 # so `groupwise demo`, `make demo` and `groupwise train configs/demo.yaml` cannot drift apart.
@@ -22,10 +22,10 @@ DEMO_OUTPUT_DIR = "runs/demo"
 
 
 def run_train(args: GRPOConfig) -> dict[str, float]:
-    from ..build.rewards import default_reward_names
     from ..trainer.grpo import GRPOTrainer
     from ..trainer.ppo import PPOTrainer
     from ..trainer.records import check_output_dir
+    from ..wiring.rewards import default_reward_names
 
     trainer_class = PPOTrainer if args.algorithm == "ppo" else GRPOTrainer
 
@@ -48,9 +48,9 @@ def run_train(args: GRPOConfig) -> dict[str, float]:
 
 def run_demo(args: GRPOConfig) -> tuple[float, float]:
     """Held-out greedy accuracy, GRPO training, held-out greedy accuracy again."""
-    from ..build.rewards import default_reward_names
     from ..trainer.grpo import GRPOTrainer
     from ..trainer.records import check_output_dir
+    from ..wiring.rewards import default_reward_names
 
     start = time.perf_counter()
     if args.output_dir is None:

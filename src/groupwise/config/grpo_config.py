@@ -629,7 +629,7 @@ class GRPOConfig(metaclass=_TRLConfigType):
                 kwargs[name] = int(value) if value >= 1 or value == 0 else value
             elif name in hints:
                 kwargs[name] = coerce(value, hints[name], what)
-            elif is_trl_name(name):  # ignored or refused: trl_compat decides
+            elif is_trl_name(name):  # ignored or refused: config/trl.py decides
                 kwargs[name] = value
             else:
                 raise cls.unknown_option(name, source)

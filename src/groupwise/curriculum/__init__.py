@@ -1,8 +1,9 @@
 """Curricula: the protocol (:mod:`.base`), the GDRO curricula (:mod:`.gdro`, built from the
 difficulty classifier :mod:`.bins`, the adversaries :mod:`.adversary`, the square-root law
 :mod:`.allocation` and :mod:`.diagnostics`) and predictive selection with adaptive group size
-(:mod:`.select`); their typed options are in :mod:`.options`; :mod:`.scope` warns at start
-when a GDRO curriculum cannot act (``CurriculumWarning``).
+(:mod:`.select`); their typed options are in :mod:`groupwise.sections.curriculum`, the one place
+each option is declared and checked; :mod:`.scope` warns at start when a GDRO curriculum cannot
+act (``CurriculumWarning``).
 
 ``CURRICULA`` maps the ``curriculum`` option to a class with ``from_options(options, dist)``
 (``options``: the run's ``curriculum`` section with ``num_generations`` and ``seed``, typed as the

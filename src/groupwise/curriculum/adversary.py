@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..sections.curriculum import ARM_CHOICES, MU_UPDATES
+from ..sections.curriculum import GDROOptions
 
 # ----------------------------------------------------------------------------------------------
 # Prompt-GDRO: EMA-debiased exponential weights (section 3.2)
@@ -42,27 +42,20 @@ class PromptGDRO:
     - eq. 16: each sample's advantage is multiplied by q_{b(i)}, renormalised to mean 1 over the
       batch and capped at ``weight_cap``. Only relative weights matter, so this equals the
       paper's capped omega up to a constant; it changes no rollout count (compute-neutral).
-    Defaults are the paper's (App. A.2.1): eta 0.65, gamma 0.01, EMA beta 0.12, cap 15. The
-    paper's clip C is unspecified there; ``clip=None`` turns it off.
+    The attributes are the options ``gdro_eta``, ``gdro_gamma``, ``gdro_ema_beta``, ``gdro_clip``,
+    ``gdro_weight_cap`` and ``gdro_share_normalize``, whose defaults are the paper's
+    (App. A.2.1): eta 0.65, gamma 0.01, EMA beta 0.12, cap 15. The paper's clip C is unspecified
+    there; ``gdro_clip: null`` turns it off.
     """
 
-    def __init__(
-        self,
-        num_bins: int,
-        eta: float = 0.65,
-        gamma: float = 0.01,
-        ema_beta: float = 0.12,
-        clip: float | None = None,
-        weight_cap: float = 15.0,
-        share_normalize: bool = True,
-        share_floor: float = 1e-3,
-    ) -> None:
-        if not 0 <= gamma <= 1 or not 0 < ema_beta <= 1 or eta < 0 or weight_cap <= 0:
-            raise ValueError("need 0 <= gamma <= 1, 0 < ema_beta <= 1, eta >= 0, weight_cap > 0")
+    def __init__(self, num_bins: int, options: GDROOptions, share_floor: float = 1e-3) -> None:
+        # gdro_eta, gdro_gamma, gdro_ema_beta, gdro_clip, gdro_weight_cap, gdro_share_normalize:
+        # their ranges are checked by the options (groupwise.sections.curriculum).
         self.num_bins = num_bins
-        self.eta, self.gamma, self.ema_beta = eta, gamma, ema_beta
-        self.clip, self.weight_cap = clip, weight_cap
-        self.share_normalize, self.share_floor = share_normalize, share_floor
+        self.eta, self.gamma = options.gdro_eta, options.gdro_gamma
+        self.ema_beta = options.gdro_ema_beta
+        self.clip, self.weight_cap = options.gdro_clip, options.gdro_weight_cap
+        self.share_normalize, self.share_floor = options.gdro_share_normalize, share_floor
         self.scores: list[float | None] = [None] * num_bins
 
     def bin_weights(self) -> np.ndarray:
@@ -225,41 +218,28 @@ class RolloutGDRO:
       with no information);
       ``realized``: the step's realised mean rollouts, eq. 21 as written (always the budget under
       the exact allocation, so mu stays at 0: the paper's algorithm, kept for exactness).
-    Defaults are the paper's (App. A.2.2): arms 2..12, mean budget 4, eta 0.65, gamma 0.01,
-    dual_lr 0.05, score decay 0.4.
+    The attributes are options: arms ``rollout_min``..``rollout_max``, the mean budget
+    ``num_generations``, ``gdro_eta``, ``gdro_gamma``, ``rollout_dual_lr``,
+    ``rollout_score_decay``, ``rollout_arm_choice``, ``rollout_mu_update``. The paper's settings
+    (App. A.2.2) are arms 2..12, mean budget 4, eta 0.65, gamma 0.01, dual_lr 0.05, score decay
+    0.4; the options' defaults are those but for the mean budget.
     """
 
-    def __init__(
-        self,
-        num_bins: int,
-        n_min: int = 2,
-        n_max: int = 12,
-        mean_budget: float = 4.0,
-        eta: float = 0.65,
-        gamma: float = 0.01,
-        dual_lr: float = 0.05,
-        score_decay: float = 0.4,
-        arm_choice: str = "sample",
-        mu_update: str = "best_response",
-        seed: int = 0,
-    ) -> None:
-        if not 1 <= n_min <= mean_budget <= n_max:
-            raise ValueError(
-                f"need 1 <= n_min <= mean_budget <= n_max, got {n_min}, {mean_budget}, {n_max}"
-            )
-        if arm_choice not in ARM_CHOICES:
-            raise ValueError(f"arm_choice must be one of {list(ARM_CHOICES)}, got {arm_choice!r}")
-        if mu_update not in MU_UPDATES:
-            raise ValueError(f"mu_update must be one of {list(MU_UPDATES)}, got {mu_update!r}")
+    def __init__(self, num_bins: int, options: GDROOptions) -> None:
+        # Arms rollout_min..rollout_max around the mean budget num_generations, gdro_eta,
+        # gdro_gamma and the rollout_* options of the bandits and the dual step, all checked by
+        # the options (groupwise.sections.curriculum); seed seeds the arm draws.
+        n_min, n_max = options.rollout_min, options.rollout_max
         self.num_bins = num_bins
         self.arms = list(range(n_min, n_max + 1))
-        self.n_min, self.n_max, self.mean_budget = n_min, n_max, mean_budget
-        self.eta, self.gamma, self.dual_lr, self.score_decay = eta, gamma, dual_lr, score_decay
-        self.arm_choice, self.mu_update = arm_choice, mu_update
+        self.n_min, self.n_max, self.mean_budget = n_min, n_max, options.num_generations
+        self.eta, self.gamma = options.gdro_eta, options.gdro_gamma
+        self.dual_lr, self.score_decay = options.rollout_dual_lr, options.rollout_score_decay
+        self.arm_choice, self.mu_update = options.rollout_arm_choice, options.rollout_mu_update
         self.scores = np.zeros((num_bins, len(self.arms)))
         self.j_hat = np.full((num_bins, len(self.arms)), np.nan)
         self.mu = 0.0
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(options.seed)
 
     def arm_probs(self, b: int) -> np.ndarray:
         return exp3_weights(self.scores[b], self.eta, self.gamma)

@@ -1,6 +1,7 @@
 """The curriculum seam: what a curriculum sees before a step (:class:`PromptBatch`), what it
-decides (:class:`Plan`: rollouts and weight per prompt) and what it learns from after the update
-(:class:`Outcome`); and the uniform draw of each step's prompts that it chooses from
+decides (:class:`Plan`: rollouts and weight per prompt), the batch a step trains on
+(:class:`Draw`: the plan's rollout, scores and row weights) and what it learns from after the
+update (:class:`Outcome`); and the uniform draw of each step's prompts that it chooses from
 (:class:`PromptBatches`: the same global batch on every rank, this rank's share tokenised).
 
 Every rank plans the *global* batch from the same state and keeps its own share; after the
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..algo.advantages import equal_prompt_factors
 from ..data.prompts import tokenize_prompts
+from ..rewards.scoring import Scores
 from ..rollout import Rollout
 from ..runtime.distributed import DistributedContext, concat_over_ranks
 from ..sections.curriculum import CurriculumOptions
@@ -54,20 +56,56 @@ class Plan:
         """Rollouts per prompt of this rank's share."""
         return self.counts[self.batch.mine]
 
-    def row_weights(
-        self, rollout: Rollout, prompt_weighting: str = "rollouts"
-    ) -> torch.Tensor | None:
-        """Per row of this rank's rollout, its prompt's weight; None when every weight is 1.
-        ``prompt_weighting="equal"`` multiplies it by GDRO eq. 17's ``mean(n) / n_x`` (the
-        global batch's counts, :func:`groupwise.algo.advantages.equal_prompt_factors`), so a prompt
-        weighs the same whatever its number of rollouts."""
+    def local_weights(self, prompt_weighting: str) -> torch.Tensor | None:
+        """Per prompt of this rank's share, the weight of its rows; None when every weight is 1.
+        ``prompt_weighting="equal"`` multiplies the plan's weight by GDRO eq. 17's
+        ``mean(n) / n_x`` (the global batch's counts,
+        :func:`groupwise.algo.advantages.equal_prompt_factors`), so a prompt weighs the same
+        whatever its number of rollouts. Known with the plan, before any rollout: row i of a
+        rollout takes entry ``group_ids[i]``."""
         mine = self.weights[self.batch.mine]
         if prompt_weighting == "equal":
             factors = equal_prompt_factors(self.counts)[self.batch.mine]
             mine = [w * f for w, f in zip(mine, factors, strict=True)]
         if all(w == 1.0 for w in mine):
             return None
-        return torch.as_tensor(mine, dtype=torch.float32)[rollout.group_ids.cpu()]
+        return torch.as_tensor(mine, dtype=torch.float32)
+
+    def row_weights(
+        self, rollout: Rollout, prompt_weighting: str = "rollouts"
+    ) -> torch.Tensor | None:
+        """Per row of this rank's rollout, its prompt's weight (:meth:`local_weights`); None
+        when every weight is 1."""
+        weights = self.local_weights(prompt_weighting)
+        return None if weights is None else weights[rollout.group_ids.cpu()]
+
+
+class Draw(NamedTuple):
+    """One prompt batch as a step uses it: the prompts (this rank's share), the plan, the
+    rollout, its scores and, per row of the rollout, its prompt's weight in the loss
+    (``row_weights``; None when every weight is 1: :meth:`Plan.local_weights` of the plan,
+    indexed by the rollout's ``group_ids``). The draw's maker weighs it, so the step reads the
+    weights with the rows they belong to."""
+
+    batch: PromptBatch
+    plan: Plan
+    rollout: Rollout
+    scores: Scores
+    row_weights: torch.Tensor | None
+
+    @classmethod
+    def weighed(
+        cls,
+        batch: PromptBatch,
+        plan: Plan,
+        rollout: Rollout,
+        scores: Scores,
+        prompt_weighting: str,
+    ) -> Draw:
+        """The draw with each row's weight from ``plan`` (:meth:`Plan.row_weights`: the plan's
+        weight of its prompt, times GDRO eq. 17's ``mean(n) / n_x`` with
+        ``prompt_weighting="equal"``)."""
+        return cls(batch, plan, rollout, scores, plan.row_weights(rollout, prompt_weighting))
 
 
 @dataclass
@@ -99,7 +137,8 @@ class Curriculum:
     """The protocol: :meth:`plan` before generation, :meth:`observe` after the update (returns
     metrics to log), and ``state_dict``/``load_state_dict`` for checkpoints (``None`` when the
     curriculum has no state). A class names the typed options its ``from_options`` takes in
-    ``options_type`` (:mod:`.options`); without one it is given them as a mapping."""
+    ``options_type`` (:mod:`groupwise.sections.curriculum`); without one it is given them as a
+    mapping."""
 
     options_type: type[CurriculumOptions] | None = None
 

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from ..sections.curriculum import UNSEEN_MODES
+from ..sections.curriculum import GDROOptions
 
 
 def default_edges(num_bins: int) -> list[float]:
@@ -30,56 +30,40 @@ def bin_of(accuracy: float, edges: Sequence[float]) -> int:
     return len(edges)
 
 
-
-
 class DifficultyClassifier:
     """Bins prompts by their recent success rate, with hysteresis.
 
-    For each prompt id, a window of its last ``window`` appearances (0: all history), each kept as
-    (successes, rollouts). The accuracy is the pooled rate sum(successes) / sum(rollouts) over the
-    window. What an appearance records is the caller's choice (:class:`GDROCurriculum`'s
-    ``classifier_signal``): ``(correct rollouts, rollouts)``, the per-rollout success fraction,
-    which does not depend on how many rollouts a prompt got, or
-    ``(any correct, 1)``, the paper's c(x) of eq. 10 (pass@n_b under Rollout-GDRO, so prompts given
-    more rollouts look easier).
+    For each prompt id, a window of its last ``gdro_window`` appearances (0: all history), each kept
+    as (successes, rollouts). The accuracy is the pooled rate sum(successes) / sum(rollouts) over
+    the window. What an appearance records is the caller's choice (:class:`GDROCurriculum`'s
+    ``gdro_classifier_signal``): ``(correct rollouts, rollouts)``, the per-rollout success
+    fraction, which does not depend on how many rollouts a prompt got, or ``(any correct, 1)``,
+    the paper's c(x) of eq. 10 (pass@n_b under Rollout-GDRO, so prompts given more rollouts look
+    easier).
 
-    Unseen prompts (no appearance yet): ``unseen="hardest"`` gives them accuracy 0 and the hardest
-    bin (the paper's released code); ``unseen="unseen"`` gives them their own state, index
+    Unseen prompts (no appearance yet, ``gdro_unseen``): ``hardest`` gives them accuracy 0 and the
+    hardest bin (the paper's released code); ``unseen`` gives them their own state, index
     ``num_bins`` (after the easiest bin), so they no longer mix with the truly hard prompts;
-    ``unseen="difficulty"`` bins an unseen prompt by the prior accuracy the caller passes to
+    ``difficulty`` bins an unseen prompt by the prior accuracy the caller passes to
     :meth:`classify` (its difficulty level's rate, :class:`GDROCurriculum`), and uses the unseen
     state where there is none.
 
     Hysteresis: a prompt leaves its previous bin only if its accuracy passes the crossed edge of
-    that bin by ``hysteresis`` (up: acc >= upper edge + delta; down: acc <= lower edge - delta); it
-    then moves to the bin its accuracy falls in. A step is classified with the history up to the
-    previous step (:meth:`classify`), and the history is updated after the step (:meth:`update`).
+    that bin by ``gdro_hysteresis`` (up: acc >= upper edge + delta; down: acc <= lower edge -
+    delta); it then moves to the bin its accuracy falls in. A step is classified with the history
+    up to the previous step (:meth:`classify`), and the history is updated after the step
+    (:meth:`update`).
     """
 
-    def __init__(
-        self,
-        num_bins: int = 10,
-        edges: Sequence[float] | None = None,
-        window: int = 50,
-        hysteresis: float = 0.0,
-        unseen: str = "hardest",
-    ) -> None:
-        edges = list(edges) if edges is not None else default_edges(num_bins)
-        if any(not 0.0 < e < 1.0 for e in edges) or any(
-            a >= b for a, b in zip(edges[:-1], edges[1:], strict=True)
-        ):
-            raise ValueError(f"bin edges must be strictly increasing inside (0, 1), got {edges}")
-        if window < 0:
-            raise ValueError(f"window must be >= 0 (0 = all history), got {window}")
-        if hysteresis < 0:
-            raise ValueError(f"hysteresis must be >= 0, got {hysteresis}")
-        if unseen not in UNSEEN_MODES:
-            raise ValueError(f"unseen must be one of {list(UNSEEN_MODES)}, got {unseen!r}")
-        self.edges = edges
-        self.num_bins = len(edges) + 1
-        self.window = window
-        self.hysteresis = hysteresis
-        self.unseen = unseen
+    def __init__(self, options: GDROOptions) -> None:
+        # The run's gdro_num_bins, gdro_bin_edges, gdro_window, gdro_hysteresis and gdro_unseen,
+        # checked by the options (groupwise.sections.curriculum).
+        edges = options.gdro_bin_edges
+        self.edges = list(edges) if edges is not None else default_edges(options.gdro_num_bins)
+        self.num_bins = len(self.edges) + 1
+        self.window = options.gdro_window
+        self.hysteresis = options.gdro_hysteresis
+        self.unseen = unseen = options.gdro_unseen
         # Bins plus the unseen state when it has one: the adversaries' number of groups.
         self.num_states = self.num_bins + (unseen != "hardest")
         self.unseen_state: int | None = self.num_bins if unseen != "hardest" else None

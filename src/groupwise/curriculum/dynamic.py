@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -40,18 +40,7 @@ from ..rollout import Rollout
 from ..rollout.base import pick
 from ..runtime.distributed import DistributedContext, all_gather_objects
 from ..sections import DynamicSamplingOptions
-from .base import Plan, PromptBatch
-
-
-class Draw(NamedTuple):
-    """One prompt batch as a step uses it: the prompts (this rank's share), the plan, the
-    rollout and its scores."""
-
-    batch: PromptBatch
-    plan: Plan
-    rollout: Rollout
-    scores: Scores
-
+from .base import Draw, Plan, PromptBatch
 
 # ----------------------------------------------------------------------------------------------
 # Pure helpers
@@ -97,7 +86,7 @@ def split_groups(
 ) -> list[Group]:
     """This rank's groups of ``draw`` (those at the global ``positions`` when given), in order,
     each on its own (CPU tensors)."""
-    batch, plan, rollout, scores = draw
+    batch, plan, rollout, scores = draw.batch, draw.plan, draw.rollout, draw.scores
     ids = rollout.group_ids.cpu()
     lengths = rollout.completion_mask.cpu().sum(dim=1)
     first = batch.mine.start
@@ -160,11 +149,14 @@ def join_groups(
     weights: list[float],
     pad_token_id: int,
     device: torch.device | None = None,
+    *,
+    prompt_weighting: str,
 ) -> Draw:
     """The :class:`Draw` of ``groups`` (this rank's, at least one): prompts left-padded and
     completions right-padded with ``pad_token_id``, group ids renumbered 0..len-1, tensors on
     ``device``. ``indices``/``counts``/``weights`` describe the global batch (every rank's
-    groups in order) and ``mine`` this rank's consecutive share of it."""
+    groups in order) and ``mine`` this rank's consecutive share of it; the row weights follow
+    from them (:meth:`Draw.weighed`, with the run's ``prompt_weighting``)."""
     if not groups:
         raise ValueError("join_groups needs at least one group")
     batch = PromptBatch(list(indices), mine, [g.row for g in groups],
@@ -211,7 +203,7 @@ def join_groups(
             if all(k in g.extra for g in groups)
         },
     )
-    return Draw(batch, plan, rollout, scores)
+    return Draw.weighed(batch, plan, rollout, scores, prompt_weighting)
 
 
 def select_keys(
@@ -280,11 +272,13 @@ class DynamicSampling:
                    options.max_num_gen_batches, options.dynamic_sampling_std_tol, pad_token_id,
                    dist)  # fmt: skip
 
-    def collect(self, draw: Callable[[], Draw]) -> Draw:
+    def collect(self, draw: Callable[[], Draw], prompt_weighting: str) -> Draw:
         """The step's batch: ``draw()`` once when disabled; else draws until enough
-        informative groups (see the module docstring). ``self.logs`` holds the step's metrics.
-        Only the groups that can still be kept are held (on the CPU) between draws: the first
-        ``target`` informative ones and the first zero-variance one per rank."""
+        informative groups (see the module docstring), the kept groups' row weights from their
+        plan entries with the run's ``prompt_weighting`` (:meth:`Draw.weighed`). ``self.logs``
+        holds the step's metrics. Only the groups that can still be kept are held (on the CPU)
+        between draws: the first ``target`` informative ones and the first zero-variance one per
+        rank."""
         if not self.enabled:
             return draw()
         world, rank = self.dist.world_size, self.dist.rank
@@ -331,7 +325,8 @@ class DynamicSampling:
         start = sum(len(share[r]) for r in range(rank))
         return join_groups([held[key] for key in share[rank]], indices,
                            slice(start, start + len(share[rank])), counts, weights,
-                           self.pad_token_id, d.rollout.completion_ids.device)  # fmt: skip
+                           self.pad_token_id, d.rollout.completion_ids.device,
+                           prompt_weighting=prompt_weighting)  # fmt: skip
 
     def _count(
         self, flags: list[list[bool]], sizes: list[list[tuple[int, int]]], kept: list

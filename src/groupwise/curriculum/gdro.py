@@ -11,12 +11,13 @@ defects). Two curricula are built on the same observer (:class:`GDROCurriculum`)
   :meth:`~.adversary.RolloutGDRO.allocate` (eqs. 19-21).
 
 Their parts: the difficulty classifier (:mod:`.bins`), the two adversaries (:mod:`.adversary`),
-the square-root law (:mod:`.allocation`), the section 4 diagnostics (:mod:`.diagnostics`) and the
-typed options (:class:`~.options.GDROOptions`). The defaults differ from the paper where
-simulations show the paper's choice uninformative (the per-rollout classifier, the unseen group,
-the per-prompt square-root law, sampled arms, mu on the best response); each paper choice stays
-one option away. Everything is plain Python / numpy (the arm draws use a ``torch.Generator``) and
-holds its state in a ``state_dict``.
+the square-root law (:mod:`.allocation`) and the section 4 diagnostics (:mod:`.diagnostics`); each
+is built from the run's typed options (:class:`~groupwise.sections.curriculum.GDROOptions`). The
+options' defaults (``groupwise.config.grpo_config``) differ from the paper where simulations show
+the paper's choice uninformative (the per-rollout classifier, the unseen group, the per-prompt
+square-root law, sampled arms, mu on the best response); each paper choice stays one option away.
+Everything is plain Python / numpy (the arm draws use a ``torch.Generator``) and holds its state
+in a ``state_dict``.
 """
 
 from __future__ import annotations
@@ -29,13 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.distributed import DistributedContext, concat_over_ranks
-from ..sections.curriculum import (
-    ALLOCATORS,
-    CLASSIFIER_SIGNALS,
-    PROMPT_SIGNALS,
-    VARIANCE_MODES,
-    GDROOptions,
-)
+from ..sections.curriculum import GDROOptions
 from .adversary import PromptGDRO, RolloutGDRO
 from .allocation import shrunk_rate, sqrt_allocation
 from .base import GlobalBatchCurriculum, GlobalRows, Plan, PromptBatch
@@ -49,93 +44,58 @@ class GDROCurriculum(GlobalBatchCurriculum):
     :meth:`prompt_weights`). The adversary a curriculum does not act on still learns, so its
     diagnostics (bin weights, mu) are logged either way.
 
-    The classifier (``classifier_signal``, ``unseen``: :class:`DifficultyClassifier`) records
-    ``rollout_fraction`` (correct rollouts, rollouts) or ``any_correct`` (the paper's eq. 10 c(x))
-    per appearance; with ``unseen="unseen"`` prompts never observed form their own group (index
-    ``num_bins``, logged as ``..._bin_unseen``), with ``"hardest"`` they join bin 0, and with
-    ``"difficulty"`` they are binned by the pooled per-rollout success rate of the prompts with the
-    same ``difficulty`` value (the dataset rows' column) observed so far (over the last
-    ``window`` steps that had that level), a level prior learned online; rows without the column
-    and levels not observed yet use the unseen group. The levels of the global batch are gathered
-    from every rank, so every rank bins the same way. With that mode a prompt's shrinkage target
-    in the per-prompt variance is its level's rate where known.
+    The classifier (``gdro_classifier_signal``, ``gdro_unseen``: :class:`DifficultyClassifier`)
+    records ``rollout_fraction`` (correct rollouts, rollouts) or ``any_correct`` (the paper's
+    eq. 10 c(x)) per appearance; with ``unseen`` prompts never observed form their own group
+    (index ``num_bins``, logged as ``..._bin_unseen``), with ``hardest`` they join bin 0, and
+    with ``difficulty`` they are binned by the pooled per-rollout success rate of the prompts with
+    the same ``difficulty`` value (the dataset rows' column) observed so far (over the last
+    ``gdro_window`` steps that had that level), a level prior learned online; rows without the
+    column and levels not observed yet use the unseen group. The levels of the global batch are
+    gathered from every rank, so every rank bins the same way. With that mode a prompt's
+    shrinkage target in the per-prompt variance is its level's rate where known.
 
-    Rollout allocation (``allocator``): ``sqrt`` is the closed form (:func:`sqrt_allocation`,
-    Theorem 4.2) and ``bandit`` is eqs. 19-21 (:class:`RolloutGDRO`). Both keep the step's total
-    at prompts x mean_budget. The square-root law's variance (``variance``): ``prompt``, per prompt
-    v_x = p_x (1 - p_x) with p_x its per-rollout success rate over its window shrunk towards its
-    group's pooled rate by ``variance_prior`` pseudo-rollouts (:func:`shrunk_rate`; a group never
-    observed uses the pooled rate of every group, 0.5 before any outcome); ``bin``, this library's
-    earlier per-bin v_b = p_b (1 - p_b), p_b the bin's pooled per-rollout rate over its last
-    ``window`` observed steps (an unobserved bin: the midpoint of its accuracy range). p (1 - p)
-    is the per-rollout reward variance of a 0/1 reward, the right v for ``scale_rewards=none``.
+    Rollout allocation (``rollout_allocator``): ``sqrt`` is the closed form
+    (:func:`sqrt_allocation`, Theorem 4.2) and ``bandit`` is eqs. 19-21 (:class:`RolloutGDRO`).
+    Both keep the step's total at prompts x mean_budget (``num_generations``). The square-root
+    law's variance (``rollout_variance``): ``prompt``, per prompt v_x = p_x (1 - p_x) with p_x its
+    per-rollout success rate over its window shrunk towards its group's pooled rate by
+    ``rollout_variance_prior`` pseudo-rollouts (:func:`shrunk_rate`; a group never observed uses
+    the pooled rate of every group, 0.5 before any outcome); ``bin``, this library's earlier
+    per-bin v_b = p_b (1 - p_b), p_b the bin's pooled per-rollout rate over its last
+    ``gdro_window`` observed steps (an unobserved bin: the midpoint of its accuracy range).
+    p (1 - p) is the per-rollout reward variance of a 0/1 reward, the right v for
+    ``scale_rewards=none``.
 
-    Prompt-GDRO's signal (``prompt_signal``): ``pg_loss``, the paper's per-response clipped
+    Prompt-GDRO's signal (``gdro_signal``): ``pg_loss``, the paper's per-response clipped
     policy loss (eqs. 5-6, unweighted advantages; the loss variant's
     :func:`~groupwise.algo.grpo.sequence_surrogate`), or ``failure_rate``, 1 - correct per rollout.
     With one optimisation pass per batch the former is -A_i, whose mean over every group and
     so every bin is exactly 0, which leaves all bin weights equal (algorithms.md 1.1 [obs]).
-    ``failure_rate`` with share normalisation is refused: dividing a mean by the bin's share
-    ranks bins by rarity, not difficulty (the weights rise with p)."""
+    The options refuse ``failure_rate`` with share normalisation: dividing a mean by the bin's
+    share ranks bins by rarity, not difficulty (the weights rise with p)."""
 
     options_type = GDROOptions
 
-    def __init__(
-        self,
-        *,
-        # the classifier (DifficultyClassifier's options)
-        num_bins: int = 10,
-        edges: Sequence[float] | None = None,
-        window: int = 50,
-        hysteresis: float = 0.0,
-        classifier_signal: str = "rollout_fraction",
-        unseen: str = "unseen",
-        # the rollout budget and its allocation
-        mean_budget: int = 4,
-        n_min: int = 2,
-        n_max: int = 12,
-        allocator: str = "sqrt",
-        variance: str = "prompt",
-        variance_prior: float = 2.0,
-        prompt_signal: str = "pg_loss",
-        correct_threshold: float = 0.5,
-        prompt_kwargs: dict | None = None,
-        rollout_kwargs: dict | None = None,
-        dist: DistributedContext | None = None,
-    ) -> None:
+    def __init__(self, options: GDROOptions, dist: DistributedContext | None = None) -> None:
         super().__init__(dist)
-        for name, value, valid in (
-            ("allocator", allocator, ALLOCATORS),
-            ("prompt_signal", prompt_signal, PROMPT_SIGNALS),
-            ("classifier_signal", classifier_signal, CLASSIFIER_SIGNALS),
-            ("variance", variance, VARIANCE_MODES),
-        ):
-            if value not in valid:
-                raise ValueError(f"{name} must be one of {list(valid)}, got {value!r}")
-        if variance_prior < 0:
-            raise ValueError(f"variance_prior must be >= 0, got {variance_prior}")
-        self.prompt_signal, self.allocator = prompt_signal, allocator
-        self.classifier_signal, self.variance, self.variance_prior = (
-            classifier_signal, variance, variance_prior,
-        )  # fmt: skip
-        self.correct_threshold = correct_threshold
-        self.classifier = DifficultyClassifier(num_bins, edges, window, hysteresis, unseen)
+        # Every option was checked when ``options`` was made (groupwise.sections.curriculum).
+        self.options = options
+        self.prompt_signal, self.allocator = options.gdro_signal, options.rollout_allocator
+        self.classifier_signal = options.gdro_classifier_signal
+        self.variance = options.rollout_variance
+        self.variance_prior = options.rollout_variance_prior
+        self.correct_threshold = options.gdro_correct_threshold
+        self.classifier = DifficultyClassifier(options)
         states = self.classifier.num_states
-        self.prompt_gdro = PromptGDRO(states, **(prompt_kwargs or {}))
-        if prompt_signal == "failure_rate" and self.prompt_gdro.share_normalize:
-            raise ValueError(
-                "prompt_signal=failure_rate with share_normalize=True ranks bins by rarity, not "
-                "difficulty (a mean divided by the bin's share); turn share_normalize off "
-                "(gdro_share_normalize: false) or use prompt_signal=pg_loss"
-            )
-        self.rollout_gdro = RolloutGDRO(
-            states, n_min=n_min, n_max=n_max, mean_budget=mean_budget, **(rollout_kwargs or {})
-        )
-        self.mean_budget, self.n_min, self.n_max = mean_budget, n_min, n_max
+        self.prompt_gdro = PromptGDRO(states, options)
+        self.rollout_gdro = RolloutGDRO(states, options)
+        self.mean_budget = options.num_generations
+        self.n_min, self.n_max = options.rollout_min, options.rollout_max
         # Per group, (correct rollouts, rollouts) of its last `window` observed steps (0: all).
+        self.window = window = options.gdro_window
         self.success: list[deque] = [deque(maxlen=window or None) for _ in range(states)]
         # unseen="difficulty": the same per difficulty level, and the levels of the step planned.
-        self.window = window
         self.level_success: dict[str, deque] = {}
         self._levels: list[str | None] | None = None
 
@@ -143,44 +103,11 @@ class GDROCurriculum(GlobalBatchCurriculum):
     def from_options(
         cls, options: GDROOptions | Any, dist: DistributedContext | None = None
     ) -> GDROCurriculum:
-        """Built from a run's options: a :class:`~.options.GDROOptions`, or a ``GRPOConfig`` (or
-        its ``to_dict()``) read into one (validated, errors naming the option): the ``gdro_*``
-        and ``rollout_*`` fields, ``num_generations`` as the mean rollout budget and ``seed`` for
-        the arm draws."""
+        """Built from a run's options: a :class:`~groupwise.sections.curriculum.GDROOptions`, or
+        a ``GRPOConfig`` (or its ``to_dict()``) read into one (checked, errors naming the
+        option)."""
         o = options if isinstance(options, GDROOptions) else GDROOptions.from_config(options)
-        exp_weights = {"eta": o.gdro_eta, "gamma": o.gdro_gamma}  # both adversaries'
-        return cls(
-            num_bins=o.gdro_num_bins,
-            edges=o.gdro_bin_edges,
-            window=o.gdro_window,
-            hysteresis=o.gdro_hysteresis,
-            classifier_signal=o.gdro_classifier_signal,
-            unseen=o.gdro_unseen,
-            mean_budget=o.num_generations,
-            n_min=o.rollout_min,
-            n_max=o.rollout_max,
-            allocator=o.rollout_allocator,
-            variance=o.rollout_variance,
-            variance_prior=o.rollout_variance_prior,
-            prompt_signal=o.gdro_signal,
-            correct_threshold=o.gdro_correct_threshold,
-            prompt_kwargs=dict(
-                exp_weights,
-                ema_beta=o.gdro_ema_beta,
-                clip=o.gdro_clip,
-                weight_cap=o.gdro_weight_cap,
-                share_normalize=o.gdro_share_normalize,
-            ),
-            rollout_kwargs=dict(
-                exp_weights,
-                dual_lr=o.rollout_dual_lr,
-                score_decay=o.rollout_score_decay,
-                arm_choice=o.rollout_arm_choice,
-                mu_update=o.rollout_mu_update,
-                seed=o.seed,
-            ),
-            dist=dist,
-        )
+        return cls(o, dist)
 
     # -- what a subclass acts on ------------------------------------------------------------
     def rollout_counts(self, uids: Sequence[Hashable], bins: Sequence[int]) -> list[int]:

@@ -61,8 +61,6 @@ import torch
 
 from ..algo.advantages import informative_groups
 from ..runtime.distributed import DistributedContext
-from ..sections.curriculum import SELECT_ALLOCATORS as ALLOCATORS
-from ..sections.curriculum import SELECT_RULES as RULES
 from ..sections.curriculum import SelectOptions
 from .allocation import sqrt_allocation
 from .base import GlobalBatchCurriculum, GlobalRows, Plan, PromptBatch
@@ -237,61 +235,38 @@ class SelectCurriculum(GlobalBatchCurriculum):
     State (checkpointed, identical on every rank): per prompt (dataset index) its discounted
     correct and incorrect rollout counts, its all-alike groups in a row (``best_k``) and the
     times it was skipped since its last rollout (``legacy``); per difficulty level the pooled
-    discounted counts; each candidate's level; the step count and the RNG."""
+    discounted counts; each candidate's level; the step count and the RNG.
+
+    Its options (:class:`~groupwise.sections.curriculum.SelectOptions`) are the module
+    docstring's names with the ``select_`` prefix (``select_oversample``, ``select_rule``, ...),
+    ``rollout_min`` and ``rollout_max`` (n_min, n_max), ``num_generations`` (G),
+    ``gdro_correct_threshold`` and ``seed``."""
 
     options_type = SelectOptions
 
     def __init__(
         self,
-        *,
-        num_generations: int = 4,
-        n_min: int = 2,
-        n_max: int = 12,
-        rule: str = "best_k",
-        oversample: int | None = None,
-        keep: float = 0.5,
-        keep_floor: float = 0.01,
-        discount: float = 0.7,
-        prior_strength: float = 2.0,
-        retry_half_life: float = 2.0,
-        uniform_mix: float = 0.2,
-        allocator: str = "knapsack",
-        equal_prompt_weight: bool = True,
-        correct_threshold: float = 0.5,
-        difficulty_column: str = "difficulty",
-        seed: int = 0,
+        options: SelectOptions,
         dist: DistributedContext | None = None,
+        difficulty_column: str = "difficulty",
     ) -> None:
         super().__init__(dist)
-        if rule not in RULES:
-            raise ValueError(f"select_rule must be in {RULES}, got {rule!r}")
-        oversample = DEFAULT_OVERSAMPLE[rule] if oversample is None else oversample
-        checks = (
-            ("select_oversample", oversample, oversample >= 1, "must be >= 1"),
-            ("select_keep", keep, 0.0 <= keep <= 1.0, "must be in [0, 1]"),
-            ("select_keep_floor", keep_floor, 0.0 <= keep_floor <= 1.0, "must be in [0, 1]"),
-            ("select_discount", discount, 0.0 < discount <= 1.0, "must be in (0, 1]"),
-            ("select_prior_strength", prior_strength, prior_strength > 0, "must be > 0"),
-            ("select_retry_half_life", retry_half_life, retry_half_life > 0, "must be > 0 skips"),
-            ("select_uniform_mix", uniform_mix, 0.0 <= uniform_mix <= 1.0, "must be in [0, 1]"),
-            ("select_allocator", allocator, allocator in ALLOCATORS, f"must be in {ALLOCATORS}"),
-        )
-        for name, value, ok, why in checks:
-            if not ok:
-                raise ValueError(f"{name} {why}, got {value!r}")
-        if not 1 <= n_min <= num_generations <= n_max:
-            raise ValueError(
-                "curriculum=select needs 1 <= rollout_min <= num_generations (the mean group "
-                f"size) <= rollout_max, got {n_min}, {num_generations}, {n_max}"
-            )
-        self.mean, self.n_min, self.n_max = num_generations, n_min, n_max
-        self.rule, self.oversample, self.discount = rule, oversample, discount
-        self.keep, self.keep_floor = keep, keep_floor
-        self.prior_strength, self.retry_half_life = prior_strength, retry_half_life
-        self.uniform_mix, self.allocator = uniform_mix, allocator
-        self.equal_prompt_weight, self.correct_threshold = equal_prompt_weight, correct_threshold
+        # Every option was checked when ``options`` was made (groupwise.sections.curriculum).
+        self.options = options
+        rule = options.select_rule
+        oversample = options.select_oversample
+        self.mean = options.num_generations  # G, the mean group size
+        self.n_min, self.n_max = options.rollout_min, options.rollout_max
+        self.rule, self.discount = rule, options.select_discount
+        self.oversample = DEFAULT_OVERSAMPLE[rule] if oversample is None else oversample
+        self.keep, self.keep_floor = options.select_keep, options.select_keep_floor
+        self.prior_strength = options.select_prior_strength
+        self.retry_half_life = options.select_retry_half_life
+        self.uniform_mix, self.allocator = options.select_uniform_mix, options.select_allocator
+        self.equal_prompt_weight = options.select_equal_prompt_weight
+        self.correct_threshold = options.gdro_correct_threshold
         self.difficulty_column = difficulty_column
-        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.rng = np.random.Generator(np.random.PCG64(options.seed))
         self.step = 0
         self.evidence: dict[int, list[float]] = {}  # index -> [successes, failures]
         self.streaks: dict[int, int] = {}  # index -> all-alike groups in a row (best_k)
@@ -306,29 +281,10 @@ class SelectCurriculum(GlobalBatchCurriculum):
     def from_options(
         cls, options: SelectOptions | Any, dist: DistributedContext | None = None
     ) -> SelectCurriculum:
-        """From a run's options: a :class:`~.options.SelectOptions`, or a ``GRPOConfig`` (or its
-        ``to_dict()``) read into one (validated, errors naming the option): the ``select_*``
-        fields, ``rollout_min``/``rollout_max`` as the group size bounds, ``num_generations`` as
-        the mean group size, ``gdro_correct_threshold`` and ``seed`` (the same on every rank)."""
+        """From a run's options: a :class:`~groupwise.sections.curriculum.SelectOptions`, or a
+        ``GRPOConfig`` (or its ``to_dict()``) read into one (checked, errors naming the option)."""
         o = options if isinstance(options, SelectOptions) else SelectOptions.from_config(options)
-        return cls(
-            num_generations=o.num_generations,
-            n_min=o.rollout_min,
-            n_max=o.rollout_max,
-            rule=o.select_rule,
-            oversample=o.select_oversample,
-            keep=o.select_keep,
-            keep_floor=o.select_keep_floor,
-            discount=o.select_discount,
-            prior_strength=o.select_prior_strength,
-            retry_half_life=o.select_retry_half_life,
-            uniform_mix=o.select_uniform_mix,
-            allocator=o.select_allocator,
-            equal_prompt_weight=o.select_equal_prompt_weight,
-            correct_threshold=o.gdro_correct_threshold,
-            seed=o.seed,
-            dist=dist,
-        )
+        return cls(o, dist)
 
     # -- the posterior of a prompt ------------------------------------------------------------
     def level(self, row: Mapping[str, Any] | None) -> str:

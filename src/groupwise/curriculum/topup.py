@@ -129,14 +129,17 @@ class TopUp:
 
     def collect(
         self, batch: PromptBatch, plan: Plan, roll: RollOut,
-        weigh: Callable[[list[int]], list[float]] | None = None,
+        weigh: Callable[[list[int]], list[float]] | None = None, *, prompt_weighting: str,
     ) -> Draw:  # fmt: skip
         """The step's draw: every round's rollouts joined per group, with the plan's counts
-        (and weights, by ``weigh(counts)`` when given) set to the realised group sizes."""
+        (and weights, by ``weigh(counts)`` when given) set to the realised group sizes, and the
+        row weights that follow with the run's ``prompt_weighting`` (:meth:`Draw.weighed`)."""
         budget = sum(plan.counts)
         sizes = first_round(plan.counts, self.first)
         rollout, scores = roll(batch.prompt_ids, sizes, batch.rows)
-        groups = split_groups(Draw(batch, Plan(batch, sizes, [1.0] * len(sizes)), rollout, scores))
+        groups = split_groups(
+            Draw(batch, Plan(batch, sizes, [1.0] * len(sizes)), rollout, scores, None)
+        )
         uniform = [self.uniform(g) for g in groups]
         before, rounds, left = len(groups) - sum(uniform), 0, budget - sum(sizes)
         while True:
@@ -154,9 +157,8 @@ class TopUp:
             )
             counts = [extra[j] for j in pos]
             r, s = roll(sub.prompt_ids, counts, sub.rows)
-            for j, g in zip(
-                pos, split_groups(Draw(sub, Plan(sub, counts, [1.0] * len(pos)), r, s)), strict=True
-            ):
+            parts = split_groups(Draw(sub, Plan(sub, counts, [1.0] * len(pos)), r, s, None))
+            for j, g in zip(pos, parts, strict=True):
                 groups[j] = merge_groups(groups[j], g, self.pad_token_id)
                 sizes[j] += extra[j]
                 uniform[j] = self.uniform(groups[j])
@@ -164,7 +166,8 @@ class TopUp:
         first = sum(first_round(plan.counts, self.first))
         weights = weigh(sizes) if weigh is not None else list(plan.weights)
         joined = join_groups(groups, batch.indices, batch.mine, sizes, weights,
-                             self.pad_token_id, rollout.completion_ids.device)  # fmt: skip
+                             self.pad_token_id, rollout.completion_ids.device,
+                             prompt_weighting=prompt_weighting)  # fmt: skip
         self.logs = {
             "curriculum/select/top_up_rounds": float(rounds),
             "curriculum/select/top_up_rollouts": float(sum(sizes) - first),
@@ -172,4 +175,6 @@ class TopUp:
             "curriculum/select/informative_before_top_up": float(before),
             "curriculum/select/informative_after_top_up": float(len(groups) - sum(uniform)),
         }
-        return Draw(batch, Plan(batch, sizes, weights, plan.bins), joined.rollout, joined.scores)
+        # The joined draw's row weights are those of this plan: same counts, weights and share.
+        return Draw(batch, Plan(batch, sizes, weights, plan.bins), joined.rollout, joined.scores,
+                    joined.row_weights)  # fmt: skip

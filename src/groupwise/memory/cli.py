@@ -214,11 +214,11 @@ def resolve_run_dtype(cfg: Any, device: str, use_peft: bool | None = None) -> st
 
 def resolve_generation_dtype(cfg: Any, device: str) -> str:
     """The dtype of the static engine's weight copy in the run ``cfg`` describes
-    (groupwise.build.rollout.static_dtype): bf16 wherever the run generates in bf16."""
+    (groupwise.wiring.rollout.static_dtype): bf16 wherever the run generates in bf16."""
     import torch
 
-    from ..build.rollout import static_dtype
     from ..runtime.precision import resolve_precision
+    from ..wiring.rollout import static_dtype
 
     precision = resolve_precision(
         cfg.dtype, cfg.bf16_autocast, cfg.generation_dtype, torch.device(device),
@@ -239,7 +239,7 @@ def task_prompt_length(cfg: Any, model: str) -> int | None:
 
     try:
         tokenizer = _load_tokenizer(model)
-        from ..build.rows import build_datasets
+        from ..wiring.rows import build_datasets
 
         with contextlib.redirect_stdout(sys.stderr):  # the loader's summary; keeps --json clean
             rows, _ = build_datasets(cfg)

@@ -84,10 +84,10 @@ def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from ..build.rewards import default_reward_names
-    from ..build.rows import build_datasets
     from ..config.grpo_config import GRPOConfig
     from ..data.prompts import tokenize_prompts
+    from ..wiring.rewards import default_reward_names
+    from ..wiring.rows import build_datasets
 
     if spec["algorithm"] == "ppo":
         from ..trainer.ppo import PPOTrainer as Trainer

@@ -17,8 +17,8 @@ from ..rollout import Rollout
 from ..runtime.distributed import DistributedContext
 from ..runtime.models import load_model_and_tokenizer
 from ..sections import Sections
-from .policy import Trainable
-from .update import trimmed_completions
+from .batches import trimmed_completions
+from .optimizer import Trainable
 
 CRITIC_DIR = "critic"
 
@@ -114,7 +114,7 @@ class Critic:
             wrapper = DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None
             )
-        optimization, lr = options.optimization, options.algorithm.critic_learning_rate
+        optimization, lr = options.optimization, options.ppo.critic_learning_rate
         lr = lr if lr is not None else optimization.learning_rate
         self.module, self.wrapper = model, wrapper
         self.network = Trainable(model, wrapper, optimization, options.batch, dist, lr)

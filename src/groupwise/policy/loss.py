@@ -24,6 +24,9 @@ the entropy measured over that step's tokens (every micro-batch, every rank),
 and the next step applies c only while the last measured H is at or below the target, so a
 policy already above its target entropy gets no push (the first step, with nothing measured
 yet, applies none, as TRL does).                                                          (3)
+
+PPO's loss of a micro-batch, bound to its options the same way, is :class:`PPOLoss` (the
+clipped surrogate plus the critic's clipped value loss; the math: :mod:`groupwise.algo.ppo`).
 """
 
 from __future__ import annotations
@@ -44,51 +47,38 @@ from ..algo.grpo import (
     sequence_surrogate,
 )
 from ..algo.losses import LossTerms, MicroBatch, get_loss
+from ..algo.ppo import ppo_policy_loss, value_loss
 from ..runtime.distributed import DistributedContext, all_reduce_sum
-from ..sections import LossOptions
+from ..sections import LossOptions, PPOOptions
 
 if TYPE_CHECKING:
-    from .update import UpdateStats
+    from collections.abc import Callable
 
-
-
-
+    from ..rollout import Rollout
+    from .batches import UpdateStats
+    from .critic import Critic
 
 
 class EntropyControl:
     """The run's entropy coefficient: fixed (``entropy_coef``), or adapted after every optimizer
     step (Eqs. 2-3) from the token entropy the micro-batches of that step report."""
 
-    def __init__(
-        self,
-        coef: float,
-        *,
-        adaptive: bool = False,
-        target: float = 0.2,
-        delta: float = 0.005,
-        coef_min: float = 0.0,
-        coef_max: float = 1.0,
-    ) -> None:
-        self.coef, self.adaptive = float(coef), adaptive
-        self.target, self.delta = target, delta
-        self.coef_min, self.coef_max = coef_min, coef_max
+    def __init__(self, loss: LossOptions) -> None:
+        """The coefficient and its bounds from the run's loss section (TRL's names:
+        ``entropy_coef``, ``use_adaptive_entropy``, ``entropy_target``, ``entropy_coef_delta``,
+        ``entropy_coef_min``, ``entropy_coef_max``)."""
+        self.coef, self.adaptive = float(loss.entropy_coef), loss.use_adaptive_entropy
+        self.target, self.delta = loss.entropy_target, loss.entropy_coef_delta
+        self.coef_min, self.coef_max = loss.entropy_coef_min, loss.entropy_coef_max
         self.last_entropy = math.inf  # Eq. 3: nothing measured yet
         self._window: Tensor | None = None  # [entropy sum, token count] of this optimizer step
 
     @classmethod
     def from_options(cls, loss: LossOptions) -> EntropyControl | None:
-        """The control of a run's loss section (TRL's option names); None when there is no
-        bonus."""
+        """The control of a run's loss section; None when there is no bonus."""
         if loss.entropy_coef == 0.0 and not loss.use_adaptive_entropy:
             return None
-        return cls(
-            loss.entropy_coef,
-            adaptive=loss.use_adaptive_entropy,
-            target=loss.entropy_target,
-            delta=loss.entropy_coef_delta,
-            coef_min=loss.entropy_coef_min,
-            coef_max=loss.entropy_coef_max,
-        )
+        return cls(loss)
 
     @property
     def applied(self) -> float:
@@ -153,6 +143,14 @@ class GRPOLoss:
         self.max_completion_length = max_completion_length
         self.epsilon_high = loss.effective_epsilon_high
         self.variant_options = loss.variant_options()
+        # What policy_loss and sequence_surrogate take of the options, the same every call.
+        self.objective_options = dict(
+            loss_type=loss.loss_type,
+            epsilon_low=loss.epsilon,
+            epsilon_high=self.epsilon_high,
+            importance_sampling_level=loss.importance_sampling_level,
+            variant_options=self.variant_options,
+        )
         self.entropy = EntropyControl.from_options(loss)
         if loss.importance_sampling_level == "sequence" and self.variant.sums_tokens:
             logger.warning(
@@ -194,15 +192,8 @@ class GRPOLoss:
             self.entropy.load_state_dict(state)
 
     def __call__(self, logps: Tensor, mb: MicroBatch) -> LossTerms:
-        o = self.options
+        o, options = self.options, self.objective_options
         assert mb.advantages is not None
-        options = dict(
-            loss_type=o.loss_type,
-            epsilon_low=o.epsilon,
-            epsilon_high=self.epsilon_high,
-            importance_sampling_level=o.importance_sampling_level,
-            variant_options=self.variant_options,
-        )
         entropy_mask = None
         if o.top_entropy_quantile < 1.0:
             if mb.entropy is None:
@@ -250,3 +241,48 @@ class GRPOLoss:
             if torch.is_grad_enabled():  # a training pass: evaluation never moves the control
                 self.entropy.observe(mb.entropy, keep)
         return LossTerms(loss, weight, metrics, signal, bonus)
+
+
+class PPOLoss:
+    """PPO's loss of one micro-batch: the clipped policy surrogate (the ``loss`` section's
+    ``epsilon`` and :attr:`~groupwise.sections.LossOptions.effective_epsilon_high`) plus
+    ``vf_coef`` times the clipped value loss (``cliprange_value``), both token means over the
+    global batch (each micro-batch weighs its share of every rank's tokens; the gradient average
+    over ranks divides by the world size, which the weight undoes). One per generation batch:
+    it holds that batch's rollout, token advantages, returns and old values."""
+
+    def __init__(
+        self,
+        loss: LossOptions,
+        ppo: PPOOptions,
+        critic: Critic,
+        rollout: Rollout,
+        advantages: Tensor,
+        returns: Tensor,
+        old_values: Tensor,
+        autocast: Callable[[], Any],
+    ) -> None:
+        self.epsilon, self.epsilon_high = loss.epsilon, loss.effective_epsilon_high
+        self.vf_coef, self.cliprange_value = ppo.vf_coef, ppo.cliprange_value
+        self.critic, self.rollout = critic, rollout
+        self.advantages, self.returns, self.old_values = advantages, returns, old_values
+        self.autocast = autocast
+        self.token_mean = get_loss("dapo")  # the global batch's token mean
+
+    def __call__(self, logps: Tensor, mb: MicroBatch) -> LossTerms:
+        with self.autocast():
+            values = self.critic.values(self.rollout, mb.rows)
+        old = mb.old_logprobs if mb.old_logprobs is not None else logps.detach()
+        pg_loss, metrics = ppo_policy_loss(
+            logps, old, mb.ref_logprobs, self.advantages[mb.rows], mb.mask,
+            epsilon_low=self.epsilon, epsilon_high=self.epsilon_high,
+        )  # fmt: skip
+        vf_loss, vf_clip = value_loss(
+            values, self.old_values[mb.rows], self.returns[mb.rows], mb.mask, self.cliprange_value
+        )
+        weight = self.token_mean.share(len(mb.rows), mb.mask.sum(), mb.counts)
+        # Detached tensors: the update reads every metric once per pass (no sync here).
+        metrics = {**metrics, "loss": pg_loss.detach(), "value_loss": vf_loss.detach(),
+                   "value_clip_frac": torch.as_tensor(vf_clip).detach()}  # fmt: skip
+        # Policy and critic share no parameters: one backward serves both.
+        return LossTerms(pg_loss + self.vf_coef * vf_loss, weight, metrics)

@@ -1,259 +1,52 @@
-"""The micro-batched update of a policy, and what it works on.
+"""The update: one generation batch's optimizer steps, read top to bottom.
 
-A step's two calls on the policy (:class:`groupwise.policy.policy.Policy`):
+    learn(policy, rollout, advantages, row_weights, loss, engine)
+        prepare_generation   mini-batches of whole groups (TRL's steps_per_generation), each
+                             prepared: micro-batches, pi_old (mu > 1 or several mini-batches)
+                             and pi_ref (beta > 0) log-probs, the global counts   (prepare)
+        train_generation     num_iterations passes, one optimizer step per mini-batch:
+            update           per micro-batch: forward (log-probs, entropies), loss, backward;
+                             then clip, the optimizer step (skipped on NaN/inf), TR-DPO's
+                             reference sync
+        engine.sync          the engine takes the new weights
 
-    inputs = policy.prepare(rollout, advantages, row_weights)  # pi_old (mu > 1), pi_ref (beta > 0)
-    stats = policy.update(inputs, loss)                        # one optimizer pass
-
-``loss`` is any callable ``loss(logprobs, micro_batch) -> LossTerms``
-(:class:`groupwise.policy.loss.GRPOLoss` for GRPO). Losses are normalised over the *global* batch
-(:class:`~groupwise.algo.losses.BatchCounts`: every rank's rows, tokens and micro-batches), so data
-parallel gives the single-process gradient. The update is functions of the policy
-(:class:`UpdatedPolicy`: its forwards and its network's optimizer calls), which its methods call;
-each step of the update goes back through the policy's methods (``prepare``, ``update``,
-``micro_batches``, ``step``).
+The policy (:class:`groupwise.policy.policy.Policy`) is the network and its forwards; these
+functions drive it, never the other way round. ``loss`` is any callable
+``loss(logprobs, micro_batch) -> LossTerms`` (:class:`groupwise.policy.loss.GRPOLoss` for GRPO).
+Losses are normalised over the *global* batch (:class:`~groupwise.algo.losses.BatchCounts`:
+every rank's rows, tokens and micro-batches), so data parallel gives the single-process
+gradient.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from ..algo.losses import BatchCounts, LossTerms, MicroBatch, rollout_correction_weights
-from ..rollout import Rollout
+from ..rollout import Rollout, RolloutEngine
 from ..rollout.base import select_prompts
-from ..runtime.distributed import DistributedContext, all_reduce_sum, any_rank, max_over_ranks
+from ..runtime.distributed import all_reduce_sum, any_rank, max_over_ranks
 from ..runtime.offload import OffloadActivations
-from ..sections import (
-    BatchOptions,
-    GenerationOptions,
-    LossOptions,
-    ModelOptions,
-    OptimizationOptions,
-    ReferenceOptions,
-    RuntimeOptions,
-    SectionGroup,
+from .batches import (
+    GenerationBatch,
+    PolicyInputs,
+    UpdateStats,
+    merge_stats,
+    micro_batch_rows,
+    minibatch_prompts,
 )
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
-
-# ----------------------------------------------------------------------------------------------
-# What an update pass works on
-
-
-@dataclass
-class UpdateStats:
-    """What the passes over one batch did: weighted metric sums (each pass counted
-    1 / passes), the entropy sum over tokens, the last pass's gradient norms and per-sequence
-    loss, and whether an update was skipped for a NaN/inf loss or gradient."""
-
-    sums: dict[str, float] = field(default_factory=dict)
-    entropy_sum: float = 0.0
-    grad_norms: list[Tensor] = field(default_factory=list)
-    sequence_loss: Tensor | None = None
-    mismatch: list[tuple[Tensor, Tensor]] = field(default_factory=list)
-    skipped: bool = False
-    passes: int = 0
-    tokens: Tensor | float = 1.0  # the global batch's trained tokens (entropy is per token)
-
-    @property
-    def grad_norm(self) -> Tensor:
-        return self.grad_norms[0] if self.grad_norms else torch.tensor(0.0)
-
-
-@dataclass
-class PolicyInputs:
-    """A prepared batch: the rollout, its micro-batches (and FSDP padding passes), the
-    rollout-time log-probs per micro-batch, the global counts, and the stats of the passes."""
-
-    rollout: Rollout
-    mask: Tensor
-    advantages: Tensor | None
-    row_weights: Tensor | None
-    micro_batches: list[Tensor]
-    padding: list[Tensor]
-    old_logprobs: list[Tensor | None]
-    ref_logprobs: list[Tensor | None]
-    counts: BatchCounts
-    passes: int
-    correction: list[Tensor | None] = field(default_factory=list)
-    stats: UpdateStats = field(default_factory=UpdateStats)
-
-    def micro_batch(self, k: int, device: torch.device) -> MicroBatch:
-        rows = self.micro_batches[k]
-        return MicroBatch(
-            rows=rows,
-            mask=self.mask[rows],
-            advantages=None if self.advantages is None else self.advantages[rows],
-            old_logprobs=self.old_logprobs[k],
-            ref_logprobs=self.ref_logprobs[k],
-            correction=self.correction[k],
-            row_weights=None if self.row_weights is None else self.row_weights[rows].to(device),
-            counts=self.counts,
-            sampling_logprobs=(
-                None
-                if self.rollout.sampling_logprobs is None
-                else self.rollout.sampling_logprobs[rows].to(device)
-            ),
-        )
-
-
-@dataclass
-class GenerationBatch:
-    """One generation batch as the optimizer sees it: its mini-batches (one optimizer step each
-    per pass; TRL's steps_per_generation), each prepared with the sampling policy's log-probs.
-    ``rows[j]``: mini-batch j's rows in the rollout (None: the whole rollout, one mini-batch)."""
-
-    rollout: Rollout
-    rows: list[Tensor | None]
-    inputs: list[PolicyInputs]
-
-
-def merge_stats(parts: Sequence[UpdateStats], rows: Sequence[Tensor], n_rows: int) -> UpdateStats:
-    """The stats of a generation batch from its mini-batches' (``rows[j]``: mini-batch j's rows
-    in the rollout): loss and metric sums averaged over the mini-batches (so over every
-    optimizer step), entropy summed with its token count, the last optimizer step's gradient
-    norms, each row's policy term from the mini-batch it was trained in, skipped if any was."""
-    merged = UpdateStats(passes=parts[0].passes, tokens=sum(p.tokens for p in parts))
-    for part in parts:
-        for key, value in part.sums.items():
-            merged.sums[key] = merged.sums.get(key, 0.0) + value / len(parts)
-        merged.entropy_sum += part.entropy_sum
-        merged.mismatch += part.mismatch
-        merged.skipped |= part.skipped
-    merged.grad_norms = parts[-1].grad_norms
-    if all(p.sequence_loss is not None for p in parts):
-        merged.sequence_loss = torch.zeros(n_rows)
-        for part, index in zip(parts, rows, strict=True):
-            merged.sequence_loss[index] = part.sequence_loss
-    return merged
-
-
-# ----------------------------------------------------------------------------------------------
-# The options a policy reads
-
-
-@dataclass(frozen=True)
-class PolicyOptions(SectionGroup):
-    """The sections of the run's options that the policy reads, and only those: LoRA
-    (``model``), the batch arithmetic (``batch``), the loss options the update applies itself
-    (``loss``: beta, masks, rollout correction), the reference (``reference``), the sampling
-    temperature its log-probs divide by (``generation``), AdamW and its schedule
-    (``optimization``) and the forward's numerics and data parallelism (``runtime``)."""
-
-    model: ModelOptions
-    batch: BatchOptions
-    loss: LossOptions
-    reference: ReferenceOptions
-    generation: GenerationOptions
-    optimization: OptimizationOptions
-    runtime: RuntimeOptions
-
-
-# ----------------------------------------------------------------------------------------------
-# Micro-batches of a rollout: which rows go together, and how each shares its prompt forward
-# (pure functions on row indices and lengths; the policy and PPO's critic run one forward per
-# micro-batch, padded only to that micro-batch's longest completion)
-
-
-def minibatch_prompts(num_prompts: int, num_minibatches: int) -> list[torch.Tensor]:
-    """Split a generation batch's prompts into ``num_minibatches`` mini-batches, one optimizer
-    step each (TRL's steps_per_generation): consecutive blocks of equal size, in batch order
-    (the sampler already shuffled it), so a prompt's group is never split and every mini-batch
-    holds the same number of prompts. Returns LongTensors of prompt (group) indices."""
-    if num_minibatches < 1 or num_prompts % num_minibatches:
-        raise ValueError(
-            f"{num_prompts} prompts do not split into {num_minibatches} equal mini-batches"
-        )
-    return list(torch.arange(num_prompts).split(num_prompts // num_minibatches))
-
-
-def trimmed_completions(
-    rollout: Rollout, rows: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The completion ids and mask of ``rows``, cut to their longest completion (at least one
-    column), and that width: a micro-batch's forward pays only for its own padding."""
-    width = max(int(rollout.host_lengths[rows].max()), 1) if len(rows) else 1
-    mask = rollout.completion_mask[rows]
-    return rollout.completion_ids[rows, :width], mask[:, :width], width
-
-
-def micro_batch_rows(
-    lengths: torch.Tensor, size: int, group_size: int | None, *, by_length: bool = True
-) -> list[torch.Tensor]:
-    """Split the rows of a rollout into micro-batches of at most ``size`` rows (LongTensors of
-    row indices), laid out so that each can share its prompt forward (see :func:`prompt_blocks`).
-
-    With uniform groups of ``group_size`` rows (rows of a group contiguous): if ``size`` is a
-    multiple of it, micro-batches hold whole groups; if it divides it, each micro-batch holds
-    ``size`` rows of one group (with ``by_length``, a group's longest rows go together). Else
-    the units are single rows. With ``by_length`` the units are ordered longest first (a unit
-    counts as its longest completion; stable for ties), so each micro-batch pads to a similar
-    width. A single micro-batch keeps the rollout's order. Every row appears exactly once.
-    """
-    n_rows = int(lengths.numel())
-    if size >= n_rows:
-        return [torch.arange(n_rows)]
-    rows = torch.arange(n_rows)
-    uniform = group_size is not None and n_rows % group_size == 0
-    if uniform and size % group_size == 0:
-        units = rows.view(-1, group_size)  # whole groups
-    elif uniform and group_size % size == 0:
-        units = rows.view(-1, group_size)
-        if by_length:
-            within = torch.sort(lengths.view(-1, group_size), dim=1, descending=True, stable=True)
-            units = units.gather(1, within.indices)
-        units = units.reshape(-1, size)  # pieces of one group
-    else:
-        units = rows.view(-1, 1)
-    if by_length:
-        order = torch.sort(lengths[units].max(dim=1).values, descending=True, stable=True)
-        units = units[order.indices]
-    return list(units.reshape(-1).split(size))
-
-
-def prompt_blocks(row_groups: torch.Tensor, group_size: int) -> tuple[torch.Tensor, int] | None:
-    """How a micro-batch can share its prompt forward: ``(prompts, block)`` when its rows form
-    consecutive blocks of ``block`` rows answering the same prompt (row r answers
-    ``prompts[r // block]``, the layout ``completion_logprobs(group_size=block)`` takes), else
-    None. ``row_groups``: the prompt (group) index of each row. Tried: every row one prompt
-    (block = all rows), then blocks of ``group_size``."""
-    n_rows = int(row_groups.numel())
-    if n_rows == 0:
-        return None
-    if bool((row_groups == row_groups[0]).all()):
-        return row_groups[:1], n_rows
-    if n_rows % group_size == 0:
-        blocks = row_groups.view(-1, group_size)
-        if bool((blocks == blocks[:, :1]).all()):
-            return blocks[:, 0], group_size
-    return None
-
-
-def scatter_rows(
-    parts: Sequence[torch.Tensor], micro_batches: Sequence[torch.Tensor]
-) -> torch.Tensor:
-    """Re-assemble per-micro-batch results [n_k, ...] into rollout row order [N, ...]."""
-    index = torch.cat(list(micro_batches)).to(parts[0].device)
-    out = parts[0].new_empty((index.numel(), *parts[0].shape[1:]))
-    out[index] = torch.cat(list(parts))
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
-# The update: functions of the policy, which calls them from its methods
+from .policy import Policy, PolicyOptions
 
 
 class TrainedNetwork(Protocol):
-    """A network the update steps (:class:`groupwise.policy.policy.Trainable`, or the policy,
-    which steps its own): gradient accumulation, clipping and the optimizer step."""
+    """A network the update steps beside the policy's (PPO's critic: a
+    :class:`groupwise.policy.optimizer.Trainable`): gradient accumulation, clipping and the
+    optimizer step."""
 
     def zero_grad(self) -> None: ...
     def gradient_sync(self, sync: bool) -> contextlib.AbstractContextManager: ...
@@ -261,40 +54,25 @@ class TrainedNetwork(Protocol):
     def step(self) -> None: ...
 
 
-class UpdatedPolicy(TrainedNetwork, Protocol):
-    """What the update functions use of the policy (:class:`groupwise.policy.policy.Policy`):
-    its options, device and processes, its forwards (completion log-probs, the reference's, the
-    training numerics and, under FSDP, the full weights for no-grad forwards) and its network's
-    optimizer calls. The update calls the policy's own methods (``prepare``, ``update``,
-    ``micro_batches``, ``step``), so a subclass or a wrapper of one changes the whole update."""
-
-    options: PolicyOptions
-    model: PreTrainedModel
-    device: torch.device
-    dist: DistributedContext
-    sharded: bool
-    optimizer_steps_per_generation: int
-
-    def micro_batches(self, rollout: Rollout) -> list[Tensor]: ...
-    def autocast(self) -> contextlib.AbstractContextManager: ...
-    def full_weights(self) -> contextlib.AbstractContextManager: ...
-    def logprobs(
-        self, rollout: Rollout, rows: Tensor, model: PreTrainedModel | None = None,
-        entropy_grad: bool = False,
-    ) -> tuple[Tensor, Tensor]: ...  # fmt: skip
-    def reference_logprobs(self, rollout: Rollout, rows: Tensor) -> Tensor: ...
-    def reference_weights(self) -> contextlib.AbstractContextManager: ...
-    def prepare(
-        self, rollout: Rollout, advantages: Tensor | None, row_weights: Tensor | None = None,
-        *, need_old: bool | None = None, exclude_rows: Tensor | None = None,
-    ) -> PolicyInputs: ...  # fmt: skip
-    def update(
-        self, inputs: PolicyInputs, loss: Callable[[Tensor, MicroBatch], LossTerms],
-        also: Sequence[TrainedNetwork] = (),
-    ) -> UpdateStats: ...  # fmt: skip
+def learn(
+    policy: Policy,
+    rollout: Rollout,
+    advantages: Tensor,
+    row_weights: Tensor | None,
+    loss: Callable[[Tensor, MicroBatch], LossTerms],
+    engine: RolloutEngine,
+) -> UpdateStats:
+    """One generation batch's whole update: its mini-batches prepared
+    (:func:`prepare_generation`), ``num_iterations`` passes of ``loss``
+    (:func:`train_generation`), then ``engine`` takes the new weights (an engine with its own
+    copy, static or vLLM, would otherwise sample from the old policy)."""
+    generation = prepare_generation(policy, rollout, advantages, row_weights)
+    stats = train_generation(policy, generation, loss)
+    engine.sync(policy.model)
+    return stats
 
 
-def micro_batches(options: PolicyOptions, rollout: Rollout) -> list[Tensor]:
+def micro_batches_of(options: PolicyOptions, rollout: Rollout) -> list[Tensor]:
     """Row-index micro-batches of ``per_device_train_batch_size`` rows (whole groups when
     the groups are uniform and fit, sorted by length with ``group_by_length``)."""
     batch = options.batch
@@ -309,9 +87,9 @@ def micro_batches(options: PolicyOptions, rollout: Rollout) -> list[Tensor]:
     )
 
 
-# -- the two calls of a step ----------------------------------------------------------------
+# -- a batch prepared, then trained --------------------------------------------------------
 def prepare(
-    policy: UpdatedPolicy,
+    policy: Policy,
     rollout: Rollout,
     advantages: Tensor | None,
     row_weights: Tensor | None = None,
@@ -328,13 +106,13 @@ def prepare(
         mask = mask * (~exclude_rows).float().to(mask.device)[:, None]
     if loss_options.mask_truncated_completions:
         mask = mask * (~rollout.truncated).float()[:, None]
-    micro_batches = policy.micro_batches(rollout)
+    micro_batches = micro_batches_of(policy.options, rollout)
     # FSDP2 gathers weights in every training forward and backward, which are collectives,
     # so every rank runs as many micro-batches (ranks can hold different numbers of rows,
     # e.g. Rollout-GDRO's): the short ones repeat their last with weight 0. DDP needs none:
     # only the last micro-batch's backward synchronises.
     padding: list[Tensor] = []
-    if policy.sharded:
+    if policy.network.sharded:
         most = max_over_ranks(len(micro_batches), policy.dist)
         padding = [micro_batches[-1]] * (most - len(micro_batches))
     need_old = passes > 1 if need_old is None else need_old
@@ -377,28 +155,28 @@ def prepare(
 
 
 def prepare_generation(
-    policy: UpdatedPolicy, rollout: Rollout, advantages: Tensor, row_weights: Tensor | None = None
+    policy: Policy, rollout: Rollout, advantages: Tensor, row_weights: Tensor | None = None
 ) -> GenerationBatch:
     """Split a generation batch into ``optimizer_steps_per_generation`` mini-batches of
-    whole prompt groups (:func:`~groupwise.policy.update.minibatch_prompts`) and prepare each.
+    whole prompt groups (:func:`~groupwise.policy.batches.minibatch_prompts`) and prepare each.
     With several, pi_old is computed for all of them now, before any update: the later
     mini-batches are trained off-policy against the policy that sampled them (TRL). With
-    one, this is :meth:`prepare` of the whole rollout (pi_old only when mu > 1)."""
-    count = policy.optimizer_steps_per_generation
+    one, this is :func:`prepare` of the whole rollout (pi_old only when mu > 1)."""
+    count = policy.options.batch.optimizer_steps_per_generation
     if count == 1:
-        inputs = policy.prepare(rollout, advantages, row_weights)
+        inputs = prepare(policy, rollout, advantages, row_weights)
         return GenerationBatch(rollout, [None], [inputs])
     parts, rows = [], []
     for prompts in minibatch_prompts(rollout.prompt_ids.shape[0], count):
         part, index = select_prompts(rollout, prompts)
         weights = None if row_weights is None else row_weights[index]
-        parts.append(policy.prepare(part, advantages[index], weights, need_old=True))
+        parts.append(prepare(policy, part, advantages[index], weights, need_old=True))
         rows.append(index)
     return GenerationBatch(rollout, rows, parts)
 
 
 def _objective(
-    policy: UpdatedPolicy,
+    policy: Policy,
     inputs: PolicyInputs,
     k: int,
     logps: Tensor,
@@ -417,15 +195,15 @@ def _objective(
 
 
 def loss_value(
-    policy: UpdatedPolicy,
+    policy: Policy,
     rollout: Rollout,
     advantages: Tensor,
     loss: Callable[[Tensor, MicroBatch], LossTerms],
 ) -> float:
     """The objective of a batch without gradients or an update (TRL's ``eval_loss``): every
-    micro-batch's loss weighted as in :meth:`update`, on-policy (pi_old = pi_theta), summed
+    micro-batch's loss weighted as in :func:`update`, on-policy (pi_old = pi_theta), summed
     over ranks into the global batch's loss. Every rank calls it (one all-reduce)."""
-    inputs = policy.prepare(rollout, advantages, need_old=False)
+    inputs = prepare(policy, rollout, advantages, need_old=False)
     total = torch.zeros((), dtype=torch.float64, device=policy.device)
     # FSDP: the full weights are gathered once, so the forwards hold no collective.
     with torch.no_grad(), policy.autocast(), policy.full_weights():
@@ -439,13 +217,13 @@ def loss_value(
 
 
 def train_generation(
-    policy: UpdatedPolicy, batch: GenerationBatch, loss: Callable[[Tensor, MicroBatch], LossTerms]
+    policy: Policy, batch: GenerationBatch, loss: Callable[[Tensor, MicroBatch], LossTerms]
 ) -> UpdateStats:
     """``num_iterations`` passes, each one optimizer step per mini-batch in order (TRL's
     order: mini-batches inside, passes outside); the stats of the whole generation batch."""
     for _ in range(policy.options.batch.num_iterations):
         for inputs in batch.inputs:
-            stats = policy.update(inputs, loss)
+            stats = update(policy, inputs, loss)
     if len(batch.inputs) == 1:
         return stats
     n_rows = batch.rollout.completion_ids.shape[0]
@@ -453,7 +231,7 @@ def train_generation(
 
 
 def update(
-    policy: UpdatedPolicy,
+    policy: Policy,
     inputs: PolicyInputs,
     loss: Callable[[Tensor, MicroBatch], LossTerms],
     also: Sequence[TrainedNetwork] = (),
@@ -466,7 +244,7 @@ def update(
     stats = inputs.stats
     if stats.skipped:
         return stats
-    networks = [policy, *also]
+    networks = [policy.network, *also]
     entropy_grad = bool(getattr(loss, "entropy_grad", False))
     for net in networks:
         net.zero_grad()
@@ -528,13 +306,15 @@ def update(
         # A NaN/inf loss or gradient: skip the update so the weights stay good; the run
         # logs the event and stops after max_bad_steps in a row.
         net.zero_grad() if stats.skipped else net.step()
+    if not stats.skipped:
+        policy.sync_reference()
     after_step = getattr(loss, "after_optimizer_step", None)
     if after_step is not None:
         after_step(policy.dist)
     return stats
 
 
-def _offload(policy: UpdatedPolicy) -> contextlib.AbstractContextManager:
+def _offload(policy: Policy) -> contextlib.AbstractContextManager:
     """The training forward's saved activations in pinned host memory (activation_offloading;
     runtime/offload.py), else kept on the device."""
     if policy.options.runtime.activation_offloading:
@@ -543,7 +323,7 @@ def _offload(policy: UpdatedPolicy) -> contextlib.AbstractContextManager:
 
 
 def _rollout_correction(
-    policy: UpdatedPolicy, inputs: PolicyInputs, k: int, current: Tensor
+    policy: Policy, inputs: PolicyInputs, k: int, current: Tensor
 ) -> Tensor | None:
     """Micro-batch k's rollout-correction weights pi_old / pi_rollout (None when switched
     off; the mismatch is logged either way), from the first pass's log-probs (equal to the

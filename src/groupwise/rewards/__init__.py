@@ -1,7 +1,7 @@
 """Reward functions with TRL's signature ``f(prompts, completions, **columns) -> list[float|None]``.
 
 Every built-in is importable from here and usable by name in ``reward_funcs`` (the names are
-resolved by :mod:`groupwise.build.rewards`, which sits above this package: nothing here imports the
+resolved by :mod:`groupwise.wiring.rewards`, which sits above this package: nothing here imports the
 config or the tasks). A function that scores task success carries ``is_correctness = True``
 (:func:`correctness_index` finds it). Modules: ``shaping`` (format, soft format, length and
 repetition penalties), ``math`` (answer extraction and symbolic equivalence), ``code`` (tests run

@@ -6,10 +6,11 @@ function slower than ``slow_call_warning``, ``reward_timeout``), their weighted 
 
 - Each function gets TRL's call ``f(prompts=..., completions=..., completion_ids=..., **columns,
   trainer_state=..., log_extra=..., log_metric=...)``; ``async def`` functions are awaited
-  concurrently. ``trainer_state`` is the training run's ``transformers.TrainerState`` (None
-  outside a trainer); ``log_extra(column, values)`` adds a column with one value per completion
-  to the completions log (:attr:`RewardScorer.last_extra`); ``log_metric(name, value)`` adds a
-  scalar that the trainer logs, averaged over the step (:meth:`RewardScorer.take_metrics`).
+  concurrently. ``trainer_state`` is the training run's ``transformers.TrainerState``, from the
+  callable the scorer is built with (None outside a trainer); ``log_extra(column, values)`` adds
+  a column with one value per completion to the completions log
+  (:attr:`RewardScorer.last_extra`); ``log_metric(name, value)`` adds a scalar that the trainer
+  logs, averaged over the step (:meth:`RewardScorer.take_metrics`).
 - A function that raises is called again completion by completion, so one bad completion costs
   one None, not the batch. Exception types are counted and the first traceback of each function
   is logged once. If more than ``max_failure_fraction`` of a step's completions fail for one
@@ -186,6 +187,7 @@ class RewardScorer:
         timeout: float | None = None,
         slow_warning_s: float | None = SLOW_REWARD_WARNING_S,
         slow_call_s: float | None = SLOW_CALL_WARNING_S,
+        trainer_state: Callable[[], Any] | None = None,
     ) -> None:
         if not funcs:
             raise ValueError("at least one reward function is needed")
@@ -208,8 +210,9 @@ class RewardScorer:
         self.nan_counts: Counter = Counter()
         self._nan_logged: set[str] = set()
         self._all_none_logged: set[str] = set()
-        # TRL's reward kwargs: the trainer sets trainer_state to a function returning its state.
-        self.trainer_state: Callable[[], Any] | None = None
+        # TRL's trainer_state reward kwarg: what this returns when a batch is scored (None
+        # without one: the functions get None, as outside a trainer).
+        self.trainer_state = trainer_state
         self.pending_metrics: dict[str, list[float]] = {}
         self.last_extra: dict[str, list[Any]] = {}  # log_extra's columns of the last call
         self._extra_logged: set[str] = set()

@@ -1,7 +1,7 @@
 """Rollouts: the engine protocol (:mod:`.base`) and the Hugging Face / torch engine (:mod:`.hf`);
 the colocated vLLM engine is :mod:`.vllm`, imported only when asked for (it needs vllm)."""
 
-from .base import Engine, Request, Rollout, RolloutEngine, SamplingParams
+from .base import Engine, Request, Rollout, RolloutEngine, SamplingParams, plain_sampling
 from .hf import HFEngine, eos_token_ids, generate, left_pad, sample_next_token, token_logprobs
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "eos_token_ids",
     "generate",
     "left_pad",
+    "plain_sampling",
     "sample_next_token",
     "token_logprobs",
 ]

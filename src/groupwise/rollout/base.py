@@ -20,16 +20,28 @@ from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
 @dataclass
 class SamplingParams:
-    max_completion_length: int = 256
-    temperature: float = 1.0  # <= 0 means greedy (exact argmax)
-    top_p: float = 1.0
-    top_k: int = 0  # 0 disables top-k
-    min_p: float = 0.0  # drop tokens below min_p * the top token's probability (0: off)
-    repetition_penalty: float = 1.0  # HF's / vLLM's penalty on tokens already seen (1: off)
+    """How an engine samples a completion. Every field is given: a run's come from its
+    ``generation`` options (:func:`groupwise.wiring.rollout.sampling_params`), where their
+    defaults are declared; :func:`plain_sampling` is sampling with every filter off."""
+
+    max_completion_length: int
+    temperature: float  # <= 0 means greedy (exact argmax)
+    top_p: float  # 1 disables top-p
+    top_k: int  # 0 disables top-k
+    min_p: float  # drop tokens below min_p * the top token's probability (0: off)
+    repetition_penalty: float  # HF's / vLLM's penalty on tokens already seen (1: off)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+def plain_sampling(max_completion_length: int, temperature: float) -> SamplingParams:
+    """Sampling from softmax(logits / ``temperature``) (<= 0: greedy), every filter off: no
+    top-p, top-k or min-p, no repetition penalty."""
+    return SamplingParams(
+        max_completion_length, temperature, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0
+    )
 
 
 @dataclass
@@ -255,6 +267,27 @@ def returned_cache(output: Any) -> Cache | None:
     ``output.past_key_values`` (reading the old name on 5.24 warns)."""
     cache = getattr(output, "cache", None)
     return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
+def forward_with_cache(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    positions: torch.Tensor,
+    cache: Cache,
+) -> tuple[torch.Tensor, Cache | None]:
+    """One forward of ``ids`` [B, L] at ``positions`` on top of ``cache`` (which it extends):
+    the last position's logits [B, V], computed for that position alone (the next token's), and
+    the cache the model returned."""
+    out = model(
+        input_ids=ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **{cache_keyword(model): cache},
+    )
+    return out.logits[:, -1, :], returned_cache(out)
 
 
 def has_recurrent_state(cache: Cache) -> bool:

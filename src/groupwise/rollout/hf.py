@@ -32,6 +32,7 @@ from .base import (
     Rollout,
     SamplingParams,
     cache_keyword,
+    forward_with_cache,
     has_recurrent_state,
     per_prompt_counts,
     returned_cache,
@@ -218,15 +219,10 @@ def prefill(
     their Mamba mixers then fail on the missing layers). Their left padding is masked by the
     model itself, as under ``generate()``."""
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        use_cache=True,
-        logits_to_keep=1,
-        **{cache_keyword(model): DynamicCache(config=model.config)},
+    logits, cache = forward_with_cache(
+        model, ids, mask, positions, DynamicCache(config=model.config)
     )
-    return out.logits[:, -1, :], returned_cache(out), positions[:, -1] + 1
+    return logits, cache, positions[:, -1] + 1
 
 
 @torch.no_grad()

@@ -42,7 +42,14 @@ from ..errors import ConfigError
 from ..tools.calls import assistant_message, assistant_text, content_text
 from ..tools.environment import PLACEHOLDER_PROMPT, EnvironmentFactories
 from ..tools.prompting import prompt_text_with_tools
-from .base import Engine, Request, Rollout, SamplingParams, cache_keyword, has_recurrent_state
+from .base import (
+    Engine,
+    Request,
+    Rollout,
+    SamplingParams,
+    forward_with_cache,
+    has_recurrent_state,
+)
 from .hf import (
     HFEngine,
     call_generate,
@@ -132,8 +139,11 @@ def conversation_text(messages: Sequence[Mapping[str, Any]]) -> str:
 
 @dataclass
 class TurnLimits:
-    max_turns: int = 4  # assistant turns per conversation
-    max_observation_tokens: int = 256  # each inserted message's content is cut to this
+    """A conversation's bounds: a run's ``max_turns`` and ``max_tool_output_tokens`` options,
+    and the strings that end a turn besides EOS (the interaction's)."""
+
+    max_turns: int  # assistant turns per conversation
+    max_observation_tokens: int  # each inserted message's content is cut to this
     stop_strings: tuple[str, ...] = ()  # end a turn here, as EOS does (e.g. "</tool_call>")
 
 
@@ -381,19 +391,12 @@ def _insert(
     offsets = (mask.cumsum(dim=1) - 1).clamp(min=0)
     positions = next_pos[:, None] + offsets
     attn = torch.cat([attn, mask], dim=1)
-    out = model(
-        input_ids=ids,
-        attention_mask=attn,
-        position_ids=positions,
-        use_cache=True,
-        logits_to_keep=1,
-        **{cache_keyword(model): cache},
-    )
-    return out.logits[:, -1, :], attn, next_pos + lengths
+    logits, _ = forward_with_cache(model, ids, attn, positions, cache)
+    return logits, attn, next_pos + lengths
 
 
 def _cut(message: Mapping[str, Any], tokenizer: PreTrainedTokenizerBase, limit: int) -> dict:
-    """The message as shown to the model: its content as text (:func:`_content_text`), cut to
+    """The message as shown to the model: its content as text (:func:`content_text`), cut to
     ``limit`` tokens (a marker says how much was cut); a tool's ``name`` is kept."""
     content = content_text(message.get("content", ""))
     shown = {"role": str(message.get("role", "user"))}
@@ -458,7 +461,8 @@ class MultiTurnEngine(Engine):
     """:class:`~groupwise.rollout.base.RolloutEngine` that runs conversations: it wraps the
     token engine (:class:`~groupwise.rollout.hf.HFEngine`: its model, numerics, weights and
     generator) and builds one environment per conversation with ``make_env()``, reset from the
-    conversation's dataset row. ``tools`` are the tool schemas the prompts show the model. A
+    conversation's dataset row. ``tools`` are the tool schemas the prompts show the model (None:
+    none), with their worked examples when ``examples`` (the run's ``tool_examples``). A
     ``generate`` the user replaced on the model writes the turns (see the module docstring)."""
 
     def __init__(
@@ -467,8 +471,8 @@ class MultiTurnEngine(Engine):
         make_env: Callable[[], Environment],
         limits: TurnLimits,
         *,
-        tools: list[dict[str, Any]] | None = None,
-        examples: bool = True,
+        tools: list[dict[str, Any]] | None,
+        examples: bool,
         reencode: bool = False,
         template_kwargs: Mapping[str, Any] | None = None,
         environments: EnvironmentFactories | None = None,

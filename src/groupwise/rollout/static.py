@@ -394,11 +394,13 @@ class StaticEngine(Engine):
     the rollout carries ``sampling_logprobs`` and the trainer applies rollout correction).
     ``compile``: compile the decode step with ``torch.compile``; the first call of each new shape
     pays the compile time. ``compact``: drop finished rows at each EOS check (None: on a CPU).
-    ``eos_check_every``: tokens between the host reads of "has every row finished".
+    ``eos_check_every``: tokens between the host reads of "has every row finished" (the run's
+    ``static_eos_check_every``).
     ``pack_weights``: hold the projections pre-packed for oneDNN (None: on a CPU whose torch
     build can, when not compiling).
     ``cuda_graphs``: replay the decode step (eager or compiled) as CUDA graphs over static
-    buffers (None: on a CUDA device whenever rows are not compacted; needs fixed shapes).
+    buffers (None: on a CUDA device whenever rows are not compacted; needs fixed shapes; the
+    run's ``static_cuda_graphs``).
     ``decode_graphs``: the :class:`~groupwise.rollout.static_graphs.DecodeGraphs` to run it
     through instead (tests pass one with ``capture=False`` on a CPU).
     ``weights``: a context in which the policy's full weights are readable (FSDP gathers them).
@@ -411,12 +413,12 @@ class StaticEngine(Engine):
         params: SamplingParams,
         generator: torch.Generator | None = None,
         *,
+        eos_check_every: int,
+        cuda_graphs: bool | None,
         dtype: torch.dtype = torch.bfloat16,
         compile: bool = False,
-        eos_check_every: int = 8,
         compact: bool | None = None,
         pack_weights: bool | None = None,
-        cuda_graphs: bool | None = None,
         decode_graphs: DecodeGraphs | None = None,
         records_logprobs: bool = True,
         weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,

@@ -160,9 +160,9 @@ class VLLMEngine(Engine):
         *,
         device: torch.device,
         dtype: torch.dtype,
-        sleep_mode: bool = False,
+        sleep_mode: bool,
+        max_model_len: int | None,
         weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-        max_model_len: int | None = None,
     ) -> None:
         self.llm, self.tokenizer, self.params = llm, tokenizer, params
         self.max_model_len = max_model_len  # vLLM's context length (None: not known here)
@@ -482,14 +482,16 @@ def build_vllm_engine(
     device: torch.device,
     weights_dtype: torch.dtype,
     seed: int,
-    gpu_memory_utilization: float = 0.3,
-    max_model_len: int | None = None,
-    enable_prefix_caching: bool = True,
-    enable_sleep_mode: bool = False,
+    gpu_memory_utilization: float,
+    max_model_len: int | None,
+    enable_prefix_caching: bool,
+    enable_sleep_mode: bool,
     weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> VLLMEngine:
     """A colocated ``vllm.LLM`` for ``model`` (the policy) and the engine around it, with the
-    policy's weights pushed once.
+    policy's weights pushed once. ``gpu_memory_utilization``, ``max_model_len`` (None: the
+    model's position limit), ``enable_prefix_caching`` and ``enable_sleep_mode`` are the run's
+    ``vllm_*`` options.
 
     Under torchrun (WORLD_SIZE > 1) every rank builds its own LLM with
     ``distributed_executor_backend="external_launcher"`` (TRL's colocate mode; tensor parallel

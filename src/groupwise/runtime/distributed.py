@@ -76,7 +76,7 @@ def init_distributed(device: str) -> DistributedContext:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if not dist.is_initialized():
         device_type = "cuda" if device == "auto" else device.split(":")[0]
-        # device=cuda without CUDA: build.resolve_device reports it right after, in its words.
+        # device=cuda without CUDA: wiring.model.resolve_device reports it next, in its words.
         cuda = device_type == "cuda" and torch.cuda.is_available()
         options: dict[str, Any] = {}
         if cuda:

@@ -1,6 +1,6 @@
-"""Quantised weights and optimizer states through bitsandbytes: QLoRA's frozen 4-bit base
-(Dettmers et al. 2023: NF4 weights, double quantisation of the constants, compute in 16/32 bits)
-and 8-bit AdamW states (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization").
+"""Quantised weights through bitsandbytes: QLoRA's frozen 4-bit base (Dettmers et al. 2023: NF4
+weights, double quantisation of the constants, compute in 16/32 bits). The 8-bit optimizer
+states are the optimizer's (:mod:`groupwise.policy.optimizer`).
 
 A base is quantised as it is loaded (transformers' ``BitsAndBytesConfig``, as TRL's
 ``model_init_kwargs={"quantization_config": ...}`` does) or, for a model built in memory (the
@@ -11,7 +11,6 @@ built-in ``tiny-random``), by swapping each ``nn.Linear`` but the LM head for a
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -19,17 +18,6 @@ import torch
 from ..errors import ConfigError
 
 QUANT_EXTRA = 'pip install "groupwise[quant]"'
-
-# TRL's / transformers' ``optim`` names (transformers.training_args.OptimizerNames) that
-# groupwise trains with -> (bitsandbytes class, or None for torch.optim.AdamW).
-OPTIMIZERS: dict[str, str | None] = {
-    "adamw_torch": None,
-    "adamw_torch_fused": None,
-    "adamw_bnb_8bit": "AdamW8bit",
-    "adamw_8bit": "AdamW8bit",
-    "paged_adamw_8bit": "PagedAdamW8bit",
-    "paged_adamw_32bit": "PagedAdamW32bit",
-}
 
 
 def require_bitsandbytes(what: str) -> None:
@@ -138,36 +126,3 @@ def prepare_for_kbit_training(model: torch.nn.Module) -> torch.nn.Module:
     if checkpointing and getattr(model, "_require_grads_hook", None) is None:
         model.enable_input_require_grads()
     return model
-
-
-def check_optim_device(optim: str, device: torch.device) -> None:
-    """Refuse a paged optimizer off CUDA: it pages its state between GPU and CPU memory through
-    CUDA unified memory, and on a CPU bitsandbytes silently runs the unpaged one instead."""
-    if optim.startswith("paged_") and device.type != "cuda":
-        raise ConfigError(
-            f"optim={optim} needs a CUDA GPU (device is {device.type}): a paged optimizer "
-            "moves its state between GPU and CPU memory through CUDA unified memory, and off "
-            "CUDA there is nothing to page; use optim=adamw_8bit (8-bit states) or adamw_torch"
-        )
-
-
-def build_optimizer(
-    optim: str,
-    params: Iterable[torch.nn.Parameter],
-    lr: float,
-    betas: tuple[float, float],
-    eps: float,
-    weight_decay: float,
-) -> torch.optim.Optimizer:
-    """The AdamW that ``optim`` names (:data:`OPTIMIZERS`): torch's, or bitsandbytes' with
-    8-bit block-wise states (tensors of 4096+ elements; smaller ones keep 32-bit states, as
-    bitsandbytes' ``min_8bit_size``) and/or paged ones. All take the same hyper-parameters."""
-    name = OPTIMIZERS[optim]
-    params = list(params)
-    if name is None:
-        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-    require_bitsandbytes(f"optim={optim}")
-    import bitsandbytes as bnb
-
-    cls = getattr(bnb.optim, name)
-    return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)

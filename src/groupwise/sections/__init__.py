@@ -13,7 +13,7 @@ Choices read from registries above this layer (the curricula) are checked by
 Fields carry the config's own names, so an error names the option to change. List options
 become tuples (a section is immutable). The sections live by family: :mod:`.inputs` (model,
 data, rewards, tools), :mod:`.training` (batch, loss, reference, advantages, dynamic sampling,
-algorithm), :mod:`.curriculum`, :mod:`.generation` and :mod:`.run` (optimization, runtime,
+algorithm, ppo), :mod:`.curriculum`, :mod:`.generation` and :mod:`.run` (optimization, runtime,
 logging, evaluation, monitor), on :mod:`.base`.
 """
 
@@ -42,6 +42,7 @@ from .training import (
     BatchOptions,
     DynamicSamplingOptions,
     LossOptions,
+    PPOOptions,
     ReferenceOptions,
 )
 
@@ -67,6 +68,7 @@ __all__ = [
     "ModelOptions",
     "MonitorOptions",
     "OptimizationOptions",
+    "PPOOptions",
     "ReferenceOptions",
     "RewardOptions",
     "RuntimeOptions",
@@ -90,7 +92,7 @@ PPO_MULTI_TURN = (
 
 SECTION_TYPES: tuple[type[Section], ...] = (
     ModelOptions, DataOptions, RewardOptions, ToolOptions, BatchOptions, LossOptions,
-    ReferenceOptions, AdvantageOptions, DynamicSamplingOptions, AlgorithmOptions,
+    ReferenceOptions, AdvantageOptions, DynamicSamplingOptions, AlgorithmOptions, PPOOptions,
     CurriculumSection, GenerationOptions, OptimizationOptions, RuntimeOptions, LoggingOptions,
     EvaluationOptions, MonitorOptions,
 )  # fmt: skip
@@ -110,6 +112,7 @@ class Sections:
     advantages: AdvantageOptions
     dynamic_sampling: DynamicSamplingOptions
     algorithm: AlgorithmOptions
+    ppo: PPOOptions
     curriculum: CurriculumSection
     generation: GenerationOptions
     optimization: OptimizationOptions

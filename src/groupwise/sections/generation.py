@@ -12,7 +12,7 @@ from .base import Section, at_least, choice, require
 # Rollout engines (generation_engine): hf = the Hugging Face / torch engine on the policy's own
 # weights (rollout/hf.py); static = a lean Llama-family decoder with its own copy of the weights
 # and a static KV cache (rollout/static.py); vllm = a colocated vLLM engine with its own copy of
-# the weights (rollout/vllm.py). build_rollout.build_engine dispatches on the name; a new engine
+# the weights (rollout/vllm.py). wiring.rollout.build_engine dispatches on the name; a new engine
 # adds its name here and its branch there. auto (the default) is one of them, chosen when the run
 # is built (resolve_generation_engine).
 GENERATION_ENGINES: tuple[str, ...] = ("hf", "static", "vllm")

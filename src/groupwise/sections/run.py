@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from .base import Section, at_least, choice, positive, require
 
 # transformers' OptimizerNames that groupwise trains with: torch's AdamW, bitsandbytes' AdamW
-# with 8-bit states (two spellings) and its paged variants (runtime.quantization.OPTIMIZERS).
+# with 8-bit states (two spellings) and its paged variants (policy.optimizer.OPTIMIZERS).
 OPTIM_CHOICES = (
     "adamw_torch",
     "adamw_torch_fused",

@@ -1,7 +1,7 @@
 """How the policy is trained on its rollouts: the batch arithmetic (:class:`BatchOptions`),
 the objective (:class:`LossOptions`), the KL reference (:class:`ReferenceOptions`), advantages
-(:class:`AdvantageOptions`), DAPO's dynamic sampling (:class:`DynamicSamplingOptions`) and the
-algorithm with PPO's critic (:class:`AlgorithmOptions`)."""
+(:class:`AdvantageOptions`), DAPO's dynamic sampling (:class:`DynamicSamplingOptions`), the
+algorithm (:class:`AlgorithmOptions`) and the PPO baseline's own options (:class:`PPOOptions`)."""
 
 from __future__ import annotations
 
@@ -265,10 +265,23 @@ class DynamicSamplingOptions(Section):
 
 @dataclass(frozen=True)
 class AlgorithmOptions(Section):
-    """The algorithm, and the PPO baseline's critic and GAE (algorithms.md 3.6)."""
+    """The algorithm: GRPO (critic-free) or the PPO baseline (its options: :class:`PPOOptions`)."""
 
     name: ClassVar[str] = "algorithm"
     algorithm: str
+
+    def validate(self) -> None:
+        choice(self, "algorithm", ("grpo", "ppo"))
+
+
+@dataclass(frozen=True)
+class PPOOptions(Section):
+    """What only the PPO baseline reads (algorithms.md 3.6): GAE's discount and lambda, the
+    value loss's weight and clip, whitening, and the critic's model and learning rate. PPO's
+    policy clip, KL penalty and passes are the ``loss`` and ``batch`` sections' (``epsilon``,
+    ``beta``, ``num_iterations``)."""
+
+    name: ClassVar[str] = "ppo"
     ppo_gamma: float
     ppo_lam: float
     vf_coef: float
@@ -278,7 +291,6 @@ class AlgorithmOptions(Section):
     critic_learning_rate: float | None
 
     def validate(self) -> None:
-        choice(self, "algorithm", ("grpo", "ppo"))
         at_least(self, 0, "ppo_gamma", "ppo_lam", "vf_coef", "cliprange_value")
         if self.ppo_gamma > 1 or self.ppo_lam > 1:
             raise ConfigError(

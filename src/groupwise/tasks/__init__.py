@@ -34,7 +34,7 @@ Tasks (``difficulty`` is a level of :data:`LEVELS`; None picks :data:`DEFAULT_LE
 Reward names (:func:`task_reward_funcs`): ``format`` and ``accuracy`` / ``code`` are the
 built-ins of :mod:`groupwise.rewards`; ``countdown``, ``reasoning_gym`` and ``task`` are this
 package's (:func:`task_reward_func` returns them by name; each is marked ``is_correctness``).
-:mod:`groupwise.build.rewards` resolves all of them by name.
+:mod:`groupwise.wiring.rewards` resolves all of them by name.
 """
 
 from __future__ import annotations

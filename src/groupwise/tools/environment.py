@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from ..data.splits import is_eval_problem
 from ..errors import ConfigError
 from .calls import parse_tool_calls
-from .toolbox import SLOW_CALL_WARNING_S, ToolBox, resolved
+from .toolbox import ToolBox, resolved
 
 
 @dataclass
@@ -275,6 +275,22 @@ def _in_process(method: Callable[..., Any]) -> Callable[..., Any]:
     return tool
 
 
+@dataclass(frozen=True)
+class ToolLimits:
+    """The bounds of an environment's tool calls: seconds per call (a hung call is killed),
+    characters of output kept, calls per conversation, and the duration past which a call is
+    reported as slow (None: never). A run's come from its options (``tool_timeout``,
+    ``max_tool_output_tokens``, ``max_tool_calls``, ``slow_call_warning``)."""
+
+    timeout_s: float
+    max_output_chars: int
+    max_tool_calls: int
+    slow_call_s: float | None
+
+    def toolbox(self, tools: Sequence[Callable[..., Any]]) -> ToolBox:
+        return ToolBox(list(tools), self.timeout_s, self.max_output_chars, self.slow_call_s)
+
+
 class MethodEnvironment(ToolEnvironment):
     """One TRL environment instance as a groupwise :class:`Environment`: ``reset(row)`` calls
     ``instance.reset(**row)`` (without the routing ``environment`` column or a placeholder
@@ -284,18 +300,10 @@ class MethodEnvironment(ToolEnvironment):
     (``environment``), which reward functions receive as the ``environments`` column."""
 
     def __init__(
-        self,
-        instance: Any,
-        *,
-        tools: Sequence[Callable[..., Any]] = (),
-        timeout_s: float = 10.0,
-        max_output_chars: int = 4000,
-        max_tool_calls: int = 8,
-        slow_call_s: float | None = SLOW_CALL_WARNING_S,
+        self, instance: Any, limits: ToolLimits, tools: Sequence[Callable[..., Any]] = ()
     ) -> None:
         methods = [_in_process(m) for m in environment_methods(instance)]
-        box = ToolBox([*tools, *methods], timeout_s, max_output_chars, slow_call_s)
-        super().__init__(box, max_tool_calls)
+        super().__init__(limits.toolbox([*tools, *methods]), limits.max_tool_calls)
         self.instance = instance
         self.observation: Any = None
 
@@ -339,12 +347,8 @@ class EnvironmentFactories:
     def __init__(
         self,
         factory: Callable[[], Any] | Mapping[str, Callable[[], Any]],
-        *,
+        limits: ToolLimits,
         tools: Sequence[Callable[..., Any]] = (),
-        timeout_s: float = 10.0,
-        max_output_chars: int = 4000,
-        max_tool_calls: int = 8,
-        slow_call_s: float | None = SLOW_CALL_WARNING_S,
     ) -> None:
         self.multiple = isinstance(factory, Mapping)
         self.factories: dict[str | None, Callable[[], Any]] = (
@@ -352,13 +356,7 @@ class EnvironmentFactories:
         )
         if not self.factories:
             raise ConfigError("environment_factory: the dict of environments is empty")
-        self.options = dict(
-            tools=list(tools),
-            timeout_s=timeout_s,
-            max_output_chars=max_output_chars,
-            max_tool_calls=max_tool_calls,
-            slow_call_s=slow_call_s,
-        )
+        self.limits, self.extra_tools = limits, list(tools)
         self.pools: dict[str | None, list[MethodEnvironment]] = {}
         self.tools: dict[str | None, list[Callable[..., Any]]] = {}
         self.schemas: dict[str | None, list[dict[str, Any]]] = {}
@@ -381,7 +379,7 @@ class EnvironmentFactories:
         self.last: list[Any] | None = None  # the last batch's instances, one per rollout
 
     def _build(self, name: str | None, make: Callable[[], Any]) -> MethodEnvironment:
-        return MethodEnvironment(make(), **self.options)
+        return MethodEnvironment(make(), self.limits, self.extra_tools)
 
     @property
     def all_tools(self) -> list[Callable[..., Any]]:

@@ -2,9 +2,10 @@
 
 Two parts: the folder format (atomic ``checkpoint-<step>`` folders, the manifest, rotation, RNG
 states, reading ``training_state.pt``, the resume config check), and :class:`Checkpoints`, the
-glue between it and the trainer, which decides what its state is (``Trainer.state_dict`` /
-``load_checkpoint``): the collectives a save needs under data parallel, the model and tokenizer
-files, the weights read back into the policy.
+glue between it and the trainer: what a run's training state is
+(:meth:`Checkpoints.training_state`, read back by :meth:`Checkpoints.restore`), the collectives
+a save needs under data parallel, the model and tokenizer files, the weights read back into the
+policy.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..policy.policy import Policy
 from ..policy.weights import CheckpointMismatch
 from ..runtime.distributed import DistributedContext, all_gather_objects, barrier
 from ..runtime.models import record_adapter_base
+from ..wiring.run import Run
 from . import console
 
 
@@ -63,12 +65,61 @@ class Checkpoints:
         """Model and tokenizer into ``target`` through a temporary folder (see
         ``Trainer.save_model``); every rank calls it under FSDP, rank 0 writes."""
         weights = self.policy.full_state_dict()
-        if not self.dist.is_main and self.policy.sharded:
+        if not self.dist.is_main and self.policy.network.sharded:
             return target
         with staged_files(target) as tmp:
             self.save_weights(tmp, weights)
             self.tokenizer.save_pretrained(tmp)
         return target
+
+    def training_state(
+        self,
+        step: int,
+        config: dict[str, Any],
+        run: Run[Any],
+        components: dict[str, Any],
+        log_history: list[dict[str, float]],
+    ) -> dict[str, Any]:
+        """Everything but the model weights that a step depends on or that was logged: the
+        step, the config, the optimizer and its schedule, every rank's RNG state (a collective
+        under data parallel), ``{name: component.state_dict()}``, the reward functions' counts,
+        the metrics so far and the algorithm's own state (``extra``: PPO's critic)."""
+        network = run.policy.network
+        state: dict[str, Any] = {
+            "format": 1,
+            "global_step": step,
+            "config": config,
+            "optimizer": network.optimizer_state_dict(),
+            "scheduler": network.scheduler.state_dict(),
+            # One entry per rank: each samples with its own generator.
+            "rng": self.rng_states({"sampling": run.generator}),
+        }
+        for name, component in components.items():
+            value = component.state_dict()
+            state[name] = plain(value) if value is not None else None
+        state.update(plain(run.scorer.state_dict()))
+        state["log_history"] = plain(log_history)
+        state["extra"] = run.algorithm.state_dict()
+        return state
+
+    def restore(
+        self, path: Path, config: dict[str, Any], run: Run[Any], components: dict[str, Any]
+    ) -> tuple[int, list[dict[str, float]], list[str]]:
+        """Checkpoint ``path`` read back into ``run`` and ``components`` (refused when its
+        config differs from ``config`` in options that change training; see
+        :meth:`training_state`); returns its step, its metrics so far, and a note for each
+        generator that could not be restored."""
+        state = self.read(path, config)  # the weights are loaded
+        run.engine.sync(run.policy.model)  # an engine with its own weights (static, vLLM)
+        run.policy.network.load_optimizer_state_dict(state["optimizer"])
+        run.policy.network.scheduler.load_state_dict(state["scheduler"])
+        for name, component in components.items():
+            if state.get(name) is not None:
+                component.load_state_dict(state[name])
+        run.scorer.load_state_dict(state)
+        run.algorithm.load_state_dict(state.get("extra", {}))
+        notes = self.restore_rng(path, state["rng"], {"sampling": run.generator})
+        return int(state["global_step"]), list(state["log_history"]), notes
 
     def rng_states(self, generators: dict[str, torch.Generator]) -> list[dict[str, Any]]:
         """Every rank's RNG states (a collective under data parallel). They travel as

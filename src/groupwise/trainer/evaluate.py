@@ -1,28 +1,47 @@
-"""Evaluation during training: what ``Trainer.evaluate()`` computes on one evaluation set.
+"""Evaluation during training: what ``Trainer.evaluate()`` computes.
 
 The mean of every reward function over one completion per prompt, and with
 ``eval_num_generations`` pass@k / mean@k (overall and per difficulty level), generated through
 the training engine (so in the rollouts' numerics); the reward functions' ``log_metric`` values
-as ``eval/<metric>``. ``Trainer.evaluate()`` (run/trl_api.py) takes TRL's argument forms and a dict
-of sets and calls :func:`evaluation_metrics` per set.
+as ``eval/<metric>`` (:func:`evaluation_metrics`, one set). :func:`evaluate_sets` takes what
+``Trainer.evaluate()`` (trainer/base.py) is given: one set (a list, a dataset, a stream read
+whole) or TRL's dict of named sets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from .. import evaluation
-from ..build.rollout import sampling_params
 from ..config.grpo_config import GRPOConfig
 from ..policy.policy import Policy
 from ..rewards.scoring import RolloutScorer
 from ..rollout import Rollout
+from ..wiring.rollout import sampling_params
+from .datasets import check_eval_dataset, materialize
 
 Score = Callable[[Sequence[dict[str, Any]], Rollout], tuple[torch.Tensor, torch.Tensor]]
+
+
+def evaluate_sets(dataset: Any, args: GRPOConfig, **metrics: Any) -> dict[str, float]:
+    """The ``eval/*`` metrics of ``dataset`` (:func:`evaluation_metrics`, whose keywords
+    ``metrics`` holds); a dict of datasets (TRL's form) set by set, each one's metrics named
+    ``eval/<name>/...`` and its loss ``eval_<name>_loss``."""
+    if isinstance(dataset, Mapping):
+        merged: dict[str, float] = {}
+        for name, part in dataset.items():
+            for key, value in evaluate_sets(part, args, **metrics).items():
+                if key == "eval_loss":  # TRL's name for a set of a dict
+                    merged[f"eval_{name}_loss"] = value
+                else:
+                    merged[f"eval/{name}/{key.removeprefix('eval/')}"] = value
+        return merged
+    check_eval_dataset(dataset, "eval_dataset")
+    return evaluation_metrics(materialize(dataset), args, **metrics)
 
 
 def evaluation_metrics(

@@ -1,6 +1,6 @@
 """What the ``transformers.Trainer`` methods that GRPO scripts call after training
 (TRL's ``trl/scripts/grpo.py``, open-r1's ``grpo.py``) need beyond the trainer
-(:class:`groupwise.trainer.trl_api.TRLSurface` holds the methods): :class:`Accelerator`, the
+(:class:`groupwise.trainer.base.Trainer` holds the methods): :class:`Accelerator`, the
 part of accelerate's ``Accelerator`` that scripts use, over groupwise's processes
 (:mod:`groupwise.runtime.distributed`); the model card (:func:`write_model_card`) and the
 upload (:func:`push_folder`).

@@ -3,8 +3,10 @@
 :class:`TrainingLoop` runs it: start (earlier run, resume, config.yaml, run.json, loggers),
 the steps with their :class:`Cadence` (when to log, sample completions, evaluate, save), the
 failure monitor, SIGINT/SIGTERM (:class:`StopSignals`) and callbacks' requests to save or stop,
-then the last evaluation, checkpoint and model. The step itself is the trainer's
-``train_step()``.
+then the last evaluation, checkpoint and model, and the end-of-training metrics
+(:func:`train_summary`). It is given its collaborators: the options, the run record, the run's
+records and failure monitor, and what it asks of the trainer (:class:`LoopCalls`: a step, an
+evaluation, a checkpoint saved or loaded, a row logged, a callback event).
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from tqdm.auto import tqdm
 from transformers import TrainerControl
@@ -24,52 +27,50 @@ from ..config.grpo_config import GRPOConfig
 from ..errors import OutputDirError, option
 from ..report.record import record_run_end, record_run_start
 from ..runtime.distributed import any_rank, barrier
+from ..wiring.run import Run
 from . import console
 from .checkpoints import TrainingInterrupted, TrainingStopped, resolve_resume_path
-from .records import check_output_dir, earlier_run, run_facts
-
-if TYPE_CHECKING:
-    import torch
-    from transformers import TrainerControl
-
-    from ..policy.policy import Policy
-    from ..rewards.scoring import RolloutScorer
-    from ..runtime.distributed import DistributedContext
-    from ..runtime.precision import Precision
-    from .monitor import TrainingMonitor
-    from .records import RunRecords
+from .monitor import TrainingMonitor
+from .records import RunRecords, check_output_dir, earlier_run, run_facts
 
 
-class LoopTrainer(Protocol):
-    """What the loop uses of the trainer it runs (:class:`groupwise.trainer.base.Trainer`): its
-    options, parts and services, its step, evaluation, checkpoints and callbacks."""
+@dataclass(frozen=True)
+class LoopCalls:
+    """What the loop asks of the trainer it runs (its bound methods, read when ``train()``
+    starts, so a test that replaced ``train_step`` is run): one step returning its metrics, an
+    evaluation, a row logged (log_history, callbacks, files), a callback event, the callbacks'
+    ``TrainerControl`` now, the step count, a checkpoint saved or loaded, the model saved, and
+    the epoch the run has reached."""
 
-    args: GRPOConfig
-    control: TrainerControl
-    device: torch.device
-    dist: DistributedContext
-    dtype: torch.dtype
-    eval_dataset: Any
-    global_step: int
-    log_history: list[dict[str, float]]
-    monitor: TrainingMonitor
-    output_dir: Path
-    policy: Policy
-    precision: Precision
-    records: RunRecords
-    reward_names: list[str]
-    scorer: RolloutScorer
+    step: Callable[[], dict[str, float]]
+    evaluate: Callable[[], dict[str, float]]
+    log: Callable[[dict[str, float]], None]
+    callback: Callable[..., None]
+    control: Callable[[], TrainerControl]
+    global_step: Callable[[], int]
+    save_checkpoint: Callable[[], Path]
+    load_checkpoint: Callable[[Path], None]
+    save_model: Callable[[Path], Path]
+    epoch: Callable[[], float]
 
-    def train_step(self) -> dict[str, float]: ...
-    def evaluate(self) -> dict[str, float]: ...
-    def train_summary(
-        self, seconds: float, steps: int, losses: Sequence[float]
-    ) -> dict[str, float]: ...
-    def save_checkpoint(self) -> Path: ...
-    def load_checkpoint(self, path: str | Path) -> None: ...
-    def save_model(self, path: str | Path | None = None) -> Path: ...
-    def _log(self, logs: dict[str, float]) -> None: ...
-    def _callback(self, event: str, **kwargs: Any) -> None: ...
+
+def train_summary(
+    seconds: float, steps: int, completions: int, losses: Sequence[float], epoch: float
+) -> dict[str, float]:
+    """transformers' end-of-training metrics of a ``train()`` call that ran ``steps`` steps
+    and trained on ``completions`` completions (every rank's) in ``seconds``, with these finite
+    per-step ``losses``, ending at ``epoch``: ``train_loss``, their mean (NaN when none ran),
+    ``train_runtime``, ``train_samples_per_second``, ``train_steps_per_second`` and ``epoch``.
+    The row ``state.log_history`` ends with; not written to metrics.jsonl, which holds one row
+    per logged step."""
+    seconds = max(seconds, 1e-9)
+    return {
+        "train_runtime": round(seconds, 4),
+        "train_samples_per_second": round(completions / seconds, 3),
+        "train_steps_per_second": round(steps / seconds, 3),
+        "train_loss": sum(losses) / len(losses) if losses else math.nan,
+        "epoch": epoch,
+    }
 
 
 class Cadence:
@@ -134,22 +135,33 @@ class StopSignals:
 
 
 class TrainingLoop:
-    """One ``train()`` call of ``trainer``: the loop reads the trainer's options, parts and
-    services as they are when it runs (a test or callback may have replaced ``train_step`` or
-    changed ``args``)."""
+    """One ``train()`` call: the loop reads the options as they are when it runs (a callback
+    may change ``args``), the run's parts from ``run``, and logs through ``records``;
+    ``evaluates``: whether the trainer has an evaluation set."""
 
-    def __init__(self, trainer: LoopTrainer) -> None:
-        self.trainer = trainer
+    def __init__(
+        self,
+        args: GRPOConfig,
+        run: Run[Any],
+        records: RunRecords,
+        monitor: TrainingMonitor,
+        output_dir: Path,
+        calls: LoopCalls,
+        *,
+        evaluates: bool,
+    ) -> None:
+        self.args, self.run, self.records, self.monitor = args, run, records, monitor
+        self.output_dir, self.calls, self.has_eval_set = output_dir, calls, evaluates
         self.losses: list[float] = []  # this call's finite per-step losses, for train_loss
         self.signals = StopSignals()
 
-    def run(self) -> dict[str, float]:
-        """Train to ``max_steps``; returns the end-of-training metrics (``train_summary``)."""
-        trainer, args = self.trainer, self.trainer.args
-        dist, records, output_dir = trainer.dist, trainer.records, trainer.output_dir
-        started, first_step = time.perf_counter(), trainer.global_step
+    def train(self) -> dict[str, float]:
+        """Train to ``max_steps``; returns the end-of-training metrics (:func:`train_summary`)."""
+        args, calls, records, output_dir = self.args, self.calls, self.records, self.output_dir
+        dist = self.run.dist
+        started, first_step = time.perf_counter(), calls.global_step()
         earlier: list[str] = []  # what an earlier run left in output_dir
-        if trainer.global_step == 0 and not records.started:  # not a continuation
+        if first_step == 0 and not records.started:  # not a continuation
             check_output_dir(
                 output_dir, args.resume_from_checkpoint, args.overwrite_output_dir
             )
@@ -157,31 +169,30 @@ class TrainingLoop:
         barrier(dist)  # every rank looked before rank 0 writes anything
         output_dir.mkdir(parents=True, exist_ok=True)
         self._resume_if_asked(earlier)
-        fresh = trainer.global_step == 0 and not records.started  # nothing logged yet
+        fresh = calls.global_step() == 0 and not records.started  # nothing logged yet
         if fresh and args.overwrite_output_dir and dist.is_main:
             records.clear_earlier_run()
         if dist.is_main:
             args.to_yaml(output_dir / "config.yaml")
             # Reward names, weights and which one is correctness, for `groupwise report`.
-            trainer.scorer.combine.write_manifest(output_dir / "rewards.json")
+            self.run.scorer.combine.write_manifest(output_dir / "rewards.json")
             # Version, device, dtype, dates, wall time and the changed options' defaults, too.
-            facts = run_facts(
-                args, trainer.device, dist.world_size, trainer.dtype, trainer.precision
-            )
+            precision = self.run.precision
+            facts = run_facts(args, self.run.device, dist.world_size, precision.weights, precision)
             segment_start = record_run_start(output_dir, facts, not fresh)
         if records.loggers is None and args.report_to and dist.is_main:
-            records.open_loggers(args, trainer.global_step)
+            records.open_loggers(args, calls.global_step())
         self.signals.install()
-        trainer.control = TrainerControl()
         try:
-            trainer._callback("on_train_begin")
+            calls.callback("on_train_begin")
             self._steps()
             self._finish()
-            metrics = trainer.train_summary(
-                time.perf_counter() - started, trainer.global_step - first_step, self.losses
-            )
-            self._add_summary(metrics, ran=trainer.global_step > first_step)
-            trainer._callback("on_train_end")
+            step, ranks = calls.global_step(), dist.world_size
+            completions = (step - first_step) * args.completions_per_generation * ranks
+            metrics = train_summary(time.perf_counter() - started, step - first_step,
+                                    completions, self.losses, calls.epoch())  # fmt: skip
+            self._add_summary(metrics, ran=step > first_step)
+            calls.callback("on_train_end")
         finally:
             if dist.is_main:
                 record_run_end(output_dir, segment_start)
@@ -190,121 +201,120 @@ class TrainingLoop:
         return metrics
 
     def _resume_if_asked(self, earlier: list[str]) -> None:
-        trainer = self.trainer
-        value = trainer.args.resume_from_checkpoint
+        value, output_dir = self.args.resume_from_checkpoint, self.output_dir
         if not value:
             return
-        path = resolve_resume_path(value, trainer.output_dir)
+        path = resolve_resume_path(value, output_dir)
         if path is None:
-            if earlier and not trainer.args.overwrite_output_dir:
+            if earlier and not self.args.overwrite_output_dir:
                 overwrite = option("--overwrite_output_dir true", "overwrite_output_dir=True")
                 raise OutputDirError(
-                    f"resume_from_checkpoint=auto, but output_dir={str(trainer.output_dir)!r} "
+                    f"resume_from_checkpoint=auto, but output_dir={str(output_dir)!r} "
                     f"holds a run without checkpoints ({', '.join(earlier)}) that starting over "
                     f"would replace; pass {overwrite} to replace it, or choose another "
                     "output_dir (save_steps makes checkpoints)"
                 )
-            tqdm.write(f"[groupwise] no checkpoint in {trainer.output_dir}: starting from step 0")
+            tqdm.write(f"[groupwise] no checkpoint in {output_dir}: starting from step 0")
             return
-        trainer.load_checkpoint(path)
+        self.calls.load_checkpoint(path)
 
     def _steps(self) -> None:
-        trainer, args = self.trainer, self.trainer.args
+        args, calls, records, scorer = self.args, self.calls, self.records, self.run.scorer
+        is_main = self.run.dist.is_main
         cadence = Cadence(args)
-        if trainer.eval_dataset is not None and args.eval_on_start and trainer.global_step == 0:
-            self._evaluate_and_log(trainer.global_step)
+        if self.has_eval_set and args.eval_on_start and calls.global_step() == 0:
+            self._evaluate_and_log(calls.global_step())
         # A bar on a terminal; a line per logged step without one, or when stdout is a file.
-        show_bar = console.show_bar(args.disable_tqdm, trainer.dist.is_main)
-        step_lines = console.print_step_lines(show_bar, trainer.dist.is_main)
+        show_bar = console.show_bar(args.disable_tqdm, is_main)
+        step_lines = console.print_step_lines(show_bar, is_main)
         bar = tqdm(
             total=args.max_steps,
-            initial=trainer.global_step,
+            initial=calls.global_step(),
             desc=args.algorithm.upper(),
             disable=not show_bar,
             dynamic_ncols=True,
         )
-        while trainer.global_step < args.max_steps:
-            trainer._callback("on_step_begin")
-            logs = trainer.train_step()
-            step = trainer.global_step
+        while calls.global_step() < args.max_steps:
+            calls.callback("on_step_begin")
+            logs = calls.step()
+            step = calls.global_step()
             if math.isfinite(logs.get("loss", math.nan)):  # transformers skips nan/inf losses
                 self.losses.append(float(logs["loss"]))
-            trainer._callback("on_step_end")
+            calls.callback("on_step_end")
             if cadence.log(step):
-                trainer._log(logs)
+                calls.log(logs)
                 if step_lines:
-                    tqdm.write(console.step_line(logs, args.max_steps, trainer.reward_names))
+                    tqdm.write(console.step_line(logs, args.max_steps, scorer.names))
             if cadence.log_completions(step):
-                trainer.records.log_completions(
+                records.log_completions(
                     step, args.completions_sample_size, args.num_completions_to_print
                 )
             self._watch(step, logs, bar)
             bar.set_postfix_str(
-                console.progress_postfix(
-                    logs, trainer.reward_names, trainer.scorer.correctness_name
-                ),
+                console.progress_postfix(logs, scorer.names, scorer.correctness_name),
                 refresh=False,
             )
             bar.update(1)
-            if trainer.eval_dataset is not None and cadence.evaluate(step):
+            if self.has_eval_set and cadence.evaluate(step):
                 metrics = self._evaluate_and_log(step)
-                trainer._callback("on_evaluate", metrics=metrics)
-            if cadence.save(step) or trainer.control.should_save:
-                trainer.control.should_save = False
-                trainer.save_checkpoint()
+                calls.callback("on_evaluate", metrics=metrics)
+            control = calls.control()
+            if cadence.save(step) or control.should_save:
+                control.should_save = False
+                calls.save_checkpoint()
             self._stop_if_signalled(bar)
-            if trainer.control.should_training_stop:  # a callback asked to stop
+            if calls.control().should_training_stop:  # a callback asked to stop
                 break
         bar.close()
 
     def _watch(self, step: int, logs: dict[str, float], bar: tqdm) -> None:
         """The failure monitor's warnings; after max_bad_steps NaN/inf steps in a row, save and
         stop."""
-        trainer = self.trainer
+        monitor, records = self.monitor, self.records
         if logs.get("nonfinite_step"):
-            for w in trainer.monitor.record_bad_step(step, "loss or gradient is NaN/inf"):
-                trainer.records.warn(w.step, w.kind, w.message)
-        for w in trainer.monitor.update(logs):
-            trainer.records.warn(w.step, w.kind, w.message)
-        if trainer.monitor.should_stop:
+            for w in monitor.record_bad_step(step, "loss or gradient is NaN/inf"):
+                records.warn(w.step, w.kind, w.message)
+        for w in monitor.update(logs):
+            records.warn(w.step, w.kind, w.message)
+        if monitor.should_stop:
             bar.close()
-            path = trainer.save_checkpoint()
+            path = self.calls.save_checkpoint()
             raise TrainingStopped(
-                f"{trainer.args.max_bad_steps} steps in a row had a NaN/inf loss or gradient "
+                f"{self.args.max_bad_steps} steps in a row had a NaN/inf loss or gradient "
                 f"and were skipped; the weights are unchanged since the last good step and "
                 f"were saved to {path}. Lower learning_rate or check the rewards."
             )
 
     def _stop_if_signalled(self, bar: tqdm) -> None:
         """A signal on any rank: every rank saves, then stops."""
-        if any_rank(self.signals.received is not None, self.trainer.dist):
+        if any_rank(self.signals.received is not None, self.run.dist):
             bar.close()
-            path = self.trainer.save_checkpoint()
+            path = self.calls.save_checkpoint()
             signum, self.signals.received = self.signals.received or signal.SIGTERM, None
             raise TrainingInterrupted(signum, path)
 
     def _finish(self) -> None:
         """The end of a run: the last step's evaluation and checkpoint when not done yet, and
         the model in output_dir."""
-        trainer, args = self.trainer, self.trainer.args
-        if trainer.eval_dataset is not None and Cadence(args).evaluates():
-            last = trainer.log_history[-1] if trainer.log_history else {}
+        args, calls, dist = self.args, self.calls, self.run.dist
+        step, history = calls.global_step(), self.records.history
+        if self.has_eval_set and Cadence(args).evaluates():
+            last = history[-1] if history else {}
             evaluated = any(key.startswith("eval/") for key in last)
-            if not (last.get("step") == trainer.global_step and evaluated):
-                self._evaluate_and_log(trainer.global_step)
-        saved = (trainer.output_dir / f"checkpoint-{trainer.global_step}").exists()
-        if args.save_steps and any_rank(not saved, trainer.dist):
-            trainer.save_checkpoint()
-        if trainer.dist.is_main or trainer.policy.sharded:  # FSDP: gathering is collective
-            trainer.save_model(trainer.output_dir)
-        barrier(trainer.dist)
+            if not (last.get("step") == step and evaluated):
+                self._evaluate_and_log(step)
+        saved = (self.output_dir / f"checkpoint-{step}").exists()
+        if args.save_steps and any_rank(not saved, dist):
+            calls.save_checkpoint()
+        if dist.is_main or self.run.policy.network.sharded:  # FSDP: gathering is collective
+            calls.save_model(self.output_dir)
+        barrier(dist)
 
     def _evaluate_and_log(self, step: int) -> dict[str, float]:
         """Evaluate, log the results and print them (on the main rank)."""
-        trainer = self.trainer
-        metrics = trainer.evaluate()
-        trainer._log({"step": step, **metrics})
-        if trainer.dist.is_main:
+        metrics = self.calls.evaluate()
+        self.calls.log({"step": step, **metrics})
+        if self.run.dist.is_main:
             tqdm.write(console.eval_line(metrics, step))
         return metrics
 
@@ -313,15 +323,10 @@ class TrainingLoop:
         ``on_train_end``, as transformers does). As in TRL (whose log() merges the metrics not
         yet logged into this row), it also carries the final step's metrics:
         ``log_history[-1]["reward"]`` works."""
-        trainer = self.trainer
+        step, history = self.calls.global_step(), self.records.history
         final = next(
-            (
-                r
-                for r in reversed(trainer.log_history)
-                if r.get("step") == trainer.global_step and "loss" in r
-            ),
-            {},
+            (r for r in reversed(history) if r.get("step") == step and "loss" in r), {}
         )
-        row = {**(final if ran else {}), **metrics, "step": trainer.global_step}
-        trainer.records.summaries.append((len(trainer.log_history), row))
-        trainer._callback("on_log", logs=dict(row))
+        row = {**(final if ran else {}), **metrics, "step": step}
+        self.records.summaries.append((len(history), row))
+        self.calls.callback("on_log", logs=dict(row))

@@ -1,31 +1,32 @@
-"""Step metrics: one step's rollout, scores and update statistics as the metric dict the run
-logs (docs/metrics.md), with the phase timer and the compute ledger behind them.
+"""Step metrics: what one step produced (:class:`StepResult`: its rows and plan, the rollout,
+scores, advantages, update statistics and the algorithm's own metric blocks) as the metric dict
+the run logs (docs/metrics.md), with the phase timer and the compute ledger behind them.
 
-:class:`StepMetrics` is what a trainer's ``train_step`` ends with (through
-``Trainer.step_logs``, or :meth:`StepMetrics.report` with what the step ends on: the
-curriculum's observation and the records' copy of the batch).
+An algorithm's step function returns a :class:`StepResult`; the trainer's ``train_step`` turns
+it into the logged metrics with :class:`StepMetrics`, the same way for GRPO and PPO.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from ..algo.advantages import group_reward_std, zero_std_groups_fraction
+from ..algo.advantages import group_reward_std, informative_groups, zero_std_groups_fraction
 from ..curriculum import Plan
+from ..policy.batches import UpdateStats
+from ..policy.optimizer import optimizer_steps
 from ..policy.policy import Policy
-from ..policy.update import UpdateStats
 from ..rewards.scoring import RolloutScorer, Scores
 from ..rollout import Rollout
 from ..runtime.distributed import DistributedContext, all_reduce_sum, reduce_metrics
-from .records import RunRecords
+from ..sections import BatchOptions
 
 
 class Timings(Protocol):
-    """A step's wall time by phase (``run.PhaseTimer``): seconds per phase, and in all."""
+    """A step's wall time by phase (``trainer.base.PhaseTimer``): seconds per phase, and in all."""
 
     phases: dict[str, float]
 
@@ -109,25 +110,61 @@ def rollout_mismatch_logs(
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one GRPO step produced on this rank: its prompt rows and plan, the rollout, its
-    scores and (weighted-before-the-curriculum) advantages, and the update's statistics."""
+    """What one step produced on this rank: its prompt rows and plan (None without a
+    curriculum's), the rollout, its scores, one advantage per completion (GRPO's before the
+    curriculum's weights; PPO's the mean of its token advantages), the update's statistics, and
+    the algorithm's own metric blocks (``extra``). ``zero_std=False`` (PPO, whose critic gives
+    equal rewards nonzero advantages) leaves out ``frac_reward_zero_std``; ``dropped`` holds
+    dynamic sampling's global counts of what it generated and dropped (its ``logs``)."""
 
     rows: list[dict[str, Any]]
-    plan: Plan
+    plan: Plan | None
     rollout: Rollout
     scores: Scores
     advantages: torch.Tensor
     stats: UpdateStats
+    extra: Sequence[dict[str, float]] = ()
+    zero_std: bool = True
+    dropped: Mapping[str, float] = field(default_factory=dict)
+
+
+def compute_spent(
+    rollout: Rollout,
+    scores: Scores,
+    dist: DistributedContext,
+    batch: BatchOptions,
+    dropped: Mapping[str, float] | None = None,
+) -> dict[str, int]:
+    """A step's generated tokens, rollouts, groups and informative groups over every rank, and
+    its optimizer steps (one per mini-batch per pass). Dynamic sampling's dropped groups
+    (``dropped``, its already global counts) cost their generation, so they count too."""
+    local = torch.tensor(
+        [
+            int(rollout.completion_mask.sum()),
+            int(rollout.completion_ids.shape[0]),
+            int(torch.unique(rollout.group_ids.cpu()).numel()),
+            int(informative_groups(scores.correctness, rollout.group_ids.cpu()).sum()),
+        ],
+        dtype=torch.float64,
+    )
+    total = [int(v) for v in all_reduce_sum(local, dist).tolist()]
+    spent = dict(zip(ComputeLedger.KEYS[:4], total, strict=True))
+    spent["optimizer_steps"] = optimizer_steps(batch, 1)
+    dropped = dropped or {}
+    spent["generated_tokens"] += int(dropped.get("dynamic/dropped_tokens", 0))
+    spent["rollouts"] += int(dropped.get("dynamic/dropped_rollouts", 0))
+    spent["groups"] += int(dropped.get("dynamic/dropped_groups", 0))
+    spent["informative_groups"] += int(dropped.get("dynamic/trimmed_groups", 0))
+    return spent
 
 
 class StepMetrics:
     """A step's metric dict: rewards, completion lengths, loss terms, optimisation, timing and
-    throughput, the trainer's ``extra`` blocks, the reward functions' ``log_metric`` values and
-    the compute ledger's ``compute/*``, averaged over ranks (docs/metrics.md).
-
-    ``spent(rollout, scores)`` counts what the step cost (``Trainer.compute_spent``: a trainer
-    that generated more than it trained on, as dynamic sampling does, adds its drops);
-    ``num_iterations`` turns the update's summed entropy into a per-token mean."""
+    throughput, the algorithm's ``extra`` blocks, the reward functions' ``log_metric`` values
+    and the compute ledger's ``compute/*`` (:func:`compute_spent`), averaged over ranks
+    (docs/metrics.md). The ``batch`` section gives the group size, the optimizer steps per
+    step and ``num_iterations``, which turns the update's summed entropy into a per-token
+    mean."""
 
     def __init__(
         self,
@@ -135,34 +172,23 @@ class StepMetrics:
         scorer: RolloutScorer,
         policy: Policy,
         ledger: ComputeLedger,
-        spent: Callable[[Rollout, Scores], dict[str, int]],
-        num_generations: int,
-        num_iterations: int,
+        batch: BatchOptions,
     ) -> None:
         self.dist, self.scorer, self.policy, self.ledger = dist, scorer, policy, ledger
-        self.spent = spent
-        self.num_generations, self.num_iterations = num_generations, num_iterations
+        self.batch = batch
+        self.num_generations, self.num_iterations = batch.num_generations, batch.num_iterations
 
     def __call__(
-        self,
-        step: int,
-        rollout: Rollout,
-        scores: Scores,
-        stats: UpdateStats,
-        timer: Timings,
-        extra: Sequence[dict[str, float]] = (),
-        *,
-        zero_std: bool = True,
-        engine: Any = None,
+        self, step: int, result: StepResult, timer: Timings, engine: Any = None
     ) -> dict[str, float]:
-        """``zero_std=False`` (PPO, whose critic gives equal rewards nonzero advantages) leaves
-        out ``frac_reward_zero_std``; ``engine`` is read for a multi-turn run's timing."""
+        """The metrics of step ``step``; ``engine`` is read for a multi-turn run's timing."""
+        rollout, scores, stats = result.rollout, result.scores, result.stats
         rewards, group_ids = scores.rewards, rollout.group_ids.cpu()
         logs: dict[str, float] = {
             "step": step,
             "reward": float(torch.nanmean(rewards)) if not torch.isnan(rewards).all() else 0.0,
         }
-        if zero_std:
+        if result.zero_std:
             logs["reward_std"] = float(torch.nanmean(group_reward_std(rewards, group_ids)))
             logs["frac_reward_zero_std"] = zero_std_groups_fraction(rewards, group_ids)
         elif self.num_generations > 1:
@@ -179,32 +205,17 @@ class StepMetrics:
             timing = getattr(engine, "timing", {})
             logs["time/environment"] = timing.get("env_s", 0.0)
             logs["time/context_insert"] = timing.get("insert_s", 0.0)
-        for block in extra:
+        for block in result.extra:
             logs.update(block)
         logs.update(self.scorer.combine.take_metrics())  # the reward functions' log_metric
-        logs.update(self.ledger.record(self.spent(rollout, scores)))
+        spent = compute_spent(rollout, scores, self.dist, self.batch, result.dropped)
+        logs.update(self.ledger.record(spent))
         if stats.mismatch:
             logs.update(rollout_mismatch_logs(stats.mismatch))
         logs = reduce_metrics(logs, self.dist)
         if stats.skipped:
             logs["nonfinite_step"] = 1.0
         return logs
-
-    def report(
-        self,
-        step: int,
-        result: StepResult,
-        timer: Timings,
-        extra: Sequence[dict[str, float]],
-        *,
-        records: RunRecords,
-        engine: Any = None,
-    ) -> dict[str, float]:
-        """The end of a step: the records keep the batch for completions.jsonl, then the
-        step's metrics (:meth:`__call__`)."""
-        rollout, scores, stats = result.rollout, result.scores, result.stats
-        records.keep_batch(result.rows, rollout, scores, result.advantages, result.plan)
-        return self(step, rollout, scores, stats, timer, extra, engine=engine)
 
     def _update_and_timing(
         self, rollout: Rollout, stats: UpdateStats, timer: Timings
@@ -230,7 +241,7 @@ class StepMetrics:
             "clip_ratio/region_mean": sums.get("clip_ratio/region_mean", 0.0),
             "entropy": entropy,
             "grad_norm": float(stats.grad_norm),
-            "learning_rate": self.policy.learning_rate,
+            "learning_rate": self.policy.network.learning_rate,
             "time/generation": generation,
             "time/scoring": timer.phases.get("scoring", 0.0),
             "time/update": timer.phases.get("update", 0.0),

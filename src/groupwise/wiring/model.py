@@ -15,6 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config.grpo_config import GRPOConfig
 from ..errors import ConfigError
+from ..policy.optimizer import check_optim_device
 from ..runtime.models import (
     is_adapter_folder,
     is_peft_model,
@@ -24,7 +25,6 @@ from ..runtime.models import (
 from ..runtime.precision import Precision, configure_tf32, resolve_precision, warn_lost_updates
 from ..runtime.quantization import (
     bnb_config,
-    check_optim_device,
     compute_dtype,
     is_4bit,
     keep_trainable_layout,

@@ -1,4 +1,4 @@
-"""groupwise.build.rewards, the wiring layer: reward functions by name configured from a
+"""groupwise.wiring.rewards, the wiring layer: reward functions by name configured from a
 GRPOConfig, the run's default reward names, and the import rule it exists for (rewards/ imports
 neither the config nor the tasks; the config does not import the tasks)."""
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from groupwise.build.rewards import REWARD_NAMES, build_reward_func, default_reward_names
 from groupwise.config.grpo_config import GRPOConfig
 from groupwise.rewards import correctness_index, format_reward, reward_func_name
 from groupwise.tasks import TASKS
+from groupwise.wiring.rewards import REWARD_NAMES, build_reward_func, default_reward_names
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "groupwise"
 BUILT_BY_NAME = [n for n in REWARD_NAMES if ":" not in n]  # not reward_model:PATH, remote:URL
@@ -168,7 +168,7 @@ def _violations(paths, package: str, forbidden: tuple[str, ...]) -> list[str]:
 def test_rewards_import_neither_the_config_nor_the_tasks():
     paths = sorted((PACKAGE / "rewards").rglob("*.py"))  # rewards.math is a package of its own
     assert len(paths) >= 8  # the package was found
-    forbidden = ("groupwise.config", "groupwise.tasks", "groupwise.build")
+    forbidden = ("groupwise.config", "groupwise.tasks", "groupwise.wiring")
     bad = []
     for path in paths:
         package = ".".join(("groupwise", *path.parent.relative_to(PACKAGE).parts))
@@ -177,7 +177,7 @@ def test_rewards_import_neither_the_config_nor_the_tasks():
 
 
 def test_the_config_does_not_import_the_tasks_or_the_rewards():
-    forbidden = ("groupwise.tasks", "groupwise.rewards", "groupwise.build")
+    forbidden = ("groupwise.tasks", "groupwise.rewards", "groupwise.wiring")
     paths = sorted((PACKAGE / "config").glob("*.py"))
     assert _violations(paths, "groupwise.config", forbidden) == []
 
@@ -189,7 +189,7 @@ def test_the_import_check_sees_relative_and_guarded_imports(tmp_path):
     sample.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from ..config import GRPOConfig\n"
-        "def f():\n    from ..tasks import task_reward_func\n    from .. import build\n"
+        "def f():\n    from ..tasks import task_reward_func\n    from .. import wiring\n"
     )
     found = _imported_modules(sample, "groupwise.rewards")
-    assert {"groupwise.config", "groupwise.tasks", "groupwise.build"} <= found
+    assert {"groupwise.config", "groupwise.tasks", "groupwise.wiring"} <= found

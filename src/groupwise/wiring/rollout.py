@@ -1,7 +1,7 @@
 """A run's options -> its rollout engine: the sampling parameters, the engine that
 ``generation_engine`` names (auto, hf, static, vllm) over the policy's weights, and what a
 multi-turn run talks to (tools or an environment: :class:`Interaction`), with the rows such a run
-trains on. :mod:`groupwise.build.rewards` builds the rest of a run and offers these names too.
+trains on. :mod:`groupwise.wiring.rewards` builds the rest of a run and offers these names too.
 """
 
 from __future__ import annotations
@@ -32,9 +32,14 @@ from ..sections import (
     ToolOptions,
 )
 from ..sections.generation import STATIC_MULTI_TURN, VLLM_MULTI_TURN, resolve_generation_engine
-from ..tools import ENVIRONMENTS, Environment, ToolBox, ToolEnvironment, resolve_tools
+from ..tools import ENVIRONMENTS, Environment, ToolEnvironment, resolve_tools
 from ..tools.calls import TOOL_CALL_CLOSE
-from ..tools.environment import PLACEHOLDER_PROMPT, EnvironmentFactories, is_groupwise_environment
+from ..tools.environment import (
+    PLACEHOLDER_PROMPT,
+    EnvironmentFactories,
+    ToolLimits,
+    is_groupwise_environment,
+)
 
 # The multi-turn feedback game (groupwise.tools.environment): its rows, its environment and its
 # reward come with the name.
@@ -75,18 +80,16 @@ def build_interaction(
     (``args.environment`` or GRPOTrainer's ``environment_factory``); None when it has neither
     (single-turn rollouts)."""
     specs = [*(args.tools or []), *(tools or [])]
+    # Characters of tool output kept: a generous bound before the token cut.
+    limits = ToolLimits(args.tool_timeout, 16 * args.max_tool_output_tokens, args.max_tool_calls,
+                        args.slow_call_warning)  # fmt: skip
     if environment_factory is not None and args.environment is not None:
         raise ConfigError(
             "environment and GRPOTrainer(environment_factory=...) are both set; give one"
         )
     if environment_factory is not None and is_trl_environment_factory(environment_factory):
         environments = EnvironmentFactories(
-            environment_factory,
-            tools=resolve_tools(specs) if specs else (),
-            timeout_s=args.tool_timeout,
-            max_output_chars=16 * args.max_tool_output_tokens,
-            max_tool_calls=args.max_tool_calls,
-            slow_call_s=args.slow_call_warning,
+            environment_factory, limits, resolve_tools(specs) if specs else ()
         )
         schemas = {s["function"]["name"]: s for each in environments.schemas.values() for s in each}
 
@@ -112,16 +115,10 @@ def build_interaction(
         return Interaction(factory, None, tuple(getattr(factory, "stop_strings", ())))
     if not specs:
         return None
-    toolbox = ToolBox(
-        resolve_tools(specs),
-        timeout_s=args.tool_timeout,
-        # Characters: a generous bound before the token cut (max_tool_output_tokens).
-        max_output_chars=16 * args.max_tool_output_tokens,
-        slow_call_s=args.slow_call_warning,
-    )
+    toolbox = limits.toolbox(resolve_tools(specs))
 
     def make_env() -> Environment:
-        return ToolEnvironment(toolbox, max_tool_calls=args.max_tool_calls)
+        return ToolEnvironment(toolbox, max_tool_calls=limits.max_tool_calls)
 
     return Interaction(make_env, toolbox.schemas, (TOOL_CALL_CLOSE,))
 

@@ -1,6 +1,6 @@
 """A run's options (:class:`~groupwise.config.GRPOConfig`) -> its reward functions and the
 scorer: built-in names, weights, the correctness reward, reward models and remote verifiers.
-The rest of :mod:`groupwise.build` maps the other option names to components (the model, the
+The rest of :mod:`groupwise.wiring` maps the other option names to components (the model, the
 rollout engine, the curriculum); everything below it takes plain arguments.
 
 Names accepted in ``reward_funcs`` (YAML and the command line):
@@ -33,7 +33,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -284,6 +284,7 @@ def build_scorer(
     reward_processing_classes: Any = None,
     device: torch.device | None = None,
     environment_rewards: Sequence[RewardFunc] = (),
+    trainer_state: Callable[[], Any] | None = None,
 ) -> RolloutScorer:
     """Reward functions from built-in names (configured from ``options``), callables or reward
     models (see the module docstring), with ``reward_weights`` (default 1 each), then the
@@ -291,7 +292,8 @@ def build_scorer(
     (``reward_weights`` covers the others only, as TRL). ``reward_processing_classes``: TRL's
     tokenizers of the reward models, one or a list with one entry per reward function (entries
     of other functions are not used). ``device``: where TRL-style reward models run (the
-    trainer's device; default: the ``device`` option's)."""
+    trainer's device; default: the ``device`` option's). ``trainer_state``: what gives the reward
+    functions TRL's ``trainer_state`` keyword (the training run's state when a batch is scored)."""
     if reward_funcs is None:
         reward_funcs = []
     elif callable(reward_funcs) or isinstance(reward_funcs, str):
@@ -325,6 +327,7 @@ def build_scorer(
         max_failure_fraction=rewards.reward_max_failure_fraction,
         timeout=rewards.reward_timeout,
         slow_call_s=rewards.slow_call_warning,
+        trainer_state=trainer_state,
     )
 
 

@@ -12,10 +12,10 @@ from transformers.training_args import OptimizerNames
 
 from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.build.model import check_quantization
 from groupwise.errors import ConfigError
 from groupwise.runtime.models import tiny_random_model
 from groupwise.runtime.quantization import bnb_config, is_4bit, quantize_4bit
+from groupwise.wiring.model import check_quantization
 
 ROWS = [{"prompt": f"Say something number {i}"} for i in range(8)]
 QLORA = dict(use_peft=True, load_in_4bit=True)
@@ -180,9 +180,9 @@ def test_eval_and_chat_load_a_qlora_adapter_on_its_4bit_base(tmp_path, monkeypat
     # A QLoRA run's saved adapter: with load_in_4bit, groupwise eval/chat put it unmerged on the
     # 4-bit base it was trained on and compute exactly the trained model's logits; without, it
     # is merged into the unquantised base, which is another model.
-    from groupwise.build.model import load_for_generation
     from groupwise.cli import main
     from groupwise.runtime.precision import Precision
+    from groupwise.wiring.model import load_for_generation
 
     args = tiny_config(tmp_path, **QLORA, lora_r=4, lora_alpha=8, lora_dropout=0.0,
                        max_steps=2, learning_rate=5e-2)  # fmt: skip
@@ -204,7 +204,7 @@ def test_eval_and_chat_load_a_qlora_adapter_on_its_4bit_base(tmp_path, monkeypat
         assert (merged(input_ids=ids).logits - trained).abs().max() > 0.1
     # Both commands load through it.
     seen = []
-    import groupwise.build.model as build_model
+    import groupwise.wiring.model as build_model
 
     def spy(name, args, device, precision):
         model, tokenizer = load_for_generation(name, args, device, precision)

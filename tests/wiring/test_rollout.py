@@ -1,4 +1,4 @@
-"""Which rollout engine a run gets (build/rollout.py, sections/generation.py): ``generation_engine:
+"""Which rollout engine a run gets (wiring/rollout.py, sections/generation.py): ``generation_engine:
 auto`` resolved on both sides of the CUDA check and for each exclusion, the options validated
 against what auto resolves to, and the default CPU run on the HF engine with its reason printed.
 """
@@ -12,10 +12,10 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.build.rollout import choose_engine
 from groupwise.errors import ConfigError
 from groupwise.rollout import HFEngine
 from groupwise.sections.generation import resolve_generation_engine
+from groupwise.wiring.rollout import choose_engine
 
 CUDA, CPU = "cuda", "cpu"
 
