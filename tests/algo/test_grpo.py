@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from groupwise.algo.grpo import kl_k3, policy_loss
-from groupwise.algo.losses import masked_mean
+from groupwise.algo.variants import masked_mean
 
 NAN = float("nan")
 LN2 = math.log(2.0)

@@ -12,7 +12,7 @@ from groupwise.policy.logprobs import (
     completion_logprobs,
     full_logits_logprobs,
 )
-from groupwise.rollout.base import cache_keyword, returned_cache
+from groupwise.runtime.kv_cache import cache_keyword, returned_cache
 
 
 def _batch(group: int = 3):

@@ -13,7 +13,7 @@ from conftest import TargetToken
 from conftest import tiny_config as _config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.algo.grpo import adapt_entropy_coef, entropy_bonus
-from groupwise.algo.losses import BatchCounts, MicroBatch
+from groupwise.algo.variants import BatchCounts, MicroBatch
 from groupwise.errors import ConfigError
 from groupwise.policy.logprobs import ChunkedLMHeadLogprob, completion_logprobs
 from groupwise.policy.loss import EntropyControl, GRPOLoss

@@ -10,7 +10,7 @@ import transformers
 
 from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.algo.losses import LOSSES
+from groupwise.algo.variants import LOSSES
 from groupwise.policy import update
 from groupwise.policy.batches import trimmed_completions
 from groupwise.policy.logprobs import completion_logprobs, full_logits_logprobs

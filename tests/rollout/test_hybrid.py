@@ -7,8 +7,8 @@ import torch
 from conftest import sampling
 from groupwise.policy.logprobs import completion_logprobs
 from groupwise.rollout import generate
-from groupwise.rollout.base import has_recurrent_state
 from groupwise.rollout.hf import prefill, repeat_cache_rows, select_cache_rows
+from groupwise.runtime.kv_cache import has_recurrent_state
 
 transformers = pytest.importorskip("transformers")
 if not hasattr(transformers, "NemotronHConfig"):

@@ -496,7 +496,7 @@ def test_prose_is_docstrings_and_comments_not_code():
         ("func", "policy_loss"),  # a bare name, defined somewhere in groupwise
         ("class", "groupwise.curriculum.Curriculum"),
         ("meth", "groupwise.curriculum.base.Curriculum.plan"),
-        ("data", "~groupwise.algo.losses.LOSSES"),
+        ("data", "~groupwise.algo.variants.LOSSES"),
         ("attr", "groupwise.policy.policy.Policy.network"),  # set in __init__
         ("class", "fractions.Fraction"),
     ],

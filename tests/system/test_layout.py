@@ -90,7 +90,7 @@ GRAPH = {module: file_imports(module) for module in MODULES}
 def test_the_import_reader_sees_every_kind_of_import():
     source = (
         "from typing import TYPE_CHECKING\n"
-        "from . import losses, advantages as adv\n"  # modules of the package
+        "from . import variants, advantages as adv\n"  # modules of the package
         "from .grpo import policy_loss\n"
         "from ..errors import ConfigError\n"
         "from groupwise.files import atomic_write_text\n"
@@ -105,7 +105,7 @@ def test_the_import_reader_sees_every_kind_of_import():
     assert sorted(found) == [
         ("algo.advantages", "", "adv"),
         ("algo.grpo", "policy_loss", "policy_loss"),
-        ("algo.losses", "", "losses"),
+        ("algo.variants", "", "variants"),
         ("errors", "ConfigError", "ConfigError"),
         ("files", "atomic_write_text", "atomic_write_text"),
         ("policy.policy", "Policy", "Policy"),

@@ -13,7 +13,7 @@ from conftest import TargetToken
 from conftest import tiny_config as _config
 from groupwise import GRPOConfig, GRPOTrainer, PPOTrainer
 from groupwise.algo.grpo import policy_loss
-from groupwise.algo.losses import LOSSES, LossVariant, register_loss
+from groupwise.algo.variants import LOSSES, LossVariant, register_loss
 from groupwise.curriculum import CURRICULA, Curriculum, Plan
 from groupwise.errors import ConfigError
 from groupwise.policy import update

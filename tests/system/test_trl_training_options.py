@@ -16,7 +16,7 @@ from conftest import tiny_config as _config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.algo.advantages import batch_normalize, normalize_then_sum
 from groupwise.algo.grpo import high_entropy_mask, off_policy_sequence_mask, policy_loss
-from groupwise.algo.losses import BatchCounts, MicroBatch, vespo_weights
+from groupwise.algo.variants import BatchCounts, MicroBatch, vespo_weights
 from groupwise.errors import ConfigError
 from groupwise.policy.loss import GRPOLoss
 from groupwise.policy.weights import mix_weights

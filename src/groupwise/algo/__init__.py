@@ -3,7 +3,7 @@ equation it implements (docs/algorithms.md):
 
 - :mod:`.advantages`: group-relative advantages and the other group statistics of rewards
   (pass@k, informative groups), over one process or the global batch;
-- :mod:`.losses`: the registry of loss variants (per-token term, reduction, share of the global
+- :mod:`.variants`: the registry of loss variants (per-token term, reduction, share of the global
   batch) and what a loss is given and answers;
 - :mod:`.grpo`: the clipped policy loss, its ratio, masks, the k3 KL and the entropy bonus;
 - :mod:`.ppo`: PPO's token rewards, GAE, value loss and clipped policy loss.
@@ -36,7 +36,15 @@ from .grpo import (
     policy_loss,
     sequence_surrogate,
 )
-from .losses import (
+from .ppo import (
+    explained_variance,
+    gae_advantages,
+    masked_whiten,
+    ppo_policy_loss,
+    token_rewards,
+    value_loss,
+)
+from .variants import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
     LOSSES,
@@ -57,14 +65,6 @@ from .losses import (
     register_loss,
     rollout_correction_weights,
     vespo_weights,
-)
-from .ppo import (
-    explained_variance,
-    gae_advantages,
-    masked_whiten,
-    ppo_policy_loss,
-    token_rewards,
-    value_loss,
 )
 
 __all__ = [

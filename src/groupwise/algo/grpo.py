@@ -1,7 +1,7 @@
 """The GRPO objective of a micro-batch, top to bottom.
 
 Per token, the importance ratio against the sampling policy (or GSPO's per sequence), the
-registered loss variant's policy term (:data:`groupwise.algo.losses.LOSSES`), the masks that drop
+registered loss variant's policy term (:data:`groupwise.algo.variants.LOSSES`), the masks that drop
 tokens from it (TRL's ``top_entropy_quantile``, DeepSeek-V3.2's off-policy sequence mask) and the
 k3 KL to the reference: :func:`policy_loss`, pure math on tensors, with the per-sequence term a
 curriculum reads (:func:`sequence_surrogate`) and the entropy bonus and its adaptive coefficient
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .losses import IMPORTANCE_SAMPLING_LEVELS, LossVariant, get_loss, masked_mean
+from .variants import IMPORTANCE_SAMPLING_LEVELS, LossVariant, get_loss, masked_mean
 
 
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
@@ -112,16 +112,16 @@ def policy_loss(
     Per token, DeepSeekMath eq. (3) with DAPO's separate clip bounds (algorithms.md §2, §3.2):
     ``loss_it = -min(rho_it A_i, clip(rho_it, 1 - eps_low, 1 + eps_high) A_i) + beta k3_it``,
     with ``rho_it = exp(logp_it - old_it)`` and k3 from :func:`kl_k3`. The policy term is the
-    registered variant's :meth:`~groupwise.algo.losses.LossVariant.token_loss`.
+    registered variant's :meth:`~groupwise.algo.variants.LossVariant.token_loss`.
 
-    Aggregation by ``loss_type`` (:data:`~groupwise.algo.losses.LOSSES`), the TRL options of
+    Aggregation by ``loss_type`` (:data:`~groupwise.algo.variants.LOSSES`), the TRL options of
     algorithms.md §3.5 (L_i = number of unmasked tokens of sequence i, clamped at 1):
 
     - ``"grpo"``: ``(1/B) sum_i (1/L_i) sum_t loss_it``, DeepSeekMath eq. (3).
     - ``"bnpo"``, ``"dapo"``: ``sum_it loss_it / sum_i L_i``, the DAPO objective (§3.2). TRL's
       dapo divides by the token count of the whole accumulated batch; for gradient accumulation
       over micro-batches, rescale each micro-batch loss by
-      :meth:`~groupwise.algo.losses.LossVariant.share`.
+      :meth:`~groupwise.algo.variants.LossVariant.share`.
     - ``"dr_grpo"``: ``sum_it loss_it / (B * max_completion_length)``, Dr. GRPO (§3.1); the
       constant is T when ``max_completion_length`` is None.
 
@@ -139,7 +139,7 @@ def policy_loss(
         loss_type, epsilon_low, epsilon_high, beta, importance_sampling_level,
         max_completion_length: as above.
         rollout_weights: [B, T] or [B, 1] from
-            :func:`~groupwise.algo.losses.rollout_correction_weights`, or None. They multiply the
+            :func:`~groupwise.algo.variants.rollout_correction_weights`, or None. They multiply the
             clipped surrogate per token (not the KL term), as TRL does.
         row_weights: [B] positive per-sequence multipliers of the policy term (not the KL), or
             None: a curriculum's weights (Prompt-GDRO eq. 16). For the clipped surrogate,

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .grpo import policy_loss
-from .losses import masked_mean
+from .variants import masked_mean
 
 
 def token_rewards(

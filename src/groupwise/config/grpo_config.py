@@ -395,7 +395,8 @@ class GRPOConfig(metaclass=_TRLConfigType):
     # generation only (faster decoding where the hardware has bf16), the update stays in dtype.
     generation_dtype: str = "auto"
     # When generation numerics differ from the trainer's, weight the surrogate by
-    # pi_old / pi_rollout (losses.rollout_correction_weights; TRL: vllm_importance_sampling_*).
+    # pi_old / pi_rollout (algo.variants.rollout_correction_weights; TRL:
+    # vllm_importance_sampling_*).
     rollout_correction: bool = True
     rollout_correction_mode: str = "sequence_mask"  # token|sequence _truncate|_mask
     rollout_correction_clip_min: float | None = None  # lower bound of the weight (None: none)

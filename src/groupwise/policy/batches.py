@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..algo.losses import BatchCounts, MicroBatch
+from ..algo.variants import BatchCounts, MicroBatch
 from ..rollout import Rollout
 
 # ----------------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from torch.nn.modules import module as nn_module
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedModel
 
-from ..rollout.base import cache_keyword, has_recurrent_state, returned_cache
+from ..runtime.kv_cache import cache_keyword, has_recurrent_state, returned_cache
 from .packing import is_flash, pack_rows
 
 IMPLS = ("chunked", "checkpoint", "naive")

@@ -46,8 +46,8 @@ from ..algo.grpo import (
     policy_loss,
     sequence_surrogate,
 )
-from ..algo.losses import LossTerms, MicroBatch, get_loss
 from ..algo.ppo import ppo_policy_loss, value_loss
+from ..algo.variants import LossTerms, MicroBatch, get_loss
 from ..runtime.distributed import DistributedContext, all_reduce_sum
 from ..sections import LossOptions, PPOOptions
 
@@ -133,7 +133,7 @@ logger = logging.getLogger("groupwise.loss")
 class GRPOLoss:
     """The GRPO objective of one micro-batch: the registered variant ``loss_type``
     (:func:`policy_loss`) with the run's clip, KL and GSPO options, its share of the global
-    batch (:meth:`~groupwise.algo.losses.LossVariant.share`), and the per-completion policy term
+    batch (:meth:`~groupwise.algo.variants.LossVariant.share`), and the per-completion policy term
     with unweighted advantages (:func:`sequence_surrogate`, GDRO's signal), and
     the entropy bonus when the run has one (:mod:`groupwise.policy.loss`)."""
 

@@ -13,7 +13,7 @@
 The policy (:class:`groupwise.policy.policy.Policy`) is the network and its forwards; these
 functions drive it, never the other way round. ``loss`` is any callable
 ``loss(logprobs, micro_batch) -> LossTerms`` (:class:`groupwise.policy.loss.GRPOLoss` for GRPO).
-Losses are normalised over the *global* batch (:class:`~groupwise.algo.losses.BatchCounts`:
+Losses are normalised over the *global* batch (:class:`~groupwise.algo.variants.BatchCounts`:
 every rank's rows, tokens and micro-batches), so data parallel gives the single-process
 gradient.
 """
@@ -27,7 +27,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ..algo.losses import BatchCounts, LossTerms, MicroBatch, rollout_correction_weights
+from ..algo.variants import BatchCounts, LossTerms, MicroBatch, rollout_correction_weights
 from ..rollout import Rollout, RolloutEngine
 from ..rollout.base import select_prompts
 from ..runtime.distributed import all_reduce_sum, any_rank, max_over_ranks

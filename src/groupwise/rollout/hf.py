@@ -26,18 +26,14 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
-from .base import (
-    Engine,
-    Request,
-    Rollout,
-    SamplingParams,
+from ..runtime.kv_cache import (
     cache_keyword,
     forward_with_cache,
     has_recurrent_state,
-    per_prompt_counts,
     returned_cache,
     wrapped_models,
 )
+from .base import Engine, Request, Rollout, SamplingParams, per_prompt_counts
 
 
 def seen_tokens(ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -39,17 +39,11 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data.prompts import is_conversational, prompt_text
 from ..errors import ConfigError
+from ..runtime.kv_cache import forward_with_cache, has_recurrent_state
 from ..tools.calls import assistant_message, assistant_text, content_text
 from ..tools.environment import PLACEHOLDER_PROMPT, EnvironmentFactories
 from ..tools.prompting import prompt_text_with_tools
-from .base import (
-    Engine,
-    Request,
-    Rollout,
-    SamplingParams,
-    forward_with_cache,
-    has_recurrent_state,
-)
+from .base import Engine, Request, Rollout, SamplingParams
 from .hf import (
     HFEngine,
     call_generate,

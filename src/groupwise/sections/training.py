@@ -208,7 +208,7 @@ class LossOptions(Section):
                 )
         # The registries are read now, so a variant registered before the config is valid
         # (imported here: they need torch, which `groupwise --help` never loads).
-        from ..algo.losses import IMPORTANCE_SAMPLING_LEVELS, LOSSES, ROLLOUT_CORRECTION_MODES
+        from ..algo.variants import IMPORTANCE_SAMPLING_LEVELS, LOSSES, ROLLOUT_CORRECTION_MODES
 
         choice(self, "loss_type", tuple(LOSSES))
         choice(self, "importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -68,7 +67,7 @@ from .loop import LoopCalls, TrainingLoop
 from .metrics import ComputeLedger, StepMetrics, StepResult
 from .monitor import TrainingMonitor
 from .records import RunRecords
-from .trl_api import CallbackHandler, trl_arguments
+from .trl_api import CallbackHandler, fill_trainer_state, trl_arguments
 
 __all__ = ["Algorithm", "PhaseTimer", "RunPart", "Trainer"]
 
@@ -519,22 +518,10 @@ class Trainer:
         log_history (``self.log_history``'s rows with, as in transformers, the summary row each
         ``train()`` call added at its end: train_loss, train_runtime, ..., and the final step's
         metrics), epoch, ..."""
-        state, args, per_epoch = self._state, self.args, self.steps_per_epoch
-        state.global_step = self.global_step
-        state.max_steps = args.max_steps
-        history = list(self.records.history)
-        for position, row in reversed(self.records.summaries):
-            history.insert(min(position, len(history)), row)
-        state.log_history = history
-        state.epoch = self.global_step / per_epoch
-        state.num_train_epochs = math.ceil(args.max_steps / per_epoch)
-        state.logging_steps = args.logging_steps
-        state.save_steps = args.save_steps
-        state.eval_steps = args.eval_steps
-        state.train_batch_size = args.per_device_train_batch_size
-        state.is_world_process_zero = self.dist.is_main
-        state.is_local_process_zero = self.dist.local_rank == 0
-        return state
+        records, dist = self.records, self.dist
+        return fill_trainer_state(self._state, self.args, self.global_step, self.steps_per_epoch,
+                                  records.history, records.summaries, dist.rank,
+                                  dist.local_rank)  # fmt: skip
 
     @property
     def callbacks(self) -> list[Any]:

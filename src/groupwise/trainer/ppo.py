@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..algo.losses import masked_mean
 from ..algo.ppo import explained_variance, gae_advantages, masked_whiten, token_rewards
+from ..algo.variants import masked_mean
 from ..config.grpo_config import GRPOConfig
 from ..errors import ConfigError
 from ..files import staged_files

@@ -1,12 +1,14 @@
 """What code written for ``trl.GRPOTrainer`` or ``transformers.Trainer`` passes a trainer, read
 in groupwise's terms: :func:`trl_arguments` reads the constructor's TRL forms (positional order,
 ``peft_config``, ``optimizers``, ``quantization_config``, ``model_init_kwargs`` assigned after
-the config was made), and :class:`CallbackHandler` calls transformers' callbacks. The methods
-and attribute names themselves are :class:`groupwise.trainer.base.Trainer`'s.
+the config was made), :class:`CallbackHandler` calls transformers' callbacks, and
+:func:`fill_trainer_state` gives a run's progress as a ``TrainerState``. The methods and
+attribute names themselves are :class:`groupwise.trainer.base.Trainer`'s.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -142,3 +144,34 @@ class CallbackHandler:
             if isinstance(result, TrainerControl):
                 control = result
         return control
+
+
+def fill_trainer_state(
+    state: TrainerState,
+    args: GRPOConfig,
+    global_step: int,
+    steps_per_epoch: int,
+    history: list[dict[str, float]],
+    summaries: Sequence[tuple[int, dict[str, float]]],
+    rank: int,
+    local_rank: int,
+) -> TrainerState:
+    """``state`` brought up to date with the run: global_step, max_steps, epoch, the logging
+    cadence, the batch size, which process this is, and log_history: the logged rows with, as
+    in transformers, the summary row each ``train()`` call added at its end (``summaries``:
+    (position in the history, row))."""
+    rows = list(history)
+    for position, row in reversed(summaries):
+        rows.insert(min(position, len(rows)), row)
+    state.log_history = rows
+    state.global_step = global_step
+    state.max_steps = args.max_steps
+    state.epoch = global_step / steps_per_epoch
+    state.num_train_epochs = math.ceil(args.max_steps / steps_per_epoch)
+    state.logging_steps = args.logging_steps
+    state.save_steps = args.save_steps
+    state.eval_steps = args.eval_steps
+    state.train_batch_size = args.per_device_train_batch_size
+    state.is_world_process_zero = rank == 0
+    state.is_local_process_zero = local_rank == 0
+    return state

@@ -1,4 +1,4 @@
-"""groupwise.algo.losses against values computed by hand (arithmetic in the comments): the
+"""groupwise.algo.variants against values computed by hand (arithmetic in the comments): the
 rollout-correction weights and how the policy loss applies them."""
 
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from groupwise.algo.grpo import policy_loss
-from groupwise.algo.losses import rollout_correction_weights
+from groupwise.algo.variants import rollout_correction_weights
 
 NAN = float("nan")
 LN2 = math.log(2.0)
