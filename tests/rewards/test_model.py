@@ -15,7 +15,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from groupwise.rewards.model import RewardModel, resolve_device
+from groupwise.rewards.model import RewardModel
 
 PROMPTS = ["What is 2 + 2?", "Hi", "Name a colour.", "What is 7 * 6?", "Say nothing.", "x"]
 COMPLETIONS = [
@@ -289,9 +289,3 @@ def test_a_model_object_needs_its_tokenizer(reward):
         RewardModel(reward.model)
     with pytest.raises(TypeError, match="path or a PreTrainedModel"):
         RewardModel(42)
-
-
-def test_device():
-    assert resolve_device("cpu") == torch.device("cpu")
-    expected = "cuda" if torch.cuda.is_available() else "cpu"
-    assert resolve_device("auto").type == expected

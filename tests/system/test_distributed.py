@@ -709,7 +709,7 @@ def test_collectives_fit_the_process_group_of_a_cuda_run(tmp_path, data_parallel
         ("cuda:0", True, "cpu:gloo,cuda:nccl", 1),
         ("auto", False, "gloo", None),
         ("cpu", True, "gloo", None),
-        # No CUDA: build.resolve_device reports device=cuda just after, with its own message.
+        # No CUDA: resolve_device reports device=cuda just after, with its own message.
         ("cuda", False, "gloo", None),
     ],
     ids=["auto-gpu", "cuda", "cuda:0", "auto-no-gpu", "cpu-on-gpu-machine", "cuda-no-gpu"],

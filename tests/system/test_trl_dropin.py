@@ -21,7 +21,7 @@ from conftest import tiny_config
 from groupwise import ConfigError, GRPOConfig, GRPOTrainer
 from groupwise.config.trl import TRL_IGNORED, TRL_REFUSED, TRL_TRANSLATED, IgnoredOptionsWarning
 from groupwise.policy.optimizer import lr_factor
-from groupwise.trainer.checkpoints import config_differences
+from groupwise.trainer.checkpoints import trajectory_changes
 
 datasets = pytest.importorskip("datasets")
 
@@ -276,7 +276,7 @@ def test_ignored_options_stay_out_of_to_dict_and_resume_comparison():
     config = _config(max_steps=5, dataloader_num_workers=4, hub_model_id="me/x")
     values = config.to_dict()
     assert not set(values) & TRL_IGNORED
-    assert config_differences(values, GRPOConfig(max_steps=5).to_dict()) == []
+    assert trajectory_changes(values, GRPOConfig(max_steps=5).to_dict()) == []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         again = GRPOConfig.from_dict(values)

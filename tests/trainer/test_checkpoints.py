@@ -101,10 +101,10 @@ def test_rng_state_round_trip():
     assert torch.equal(first[2], second[2]) and torch.equal(first[3], second[3])
 
 
-def test_config_differences_ignore_safe_fields():
+def test_trajectory_changes_ignore_safe_fields():
     a = GRPOConfig(max_steps=5).to_dict()
     b = GRPOConfig(max_steps=50, logging_steps=3, learning_rate=2e-6, beta=0.0).to_dict()
-    assert ckpt.config_differences(a, b) == ["beta: 0.04 -> 0.0", "learning_rate: 1e-06 -> 2e-06"]
+    assert ckpt.trajectory_changes(a, b) == ["beta: 0.04 -> 0.0", "learning_rate: 1e-06 -> 2e-06"]
     with pytest.raises(ConfigError, match="learning_rate: 1e-06 -> 2e-06"):
         ckpt.check_resume_config(a, b, Path("ck"))
 
@@ -304,9 +304,9 @@ def test_resume_with_curriculum_is_exact(tmp_path, curriculum, allocator):
 def test_option_added_after_the_checkpoint_counts_as_its_default():
     saved = GRPOConfig().to_dict()
     del saved["data_parallel"]  # a checkpoint written before the option existed
-    assert ckpt.config_differences(saved, GRPOConfig().to_dict()) == []
+    assert ckpt.trajectory_changes(saved, GRPOConfig().to_dict()) == []
     changed = GRPOConfig(data_parallel="fsdp").to_dict()
-    assert ckpt.config_differences(saved, changed) == ["data_parallel: 'ddp' -> 'fsdp'"]
+    assert ckpt.trajectory_changes(saved, changed) == ["data_parallel: 'ddp' -> 'fsdp'"]
 
 
 def test_overwrite_clears_the_run_record_with_the_rest(tmp_path):

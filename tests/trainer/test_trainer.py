@@ -9,9 +9,7 @@ from transformers import AutoModelForCausalLM
 from conftest import TargetToken
 from conftest import tiny_config as _config
 from groupwise import GRPOConfig, GRPOTrainer
-from groupwise.policy.batches import micro_batch_rows, prompt_blocks, scatter_rows
 from groupwise.policy.logprobs import completion_logprobs
-from groupwise.policy.optimizer import lr_factor
 from groupwise.rewards.scoring import RewardFunctionError
 from groupwise.rollout import Rollout
 
@@ -168,43 +166,6 @@ def _favour_eos(model, eos_id: int) -> None:
         head.bias[eos_id] = 10.0  # exp(10) ~ half the summed mass of 49k near-zero logits
 
 
-def test_micro_batch_rows_sorts_whole_groups_longest_first():
-    # 3 groups of 2: group lengths (max) 3, 5, 4 -> order 1, 2, 0; micro-batches of 4 rows.
-    lengths = torch.tensor([3, 1, 2, 5, 4, 4])
-    batches = micro_batch_rows(lengths, 4, group_size=2)
-    assert [b.tolist() for b in batches] == [[2, 3, 4, 5], [0, 1]]
-    # Rows one by one when the micro-batch does not hold whole groups (stable for ties).
-    batches = micro_batch_rows(lengths, 3, group_size=2)
-    assert [b.tolist() for b in batches] == [[3, 4, 5], [0, 2, 1]]
-    # No grouping without uniform groups; rollout order when sorting is off or one batch fits.
-    assert [b.tolist() for b in micro_batch_rows(lengths, 4, None)] == [[3, 4, 5, 0], [2, 1]]
-    unsorted = micro_batch_rows(lengths, 4, group_size=2, by_length=False)
-    assert [b.tolist() for b in unsorted] == [[0, 1, 2, 3], [4, 5]]
-    assert [b.tolist() for b in micro_batch_rows(lengths, 6, 2)] == [[0, 1, 2, 3, 4, 5]]
-
-
-def test_micro_batch_rows_splits_groups_into_pieces_longest_rows_together():
-    # Groups of 4, micro-batches of 2: each group's rows sorted longest first and cut in two
-    # (group 0: rows 3, 0 | 2, 1; group 1: rows 7, 4 | 5, 6), pieces ordered by longest row.
-    lengths = torch.tensor([3, 1, 2, 5, 4, 4, 0, 6])
-    batches = micro_batch_rows(lengths, 2, group_size=4)
-    assert [b.tolist() for b in batches] == [[7, 4], [3, 0], [5, 6], [2, 1]]
-    unsorted = micro_batch_rows(lengths, 2, group_size=4, by_length=False)
-    assert [b.tolist() for b in unsorted] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-
-
-def test_prompt_blocks_and_scatter_rows():
-    prompts, block = prompt_blocks(torch.tensor([2, 2, 0, 0]), 2)  # two whole groups
-    assert prompts.tolist() == [2, 0] and block == 2
-    prompts, block = prompt_blocks(torch.tensor([1, 1, 1]), 4)  # part of one group
-    assert prompts.tolist() == [1] and block == 3
-    assert prompt_blocks(torch.tensor([0, 1]), 2) is None  # two prompts in one block
-    assert prompt_blocks(torch.tensor([0, 0, 1]), 2) is None  # not whole blocks
-    parts = [torch.tensor([[30.0], [40.0]]), torch.tensor([[10.0], [20.0]])]
-    batches = [torch.tensor([2, 3]), torch.tensor([0, 1])]
-    assert scatter_rows(parts, batches).flatten().tolist() == [10.0, 20.0, 30.0, 40.0]
-
-
 def test_logprobs_trim_padding_per_micro_batch(tmp_path, monkeypatch):
     # A rollout of width 6 whose selected rows are at most 3 tokens long: the forward sees 3
     # columns, and the log-probs equal those computed on the full padded width.
@@ -337,16 +298,6 @@ def test_reward_function_errors_name_the_function(tmp_path):
         trainer = GRPOTrainer("tiny-random", func, ROWS, args=args)
         with pytest.raises(RewardFunctionError, match=message):
             trainer.train()
-
-
-def test_lr_schedules():
-    args = GRPOConfig(max_steps=10, warmup_steps=2, lr_scheduler_type="linear")
-    factor = lr_factor(args.sections().optimization, 10)
-    # transformers' warm-up from 0: step / 2, then (10 - step) / 8
-    assert [factor(s) for s in (0, 1, 2, 6, 10)] == [0.0, 0.5, 1.0, 0.5, 0.0]
-    cosine_args = GRPOConfig(max_steps=10, lr_scheduler_type="cosine")
-    cosine = lr_factor(cosine_args.sections().optimization, 10)
-    assert cosine(5) == pytest.approx(0.5) and cosine(10) == pytest.approx(0.0)
 
 
 def test_policy_schedule_spans_the_epochs_max_steps(tmp_path):

@@ -15,8 +15,9 @@ def run_chat(args: GRPOConfig, prompts: list[str], count: int = 3) -> list[dict[
     from ..data.prompts import tokenize_prompts
     from ..evaluation import prompt_render
     from ..rollout import HFEngine
+    from ..runtime.distributed import resolve_device
     from ..runtime.precision import resolve_precision
-    from ..wiring.model import load_for_generation, resolve_device
+    from ..wiring.model import load_for_generation
     from ..wiring.rollout import build_interaction, sampling_params, with_interaction
 
     if prompts:

@@ -21,8 +21,9 @@ def run_eval(args: GRPOConfig) -> dict:
         save_json,
     )
     from ..rollout import HFEngine
+    from ..runtime.distributed import resolve_device
     from ..runtime.precision import resolve_precision
-    from ..wiring.model import load_for_generation, resolve_device
+    from ..wiring.model import load_for_generation
     from ..wiring.rewards import build_reward_func, default_reward_names
     from ..wiring.rollout import build_interaction, with_interaction
 

@@ -49,17 +49,11 @@ from transformers import (
 )
 
 from ..data.prompts import is_conversational
+from ..runtime.distributed import resolve_device
 from .basic import completion_text
 
 # tokenizer.model_max_length is a huge sentinel (int(1e30)) when the checkpoint sets none.
 _NO_LIMIT = 10**9
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``"auto"``: CUDA if available, else CPU; anything else as ``torch.device``."""
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def _load_model(path: str, model_kwargs: dict[str, Any]) -> PreTrainedModel:

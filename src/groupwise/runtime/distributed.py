@@ -34,6 +34,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..errors import ConfigError
+
+
+def resolve_device(name: str | torch.device | None) -> torch.device:
+    """The device a run (or a reward model) names: ``"auto"`` or None is CUDA when there is
+    one, else the CPU; a CUDA device asked for on a machine without CUDA is refused."""
+    if name is None or name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={str(name)!r} was asked for but CUDA is not available on this machine; "
+            "use device: auto or cpu"
+        )
+    return device
+
 
 @dataclass(frozen=True)
 class DistributedContext:
@@ -76,7 +92,7 @@ def init_distributed(device: str) -> DistributedContext:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if not dist.is_initialized():
         device_type = "cuda" if device == "auto" else device.split(":")[0]
-        # device=cuda without CUDA: wiring.model.resolve_device reports it next, in its words.
+        # device=cuda without CUDA: resolve_device reports it next, in its words.
         cuda = device_type == "cuda" and torch.cuda.is_available()
         options: dict[str, Any] = {}
         if cuda:

@@ -502,7 +502,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+def trajectory_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Options whose value differs and that would change the training trajectory. An option
     the checkpoint predates counts as its default (what that run used)."""
     from ..config.grpo_config import GRPOConfig
@@ -520,7 +520,7 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
 
 
 def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
-    diffs = config_differences(saved, current)
+    diffs = trajectory_changes(saved, current)
     if diffs:
         raise ConfigError(
             f"cannot resume from {path}: the config differs in options that change training:\n  "

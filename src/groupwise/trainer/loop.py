@@ -31,7 +31,7 @@ from ..wiring.run import Run
 from . import console
 from .checkpoints import TrainingInterrupted, TrainingStopped, resolve_resume_path
 from .monitor import TrainingMonitor
-from .records import RunRecords, check_output_dir, earlier_run, run_facts
+from .records import RunRecords, check_output_dir, earlier_run, run_description
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,8 @@ class TrainingLoop:
             self.run.scorer.combine.write_manifest(output_dir / "rewards.json")
             # Version, device, dtype, dates, wall time and the changed options' defaults, too.
             precision = self.run.precision
-            facts = run_facts(args, self.run.device, dist.world_size, precision.weights, precision)
+            facts = run_description(args, self.run.device, dist.world_size, precision.weights,
+                                    precision)  # fmt: skip
             segment_start = record_run_start(output_dir, facts, not fresh)
         if records.loggers is None and args.report_to and dist.is_main:
             records.open_loggers(args, calls.global_step())

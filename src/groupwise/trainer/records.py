@@ -219,7 +219,7 @@ class RunRecords:
             print_completions(records[:to_print])
 
 
-def run_facts(
+def run_description(
     args: GRPOConfig,
     device: torch.device,
     world_size: int,

@@ -25,10 +25,10 @@ from ..policy.critic import Critic, build_value_model
 from ..policy.loss import GRPOLoss
 from ..policy.policy import Policy, PolicyOptions
 from ..rewards import RewardFunc
-from ..runtime.distributed import DistributedContext
+from ..runtime.distributed import DistributedContext, resolve_device
 from ..runtime.precision import Precision
 from ..sections import CurriculumSection, Sections
-from .model import build_model, resolve_device, resolve_run_precision
+from .model import build_model, resolve_run_precision
 from .rewards import ScorerOptions, build_scorer
 from .rollout import EngineOptions, Interaction, build_engine
 from .run import GRPOParts, PPOParts, Run

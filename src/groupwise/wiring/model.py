@@ -1,4 +1,5 @@
-"""A run's options -> its machine and model: the device (:func:`resolve_device`), the precision
+"""A run's options -> its machine and model: the device
+(:func:`groupwise.runtime.distributed.resolve_device`), the precision
 (:func:`resolve_run_precision`), the attention implementation (:func:`check_attn_implementation`)
 and the model itself (:func:`build_model`: loaded or built in, QLoRA's 4-bit base, gradient
 checkpointing, LoRA with :func:`apply_lora`; :func:`load_for_generation` for ``groupwise eval``
@@ -55,17 +56,6 @@ def apply_lora(
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(
-            f"device={name!r} was asked for but CUDA is not available on this machine; use "
-            "device: auto or cpu"
-        )
-    return torch.device(name)
 
 
 def resolve_run_precision(args: GRPOConfig, device: torch.device) -> Precision:

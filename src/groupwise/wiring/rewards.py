@@ -46,6 +46,7 @@ from ..errors import ConfigError
 from ..imports import import_callable, is_import_spec
 from ..rewards import RewardFunc, reward_func_name
 from ..rewards.scoring import RolloutScorer
+from ..runtime.distributed import resolve_device
 from ..sections import (
     GenerationOptions,
     ModelOptions,
@@ -53,7 +54,6 @@ from ..sections import (
     RuntimeOptions,
     SectionGroup,
 )
-from .model import resolve_device
 from .rollout import GUESS_TASK
 
 if TYPE_CHECKING:
