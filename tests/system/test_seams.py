@@ -1,4 +1,4 @@
-"""The trainer's four seams (loss, curriculum, engine, policy), each exercised the way a user
+"""The seams (loss, curriculum, engine, the update), each exercised the way a user
 would extend it: a loss variant registered in algo.LOSSES, a curriculum added to CURRICULA, an
 engine that wraps the trainer's engine and inserts tokens the policy did not write. PPO stands
 beside GRPO, built from the same pieces. (The package's layout and dependency rules:

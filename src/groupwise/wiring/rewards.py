@@ -76,22 +76,84 @@ if TYPE_CHECKING:
 # Rewards
 
 
-REWARD_NAMES = (
-    "format",
-    "tool_call",
-    "guess",
-    "soft_format",
-    "accuracy",
-    "length_penalty",
-    "repetition_penalty",
-    "code",
-    "code_binary",
-    "countdown",
-    "reasoning_gym",
-    "task",
-    "reward_model:PATH",
-    "remote:URL",
-)
+def _format(spec: str, options: ScorerOptions) -> RewardFunc:
+    from ..rewards.shaping import format_reward
+
+    return format_reward
+
+
+def _tool_call(spec: str, options: ScorerOptions) -> RewardFunc:
+    from ..tools.environment import tool_call_reward
+
+    return tool_call_reward
+
+
+def _guess(spec: str, options: ScorerOptions) -> RewardFunc:
+    from ..tools.environment import guess_reward
+
+    return guess_reward
+
+
+def _soft_format(spec: str, options: ScorerOptions) -> RewardFunc:
+    from ..rewards.shaping import soft_format_reward
+
+    return soft_format_reward
+
+
+def _accuracy(spec: str, options: ScorerOptions) -> RewardFunc:
+    from ..rewards.math import make_accuracy_reward
+
+    return make_accuracy_reward(timeout_s=options.rewards.accuracy_timeout)
+
+
+def _length_penalty(spec: str, options: ScorerOptions) -> RewardFunc:
+    from ..rewards.shaping import make_length_penalty
+
+    rewards, max_len = options.rewards, options.generation.max_completion_length
+    buffer = rewards.overlong_buffer_len or max(1, max_len // 4)  # None: max_len // 4
+    return make_length_penalty(max_len, buffer, penalty_factor=rewards.overlong_penalty_factor)
+
+
+def _repetition_penalty(spec: str, options: ScorerOptions) -> RewardFunc:
+    from ..rewards.shaping import make_repetition_penalty
+
+    rewards = options.rewards
+    return make_repetition_penalty(
+        ngram_size=rewards.repetition_ngram_size, max_penalty=rewards.repetition_max_penalty
+    )
+
+
+def _code(spec: str, options: ScorerOptions) -> RewardFunc:
+    from ..rewards.code import make_code_reward
+
+    return make_code_reward(timeout_s=options.rewards.code_timeout, binary=spec == "code_binary")
+
+
+def _task(spec: str, options: ScorerOptions) -> RewardFunc:
+    from ..tasks import task_reward_func
+
+    return task_reward_func(spec)
+
+
+# The built-in reward functions by name, each a factory ``(name, options) -> RewardFunc`` that
+# imports its module only when the name is used.
+BUILT_IN_REWARDS: dict[str, Callable[[str, ScorerOptions], RewardFunc]] = {
+    "format": _format,
+    "tool_call": _tool_call,
+    "guess": _guess,
+    "soft_format": _soft_format,
+    "accuracy": _accuracy,
+    "length_penalty": _length_penalty,
+    "repetition_penalty": _repetition_penalty,
+    "code": _code,
+    "code_binary": _code,
+    "countdown": _task,
+    "reasoning_gym": _task,
+    "task": _task,
+}
+# Every name reward_funcs accepts besides a function or a model: the built-ins, a reward model
+# (a sequence classifier's folder or hub id) and a remote verifier.
+REWARD_NAMES = (*BUILT_IN_REWARDS, "reward_model:PATH", "remote:URL")
 
 # The dataset column each built-in reward reads (checked when the data loads).
 REWARD_COLUMNS = {"accuracy": "answer", "code": "tests", "code_binary": "tests"}
@@ -141,47 +203,8 @@ def build_reward_func(
     if not isinstance(spec, str):
         raise ValueError(f"a reward function must be a callable or a name, got {spec!r}")
     options = ScorerOptions.of(args)
-    rewards = options.rewards
-    if spec == "format":
-        from ..rewards.shaping import format_reward
-
-        return format_reward
-    if spec == "soft_format":
-        from ..rewards.shaping import soft_format_reward
-
-        return soft_format_reward
-    if spec == "accuracy":
-        from ..rewards.math import make_accuracy_reward
-
-        return make_accuracy_reward(timeout_s=rewards.accuracy_timeout)
-    if spec == "length_penalty":
-        from ..rewards.shaping import make_length_penalty
-
-        max_len = options.generation.max_completion_length
-        buffer = rewards.overlong_buffer_len or max(1, max_len // 4)  # None: max_len // 4
-        return make_length_penalty(max_len, buffer, penalty_factor=rewards.overlong_penalty_factor)
-    if spec == "repetition_penalty":
-        from ..rewards.shaping import make_repetition_penalty
-
-        return make_repetition_penalty(
-            ngram_size=rewards.repetition_ngram_size, max_penalty=rewards.repetition_max_penalty
-        )
-    if spec in ("code", "code_binary"):
-        from ..rewards.code import make_code_reward
-
-        return make_code_reward(timeout_s=rewards.code_timeout, binary=spec == "code_binary")
-    if spec == "tool_call":
-        from ..tools.environment import tool_call_reward
-
-        return tool_call_reward
-    if spec == "guess":
-        from ..tools.environment import guess_reward
-
-        return guess_reward
-    if spec in ("countdown", "reasoning_gym", "task"):
-        from ..tasks import task_reward_func
-
-        return task_reward_func(spec)
+    if spec in BUILT_IN_REWARDS:
+        return BUILT_IN_REWARDS[spec](spec, options)
     if spec.startswith(("reward_model:", "remote:")):
         try:
             if spec.startswith("reward_model:"):
@@ -190,7 +213,7 @@ def build_reward_func(
                 return RewardModel(spec.split(":", 1)[1])
             from ..rewards.remote import RemoteReward
 
-            return RemoteReward(spec.split(":", 1)[1], timeout=rewards.remote_timeout)
+            return RemoteReward(spec.split(":", 1)[1], timeout=options.rewards.remote_timeout)
         except (ValueError, OSError) as err:
             raise ConfigError(f"reward_funcs: {spec!r}: {err}") from err
     if is_import_spec(spec):  # the user's own function: module:function or file.py:function
