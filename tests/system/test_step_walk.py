@@ -21,7 +21,7 @@ import pytest
 from test_layout import GRAPH, module_name
 
 import groupwise
-from conftest import TargetToken, tiny_config
+from conftest import SELECT_ROWS, TargetToken, tiny_config
 from groupwise import GRPOTrainer
 
 SRC = str(Path(groupwise.__file__).resolve().parent) + "/"
@@ -150,10 +150,14 @@ def fenced_block(heading: str) -> str:
     return section.split("```", 2)[1].split("\n", 1)[1].rstrip("\n")
 
 
-def declared_climbs() -> set[tuple[str, str]]:
-    """The calls that climb docs/architecture.md allows, ``caller -> callee`` one a line."""
+def declared_climbs(block: int = 0) -> set[tuple[str, str]]:
+    """The calls that climb docs/architecture.md allows, ``caller -> callee`` one a line: block
+    0, a default step's; block 1, those optional features add."""
+    section = ARCHITECTURE.read_text(encoding="utf-8").split("### Calls that climb", 1)[1]
+    section = section.split("\n### ", 1)[0]
+    text = section.split("```text\n")[block + 1].split("```", 1)[0]
     pairs = set()
-    for line in fenced_block("### Calls that climb").splitlines():
+    for line in text.strip().splitlines():
         caller, callee = (part.strip() for part in line.split("->"))
         pairs.add((caller, callee))
     return pairs
@@ -222,6 +226,27 @@ def test_a_step_calls_up_only_where_docs_declare_it(tmp_path, overrides):
     declared = declared_climbs()
     assert len(declared) <= MAX_CLIMBS, declared
     assert set(trace.climbs) <= declared, f"undeclared calls that climb:\n{found}"
+
+
+FEATURE_STEPS = {
+    "dynamic sampling": dict(dynamic_sampling=True),
+    "select + top-up": dict(curriculum="select", rollout_min=2, rollout_max=8,
+                            select_top_up=True),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("overrides", FEATURE_STEPS.values(), ids=FEATURE_STEPS.keys())
+def test_optional_features_call_up_only_where_docs_declare_it(tmp_path, overrides):
+    args = tiny_config(tmp_path, beta=0.04, **overrides)
+    trace = StepTrace(GRPOTrainer("tiny-random", TargetToken(), SELECT_ROWS, args=args))
+    found = "\n".join(f"  {n} x {a} -> {b}" for (a, b), n in sorted(trace.climbs.items()))
+    print(f"calls that climb:\n{found}")
+    assert set(trace.climbs) <= declared_climbs(0) | declared_climbs(1), found
+
+
+def test_the_docs_declare_each_climb_once_and_few_for_the_default_step():
+    default, features = declared_climbs(0), declared_climbs(1)
+    assert 0 < len(default) <= MAX_CLIMBS and features and not default & features
 
 
 def code_in(path: str, source: str, name: str, **names: Any):
