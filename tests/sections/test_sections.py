@@ -67,6 +67,11 @@ def test_cispo_upper_clip_comes_from_the_loss_section():
     # cispo's epsilon_high is its weight cap: 5.0 when not given (TRL's docs, ScaleRL)
     assert GRPOConfig(loss_type="cispo").sections().loss.effective_epsilon_high == 5.0
     assert GRPOConfig(epsilon=0.3).sections().loss.effective_epsilon_high == 0.3
+    # PPO has no loss variants: its clip is epsilon_high, else epsilon, whatever loss_type says
+    assert GRPOConfig(loss_type="cispo").sections().loss.clip_epsilon_high == 0.2
+    loss = GRPOConfig(loss_type="cispo", epsilon_high=2.0).sections().loss
+    assert loss.clip_epsilon_high == loss.effective_epsilon_high == 2.0
+    assert GRPOConfig(epsilon_high=0.28).sections().loss.clip_epsilon_high == 0.28
 
 
 def test_the_curricula_options_are_made_of_the_curriculum_sections_fields():

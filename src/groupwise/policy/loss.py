@@ -245,7 +245,7 @@ class GRPOLoss:
 
 class PPOLoss:
     """PPO's loss of one micro-batch: the clipped policy surrogate (the ``loss`` section's
-    ``epsilon`` and :attr:`~groupwise.sections.LossOptions.effective_epsilon_high`) plus
+    ``epsilon`` and :attr:`~groupwise.sections.LossOptions.clip_epsilon_high`) plus
     ``vf_coef`` times the clipped value loss (``cliprange_value``), both token means over the
     global batch (each micro-batch weighs its share of every rank's tokens; the gradient average
     over ranks divides by the world size, which the weight undoes). One per generation batch:
@@ -262,7 +262,7 @@ class PPOLoss:
         old_values: Tensor,
         autocast: Callable[[], Any],
     ) -> None:
-        self.epsilon, self.epsilon_high = loss.epsilon, loss.effective_epsilon_high
+        self.epsilon, self.epsilon_high = loss.epsilon, loss.clip_epsilon_high
         self.vf_coef, self.cliprange_value = ppo.vf_coef, ppo.cliprange_value
         self.critic, self.rollout = critic, rollout
         self.advantages, self.returns, self.old_values = advantages, returns, old_values

@@ -138,9 +138,15 @@ class LossOptions(Section):
         weight cap itself) 5.0, the value TRL's docs and ScaleRL (arXiv 2510.13786) advise.
         TRL falls back to epsilon there too (a cap of 0.2 scales every on-policy weight by
         0.2 and so only the learning rate); groupwise refuses caps below 1."""
-        if self.epsilon_high is not None:
-            return self.epsilon_high
-        return CISPO_DEFAULT_CAP if self.loss_type == "cispo" else self.epsilon
+        if self.epsilon_high is None and self.loss_type == "cispo":
+            return CISPO_DEFAULT_CAP
+        return self.clip_epsilon_high
+
+    @property
+    def clip_epsilon_high(self) -> float:
+        """The upper clip of a clipped surrogate whatever ``loss_type`` says (PPO's, which
+        has no loss variants): epsilon_high, else epsilon."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
     def variant_options(self) -> dict[str, float]:
         """The options of the loss variant (TRL's names): delta for the clipped surrogates,
