@@ -13,7 +13,7 @@ the run's services, one module each:
 - ``records``: ``log_history``, metrics.jsonl, events.jsonl, completions.jsonl, the loggers;
 - ``checkpoints``: saving the model and checkpoints, reading them back;
 - ``evaluate``: what ``evaluate()`` computes on an evaluation set;
-- ``trl_api``: TRL's constructor forms and transformers' callbacks;
+- ``trl_api``: TRL's constructor forms, transformers' callbacks and the run as a ``TrainerState``;
 - ``datasets``: the checks a dataset must pass, streams read into rows.
 
 What differs between GRPO and PPO is the step, a function of the run (``grpo.grpo_step``,
