@@ -84,6 +84,14 @@ def _fake_roll(script, calls):
     return roll
 
 
+def _collect(top_up, batch, plan, roll, weigh=None, *, prompt_weighting):
+    """The step's loop over the rounds (trainer.grpo.draw's): generate and score each request."""
+    rounds = top_up.start(batch, plan, weigh, prompt_weighting=prompt_weighting)
+    while rounds.request is not None:
+        rounds.add(*roll(*rounds.request))
+    return rounds.result()
+
+
 def test_collect_joins_every_round_per_group_and_reports_counts():
     script = [
         {0: [1.0, 0.0], 1: [1.0, 1.0], 2: [0.0, 0.0]},
@@ -95,8 +103,8 @@ def test_collect_joins_every_round_per_group_and_reports_counts():
     batch = PromptBatch([10, 11, 12], slice(0, 3), rows, [[5], [6], [7]], skipped=[99])
     plan = Plan(batch, [4, 4, 4], [1.0, 1.0, 1.0])
     top_up = TopUp(True, first=2, n_max=5, pad_token_id=0)
-    draw = top_up.collect(batch, plan, _fake_roll(script, calls), lambda n: [4 / x for x in n],
-                          prompt_weighting="rollouts")  # fmt: skip
+    draw = _collect(top_up, batch, plan, _fake_roll(script, calls), lambda n: [4 / x for x in n],
+                   prompt_weighting="rollouts")  # fmt: skip
     assert [c[1] for c in calls] == [[2, 2, 2], [2, 2], [1]]
     assert [[r["p"] for r in c[0]] for c in calls] == [[0, 1, 2], [1, 2], [1]]
     assert draw.plan.counts == [2, 5, 4] and draw.plan.weights == [2.0, 0.8, 1.0]
@@ -126,8 +134,8 @@ def test_collect_stops_at_the_budget_and_at_the_max():
     calls: list = []
     script = [{0: [1.0, 1.0], 1: [0.0, 0.0]}, {0: [1.0]}]
     top_up = TopUp(True, first=2, n_max=8, pad_token_id=0)
-    draw = top_up.collect(batch, Plan(batch, [3, 2], [1.0, 1.0]), _fake_roll(script, calls),
-                          prompt_weighting="rollouts")  # fmt: skip
+    draw = _collect(top_up, batch, Plan(batch, [3, 2], [1.0, 1.0]), _fake_roll(script, calls),
+                   prompt_weighting="rollouts")  # fmt: skip
     assert draw.plan.counts == [3, 2] and draw.plan.weights == [1.0, 1.0]
     assert draw.row_weights is None  # every weight 1
     assert top_up.stop == "budget" and top_up.logs["curriculum/select/top_up_unspent"] == 0
@@ -135,8 +143,8 @@ def test_collect_stops_at_the_budget_and_at_the_max():
     calls = []
     script = [{0: [1.0, 1.0], 1: [0.0, 0.0]}, {0: [1.0], 1: [0.0]}]
     top_up = TopUp(True, first=2, n_max=3, pad_token_id=0)
-    draw = top_up.collect(batch, Plan(batch, [5, 5], [1.0, 1.0]), _fake_roll(script, calls),
-                          prompt_weighting="rollouts")  # fmt: skip
+    draw = _collect(top_up, batch, Plan(batch, [5, 5], [1.0, 1.0]), _fake_roll(script, calls),
+                   prompt_weighting="rollouts")  # fmt: skip
     assert draw.plan.counts == [3, 3] and top_up.stop == "max"
     assert top_up.logs["curriculum/select/top_up_unspent"] == 4
     assert top_up.logs["curriculum/select/informative_after_top_up"] == 0
@@ -152,18 +160,23 @@ def _args(tmp_path, **overrides):
 class _Recording(TopUp):
     """Records each step's rounds: (prompt texts, counts, correctness) per round."""
 
-    def collect(self, batch, plan, roll, weigh=None, *, prompt_weighting):
-        rounds = []
+    def start(self, batch, plan, weigh=None, *, prompt_weighting):
+        rounds = super().start(batch, plan, weigh, prompt_weighting=prompt_weighting)
+        seen, add, result = [], rounds.add, rounds.result
 
-        def recorded(prompt_ids, counts, rows):
-            rollout, scores = roll(prompt_ids, counts, rows)
-            rounds.append(([r["prompt"] for r in rows], list(counts),
-                           scores.correctness.tolist()))  # fmt: skip
-            return rollout, scores
+        def recorded_add(rollout, scores):
+            _, counts, rows = rounds.request
+            seen.append(([r["prompt"] for r in rows], list(counts),
+                         scores.correctness.tolist()))  # fmt: skip
+            return add(rollout, scores)
 
-        draw = super().collect(batch, plan, recorded, weigh, prompt_weighting=prompt_weighting)
-        self.steps.append((list(plan.counts), rounds, draw))
-        return draw
+        def recorded_result():
+            draw = result()
+            self.steps.append((list(plan.counts), seen, draw))
+            return draw
+
+        rounds.add, rounds.result = recorded_add, recorded_result
+        return rounds
 
 
 def test_training_run_tops_up_uniform_groups_within_the_budget(tmp_path):

@@ -2,8 +2,9 @@
 groups whose *correctness* has zero variance are dropped and further prompt batches are drawn
 until the step holds its normal number of informative groups.
 
-    draw = draw()                         # one prompt batch: plan, generate, score
-    flags = informative_groups(correctness, group_ids, tol)   # per prompt: 0 < variance
+    collection = sampling.start(prompt_weighting)     # the step feeds it draws:
+    draw = draw()                         # one prompt batch: plan, generate, score (the step's)
+    collection.add(draw)                  # flags = informative_groups(...): 0 < variance
     ... repeat until the global count of informative groups reaches the target (the step's
     normal global batch of prompts) or ``max_num_gen_batches`` batches were drawn ...
     keep the first ``target`` informative groups in draw order (excess trimmed, deterministic)
@@ -22,12 +23,13 @@ zero-variance groups fill up to one group per rank, so every rank has rows to ru
 trained as plain GRPO trains them (their correctness is uniform, so only a shaped part of the
 reward, if any, and the KL term act on them) and logged as ``dynamic/filler_groups``.
 
-Everything here but :class:`DynamicSampling` is a pure function of its arguments.
+Everything here but :class:`DynamicSampling` and its :class:`DrawCollection` is a pure function
+of its arguments.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -272,61 +274,12 @@ class DynamicSampling:
                    options.max_num_gen_batches, options.dynamic_sampling_std_tol, pad_token_id,
                    dist)  # fmt: skip
 
-    def collect(self, draw: Callable[[], Draw], prompt_weighting: str) -> Draw:
-        """The step's batch: ``draw()`` once when disabled; else draws until enough
-        informative groups (see the module docstring), the kept groups' row weights from their
-        plan entries with the run's ``prompt_weighting`` (:meth:`Draw.weighed`). ``self.logs``
-        holds the step's metrics. Only the groups that can still be kept are held (on the CPU)
-        between draws: the first ``target`` informative ones and the first zero-variance one per
-        rank."""
-        if not self.enabled:
-            return draw()
-        world, rank = self.dist.world_size, self.dist.rank
-        flags: list[list[bool]] = []  # per draw, per global position
-        sizes: list[list[tuple[int, int]]] = []  # per draw, per global position: rows, tokens
-        held: dict[tuple[int, int], Group] = {}  # this rank's groups that may be kept
-        owners: dict[tuple[int, int], int] = {}  # (draw, position) -> the rank that drew it
-        entries: dict[tuple[int, int], tuple[int, int, float]] = {}  # index, count, weight
-        first: Draw | None = None
-        informative = uniform = 0
-        while True:
-            d, k = draw(), len(flags)
-            first = d if k == 0 else None
-            local = informative_groups(d.scores.correctness, d.rollout.group_ids, self.tol,
-                                       len(d.batch.rows))  # fmt: skip
-            ids = d.rollout.group_ids.cpu()
-            mask = d.rollout.completion_mask.cpu()
-            mine = [(int((ids == j).sum()), int(mask[ids == j].sum()))
-                    for j in range(len(d.batch.rows))]  # fmt: skip
-            parts = all_gather_objects((local.tolist(), mine), self.dist)
-            flags.append([f for part in parts for f in part[0]])
-            sizes.append([s for part in parts for s in part[1]])
-            wanted = set()
-            for p, f in enumerate(flags[-1]):
-                if (informative if f else uniform) < (self.target if f else world):
-                    wanted.add(p)
-                    owners[k, p] = p // len(d.batch.rows)
-                    entries[k, p] = (d.batch.indices[p], d.plan.counts[p], d.plan.weights[p])
-                informative, uniform = informative + f, uniform + (not f)
-            held.update({g.key: g for g in split_groups(d, k, wanted)})
-            if informative >= self.target or (self.max_batches and len(flags) >= self.max_batches):
-                break
-        kept = select_keys(flags, self.target, min_groups=world)
-        self._count(flags, sizes, kept)
-        if first is not None and len(kept) == len(flags[0]):  # the whole first batch, as drawn
-            return first
-        share = [kept[s] for s in shares(len(kept), world)]
-        if any(owners[key] != r for r in range(world) for key in share[r]):
-            send = {key: g for key, g in held.items()
-                    if any(key in share[r] for r in range(world) if r != rank)}  # fmt: skip
-            for part in all_gather_objects(send, self.dist):
-                held.update(part)
-        indices, counts, weights = ([entries[key][i] for key in kept] for i in range(3))
-        start = sum(len(share[r]) for r in range(rank))
-        return join_groups([held[key] for key in share[rank]], indices,
-                           slice(start, start + len(share[rank])), counts, weights,
-                           self.pad_token_id, d.rollout.completion_ids.device,
-                           prompt_weighting=prompt_weighting)  # fmt: skip
+    def start(self, prompt_weighting: str) -> DrawCollection:
+        """One step's collection of draws (enabled only): the step adds draws until it says
+        there are enough informative groups, then takes :meth:`DrawCollection.result`. The kept
+        groups' row weights come from their plan entries with the run's ``prompt_weighting``
+        (:meth:`Draw.weighed`); ``self.logs`` then holds the step's metrics."""
+        return DrawCollection(self, prompt_weighting)
 
     def _count(
         self, flags: list[list[bool]], sizes: list[list[tuple[int, int]]], kept: list
@@ -359,3 +312,71 @@ class DynamicSampling:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.totals.update({k: int(v) for k, v in state.items()})
+
+
+class DrawCollection:
+    """One step's dynamic sampling, fed by the step (see the module docstring): :meth:`add` each
+    new draw until it returns True (enough informative groups, or ``max_batches`` drawn), then
+    :meth:`result` is the step's batch. Only the groups that can still be kept are held (on the
+    CPU) between draws: the first ``target`` informative ones and the first zero-variance one
+    per rank."""
+
+    def __init__(self, sampling: DynamicSampling, prompt_weighting: str) -> None:
+        self.sampling, self.prompt_weighting = sampling, prompt_weighting
+        self.flags: list[list[bool]] = []  # per draw, per global position
+        self.sizes: list[list[tuple[int, int]]] = []  # per draw, per global position: rows, tokens
+        self.held: dict[tuple[int, int], Group] = {}  # this rank's groups that may be kept
+        self.owners: dict[tuple[int, int], int] = {}  # (draw, position) -> the rank that drew it
+        self.entries: dict[tuple[int, int], tuple[int, int, float]] = {}  # index, count, weight
+        self.first: Draw | None = None
+        self.last: Draw | None = None
+        self.informative = self.uniform = 0
+
+    def add(self, d: Draw) -> bool:
+        """Take the next draw; True when the step has what it needs (every rank answers the
+        same: the flags are gathered)."""
+        sampling, world = self.sampling, self.sampling.dist.world_size
+        k = len(self.flags)
+        self.first, self.last = (d if k == 0 else None), d
+        local = informative_groups(d.scores.correctness, d.rollout.group_ids, sampling.tol,
+                                   len(d.batch.rows))  # fmt: skip
+        ids = d.rollout.group_ids.cpu()
+        mask = d.rollout.completion_mask.cpu()
+        mine = [(int((ids == j).sum()), int(mask[ids == j].sum()))
+                for j in range(len(d.batch.rows))]  # fmt: skip
+        parts = all_gather_objects((local.tolist(), mine), sampling.dist)
+        self.flags.append([f for part in parts for f in part[0]])
+        self.sizes.append([s for part in parts for s in part[1]])
+        wanted = set()
+        for p, f in enumerate(self.flags[-1]):
+            if (self.informative if f else self.uniform) < (sampling.target if f else world):
+                wanted.add(p)
+                self.owners[k, p] = p // len(d.batch.rows)
+                self.entries[k, p] = (d.batch.indices[p], d.plan.counts[p], d.plan.weights[p])
+            self.informative, self.uniform = self.informative + f, self.uniform + (not f)
+        self.held.update({g.key: g for g in split_groups(d, k, wanted)})
+        capped = sampling.max_batches and len(self.flags) >= sampling.max_batches
+        return self.informative >= sampling.target or bool(capped)
+
+    def result(self) -> Draw:
+        """The step's batch: the first ``target`` informative groups in draw order (fillers up
+        to one group per rank), dealt out to the ranks in balanced shares."""
+        sampling, held, last = self.sampling, self.held, self.last
+        assert last is not None, "no draw was added"
+        world, rank = sampling.dist.world_size, sampling.dist.rank
+        kept = select_keys(self.flags, sampling.target, min_groups=world)
+        sampling._count(self.flags, self.sizes, kept)
+        if self.first is not None and len(kept) == len(self.flags[0]):  # the first, as drawn
+            return self.first
+        share = [kept[s] for s in shares(len(kept), world)]
+        if any(self.owners[key] != r for r in range(world) for key in share[r]):
+            send = {key: g for key, g in held.items()
+                    if any(key in share[r] for r in range(world) if r != rank)}  # fmt: skip
+            for part in all_gather_objects(send, sampling.dist):
+                held.update(part)
+        indices, counts, weights = ([self.entries[key][i] for key in kept] for i in range(3))
+        start = sum(len(share[r]) for r in range(rank))
+        return join_groups([held[key] for key in share[rank]], indices,
+                           slice(start, start + len(share[rank])), counts, weights,
+                           sampling.pad_token_id, last.rollout.completion_ids.device,
+                           prompt_weighting=self.prompt_weighting)  # fmt: skip

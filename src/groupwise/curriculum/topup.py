@@ -39,9 +39,6 @@ from ..sections import CurriculumSection
 from .base import Plan, PromptBatch
 from .dynamic import Draw, Group, _joined, _pad_right, join_groups, split_groups
 
-# A round's generation: (prompt ids, counts, rows) -> the rollout and its scores.
-RollOut = Callable[[list[list[int]], list[int], list[dict[str, Any]]], tuple[Rollout, Scores]]
-
 STOPS = ("budget", "informative", "max")
 
 
@@ -127,53 +124,98 @@ class TopUp:
         ids = torch.zeros(group.rows, dtype=torch.long)
         return not bool(informative_groups(group.correctness, ids, self.tol, 1)[0])
 
-    def collect(
-        self, batch: PromptBatch, plan: Plan, roll: RollOut,
+    def start(
+        self, batch: PromptBatch, plan: Plan,
         weigh: Callable[[list[int]], list[float]] | None = None, *, prompt_weighting: str,
-    ) -> Draw:  # fmt: skip
-        """The step's draw: every round's rollouts joined per group, with the plan's counts
-        (and weights, by ``weigh(counts)`` when given) set to the realised group sizes, and the
-        row weights that follow with the run's ``prompt_weighting`` (:meth:`Draw.weighed`)."""
-        budget = sum(plan.counts)
-        sizes = first_round(plan.counts, self.first)
-        rollout, scores = roll(batch.prompt_ids, sizes, batch.rows)
-        groups = split_groups(
-            Draw(batch, Plan(batch, sizes, [1.0] * len(sizes)), rollout, scores, None)
+    ) -> TopUpRounds:  # fmt: skip
+        """One step's rounds over ``batch`` with ``plan``'s budget. The step generates and
+        scores each :attr:`TopUpRounds.request`, hands the result to :meth:`TopUpRounds.add`
+        until no request is left, then takes :meth:`TopUpRounds.result`."""
+        return TopUpRounds(self, batch, plan, weigh, prompt_weighting)
+
+
+# A round's generation: the prompt ids, the rollouts per prompt and the prompts' rows.
+Request = tuple[list[list[int]], list[int], list[dict[str, Any]]]
+
+
+class TopUpRounds:
+    """One step's rounds, fed by the step: :attr:`request` is the next round to generate (None
+    when the rounds are over), :meth:`add` takes its rollout and scores, :meth:`result` is the
+    step's draw: every round's rollouts joined per group, with the plan's counts (and weights,
+    by ``weigh(counts)`` when given) set to the realised group sizes, and the row weights that
+    follow with the run's ``prompt_weighting`` (:meth:`Draw.weighed`)."""
+
+    def __init__(
+        self, top_up: TopUp, batch: PromptBatch, plan: Plan,
+        weigh: Callable[[list[int]], list[float]] | None, prompt_weighting: str,
+    ) -> None:  # fmt: skip
+        self.top_up, self.batch, self.plan = top_up, batch, plan
+        self.weigh, self.prompt_weighting = weigh, prompt_weighting
+        self.sizes = first_round(plan.counts, top_up.first)
+        self.left = sum(plan.counts) - sum(self.sizes)
+        self.groups: list[Group] = []
+        self.uniform: list[bool] = []
+        self.before = self.rounds = 0
+        self.device: torch.device | None = None
+        self.positions: list[int] = []  # the groups the pending round tops up
+        self.extra: list[int] = []
+        self.request: Request | None = (batch.prompt_ids, list(self.sizes), batch.rows)
+
+    def add(self, rollout: Rollout, scores: Scores) -> Request | None:
+        """The rollout and scores of :attr:`request`; returns the next request (None: done)."""
+        top_up, batch = self.top_up, self.batch
+        if not self.groups:  # round 1: every prompt
+            self.device = rollout.completion_ids.device
+            first = Plan(batch, self.sizes, [1.0] * len(self.sizes))
+            self.groups = split_groups(Draw(batch, first, rollout, scores, None))
+            self.uniform = [top_up.uniform(g) for g in self.groups]
+            self.before = len(self.groups) - sum(self.uniform)
+        else:
+            sub, counts = self._sub_batch()
+            parts = split_groups(Draw(sub, Plan(sub, counts, [1.0] * len(counts)), rollout,
+                                      scores, None))  # fmt: skip
+            for j, g in zip(self.positions, parts, strict=True):
+                self.groups[j] = merge_groups(self.groups[j], g, top_up.pad_token_id)
+                self.sizes[j] += self.extra[j]
+                self.uniform[j] = top_up.uniform(self.groups[j])
+            self.left -= sum(self.extra)
+        extra, stop = next_round(self.uniform, self.sizes, self.left, top_up.first, top_up.n_max)
+        if stop is not None:
+            top_up.stop, self.request = stop, None
+            return None
+        self.rounds += 1
+        self.extra, self.positions = extra, [j for j, e in enumerate(extra) if e > 0]
+        sub, counts = self._sub_batch()
+        self.request = (sub.prompt_ids, counts, sub.rows)
+        return self.request
+
+    def _sub_batch(self) -> tuple[PromptBatch, list[int]]:
+        """The prompts the pending round tops up, and how many rollouts each gets."""
+        batch, pos = self.batch, self.positions
+        sub = PromptBatch(
+            [batch.indices[j] for j in pos],
+            slice(0, len(pos)),
+            [batch.rows[j] for j in pos],
+            [batch.prompt_ids[j] for j in pos],
         )
-        uniform = [self.uniform(g) for g in groups]
-        before, rounds, left = len(groups) - sum(uniform), 0, budget - sum(sizes)
-        while True:
-            extra, stop = next_round(uniform, sizes, left, self.first, self.n_max)
-            if stop is not None:
-                self.stop = stop
-                break
-            rounds += 1
-            pos = [j for j, e in enumerate(extra) if e > 0]
-            sub = PromptBatch(
-                [batch.indices[j] for j in pos],
-                slice(0, len(pos)),
-                [batch.rows[j] for j in pos],
-                [batch.prompt_ids[j] for j in pos],
-            )
-            counts = [extra[j] for j in pos]
-            r, s = roll(sub.prompt_ids, counts, sub.rows)
-            parts = split_groups(Draw(sub, Plan(sub, counts, [1.0] * len(pos)), r, s, None))
-            for j, g in zip(pos, parts, strict=True):
-                groups[j] = merge_groups(groups[j], g, self.pad_token_id)
-                sizes[j] += extra[j]
-                uniform[j] = self.uniform(groups[j])
-            left -= sum(extra)
-        first = sum(first_round(plan.counts, self.first))
-        weights = weigh(sizes) if weigh is not None else list(plan.weights)
-        joined = join_groups(groups, batch.indices, batch.mine, sizes, weights,
-                             self.pad_token_id, rollout.completion_ids.device,
-                             prompt_weighting=prompt_weighting)  # fmt: skip
-        self.logs = {
-            "curriculum/select/top_up_rounds": float(rounds),
+        return sub, [self.extra[j] for j in pos]
+
+    def result(self) -> Draw:
+        top_up, batch, plan, sizes = self.top_up, self.batch, self.plan, self.sizes
+        assert self.request is None, "the rounds are not over"
+        first = sum(first_round(plan.counts, top_up.first))
+        weights = self.weigh(sizes) if self.weigh is not None else list(plan.weights)
+        joined = join_groups(self.groups, batch.indices, batch.mine, sizes, weights,
+                             top_up.pad_token_id, self.device,
+                             prompt_weighting=self.prompt_weighting)  # fmt: skip
+        top_up.logs = {
+            "curriculum/select/top_up_rounds": float(self.rounds),
             "curriculum/select/top_up_rollouts": float(sum(sizes) - first),
-            "curriculum/select/top_up_unspent": float(left),
-            "curriculum/select/informative_before_top_up": float(before),
-            "curriculum/select/informative_after_top_up": float(len(groups) - sum(uniform)),
+            "curriculum/select/top_up_unspent": float(self.left),
+            "curriculum/select/informative_before_top_up": float(self.before),
+            "curriculum/select/informative_after_top_up": float(
+                len(self.groups) - sum(self.uniform)
+            ),
         }
         # The joined draw's row weights are those of this plan: same counts, weights and share.
         return Draw(batch, Plan(batch, sizes, weights, plan.bins), joined.rollout, joined.scores,

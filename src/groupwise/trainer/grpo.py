@@ -66,12 +66,14 @@ def grpo_step(run: Run[GRPOParts], timer: PhaseTimer) -> StepResult:
 def draw_batch(run: Run[GRPOParts], timer: PhaseTimer) -> Draw:
     """The step's batch: one prompt batch (:func:`draw`), or with DAPO's dynamic sampling as
     many as it takes to fill the step with informative groups
-    (:mod:`groupwise.curriculum.dynamic`, which calls :func:`draw` itself)."""
+    (:mod:`groupwise.curriculum.dynamic` says when there are enough and which to keep)."""
     dynamic = run.algorithm.dynamic
-    if dynamic.enabled:
-        weighting = run.options.advantages.prompt_weighting
-        return dynamic.collect(lambda: draw(run, timer), weighting)
-    return draw(run, timer)
+    if not dynamic.enabled:
+        return draw(run, timer)
+    collection = dynamic.start(run.options.advantages.prompt_weighting)
+    while not collection.add(draw(run, timer)):
+        pass
+    return collection.result()
 
 
 def draw(run: Run[GRPOParts], timer: PhaseTimer) -> Draw:
@@ -91,9 +93,11 @@ def draw(run: Run[GRPOParts], timer: PhaseTimer) -> Draw:
 
     # w_q, times GDRO eq. 17's mean(n) / n_x with prompt_weighting "equal"
     weighting = run.options.advantages.prompt_weighting
-    if top_up.enabled:
-        return top_up.collect(batch, plan, roll, curriculum.weights_for,
-                              prompt_weighting=weighting)  # fmt: skip
+    if top_up.enabled:  # rounds until the groups are informative or the budget is spent
+        rounds = top_up.start(batch, plan, curriculum.weights_for, prompt_weighting=weighting)
+        while rounds.request is not None:
+            rounds.add(*roll(*rounds.request))
+        return rounds.result()
     weights = plan.local_weights(weighting)  # per prompt of this rank (None: all 1)
     rollout, scores = roll(batch.prompt_ids, plan.local_counts, batch.rows)
     rows = None if weights is None else weights[rollout.group_ids.cpu()]  # each row its prompt's
