@@ -48,10 +48,9 @@ def _default(value: Any) -> str:
 def option_reference() -> str:
     """The reference as Markdown: one heading and one table (option, default, meaning) per
     section of GRPOConfig."""
-    from groupwise.cli import _defaults
-    from groupwise.config.grpo_config import option_help
+    from groupwise.config.grpo_config import GRPOConfig, option_help
 
-    defaults = _defaults()
+    defaults = GRPOConfig.field_defaults()
     meanings = option_help()
     parts = []
     for title, fields in option_sections():

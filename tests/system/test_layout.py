@@ -375,6 +375,16 @@ REPORT_PARTS = ["report.record", "report.load", "report.panels", "report.plot", 
                 "report.compare", "report.browser", "report"]  # fmt: skip
 
 
+def test_the_config_names_tasks_and_rewards_without_importing_them():
+    # Options name tasks and reward functions as strings; the wiring resolves them. (The rewards
+    # importing neither the config, the tasks nor the wiring follows from the layers.)
+    names = ("tasks", "rewards", "wiring")
+    crossing = [f"{module} -> {target}" for module, targets in GRAPH.items()
+                if _within(module, "config") for target in targets
+                if any(_within(target, unit) for unit in names)]  # fmt: skip
+    assert crossing == []
+
+
 def test_report_parts_import_only_earlier_parts():
     def part(module: str) -> int:
         for depth in range(module.count(".") + 1, 0, -1):

@@ -13,7 +13,6 @@ that is not an option (``generator=None``, ``share_floor=1e-3``) is fine.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import inspect
 import pkgutil
@@ -54,17 +53,6 @@ EXPECTED = {
     "groupwise.rollout.static.StaticEngine",
     "groupwise.rollout.multiturn.MultiTurnEngine",
 }
-
-
-def config_defaults() -> dict[str, Any]:
-    """Every ``GRPOConfig`` field's default."""
-    defaults = {}
-    for f in dataclasses.fields(GRPOConfig):
-        if f.default is not dataclasses.MISSING:
-            defaults[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            defaults[f.name] = f.default_factory()
-    return defaults
 
 
 def options_of(parameter: str, fields: set[str]) -> list[str]:
@@ -122,7 +110,7 @@ def restated_defaults(classes: dict[str, type], defaults: dict[str, Any]) -> lis
 
 
 def test_the_alias_map_names_options():
-    fields = set(config_defaults())
+    fields = set(GRPOConfig.field_defaults())
     assert set(ALIASES.values()) <= fields, set(ALIASES.values()) - fields
     assert options_of("window", fields) == ["gdro_window"]
     assert options_of("mean_budget", fields) == ["num_generations"]
@@ -133,7 +121,7 @@ def test_the_check_finds_a_restated_default():
         def __init__(self, window: int = 50, n_max: int = 3, generator: Any = None) -> None:
             pass
 
-    defaults = config_defaults()
+    defaults = GRPOConfig.field_defaults()
     found = restated_defaults({"Restating": Restating}, defaults)
     assert found == [
         f"Restating(window=50) restates GRPOConfig.gdro_window={defaults['gdro_window']}"
@@ -143,7 +131,7 @@ def test_the_check_finds_a_restated_default():
 def test_no_component_constructor_restates_an_option_default():
     classes = component_classes()
     assert EXPECTED <= set(classes), EXPECTED - set(classes)
-    found = restated_defaults(classes, config_defaults())
+    found = restated_defaults(classes, GRPOConfig.field_defaults())
     assert not found, (
         "constructors that restate an option's default; take the value from the options "
         "(groupwise.sections) instead:\n" + "\n".join(found)

@@ -1,9 +1,7 @@
 """groupwise.wiring.rewards, the wiring layer: reward functions by name configured from a
-GRPOConfig, the run's default reward names, and the import rule it exists for (rewards/ imports
-neither the config nor the tasks; the config does not import the tasks)."""
-
-import ast
-from pathlib import Path
+GRPOConfig and the run's default reward names. The import rule it exists for (rewards/ imports
+neither the config nor the tasks; the config does not import the tasks) is
+tests/system/test_layout.py's."""
 
 import pytest
 
@@ -12,7 +10,6 @@ from groupwise.rewards import correctness_index, format_reward, reward_func_name
 from groupwise.tasks import TASKS
 from groupwise.wiring.rewards import REWARD_NAMES, build_reward_func, default_reward_names
 
-PACKAGE = Path(__file__).resolve().parents[2] / "src" / "groupwise"
 BUILT_BY_NAME = [n for n in REWARD_NAMES if ":" not in n]  # not reward_model:PATH, remote:URL
 
 
@@ -129,67 +126,3 @@ def test_every_built_in_name_is_classified():
 def test_correctness_flag_by_name(name):
     func = build_reward_func(name)
     assert (getattr(func, "is_correctness", False) is True) == (name in CORRECTNESS_NAMES)
-
-
-# ---------------------------------------------------------------------------------------------
-# The import rule
-# ---------------------------------------------------------------------------------------------
-
-
-def _imported_modules(path: Path, package: str) -> set[str]:
-    """Every module ``path`` imports (at any depth, TYPE_CHECKING blocks and function bodies
-    included), as absolute dotted names; ``from X import name`` also yields ``X.name``."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1])
-                module = f"{base}.{node.module}" if node.module else base
-            else:
-                module = node.module or ""
-            found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names)
-    return found
-
-
-def _violations(paths, package: str, forbidden: tuple[str, ...]) -> list[str]:
-    """``path imports module`` for each forbidden import of the files ``paths`` of ``package``."""
-    bad = []
-    for path in paths:
-        for module in sorted(_imported_modules(path, package)):
-            if any(module == f or module.startswith(f + ".") for f in forbidden):
-                bad.append(f"{path.relative_to(PACKAGE.parent)} imports {module}")
-    return bad
-
-
-def test_rewards_import_neither_the_config_nor_the_tasks():
-    paths = sorted((PACKAGE / "rewards").rglob("*.py"))  # rewards.math is a package of its own
-    assert len(paths) >= 8  # the package was found
-    forbidden = ("groupwise.config", "groupwise.tasks", "groupwise.wiring")
-    bad = []
-    for path in paths:
-        package = ".".join(("groupwise", *path.parent.relative_to(PACKAGE).parts))
-        bad += _violations([path], package, forbidden)
-    assert bad == []
-
-
-def test_the_config_does_not_import_the_tasks_or_the_rewards():
-    forbidden = ("groupwise.tasks", "groupwise.rewards", "groupwise.wiring")
-    paths = sorted((PACKAGE / "config").glob("*.py"))
-    assert _violations(paths, "groupwise.config", forbidden) == []
-
-
-def test_the_import_check_sees_relative_and_guarded_imports(tmp_path):
-    # A registry can hide a dependency behind TYPE_CHECKING or inside a function: the checker
-    # must see relative imports in both places.
-    sample = tmp_path / "registry.py"
-    sample.write_text(
-        "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from ..config import GRPOConfig\n"
-        "def f():\n    from ..tasks import task_reward_func\n    from .. import wiring\n"
-    )
-    found = _imported_modules(sample, "groupwise.rewards")
-    assert {"groupwise.config", "groupwise.tasks", "groupwise.wiring"} <= found

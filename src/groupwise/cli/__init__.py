@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         print("options (GRPOConfig fields, default in brackets):")
         meanings = option_help()
-        for name, value in _defaults().items():
+        for name, value in GRPOConfig.field_defaults().items():
             print(f"  --{name} [{value}]  {meanings[name]}".rstrip())
         return 0
     debug = "--debug" in rest or os.environ.get("GROUPWISE_DEBUG", "") not in ("", "0")
@@ -129,20 +129,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return interrupted()
     return 0
-
-
-def _defaults() -> dict[str, Any]:
-    """Every option's default, read from the dataclass fields: building a GRPOConfig validates
-    it against registries that import torch, which help does not need."""
-    import dataclasses
-
-    values = {}
-    for field in dataclasses.fields(GRPOConfig):
-        if field.default is not dataclasses.MISSING:
-            values[field.name] = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            values[field.name] = field.default_factory()
-    return values
 
 
 def _exit_code(err: Exception) -> int | None:

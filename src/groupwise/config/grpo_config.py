@@ -601,6 +601,18 @@ class GRPOConfig(metaclass=_TRLConfigType):
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
+    def field_defaults(cls) -> dict[str, Any]:
+        """Every option's default, read from the fields without building a config (which
+        validates against registries that import torch)."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                values[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                values[f.name] = f.default_factory()
+        return values
+
+    @classmethod
     def unknown_option(cls, name: str, source: str) -> ConfigError:
         """The error for a name that is neither an option nor a TRL name: the three closest
         names (difflib), not all ~190."""

@@ -176,7 +176,6 @@ class StepMetrics:
     ) -> None:
         self.dist, self.scorer, self.policy, self.ledger = dist, scorer, policy, ledger
         self.batch = batch
-        self.num_generations, self.num_iterations = batch.num_generations, batch.num_iterations
 
     def __call__(
         self, step: int, result: StepResult, timer: Timings, engine: Any = None
@@ -191,7 +190,7 @@ class StepMetrics:
         if result.zero_std:
             logs["reward_std"] = float(torch.nanmean(group_reward_std(rewards, group_ids)))
             logs["frac_reward_zero_std"] = zero_std_groups_fraction(rewards, group_ids)
-        elif self.num_generations > 1:
+        elif self.batch.num_generations > 1:
             logs["reward_std"] = float(torch.nanmean(group_reward_std(rewards, group_ids)))
         logs.update(self.scorer.logs(scores.per_func))
         logs.update(self._update_and_timing(rollout, stats, timer))
@@ -228,7 +227,7 @@ class StepMetrics:
         # Entropy per token: tokens counts every rank's tokens and reduce_metrics averages the
         # ranks' shares, hence the world size.
         world = self.dist.world_size
-        entropy = stats.entropy_sum * world / float(stats.tokens) / self.num_iterations
+        entropy = stats.entropy_sum * world / float(stats.tokens) / self.batch.num_iterations
         return {
             "completions/mean_length": float(lengths.mean()),
             "completions/min_length": float(lengths.min()),
