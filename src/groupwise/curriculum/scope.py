@@ -21,6 +21,7 @@ newly registered variant is judged by its own ``token_loss``.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -43,12 +44,12 @@ class CurriculumWarning(UserWarning):
 
 
 def planned_per_prompt(
-    pool_size: int, max_steps: int, prompts_per_step: int, world_size: int = 1
+    pool_size: int, batches: int, prompts_per_step: int, world_size: int = 1
 ) -> float:
-    """How many times each prompt of the pool is planned on average: ``max_steps`` generation
+    """How many times each prompt of the pool is planned on average: ``batches`` generation
     batches of ``prompts_per_step`` prompts on each of ``world_size`` ranks over ``pool_size``
     prompts (more with dynamic sampling, which draws extra batches)."""
-    return max_steps * prompts_per_step * world_size / max(1, pool_size)
+    return batches * prompts_per_step * world_size / max(1, pool_size)
 
 
 def difficulty_levels(rows: Sequence[Any], enough: int = 2) -> int:
@@ -130,7 +131,10 @@ def gdro_start_warnings(
         ]
     if gdro_unseen == "difficulty" and levels >= 2:
         return []  # the level prior separates prompts before any of them is revisited
-    planned = planned_per_prompt(pool_size, max_steps, prompts_per_step, world_size)
+    # max_steps counts optimizer steps; each generation batch trains per_batch of them
+    per_batch = optimizer_steps_per_generation * num_iterations
+    batches = math.ceil(max_steps / per_batch)
+    planned = planned_per_prompt(pool_size, batches, prompts_per_step, world_size)
     if planned - 1 >= MIN_REVISITS:
         return []
     if gdro_unseen == "difficulty":
@@ -141,10 +145,11 @@ def gdro_start_warnings(
                "then binned by its level's success rate), or ")  # fmt: skip
     else:
         fix = ""
-    need = (MIN_REVISITS + 1) * pool_size / (prompts_per_step * world_size)
+    need = (MIN_REVISITS + 1) * pool_size / (prompts_per_step * world_size) * per_batch
     return [
         f"curriculum={curriculum} can barely act in this run: each of the {pool_size} prompts is "
-        f"planned about {planned:.2f} times ({max_steps} steps x {prompts_per_step * world_size} "
+        f"planned about {planned:.2f} times ({batches} generation batches x "
+        f"{prompts_per_step * world_size} "
         f"prompts per step / {pool_size}), so most plans see no history of their prompt; every "
         f"such prompt falls in one group ({'bin 0' if gdro_unseen == 'hardest' else 'unseen'}), "
         "gets the same weight and the same group size, and the run is close to uniform GRPO "

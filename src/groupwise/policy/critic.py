@@ -117,7 +117,7 @@ class Critic:
         optimization, lr = options.optimization, options.ppo.critic_learning_rate
         lr = lr if lr is not None else optimization.learning_rate
         self.module, self.wrapper = model, wrapper
-        self.network = Trainable(model, wrapper, optimization, options.batch, dist, lr)
+        self.network = Trainable(model, wrapper, optimization, dist, lr)
 
     def values(self, rollout: Rollout, rows: Tensor) -> Tensor:
         """V(s_t) [n, T] for the completions ``rows`` (row indices) of the rollout, with grad if

@@ -185,9 +185,7 @@ class Policy:
             )
         optimization = options.optimization
         self.dist = dist
-        self.network = Trainable(
-            model, wrapper, optimization, options.batch, dist, optimization.learning_rate
-        )
+        self.network = Trainable(model, wrapper, optimization, dist, optimization.learning_rate)
         self._full_weights_depth = 0
 
     def sync_reference(self) -> None:

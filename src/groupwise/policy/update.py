@@ -61,13 +61,15 @@ def learn(
     row_weights: Tensor | None,
     loss: Callable[[Tensor, MicroBatch], LossTerms],
     engine: RolloutEngine,
+    steps: int | None = None,
 ) -> UpdateStats:
     """One generation batch's whole update: its mini-batches prepared
     (:func:`prepare_generation`), ``num_iterations`` passes of ``loss``
-    (:func:`train_generation`), then ``engine`` takes the new weights (an engine with its own
-    copy, static or vLLM, would otherwise sample from the old policy)."""
+    (:func:`train_generation`; only its first ``steps`` optimizer steps when given: the run's
+    last batch stops at ``max_steps``), then ``engine`` takes the new weights (an engine with
+    its own copy, static or vLLM, would otherwise sample from the old policy)."""
     generation = prepare_generation(policy, rollout, advantages, row_weights)
-    stats = train_generation(policy, generation, loss)
+    stats = train_generation(policy, generation, loss, steps)
     engine.sync(policy.model)
     return stats
 
@@ -217,13 +219,18 @@ def loss_value(
 
 
 def train_generation(
-    policy: Policy, batch: GenerationBatch, loss: Callable[[Tensor, MicroBatch], LossTerms]
+    policy: Policy,
+    batch: GenerationBatch,
+    loss: Callable[[Tensor, MicroBatch], LossTerms],
+    steps: int | None = None,
 ) -> UpdateStats:
     """``num_iterations`` passes, each one optimizer step per mini-batch in order (TRL's
-    order: mini-batches inside, passes outside); the stats of the whole generation batch."""
-    for _ in range(policy.options.batch.num_iterations):
-        for inputs in batch.inputs:
-            stats = update(policy, inputs, loss)
+    order: mini-batches inside, passes outside), stopping after ``steps`` optimizer steps when
+    given (TRL stops at ``max_steps`` inside a generation batch); the stats of the whole
+    generation batch."""
+    order = [inputs for _ in range(policy.options.batch.num_iterations) for inputs in batch.inputs]
+    for inputs in order[:steps]:
+        stats = update(policy, inputs, loss)
     if len(batch.inputs) == 1:
         return stats
     n_rows = batch.rollout.completion_ids.shape[0]

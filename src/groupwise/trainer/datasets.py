@@ -47,7 +47,7 @@ def check_eval_dataset(dataset: Any, name: str) -> None:
 
 def stream_prefix(dataset: Any, args: GRPOConfig, world_size: int) -> Any:
     """A training set without a length (a ``datasets.IterableDataset``, a generator of rows)
-    as the rows training will draw: its first ``max_steps`` x prompts per step (every rank's)
+    as the rows training will draw: its first generation batches x prompts per batch (every rank's)
     rows, read now, in stream order; training cycles over them when the stream is shorter. As in
     TRL, such a dataset needs ``max_steps``. A sized, indexable dataset is returned as is."""
     if is_indexable(dataset) or not isinstance(dataset, Iterable) or isinstance(dataset, str):
@@ -57,7 +57,7 @@ def stream_prefix(dataset: Any, args: GRPOConfig, world_size: int) -> Any:
             f"train_dataset is a {type(dataset).__name__} (no length), so the number of steps "
             "cannot follow from num_train_epochs: set max_steps (as TRL requires)"
         )
-    needed = args.max_steps * args.prompts_per_step * world_size
+    needed = args.generation_batches * args.prompts_per_step * world_size
     return list(itertools.islice(iter(dataset), needed))
 
 

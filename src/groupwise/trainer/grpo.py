@@ -40,16 +40,17 @@ from .base import Algorithm, PhaseTimer, RunPart, Trainer
 from .metrics import StepResult
 
 
-def grpo_step(run: Run[GRPOParts], timer: PhaseTimer) -> StepResult:
-    """Generate, score and update once; returns what the step produced (its metric blocks:
-    the curriculum's observation, dynamic sampling's, top-up's and the loss's logs)."""
+def grpo_step(run: Run[GRPOParts], timer: PhaseTimer, steps: int | None = None) -> StepResult:
+    """Generate, score and update once (its first ``steps`` optimizer steps when given);
+    returns what the step produced (its metric blocks: the curriculum's observation, dynamic
+    sampling's, top-up's and the loss's logs)."""
     parts = run.algorithm
     # q ~ D, the curriculum's plan (n_q, w_q), o_i ~ pi_old(.|q), r_i, w_q per row (None: 1)
     batch, plan, rollout, scores, weights = draw_batch(run, timer)
     advantages = group_advantages(run, scores, rollout.group_ids)  # A_i
     timer.mark("scoring")
     # mu passes of J_GRPO (eq. 3) over the generation batch; the engine takes the weights
-    stats = update.learn(run.policy, rollout, advantages, weights, parts.loss, run.engine)
+    stats = update.learn(run.policy, rollout, advantages, weights, parts.loss, run.engine, steps)
     timer.mark("update")
     loss_logs = parts.loss.logs(stats) if hasattr(parts.loss, "logs") else {}
     logs = {**parts.dynamic.logs, **parts.top_up.logs, **loss_logs}
@@ -171,8 +172,9 @@ class GRPOTrainer(Trainer):
     def train_step(self) -> dict[str, float]:
         """Generate, score and update once (:func:`grpo_step`); returns this step's metrics."""
         timer = PhaseTimer(self.device)
-        result = grpo_step(self.run, timer)
-        self.global_step += 1
+        steps = self.optimizer_steps_now()
+        result = grpo_step(self.run, timer, steps)
+        self.global_step += steps
         return self.step_logs(result, timer)
 
     @property

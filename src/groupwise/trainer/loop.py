@@ -75,28 +75,36 @@ def train_summary(
 
 class Cadence:
     """When the loop logs, samples completions, evaluates and saves, from the options'
-    step counts (read at each step, so a callback's change to ``args`` counts)."""
+    step counts (read at each step, so a callback's change to ``args`` counts). Steps are
+    optimizer steps, as TRL's; a generation batch trains several when ``num_iterations`` or
+    ``steps_per_generation`` ask for it, so each method is asked about the steps one batch
+    took, ``before`` (exclusive) to ``step`` (inclusive), and answers whether a multiple of
+    its interval lies among them (transformers' Trainer would act inside the batch; here the
+    batch ends first, so a checkpoint always resumes exactly)."""
 
     def __init__(self, args: GRPOConfig) -> None:
         self.args = args
 
-    def log(self, step: int) -> bool:
-        return step % self.args.logging_steps == 0 or step == self.args.max_steps
+    @staticmethod
+    def due(every: int, before: int, step: int) -> bool:
+        """Whether a multiple of ``every`` (0: never) is in ``(before, step]``."""
+        return bool(every) and step // every > before // every
 
-    def log_completions(self, step: int) -> bool:
+    def log(self, before: int, step: int) -> bool:
+        return self.due(self.args.logging_steps, before, step) or step >= self.args.max_steps
+
+    def log_completions(self, before: int, step: int) -> bool:
         every = self.args.log_completions_steps
         if not every and self.args.log_completions:  # TRL's meaning: at every logged step
-            return self.log(step)
-        return bool(every) and step % every == 0
+            return self.log(before, step)
+        return self.due(every, before, step)
 
-    def evaluate(self, step: int) -> bool:
+    def evaluate(self, before: int, step: int) -> bool:
         """Every eval_steps; the last step's evaluation comes after the loop (:meth:`end`)."""
-        every = self.args.eval_steps
-        return bool(every) and step % every == 0 and step < self.args.max_steps
+        return self.due(self.args.eval_steps, before, step) and step < self.args.max_steps
 
-    def save(self, step: int) -> bool:
-        every = self.args.save_steps
-        return bool(every) and step % every == 0
+    def save(self, before: int, step: int) -> bool:
+        return self.due(self.args.save_steps, before, step)
 
     def evaluates(self) -> bool:
         """Whether the run evaluates at all (and so once more at its end)."""
@@ -237,16 +245,17 @@ class TrainingLoop:
         )
         while calls.global_step() < args.max_steps:
             calls.callback("on_step_begin")
+            before = calls.global_step()
             logs = calls.step()
             step = calls.global_step()
             if math.isfinite(logs.get("loss", math.nan)):  # transformers skips nan/inf losses
                 self.losses.append(float(logs["loss"]))
             calls.callback("on_step_end")
-            if cadence.log(step):
+            if cadence.log(before, step):
                 calls.log(logs)
                 if step_lines:
                     tqdm.write(console.step_line(logs, args.max_steps, scorer.names))
-            if cadence.log_completions(step):
+            if cadence.log_completions(before, step):
                 records.log_completions(
                     step, args.completions_sample_size, args.num_completions_to_print
                 )
@@ -255,12 +264,12 @@ class TrainingLoop:
                 console.progress_postfix(logs, scorer.names, scorer.correctness_name),
                 refresh=False,
             )
-            bar.update(1)
-            if self.has_eval_set and cadence.evaluate(step):
+            bar.update(step - before)
+            if self.has_eval_set and cadence.evaluate(before, step):
                 metrics = self._evaluate_and_log(step)
                 calls.callback("on_evaluate", metrics=metrics)
             control = calls.control()
-            if cadence.save(step) or control.should_save:
+            if cadence.save(before, step) or control.should_save:
                 control.should_save = False
                 calls.save_checkpoint()
             self._stop_if_signalled(bar)

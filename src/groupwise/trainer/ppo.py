@@ -47,10 +47,10 @@ from .base import Algorithm, PhaseTimer, RunPart, Trainer
 from .metrics import StepResult
 
 
-def ppo_step(run: Run[PPOParts], timer: PhaseTimer) -> StepResult:
+def ppo_step(run: Run[PPOParts], timer: PhaseTimer, steps: int | None = None) -> StepResult:
     """Generate, score, estimate advantages with the critic and update policy and critic
-    ``num_iterations`` times; returns what the step produced (its metric block: the
-    critic's)."""
+    ``num_iterations`` times (``steps`` times when given: the run's last batch stops at
+    ``max_steps``); returns what the step produced (its metric block: the critic's)."""
     options, policy, engine = run.options, run.policy, run.engine
     ppo, critic = run.algorithm.options, run.algorithm.critic
     beta, iterations = options.loss.beta, options.batch.num_iterations
@@ -81,7 +81,7 @@ def ppo_step(run: Run[PPOParts], timer: PhaseTimer) -> StepResult:
     # 3. num_iterations passes of the joint loss; policy and critic step together.
     loss = PPOLoss(options.loss, ppo, critic, rollout, advantages, returns, old_values,
                    policy.autocast)  # fmt: skip
-    for _ in range(iterations):
+    for _ in range(iterations if steps is None else steps):
         stats = update.update(policy, inputs, loss, also=[critic.network])
     engine.sync(policy.model)
     timer.mark("update")
@@ -174,8 +174,9 @@ class PPOTrainer(Trainer):
         """Generate, score, estimate advantages with the critic and update policy and critic
         (:func:`ppo_step`); returns this step's metrics."""
         timer = PhaseTimer(self.device)
-        result = ppo_step(self.run, timer)
-        self.global_step += 1
+        steps = self.optimizer_steps_now()
+        result = ppo_step(self.run, timer, steps)
+        self.global_step += steps
         return self.step_logs(result, timer)
 
     def load_critic(self, path: str | Path) -> None:
