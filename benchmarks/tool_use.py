@@ -99,6 +99,10 @@ def run_arm(
         max_completion_length=64,
         learning_rate=opts_lr,
         beta=0.0,
+        # the loss and schedule the recorded results were measured with (TRL's defaults differ)
+        loss_type="grpo",
+        lr_scheduler_type="constant",
+        gradient_checkpointing=False,
         max_steps=1000,  # the wall-clock budget stops it
         logging_steps=1,
         save_strategy="no",

@@ -138,7 +138,7 @@ def groupwise_config(path: Path, opts, beta: float, loss_type: str, steps: int, 
         temperature=1.0, beta=beta, loss_type=loss_type, learning_rate=LEARNING_RATE,
         lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, epsilon=0.2,
         gradient_checkpointing=False, logging_steps=1, save_steps=0, disable_tqdm=True,
-        report_to=[],
+        report_to=[], use_bias_correction_kl=False,  # as the TRL side sets it
     )  # fmt: skip
 
 

@@ -1,8 +1,10 @@
 """MkDocs hook (mkdocs.yml `hooks:`): writes the option reference into docs/options.md while the
 site builds, from GRPOConfig itself: each field's default as `groupwise train --help` prints it
 and its meaning from its comment in src/groupwise/config/grpo_config.py (`config.option_help`),
-grouped by the config's `# --- section ---` rules. Nothing generated is committed, so it cannot
-drift."""
+grouped by the config's `# --- section ---` rules. On docs/trl.md it writes the deliberate
+differences from TRL's GRPOConfig (`config.trl_parity.DIFFERENCES`) and the number of TRL
+names accepted and ignored (`config.trl.TRL_IGNORED`). Nothing generated is committed, so it
+cannot drift."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import re
 from typing import Any
 
 MARKER = "<!-- option reference: generated from GRPOConfig while the site builds -->"
+DIFFERENCES_MARKER = "<!-- differences from TRL: generated from config/trl_parity.py -->"
+IGNORED_COUNT_MARKER = "<!-- the number of names in groupwise.config.trl.TRL_IGNORED -->"
 SECTION_RULE = re.compile(r"^    # -{3}\s*(?P<title>[^-].*?)\s*-*\s*$")
 FIELD_LINE = re.compile(r"^    (?P<name>\w+): ")
 
@@ -67,10 +71,33 @@ def option_reference() -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def differences_table() -> str:
+    """The deliberate differences from TRL's GRPOConfig as a Markdown table (option,
+    groupwise, TRL, why), in the list's order."""
+    from groupwise.config.trl_parity import DIFFERENCES, TRL_VERSION
+
+    rows = [
+        f"| `{name}` | {_cell(d.groupwise)} | {_cell(d.trl)} | {_cell(d.reason)} |"
+        for name, d in DIFFERENCES.items()
+    ]
+    header = f"| option | groupwise | TRL {TRL_VERSION} | why |\n|---|---|---|---|\n"
+    return header + "\n".join(rows) + "\n"
+
+
+def trl_page(markdown: str) -> str:
+    """docs/trl.md with its generated parts written in."""
+    from groupwise.config.trl import TRL_IGNORED
+
+    markdown = markdown.replace(IGNORED_COUNT_MARKER, str(len(TRL_IGNORED)))
+    return markdown.replace(DIFFERENCES_MARKER, differences_table())
+
+
 DOCS_PAGE = re.compile(r"\bdocs/(?P<page>[\w-]+)\.md\b")
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if DIFFERENCES_MARKER in markdown:
+        markdown = trl_page(markdown)
     if MARKER not in markdown:
         return markdown
     # The comments name pages as docs/x.md (they are read in the source too); on the site that

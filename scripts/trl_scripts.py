@@ -1,11 +1,20 @@
 """Runs public TRL GRPO scripts on groupwise, as a user who switches `from trl import ...` would.
 
     python scripts/trl_scripts.py --trl-src TRL --openr1-src OPEN_R1 [--work runs/trl-scripts]
+        [--only ROW,...] [--no-trl-run]
 
 TRL and OPEN_R1 are a git directory (bare or not; HEAD is read) or a plain checkout folder.
-The scripts are TRL's ``examples/scripts/grpo_agent.py`` and open-r1's ``src/open_r1/grpo.py``
-(with the ``open_r1`` modules it imports, found transitively, and its recipe YAML). They are
-copied into WORK at run time, never into groupwise, and edited mechanically, nothing else:
+The scripts are TRL's ``examples/scripts/`` ``grpo_agent.py`` (a tool), ``gspo.py`` (TrlParser,
+sequence-level importance sampling, LoRA, TRL's rewards), ``grpo_2048.py`` (an
+environment_factory game, no command line) and ``grpo_continuous_batching.py`` (options set
+on the parsed config), and open-r1's ``src/open_r1/grpo.py`` (with the ``open_r1`` modules it
+imports, found transitively, and its recipe YAML). The two that parse with TrlParser, gspo.py
+and grpo_continuous_batching.py, also run as two more rows each: on TRL itself (``NAME-trl``:
+only the stand-ins edited in; its optimizer-step count is TRL's for the same arguments, which
+the script's rows are checked against, as every other row is against max_steps), and as a
+user who switches only ``GRPOConfig`` / ``GRPOTrainer`` ports it (``NAME-trl-parser``:
+TrlParser, ModelConfig, ScriptArguments and TRL's rewards stay TRL's). The copies go into WORK
+at run time, never into groupwise, and are edited mechanically, nothing else:
 
 (a) TRL's import lines: a name groupwise provides is imported from groupwise under the same name
     (``trl`` -> ``groupwise``, ``trl.rewards`` -> ``groupwise.rewards.trl_rewards``; ``import trl``
@@ -14,15 +23,23 @@ copied into WORK at run time, never into groupwise, and edited mechanically, not
     ``--trl-fallback DIR`` puts a folder holding the ``trl`` package on the scripts' path);
 (b) what an offline CPU run needs: hub ids (string literals, recipe values) -> local stand-ins,
     and the optional remote-service imports listed in ``OPTIONAL_IMPORTS``, each with its reason,
-    dropped only when their packages are not installed.
+    dropped only when their packages are not installed;
+(c) only for grpo_2048.py, which parses no command line: its ``GRPOConfig(...)`` keywords that
+    a CPU run needs (``game_keywords``: max_steps, shorter games, no trackio, use_cpu), what
+    its user would edit. Every other script gets its CPU scale from the command line.
+
+With TRL installed beside groupwise (as in groupwise's virtualenv) the names left on ``trl``
+import from it and ``--trl-fallback`` is not needed.
 
 Every changed file's unified diff is written to WORK/diffs/. The stand-ins are built in
 WORK/assets: tiny models (groupwise's tiny-random architecture and SmolLM2's tokenizer and chat
-template), the agent's fitted to emit one tool call so the tool really runs, and datasets with
-the columns each script reads. Each script runs a few optimizer steps on CPU as ``python
+template), each fitted to answer its script's prompts in the form the rewards score (the agent's
+and the 2048 game's to call their tool, so the tool really runs), and datasets with the columns
+and splits each script reads. Each script runs a few optimizer steps on CPU as ``python
 script.py ...`` (one thread), and WORK/results.md gets one row per script with the checks a user
-would make: exit status, the saved model loadable by transformers / peft, open-r1's metrics
-files and model card, the rewards' logged values, the tool's calls.
+would make: exit status, optimizer steps against TRL's, the saved model (or last checkpoint)
+loadable by transformers / peft, open-r1's metrics files and model card, the rewards' logged
+values, the tools' calls, the options groupwise reported ignoring.
 """
 
 from __future__ import annotations
@@ -34,8 +51,10 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +79,17 @@ OPTIONAL_IMPORTS = [
 ]  # fmt: skip
 
 AGENT = "examples/scripts/grpo_agent.py"
+GSPO = "examples/scripts/gspo.py"
+GAME = "examples/scripts/grpo_2048.py"
+BATCHING = "examples/scripts/grpo_continuous_batching.py"
+# What a user switches who changes only the trainer's two names: the parser variant keeps
+# TrlParser, ModelConfig, ScriptArguments (and everything else) on TRL.
+TRAINER_ONLY = ("GRPOConfig", "GRPOTrainer")
+# The rows each TRL script gives: a TrlParser script also runs on TRL itself (-trl) and with
+# only the trainer's two names switched (-trl-parser).
+TRL_ROWS = {AGENT: ("grpo_agent",), GSPO: ("gspo-trl", "gspo", "gspo-trl-parser"),
+            GAME: ("grpo_2048",), BATCHING: ("grpo_continuous_batching-trl",
+            "grpo_continuous_batching", "grpo_continuous_batching-trl-parser")}  # fmt: skip
 OPENR1_ENTRY = "src/open_r1/grpo.py"
 OPENR1_RECIPE = "recipes/Qwen2.5-1.5B-Instruct/grpo/config_demo.yaml"
 
@@ -275,6 +305,68 @@ def drop_imports(text: str, module: str, file_module: str, reason: str, log: Edi
     return "".join(lines)
 
 
+def override_keywords(text: str, callee: str, values: dict[str, object], reason: str,
+                      log: EditLog) -> str:  # fmt: skip
+    """(c), for a script that parses no command line (its options are the keyword arguments of
+    its ``callee(...)`` call, grpo_2048.py's ``GRPOConfig(...)``): each of ``values`` replaces
+    that keyword's value, or is added after the call's last argument, one per line in a call
+    laid out one argument per line. What a user of such a script edits to run it at CPU scale."""
+    lines = text.splitlines(keepends=True)
+    calls = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Name) and n.func.id == callee]  # fmt: skip
+    edits: list[tuple[int, int, int, int, str]] = []  # (line, col, end line, end col, text)
+    for call in calls:
+        given = {k.arg: k for k in call.keywords if k.arg}
+        for name, value in values.items():
+            if name in given:
+                v = given[name].value
+                span = (v.lineno, v.col_offset, v.end_lineno, v.end_col_offset)
+                edits.append((*span, _literal(value)))
+                log.changes.append(f"line {v.lineno}: {callee}({name}=...) -> {value!r} ({reason})")
+        added = {k: v for k, v in values.items() if k not in given}
+        last = max([*call.args, *call.keywords], key=lambda n: (n.end_lineno, n.end_col_offset),
+                   default=None)  # fmt: skip
+        if not added:
+            continue
+        if last is None:  # callee(): inside the parentheses
+            at = (call.end_lineno, call.end_col_offset - 1)
+            edits.append((*at, *at, ", ".join(f"{k}={_literal(v)}" for k, v in added.items())))
+        elif last.end_lineno < call.end_lineno and _rest(lines, last).strip() == ",":
+            # One argument per line: the new ones as lines of their own, same indent.
+            first = lines[last.lineno - 1]
+            indent = first[: len(first) - len(first.lstrip())]
+            block = "".join(f"{indent}{k}={_literal(v)},\n" for k, v in added.items())
+            edits.append((last.end_lineno + 1, 0, last.end_lineno + 1, 0, block))
+        else:
+            at = (last.end_lineno, last.end_col_offset)
+            edits.append((*at, *at, "".join(f", {k}={_literal(v)}" for k, v in added.items())))
+        log.changes += [f"line {call.lineno}: {callee}(..., {k}={v!r}) added ({reason})"
+                        for k, v in added.items()]  # fmt: skip
+    for line, col, end_line, end_col, new in sorted(edits, reverse=True):
+        start, end = _offset(lines, line, col), _offset(lines, end_line, end_col)
+        joined = "".join(lines)
+        lines = (joined[:start] + new + joined[end:]).splitlines(keepends=True)
+    return "".join(lines)
+
+
+def _literal(value: object) -> str:
+    """``value`` as Python source, a string double-quoted (as the scripts write them)."""
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _offset(lines: list[str], lineno: int, col: int) -> int:
+    """The character offset in ``"".join(lines)`` of ast position (lineno, col: a byte offset)."""
+    before = sum(len(line) for line in lines[: lineno - 1])
+    if lineno > len(lines):  # the end of the text
+        return before
+    return before + len(lines[lineno - 1].encode()[:col].decode())
+
+
+def _rest(lines: list[str], node: ast.AST) -> str:
+    """What follows ``node`` on its last line."""
+    return lines[node.end_lineno - 1].encode()[node.end_col_offset :].decode()
+
+
 def unified_diff(rel: str, before: str, after: str) -> tuple[str, int, int]:
     """The diff of one file, and its counts of removed and added lines."""
     old, new = before.splitlines(keepends=True), after.splitlines(keepends=True)
@@ -301,6 +393,9 @@ class Prepared:
 def prepare(name: str, source: Source, files: dict[str, str], work: Path) -> Prepared:
     """Write the edited ``files`` under WORK/name and their diffs to WORK/diffs/name.diff."""
     folder = work / name
+    # A fresh folder: an earlier run's output (checkpoints, a timestamped default output_dir)
+    # would be read as this run's, or refused as an output_dir holding a run.
+    shutil.rmtree(folder, ignore_errors=True)
     logs, sizes, diffs = {}, {}, []
     for rel, (before, after, log) in files.items():
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -329,12 +424,36 @@ def edited(text: str, rel: str, hub: dict[str, str], package_module: str | None,
     return out, log
 
 
-def prepare_agent(source: Source, work: Path, hub: dict[str, str]) -> Prepared:
-    text = source.read(AGENT)
+def prepare_trl(source: Source, work: Path, hub: dict[str, str], rel: str, name: str,
+                provides=_provides,
+                keywords: dict[str, object] | None = None) -> Prepared:  # fmt: skip
+    """One of TRL's example scripts, edited, in WORK/name. ``provides``: which names go to
+    groupwise (``trainer_only`` for the parser variant, ``on_trl`` for TRL's own run);
+    ``keywords``: (c), the GRPOConfig(...) values of a script without a command line."""
+    text = source.read(rel)
     if text is None:
-        raise SystemExit(f"error: {AGENT} is not in {source.path}")
-    after, log = edited(text, AGENT, hub, None)
-    return prepare("grpo_agent", source, {AGENT: (text, after, log)}, work)
+        raise SystemExit(f"error: {rel} is not in {source.path}")
+    after, log = edited(text, rel, hub, None, provides)
+    if provides is on_trl:
+        log.missing = []  # TRL's own run: nothing was meant to be switched
+    if keywords:
+        after = override_keywords(after, "GRPOConfig", keywords, "CPU scale: the script parses "
+                                  "no command line", log)  # fmt: skip
+    return prepare(name, source, {rel: (text, after, log)}, work)
+
+
+def prepare_agent(source: Source, work: Path, hub: dict[str, str]) -> Prepared:
+    return prepare_trl(source, work, hub, AGENT, "grpo_agent")
+
+
+def trainer_only(module: str, name: str) -> bool:
+    """The parser variant's switch: GRPOConfig and GRPOTrainer from groupwise, nothing else."""
+    return module == "groupwise" and name in TRAINER_ONLY and _provides(module, name)
+
+
+def on_trl(module: str, name: str) -> bool:
+    """TRL's own run of a script: no name is switched (only the stand-ins are edited in)."""
+    return False
 
 
 def prepare_openr1(source: Source, work: Path, hub: dict[str, str]) -> Prepared:
@@ -452,11 +571,65 @@ def fit_openr1_model(prepared: Prepared, hub: dict[str, str]) -> None:
     build_model(Path(hub["Qwen/Qwen2.5-1.5B-Instruct"]), examples)
 
 
-def _parquet(folder: Path, columns: dict[str, list]) -> str:
+def _chat(tokenizer, system: str, user: str) -> str:
+    """The prompt text of a system and a user turn, as the stand-in's chat template lays it."""
+    return tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        add_generation_prompt=True, tokenize=False)  # fmt: skip
+
+
+def fit_gspo_model(hub: dict[str, str]) -> None:
+    """gspo.py's stand-in answers each problem, under the script's system prompt, in the
+    <think> format it asks for, with a boxed 4 (right for three of the four problems)."""
+    from groupwise.runtime.models import smollm2_tokenizer
+
+    tokenizer = smollm2_tokenizer()
+    examples = [(_chat(tokenizer, GSPO_SYSTEM, p), GSPO_ANSWER) for p, _ in MATH_PROBLEMS]
+    build_model(Path(hub["Qwen/Qwen3-0.6B"]), examples)
+
+
+def fit_game_model(prepared: Prepared, hub: dict[str, str]) -> None:
+    """grpo_2048.py's stand-in answers the script's prompt, with a board from its own
+    environment's reset() appended (as both TRL and groupwise show it) and its ``move`` tool
+    shown, by calling that tool: the game really runs."""
+    import random
+
+    from groupwise.runtime.models import smollm2_tokenizer
+    from groupwise.tools.prompting import prompt_text_with_tools
+    from groupwise.tools.schema import tool_schema
+
+    script = _load_script(prepared.folder / GAME, "grpo_2048_copy")
+    env = script.Game2048Env()
+    schemas = [tool_schema(env.move)]
+    tokenizer = smollm2_tokenizer()
+    random.seed(0)
+    examples = []
+    for direction in ("left", "up", "right", "down"):
+        board = env.reset()
+        prompt = [{"role": "user", "content": script.PROMPT + board}]
+        examples.append((prompt_text_with_tools(prompt, tokenizer, schemas),
+                         GAME_CALL.format(direction=direction)))  # fmt: skip
+    build_model(Path(hub["Qwen/Qwen3-4B"]), examples)
+
+
+def fit_batching_model(work: Path) -> Path:
+    """grpo_continuous_batching.py's stand-in (the docstring's Qwen/Qwen3-1.7B, which the agent's
+    stand-in also replaces, so a folder of its own) answers each question, under the script's
+    system prompt, with its GSM8K-style final line (#### 4: right for three of the four)."""
+    from groupwise.runtime.models import smollm2_tokenizer
+
+    system = ("You are a helpful math tutor. Solve the problem step by step, then provide the "
+              "final numeric answer on the last line in the format: #### <number>")  # fmt: skip
+    tokenizer = smollm2_tokenizer()
+    examples = [(_chat(tokenizer, system, p), BATCHING_ANSWER) for p, _ in MATH_PROBLEMS]
+    return build_model(work / "assets" / "gsm8k-model", examples)
+
+
+def _parquet(folder: Path, columns: dict[str, list], split: str = "train") -> str:
     import pandas as pd
 
     folder.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(columns).to_parquet(folder / "train.parquet")
+    pd.DataFrame(columns).to_parquet(folder / f"{split}.parquet")
     return str(folder)
 
 
@@ -473,6 +646,20 @@ OPENR1_PROBLEMS = [  # open-r1/OpenR1-Math-220k's columns; the stand-in model al
     ("What is 8 / 2?", "$8 / 2 = \\boxed{4}$", "4"),
     ("What is 2 + 3?", "$2 + 3 = \\boxed{5}$", "5"),
 ]
+
+
+MATH_PROBLEMS = [("What is 2 + 2?", "4"), ("What is 1 + 3?", "4"), ("What is 8 / 2?", "4"),
+                 ("What is 2 + 3?", "5")]  # fmt: skip
+GSPO_SYSTEM = (  # gspo.py's SYSTEM_PROMPT, for fitting its stand-in
+    "A conversation between user and assistant. The user asks a question, and the assistant "
+    "solves it. The assistant first thinks about the reasoning process in the mind and then "
+    "provides the user with the answer. The reasoning process and answer are enclosed within "
+    "<think></think> tags, i.e., <think>\nThis is my reasoning.\n</think>\nThis is my answer."
+)
+GSPO_ANSWER = "<think>\nAdd them.\n</think>\nThe answer is $\\boxed{4}$."
+GAME_CALL = ('<tool_call>\n{{"name": "move", "arguments": {{"direction": "{direction}"}}}}'
+             "\n</tool_call>")  # fmt: skip
+BATCHING_ANSWER = "Add them: the result is 4.\n#### 4"
 
 
 def build_datasets(work: Path) -> dict[str, str]:
@@ -495,7 +682,32 @@ def build_datasets(work: Path) -> dict[str, str]:
         "answer": [a for _, _, a in OPENR1_PROBLEMS],
         "messages": [[{"role": "user", "content": p}] for p, _, _ in OPENR1_PROBLEMS],
     })  # fmt: skip
+    # AI-MO/NuminaMath-TIR: train and test splits (gspo.py takes the first 5% of each, so 100
+    # and 40 rows: 5 and 2), its columns problem / solution / messages.
+    numina = assets / "AI-MO/NuminaMath-TIR"
+    for split, count in (("train", 100), ("test", 40)):
+        problems = [MATH_PROBLEMS[i % len(MATH_PROBLEMS)] for i in range(count)]
+        _parquet(numina, {
+            "problem": [p for p, _ in problems],
+            "solution": [f"The answer is $\\boxed{{{a}}}$." for _, a in problems],
+            "messages": [[{"role": "user", "content": p}] for p, _ in problems],
+        }, split)  # fmt: skip
+    # openai/gsm8k, config "main" (grpo_continuous_batching.py asks for it by name): the config
+    # declared in the folder's README, as the hub repository declares it.
+    gsm8k = assets / "openai/gsm8k"
+    _parquet(gsm8k / "main", {
+        "question": [p for p, _ in MATH_PROBLEMS],
+        "answer": [f"Work it out.\n#### {a}" for _, a in MATH_PROBLEMS],
+    })  # fmt: skip
+    (gsm8k / "README.md").write_text(
+        "---\nconfigs:\n- config_name: main\n  data_files:\n"
+        "  - split: train\n    path: main/train.parquet\n---\n"
+    )
     return {
+        "AI-MO/NuminaMath-TIR": str(numina),
+        "openai/gsm8k": str(gsm8k),
+        "Qwen/Qwen3-0.6B": str(assets / "gspo-model"),
+        "Qwen/Qwen3-4B": str(assets / "2048-model"),
         "qgallouedec/biogrid": biogrid,
         "qgallouedec/biogrid_qa": qa,
         "open-r1/OpenR1-Math-220k": math,
@@ -506,9 +718,38 @@ def build_datasets(work: Path) -> dict[str, str]:
 
 # -- runs and checks -------------------------------------------------------------------------------
 
-COMMON = ["--use_cpu", "True", "--bf16", "False", "--report_to", "none", "--push_to_hub",
-          "False", "--per_device_train_batch_size", "4", "--num_generations", "2",
-          "--seed", "0", "--disable_tqdm", "True"]  # fmt: skip
+BASE = ["--use_cpu", "True", "--bf16", "False", "--report_to", "none", "--push_to_hub", "False",
+        "--seed", "0", "--disable_tqdm", "True"]  # fmt: skip
+COMMON = [*BASE, "--per_device_train_batch_size", "4", "--num_generations", "2"]
+
+
+def gspo_args(hub: dict[str, str], steps: int) -> list[str]:
+    # The usage in the script's docstring at CPU scale: fp32, short completions, and smaller
+    # batches in the same shape (two micro-batches an optimizer step, four a generation).
+    return ["--model_name_or_path", hub["Qwen/Qwen3-0.6B"], "--output_dir", "out",
+            "--max_steps", str(steps), "--learning_rate", "1e-5", "--dtype", "float32",
+            "--max_completion_length", "32", "--use_peft", "--lora_target_modules", "q_proj",
+            "v_proj", "--log_completions", "--per_device_train_batch_size", "4",
+            "--num_generations", "4", "--importance_sampling_level", "sequence",
+            "--epsilon", "3e-4", "--epsilon_high", "4e-4", "--beta", "0.0", "--loss_type", "grpo",
+            "--gradient_accumulation_steps", "2", "--steps_per_generation", "4", *BASE]  # fmt: skip
+
+
+def batching_args(model: Path, steps: int) -> list[str]:
+    # The first usage line in the script's docstring at CPU scale; the dataset is the script's
+    # default, openai/gsm8k "main" (its stand-in).
+    return ["--model_name_or_path", str(model), "--output_dir", "out", "--max_steps", str(steps),
+            "--num_generations", "2", "--max_completion_length", "32", "--use_peft",
+            "--log_completions", "--per_device_train_batch_size", "4", *BASE]  # fmt: skip
+
+
+def game_keywords(steps: int) -> dict[str, object]:
+    """(c) for grpo_2048.py, whose options are its GRPOConfig(...) call's: a few steps, games
+    short enough for CPU and for the stand-in's 1024 positions, no trackio Space (a remote
+    service; trackio is not installed), and use_cpu, without which TRL's GRPOConfig refuses
+    its default bf16 on a machine without a GPU."""
+    return {"max_steps": steps, "max_completion_length": 256, "report_to": "none",
+            "use_cpu": True}  # fmt: skip
 
 
 def agent_args(hub: dict[str, str], steps: int) -> list[str]:
@@ -571,10 +812,12 @@ def check_completions(out: Path) -> tuple[bool, str]:
 
 
 def check_rewards(out: Path, names: list[str], steps: int) -> tuple[bool, str]:
-    """Each reward function logged a finite mean and no errors at every step."""
+    """Each reward function logged a finite mean and no errors in every logged row (a row per
+    logging_steps optimizer steps: TRL's default of 10 logs fewer than one a step)."""
     rows = _rows(out)
-    if [r.get("step") for r in rows] != list(range(1, steps + 1)):
-        return False, f"metrics.jsonl steps {[r.get('step') for r in rows]}"
+    logged = [r.get("step") for r in rows]
+    if not rows or logged != sorted(set(logged)) or not all(1 <= s <= steps for s in logged):
+        return False, f"metrics.jsonl steps {logged}"
     means = {}
     for name in names:
         values = [r.get(f"rewards/{name}/mean") for r in rows]
@@ -582,7 +825,7 @@ def check_rewards(out: Path, names: list[str], steps: int) -> tuple[bool, str]:
         if any(v is None or v != v for v in values) or errors:
             return False, f"{name}: means {values}, errors {errors}"
         means[name] = [round(v, 3) for v in values]
-    return True, "; ".join(f"{n} {v}" for n, v in means.items())
+    return True, f"steps {logged}: " + "; ".join(f"{n} {v}" for n, v in means.items())
 
 
 def check_openr1(out: Path, stdout: str, train_rows: int) -> list[tuple[str, bool, str]]:
@@ -633,51 +876,143 @@ class Row:
     returncode: int
     checks: list[tuple[str, bool, str]]
     prepared: Prepared
+    steps: int | None = None  # optimizer steps taken
+    trl_steps: int | None = None  # TRL's, for the same arguments (None: not compared)
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and all(ok for _, ok, _ in self.checks)
 
 
-def check_one(name: str, source: Source, prepared: Prepared, script: str, args: list[str],
+@dataclass
+class Plan:
+    """How one script is run and what its run is checked for."""
+
+    name: str
+    script: str  # its path in the repository (and in WORK/name)
+    args: list[str]
+    rewards: list[str]  # the reward functions whose logged means are checked
+    extra: Callable[[Path, str], list[tuple[str, bool, str]]] | None = None
+    trl_run: bool = False  # TRL's own run: exit, steps and saved model only (no metrics.jsonl)
+    trl_steps: int | None = None  # TRL's optimizer steps for the same arguments
+    trl_steps_from: str = "max_steps"
+
+
+def output_folder(folder: Path) -> Path:
+    """The run's output_dir: ``out`` (the command line's), else TRL's default
+    ``trainer_output``, else wherever the run wrote metrics.jsonl (a script without a command
+    line leaves output_dir to the trainer's default)."""
+    for candidate in (folder / "out", folder / "trainer_output"):
+        if candidate.is_dir():
+            return candidate
+    found = sorted(folder.rglob("metrics.jsonl"))
+    return found[0].parent if found else folder / "out"
+
+
+def _checkpoints(out: Path) -> list[Path]:
+    return sorted(out.glob("checkpoint-*[0-9]"), key=lambda p: int(p.name.rpartition("-")[2]))
+
+
+def optimizer_steps(out: Path) -> tuple[int | None, str]:
+    """The optimizer steps a run took, and where that was read: trainer_state.json's
+    global_step (the output folder's, else its last checkpoint's: TRL saves one at the last
+    step), else the last logged metrics row's step."""
+    for file in (out / "trainer_state.json",
+                 *[c / "trainer_state.json" for c in reversed(_checkpoints(out))]):  # fmt: skip
+        if file.is_file():
+            return json.loads(file.read_text()).get("global_step"), \
+                str(file.relative_to(out.parent))  # fmt: skip
+    rows = _rows(out)
+    steps = [r["step"] for r in rows if "step" in r]
+    last = _checkpoints(out)
+    saved = f", last checkpoint {last[-1].name}" if last else ""
+    if steps:
+        return max(steps), f"last {out.name}/metrics.jsonl row's step{saved}"
+    return None, f"no record{saved}"
+
+
+def saved_model(out: Path) -> Path | None:
+    """The model a run left: the output folder's (save_model), else its last checkpoint's."""
+    for folder in (out, *reversed(_checkpoints(out))):
+        if (folder / "config.json").exists() or (folder / "adapter_config.json").exists():
+            return folder
+    return None
+
+
+def check_one(plan: Plan, source: Source, prepared: Prepared,
               options: argparse.Namespace) -> Row:  # fmt: skip
-    out = prepared.folder / "out"
     try:
-        result = run_script(prepared, script, args, options.trl_fallback, options.python,
-                            options.timeout)  # fmt: skip
+        result = run_script(prepared, plan.script, plan.args, options.trl_fallback,
+                            options.python, options.timeout)  # fmt: skip
         code, stdout, stderr = result.returncode, result.stdout, result.stderr
     except subprocess.TimeoutExpired:
         code, stdout, stderr = -1, "", f"timed out after {options.timeout} s"
+    out = output_folder(prepared.folder)
     checks = [("exit 0", code == 0, stderr.strip().splitlines()[-1][:300] if code and stderr
                else str(code))]  # fmt: skip
+    steps, steps_from = optimizer_steps(out) if code == 0 else (None, "run failed")
+    # TRL's count for the same arguments: its own run's where one was made, else max_steps.
+    trl_steps = options.steps if plan.trl_steps is None else plan.trl_steps
+    if code == 0 and plan.trl_run:
+        checks.append(("optimizer steps = max_steps", steps == options.steps,
+                       f"{steps} ({steps_from}); max_steps {options.steps}"))  # fmt: skip
+    elif code == 0:
+        checks.append(("same optimizer-step count as TRL", steps == trl_steps,
+                       f"groupwise {steps} ({steps_from}); TRL {trl_steps} "
+                       f"({plan.trl_steps_from})"))  # fmt: skip
     if code == 0:
-        checks.append(("model loads", *check_model(out)))
+        model = saved_model(out)
+        checks.append(("model loads", *check_model(model)) if model else
+                      ("model loads", False, f"no model or checkpoint in {out.name}"))  # fmt: skip
+    if code == 0 and not plan.trl_run:
         checks.append(("completions logged", *check_completions(out)))
-        if name == "open-r1":
-            names = ["accuracy_reward", "format_reward", "tag_count_reward"]
-            checks.append(("rewards logged", *check_rewards(out, names, options.steps)))
-            checks += check_openr1(out, stdout, len(OPENR1_PROBLEMS))
-        else:
-            names = ["correctness_reward", "structure_reward", "query_reward"]
-            checks.append(("rewards logged", *check_rewards(out, names, options.steps)))
-            checks += check_agent(out, stdout)
+        checks.append(("rewards logged", *check_rewards(out, plan.rewards, options.steps)))
+        if plan.extra:
+            checks += plan.extra(out, stdout)
         ignored = [line.split(": ", 2)[-1] for line in stderr.splitlines()
                    if "IgnoredOptionsWarning" in line]  # fmt: skip
         checks.append(("options groupwise ignores (reported)", True, "; ".join(ignored) or "none"))
-    command = f"python {script} {' '.join(args)}"
-    return Row(name, source.revision(), command, code, checks, prepared)
+    command = f"python {plan.script} {' '.join(plan.args)}"
+    return Row(plan.name, source.revision(), command, code, checks, prepared, steps, trl_steps)
 
 
-def write_results(work: Path, rows: list[Row]) -> Path:
+def trl_version(python: str) -> str:
+    """The version of the trl package the runs' interpreter imports."""
+    out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('trl'))"],
+                         capture_output=True, text=True)  # fmt: skip
+    return out.stdout.strip() or "(unknown version)"
+
+
+def check_game(out: Path, stdout: str) -> list[tuple[str, bool, str]]:
+    rows = _rows(out)
+    calls = [r.get("tools/call_frequency", 0.0) for r in rows]
+    return [("move tool called", any(c > 0 for c in calls), f"tools/call_frequency {calls}"),
+            ("output_dir default as TRL's", out.name == "trainer_output",
+             f"{'/'.join(out.parts[-2:])} (TRL: trainer_output)")]  # fmt: skip
+
+
+def write_results(work: Path, rows: list[Row], skipped: list[str] = ()) -> Path:
     lines = ["# TRL GRPO scripts run on groupwise", "",
-             "| script | source | result | checks failed | names groupwise lacks (left on trl) "
-             "| lines changed (removed/added per file) |", "|---|---|---|---|---|---|"]  # fmt: skip
+             "| script | source | result | optimizer steps (TRL's) | same optimizer-step count "
+             "as TRL | saved model loads | checks failed | names groupwise lacks (left on trl) "
+             "| lines changed (removed/added per file) |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+
+    def mark(row: Row, check: str) -> str:
+        found = [ok for c, ok, _ in row.checks if c == check]
+        return ("yes" if found[0] else "NO") if found else "-"
+
     for row in rows:
         failed = [f"{c}: {d}" for c, ok, d in row.checks if not ok]
         sizes = ", ".join(f"{rel} -{r}/+{a}" for rel, (r, a) in row.prepared.sizes.items())
+        steps = f"{'-' if row.steps is None else row.steps} ({row.trl_steps})"
         lines.append(f"| {row.script} | {row.revision} | {'PASS' if row.ok else 'FAIL'} | "
+                     f"{steps} | {mark(row, 'same optimizer-step count as TRL')} | "
+                     f"{mark(row, 'model loads')} | "
                      f"{'; '.join(failed) or '-'} | {'; '.join(row.prepared.missing) or '-'} | "
                      f"{sizes} |".replace("\n", " "))  # fmt: skip
+    if skipped:
+        lines += ["", "Not run, the source lacking the script: " + "; ".join(skipped) + "."]
     for row in rows:
         lines += ["", f"## {row.script}", "", f"`{row.command}` (in {row.prepared.folder})", "",
                   "| check | ok | detail |", "|---|---|---|"]  # fmt: skip
@@ -690,6 +1025,31 @@ def write_results(work: Path, rows: list[Row]) -> Path:
     return work / "results.md"
 
 
+def parsed_rows(name: str, script: str, args: list[str], rewards: list[str], source: Source,
+                work: Path, hub: dict[str, str], options: argparse.Namespace,
+                wanted: Callable[[str], bool]) -> list[Row]:  # fmt: skip
+    """A TrlParser script three ways: ``NAME-trl`` on TRL itself (only the stand-ins edited in;
+    its optimizer-step count is TRL's for the same arguments), ``NAME`` ported, and
+    ``NAME-trl-parser`` with only GRPOConfig / GRPOTrainer switched."""
+    rows = []
+    trl_steps, trl_from = None, "max_steps"
+    if wanted(f"{name}-trl") and not options.no_trl_run:
+        prepared = prepare_trl(source, work, hub, script, f"{name}-trl", on_trl)
+        row = check_one(Plan(f"{name}-trl", script, args, [], trl_run=True), source, prepared,
+                        options)  # fmt: skip
+        rows.append(row)
+        if row.steps is not None:
+            version = trl_version(options.python)
+            trl_steps, trl_from = row.steps, f"its run on TRL {version}, row {name}-trl"
+    for row_name, provides in ((name, _provides), (f"{name}-trl-parser", trainer_only)):
+        if wanted(row_name):
+            prepared = prepare_trl(source, work, hub, script, row_name, provides)
+            rows.append(check_one(Plan(row_name, script, args, rewards, trl_steps=trl_steps,
+                                       trl_steps_from=trl_from), source, prepared,
+                                  options))  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trl-src", help="TRL's repository (git dir or folder)")
@@ -700,6 +1060,10 @@ def main(argv: list[str] | None = None) -> int:
                         "scripts' path for the names groupwise lacks")  # fmt: skip
     parser.add_argument("--python", default=sys.executable, help="the interpreter of the runs")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per script")
+    known = [n for names in TRL_ROWS.values() for n in names] + ["open-r1"]
+    parser.add_argument("--only", help=f"comma-separated rows to run, of {', '.join(known)}")
+    parser.add_argument("--no-trl-run", action="store_true", help="skip the -trl rows, the "
+                        "runs on TRL itself (TRL's step count is then max_steps)")  # fmt: skip
     options = parser.parse_args(argv)
     if not options.trl_src and not options.openr1_src:
         parser.error("give --trl-src, --openr1-src or both")
@@ -707,19 +1071,53 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     hub = build_datasets(work)
     rows = []
+    only = set(options.only.split(",")) if options.only else None
+    if only and only - set(known):
+        parser.error(f"--only: unknown rows {sorted(only - set(known))}; rows: {', '.join(known)}")
+    lacking: set[str] = set()  # rows whose script the source does not have
+    skipped: list[str] = []
+
+    def wanted(name: str) -> bool:
+        return (only is None or name in only) and name not in lacking
+
     if options.trl_src:
         source = Source(options.trl_src)
-        prepared = prepare_agent(source, work, hub)
-        fit_agent_model(prepared, hub)
-        rows.append(check_one("grpo_agent", source, prepared, AGENT,
-                              agent_args(hub, options.steps), options))  # fmt: skip
-    if options.openr1_src:
+        steps = options.steps
+        for rel, names in TRL_ROWS.items():
+            # An older TRL lacks the newer examples: the scripts it has still run.
+            if any(wanted(n) for n in names) and source.read(rel) is None:
+                lacking.update(names)
+                skipped.append(f"{rel} (not in {source.path} at {source.revision()})")
+        if wanted("grpo_agent"):
+            prepared = prepare_agent(source, work, hub)
+            fit_agent_model(prepared, hub)
+            rows.append(check_one(Plan("grpo_agent", AGENT, agent_args(hub, steps),
+                                       ["correctness_reward", "structure_reward", "query_reward"],
+                                       check_agent), source, prepared, options))  # fmt: skip
+        if any(wanted(name) for name in TRL_ROWS[GSPO]):
+            fit_gspo_model(hub)
+        rows += parsed_rows("gspo", GSPO, gspo_args(hub, steps),
+                            ["think_format_reward", "accuracy_reward"], source, work, hub,
+                            options, wanted)  # fmt: skip
+        if wanted("grpo_2048"):
+            prepared = prepare_trl(source, work, hub, GAME, "grpo_2048",
+                                   keywords=game_keywords(steps))  # fmt: skip
+            fit_game_model(prepared, hub)
+            rows.append(check_one(Plan("grpo_2048", GAME, [], ["reward_score"], check_game),
+                                  source, prepared, options))  # fmt: skip
+        if any(wanted(name) for name in TRL_ROWS[BATCHING]):
+            model = fit_batching_model(work)
+            rows += parsed_rows("grpo_continuous_batching", BATCHING, batching_args(model, steps),
+                                ["correctness_reward"], source, work, hub, options, wanted)
+    if options.openr1_src and wanted("open-r1"):
         source = Source(options.openr1_src)
         prepared = prepare_openr1(source, work, hub)
         fit_openr1_model(prepared, hub)
-        rows.append(check_one("open-r1", source, prepared, OPENR1_ENTRY,
-                              openr1_args(options.steps), options))  # fmt: skip
-    results = write_results(work, rows)
+        checks = lambda out, stdout: check_openr1(out, stdout, len(OPENR1_PROBLEMS))  # noqa: E731
+        rows.append(check_one(Plan("open-r1", OPENR1_ENTRY, openr1_args(options.steps),
+                                   ["accuracy_reward", "format_reward", "tag_count_reward"],
+                                   checks), source, prepared, options))  # fmt: skip
+    results = write_results(work, rows, skipped)
     print(results.read_text())
     return 0 if all(row.ok for row in rows) else 1
 

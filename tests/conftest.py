@@ -47,12 +47,22 @@ def tiny_model():
 
 def tiny_config(tmp_path, **overrides) -> GRPOConfig:
     """A 2-step GRPO config on the tiny-random model that learns TargetToken within a few steps;
-    output in ``tmp_path/run``."""
+    output in ``tmp_path/run``. The loss, schedule and cadences the trainer tests were written
+    for are stated (TRL's defaults differ: dapo, linear decay, gradient checkpointing, a log
+    line every 10 steps and a checkpoint every 500)."""
     values = dict(
         model="tiny-random",
         max_steps=2,
         learning_rate=1e-2,
         beta=0.0,
+        loss_type="grpo",
+        use_bias_correction_kl=False,
+        lr_scheduler_type="constant",
+        gradient_checkpointing=False,
+        logging_steps=1,
+        save_steps=0,
+        per_device_eval_batch_size=64,
+        num_completions_to_print=0,
         num_generations=4,
         per_device_train_batch_size=8,
         max_completion_length=6,
@@ -122,7 +132,7 @@ class PlainStepTrainer(GRPOTrainer):
             stats = update.update(self.policy, inputs, self.loss)
         self.engine.sync(self.policy.model)
         timer.mark("update")
-        self.global_step += 1
+        self.global_step += self.args.num_iterations  # optimizer steps, as GRPOTrainer counts
         outcome = Outcome(
             rollout, scores.correctness, scores.rewards, stats.sequence_loss, stats.skipped
         )

@@ -15,6 +15,7 @@ def test_train_from_command_line_alone(tmp_path, capsys):
             "--model", "tiny-random",
             "--task", "arithmetic",
             "--max_steps", "2",
+            "--logging_steps", "1",
             "--num_generations", "4",
             "--max_completion_length", "4",
             "--num_eval_prompts", "4",
@@ -69,7 +70,7 @@ def test_train_help_gives_every_option_its_meaning(capsys):
     assert main(["train", "--help"]) == 0
     lines = capsys.readouterr().out.splitlines()
     beta = [line for line in lines if line.strip().startswith("--beta ")]
-    assert beta == ["  --beta [0.04]  KL coefficient; 0 loads no reference model at all"]
+    assert beta == ["  --beta [0.0]  KL coefficient; 0 loads no reference model at all"]
     # A field without a comment on its line takes the comment block above it.
     assert meanings["gdro_signal"].startswith("Prompt-GDRO signal: pg_loss")
 
@@ -185,16 +186,18 @@ def test_the_package_exports_load_on_first_use():
 def test_max_steps_help_says_what_the_loop_counts(tmp_path):
     from groupwise.config.grpo_config import option_help
 
-    # Two optimizer steps per generation batch: max_steps=2 is 2 generation batches, 4 updates.
+    # Two optimizer steps per generation batch: max_steps=4 is 4 optimizer steps (TRL's count),
+    # 2 generation batches, logged at global_step 2 and 4.
     text = option_help()["max_steps"]
-    assert "generation batch" in text and "optimizer steps of the run" not in text
+    assert "optimizer steps of the run" in text
     out = tmp_path / "run"
-    assert main(["train", "--model", "tiny-random", "--max_steps", "2", "--num_generations", "2",
+    assert main(["train", "--model", "tiny-random", "--max_steps", "4", "--num_generations", "2",
+                 "--logging_steps", "1",
                  "--per_device_train_batch_size", "2", "--steps_per_generation", "2",
                  "--max_completion_length", "2", "--num_eval_prompts", "0", "--output_dir",
                  str(out), "--disable_tqdm"]) == 0  # fmt: skip
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [2, 4]
     assert rows[-1]["compute/optimizer_steps_total"] == 4
 
 
@@ -276,7 +279,8 @@ def test_an_inherited_ignored_sigint_stays_ignored():
 def test_without_a_bar_each_logged_step_and_evaluation_is_one_line(tmp_path, capsys):
     base = ["train", "--model", "tiny-random", "--max_steps", "2", "--num_generations", "2",
             "--per_device_train_batch_size", "2", "--max_completion_length", "3",
-            "--num_eval_prompts", "2", "--eval_on_start", "--eval_steps", "1"]  # fmt: skip
+            "--num_eval_prompts", "2", "--eval_on_start", "--eval_steps", "1",
+            "--logging_steps", "1"]  # fmt: skip
     assert main([*base, "--output_dir", str(tmp_path / "a"), "--disable_tqdm", "true"]) == 0
     out = capsys.readouterr().out
     steps = [line for line in out.splitlines() if line.startswith("[groupwise] step ")]

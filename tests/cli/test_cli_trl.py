@@ -22,7 +22,7 @@ ROWS = [{"prompt": f"Say something number {i}"} for i in range(8)]
 TINY = [
     "--model", "tiny-random", "--num_generations", "2", "--per_device_train_batch_size", "2",
     "--max_completion_length", "4", "--num_train_prompts", "4", "--num_eval_prompts", "0",
-    "--learning_rate", "0.001", "--beta", "0", "--disable_tqdm", "true",
+    "--learning_rate", "0.001", "--beta", "0", "--disable_tqdm", "true", "--logging_steps", "1",
 ]  # fmt: skip
 
 

@@ -15,10 +15,15 @@ from groupwise.errors import ConfigError
 # ---------------------------------------------------------------------------------------------
 
 
-def test_defaults_follow_deepseekmath_grpo():
+def test_defaults_are_trls():
+    # TRL's GRPOConfig defaults (tests/config/test_trl_parity.py compares every field).
     config = GRPOConfig()
-    assert config.beta == 0.04
-    assert config.loss_type == "grpo"
+    assert config.beta == 0.0
+    assert config.loss_type == "dapo"
+    assert config.use_bias_correction_kl is True
+    assert (config.max_steps, config.num_train_epochs) == (-1, 3.0)
+    assert (config.lr_scheduler_type, config.gradient_checkpointing) == ("linear", True)
+    assert (config.logging_steps, config.save_steps, config.max_completion_length) == (10, 500, 512)
     assert config.scale_rewards == "group"
     assert config.epsilon == 0.2
     assert config.epsilon_high is None
@@ -440,8 +445,9 @@ def test_the_options_given_are_recorded(tmp_path):
     resolved = epochs.for_dataset(num_rows=4)
     assert resolved is not epochs and resolved.is_set("save_steps")
     assert not resolved.is_set("beta")
-    # dataclasses.replace passes every field back: its copy counts them all as given.
-    assert dataclasses.replace(from_file).is_set("max_steps")
+    # dataclasses.replace passes every visible field back: only a changed value counts as given.
+    assert not dataclasses.replace(from_file).is_set("max_steps")
+    assert dataclasses.replace(from_file, max_steps=7).is_set("max_steps")
 
 
 def test_eval_strategy_without_eval_steps_reads_back_as_trls_default_no():

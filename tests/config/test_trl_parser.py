@@ -31,10 +31,27 @@ def _parse(argv, types=(ScriptArguments, GRPOConfig, ModelConfig), **kwargs):
         return TrlParser(types).parse_args_and_config(argv, **kwargs)
 
 
-def test_hf_argument_parser_alone_conflicts_on_the_shared_names():
-    """Why groupwise has its own TrlParser: HfArgumentParser adds one option per field."""
-    with pytest.raises(argparse.ArgumentError, match="conflicting option string: --dtype"):
+def test_hf_argument_parser_alone_offers_only_trls_names():
+    """HfArgumentParser adds one option per init field: GRPOConfig's options that TRL's lacks
+    (dtype, use_peft, ...) are init=False, so they clash with no other dataclass there (TRL's
+    own ModelConfig: tests/config/test_trl_hf_parser.py). This ModelConfig keeps the
+    trust_remote_code of TRL before 1.7 (open-r1 reads it), which TRL's GRPOConfig now has as
+    well: only this TrlParser takes the two together."""
+    parser = HfArgumentParser((ScriptArguments, GRPOConfig))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, config = parser.parse_args_into_dataclasses(["--beta", "0.1"])
+    assert (config.dtype, config.use_peft, config.beta) == ("auto", False, 0.1)
+    with pytest.raises(argparse.ArgumentError, match="option strings: --trust_remote_code"):
         HfArgumentParser((ScriptArguments, GRPOConfig, ModelConfig))
+    # A dataclass declaring a name TRL's GRPOConfig has still conflicts, as under TRL.
+    with pytest.raises(argparse.ArgumentError, match="conflicting option string: --beta"):
+        HfArgumentParser((_Beta, GRPOConfig))
+
+
+@dataclass
+class _Beta:
+    beta: float = 0.5
 
 
 def test_shared_model_names_reach_model_config_and_grpo_config():
@@ -47,7 +64,10 @@ def test_shared_model_names_reach_model_config_and_grpo_config():
     assert (model.dtype, model.attn_implementation, model.use_peft) == ("bfloat16", "eager", True)
     assert (model.lora_r, model.lora_alpha, model.lora_dropout) == (4, 8, 0.1)
     assert model.lora_target_modules == ["q_proj", "v_proj"]
-    assert config.dtype == "bfloat16" and config.attn_implementation == "eager"
+    # TRL loads the model with ModelConfig's dtype and attention only through the script's
+    # model_init_kwargs: GRPOConfig keeps its own (model_init_kwargs sets them, as in TRL).
+    assert config.dtype == "auto" and config.attn_implementation == "sdpa"
+    assert not config.is_set("dtype") and not config.is_set("attn_implementation")
     assert config.use_peft
     assert (config.lora_r, config.lora_alpha, config.lora_dropout) == (4, 8, 0.1)
     assert config.lora_target_modules == ["q_proj", "v_proj"]
@@ -268,19 +288,19 @@ def test_scripts_read_trl_names_back_from_the_config():
 
 def test_torch_dtype_is_trls_older_name_of_dtype():
     """open-r1 reads model_args.torch_dtype (TRL's ModelConfig before the rename to dtype): one
-    value under both names, on the command line, in YAML and in Python; it reaches GRPOConfig's
-    dtype as --dtype does."""
+    value under both names, on the command line, in YAML and in Python; like --dtype, it stays
+    ModelConfig's (the script's model_init_kwargs carries it to the model, as in TRL)."""
     _, config, model = _parse(["--model_name_or_path", "m", "--torch_dtype", "bfloat16"])
-    assert (model.dtype, model.torch_dtype, config.dtype) == ("bfloat16", "bfloat16", "bfloat16")
-    assert config.is_set("dtype")
+    assert (model.dtype, model.torch_dtype, config.dtype) == ("bfloat16", "bfloat16", "auto")
+    assert not config.is_set("dtype")
     _, config, model = _parse(["--model_name_or_path", "m", "--dtype", "bfloat16"])
-    assert (model.dtype, model.torch_dtype, config.dtype) == ("bfloat16", "bfloat16", "bfloat16")
+    assert (model.dtype, model.torch_dtype, config.dtype) == ("bfloat16", "bfloat16", "auto")
     _, config, model = _parse(["--model_name_or_path", "m"])  # TRL 1.16's default, both names
     assert (model.dtype, model.torch_dtype) == ("float32", "float32")
     assert not config.is_set("dtype")
     _, config, model = TrlParser((ScriptArguments, GRPOConfig, ModelConfig)).parse_dict(
         {"model_name_or_path": "m", "torch_dtype": "bfloat16"})  # fmt: skip
-    assert (model.dtype, config.dtype) == ("bfloat16", "bfloat16")
+    assert (model.dtype, config.dtype) == ("bfloat16", "auto")
     assert ModelConfig(torch_dtype="auto").dtype == "auto"
     with pytest.raises(ConfigError, match="torch_dtype is TRL's older name of dtype"):
         ModelConfig(dtype="bfloat16", torch_dtype="auto")

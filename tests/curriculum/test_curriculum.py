@@ -244,7 +244,11 @@ def test_short_training_run_with_each_curriculum(tmp_path, mode, allocator, vari
     args = GRPOConfig(
         model="tiny-random",
         max_steps=5,
+        logging_steps=1,  # every step's budget is checked
         beta=0.0,
+        loss_type="grpo",
+        lr_scheduler_type="constant",
+        gradient_checkpointing=False,
         learning_rate=1e-3,
         num_generations=4,
         per_device_train_batch_size=6,

@@ -55,7 +55,7 @@ def test_quoted_7b_fp16_exact(capsys):
     assert quoted["ratio"] == 0.5
     # The full planner's weights rows are the same 14 GB copies; 16 B per trained parameter
     # makes one trained network 112 GB on its own.
-    full = run_json(capsys, "--params", "7e9", "--dtype", "fp16", "--json")
+    full = run_json(capsys, "--params", "7e9", "--dtype", "fp16", "--beta", "0.04", "--json")
     grpo = full["grpo"]["components"]
     assert grpo[POLICY_WEIGHTS] == grpo[REF_WEIGHTS] == 14_000_000_000
     trained = grpo[POLICY_WEIGHTS] + grpo[POLICY_GRADS] + grpo[POLICY_MASTER] + grpo[POLICY_OPTIM]
@@ -315,7 +315,8 @@ def _arithmetic_prompt_tokens(max_prompt_length=None) -> int:
 def test_config_yaml_supplies_defaults_and_flags_override(tmp_path: Path, capsys):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("model: tiny-random\nbeta: 0.0\nper_device_train_batch_size: 4\n"
-                   "num_generations: 4\nmax_completion_length: 32\n")  # fmt: skip
+                   "num_generations: 4\nmax_completion_length: 32\n"
+                   "gradient_checkpointing: false\n")  # fmt: skip
     out = run_json(capsys, str(cfg), "--json", "--dtype", "fp32")
     assert REF_WEIGHTS not in out["grpo"]["components"]
     expected = plan_grpo(

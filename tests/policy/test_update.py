@@ -73,9 +73,9 @@ def test_batch_arithmetic_follows_trl(monkeypatch):
     [
         (dict(steps_per_generation=2, generation_batch_size=24), "must be .* = 16"),
         (dict(steps_per_generation=0), "steps_per_generation must be >= 1"),
-        (dict(steps_per_generation=3, gradient_accumulation_steps=2), "steps_per_generation:"),
+        (dict(steps_per_generation=3, gradient_accumulation_steps=2), "steps_per_generation=3 "),
         (dict(generation_batch_size=12), "generation_batch_size=12"),
-        (dict(generation_batch_size=8, gradient_accumulation_steps=2), "generation_batch_size:"),
+        (dict(generation_batch_size=8, gradient_accumulation_steps=2), "generation_batch_size=8 "),
         (dict(steps_per_generation=2, algorithm="ppo"), "algorithm=ppo"),
         (dict(prompt_weighting="prompt"), "prompt_weighting"),
     ],
@@ -247,6 +247,8 @@ def test_verl_throughput_by_hand():
     ],
 )
 def test_default_reproduces_the_plain_step_bitwise(tmp_path, extra):
+    # two generation batches (max_steps counts optimizer steps: num_iterations per batch)
+    extra = {"max_steps": 2 * extra.get("num_iterations", 1), **extra}
     trainer = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "a", **extra))
     plain = PlainStepTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "b", **extra))
     trainer.train(), plain.train()
@@ -289,9 +291,11 @@ def test_spg_makes_that_many_optimizer_steps_per_generation(tmp_path, monkeypatc
     monkeypatch.setitem(CURRICULA, "recorder", Recorder)
     # 4 prompts x 4 rollouts per generation; micro-batches of 4 completions, 2 per optimizer
     # step (8 completions = 2 prompts): 4 micro-batches per generation = 2 optimizer steps.
+    # max_steps counts optimizer steps: two generation batches of 2 x mu each.
     args = _args(tmp_path, curriculum="recorder", per_device_train_batch_size=4,
                  gradient_accumulation_steps=2, steps_per_generation=4,
-                 num_iterations=iterations, lr_scheduler_type="linear")  # fmt: skip
+                 num_iterations=iterations, lr_scheduler_type="linear",
+                 max_steps=2 * 2 * iterations, logging_steps=1)  # fmt: skip
     trainer = GRPOTrainer("tiny-random", _reward, ROWS, args=args)
     generations, updates = [], []
     generate, real_update = trainer.engine.generate, update.update
@@ -313,14 +317,14 @@ def test_spg_makes_that_many_optimizer_steps_per_generation(tmp_path, monkeypatc
     assert first == [first[0], first[1]] * iterations and first[0] != first[1]
     assert trainer.optimizer.state_dict()["state"][0]["step"] == 2 * steps
     assert trainer.scheduler.last_epoch == 2 * steps
-    # The linear schedule decays over max_steps x spg x mu = T optimizer steps; the logged rate
+    # The linear schedule decays over max_steps = T optimizer steps; the logged rate
     # is the one the step's last optimizer step ran at (transformers': peak * (T - s) / T for
     # s = T - 1, i.e. peak / T), the next one being 0.
     total = 2 * steps
     assert logs[-1]["learning_rate"] == pytest.approx(args.learning_rate / total, rel=1e-9)
     assert trainer.scheduler.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
     assert [r["compute/optimizer_steps_total"] for r in logs] == [steps, 2 * steps]
-    assert [r["step"] for r in logs] == [1, 2]
+    assert [r["step"] for r in logs] == [steps, 2 * steps]  # global_step: optimizer steps
     # The curriculum sees each row's policy term from the mini-batch it was trained in: the
     # first mini-batch was on-policy in the first pass (group means of -A are 0), the second
     # was sampled one optimizer step ago, so its ratio is not 1 and the paper's signal is not 0.
@@ -391,10 +395,11 @@ def test_resume_with_several_steps_per_generation_is_exact(tmp_path, monkeypatch
     monkeypatch.setitem(CURRICULA, "uneven", UnevenPromptGDRO)
     extra = dict(curriculum="uneven", gdro_signal="pg_loss", gdro_num_bins=2,
                  prompt_weighting="equal", per_device_train_batch_size=8,
-                 steps_per_generation=2, max_steps=3, save_steps=2)  # fmt: skip
+                 steps_per_generation=2, max_steps=6, save_steps=4)  # fmt: skip
+    # three generation batches of two optimizer steps; a checkpoint after the second
     full = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "a", **extra))
     full.train()
-    half = dict(extra, max_steps=2)
+    half = dict(extra, max_steps=4)
     GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "b", **half)).train()
     resumed = _args(tmp_path / "b", resume_from_checkpoint="auto", **extra)
     rest = GRPOTrainer("tiny-random", _reward, ROWS, args=resumed)
@@ -405,6 +410,7 @@ def test_resume_with_several_steps_per_generation_is_exact(tmp_path, monkeypatch
     a = [_without_timing(r) for r in full.log_history]
     assert a == [_without_timing(r) for r in rest.log_history]
     assert [r["compute/optimizer_steps_total"] for r in a] == [2, 4, 6]
+    assert [r["step"] for r in a] == [2, 4, 6]  # global_step: optimizer steps
     assert a[-1]["compute/rollouts_total"] == 3 * 16  # 4 prompts x mean 4 rollouts per step
     bins = ("0", "1", "unseen")  # two bins and the never-seen prompts' own group
     assert all(sum(r[f"curriculum/rollouts_bin_{b}"] for b in bins) == 16 for r in a)

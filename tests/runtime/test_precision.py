@@ -345,3 +345,21 @@ def test_a_generator_saved_on_another_device_is_reseeded_reproducibly():
     assert ckpt.set_rng_state(same, {"sampling": generator}) == []
     assert torch.equal(torch.rand(3, generator=generator),
                        torch.rand(3, generator=torch.Generator().manual_seed(5)))  # fmt: skip
+
+
+def test_tf32_none_leaves_torchs_setting_as_it_is():
+    # TrainingArguments' tf32=None (the default): torch's own matmul precision stays.
+    from groupwise.runtime.precision import configure_tf32
+
+    cuda = torch.device("cuda")  # the setting is only touched for CUDA; none is needed to set it
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    try:
+        torch.set_float32_matmul_precision("highest")
+        configure_tf32(None, cuda)
+        assert torch.get_float32_matmul_precision() == "highest"
+        configure_tf32(True, cuda)
+        assert torch.get_float32_matmul_precision() == "high"
+        assert GRPOConfig().tf32 is None
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]

@@ -24,7 +24,7 @@ def test_every_option_is_in_exactly_one_section():
     for kind in SECTION_TYPES:
         for name in kind.field_names():
             homes.setdefault(name, []).append(kind.name)
-    options = [f.name for f in dataclasses.fields(GRPOConfig)]
+    options = GRPOConfig.field_names()  # not the parser-only TRL names
     assert [n for n in options if n not in homes] == []
     assert {n: h for n, h in homes.items() if len(h) > 1} == {}
     assert sorted(homes) == sorted(options)  # no section field that is not an option
@@ -32,10 +32,10 @@ def test_every_option_is_in_exactly_one_section():
 
 
 def test_sections_carry_the_config_values():
-    config = GRPOConfig(loss_type="dapo", gdro_bin_edges=[0.3, 0.6], num_generations=4,
+    config = GRPOConfig(loss_type="grpo", beta=0.04, gdro_bin_edges=[0.3, 0.6], num_generations=4,
                         per_device_train_batch_size=8, steps_per_generation=2)  # fmt: skip
     s = config.sections()
-    assert s.loss.loss_type == "dapo" and s.loss.beta == 0.04
+    assert s.loss.loss_type == "grpo" and s.loss.beta == 0.04
     assert s.curriculum.gdro_bin_edges == (0.3, 0.6)  # lists become tuples
     assert s.batch.prompts_per_step == config.prompts_per_step == 8 * 2 // 4
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -53,6 +53,32 @@ def test_a_section_checks_its_own_fields_when_made():
         BatchOptions(**_values(BatchOptions, steps_per_generation=2, generation_batch_size=24))
     with pytest.raises(ConfigError, match="select_top_up_first must be >= 2"):
         CurriculumSection(**_values(CurriculumSection, select_top_up_first=1))
+
+
+def test_a_generation_batch_of_part_of_an_optimizer_step_names_the_values_that_fit(monkeypatch):
+    # TRL lets an optimizer step span two generation batches; groupwise refuses and says what
+    # would be accepted: the generation batch's option, or the accumulation (whole groups).
+    def refusal(**changes) -> str:
+        with pytest.raises(ConfigError) as info:
+            batch = {"per_device_train_batch_size": 8, "num_generations": 4, **changes}
+            BatchOptions(**_values(BatchOptions, **batch))
+        return str(info.value)
+
+    message = refusal(steps_per_generation=3, gradient_accumulation_steps=2)
+    assert message.startswith("steps_per_generation=3 is not a multiple of "
+                              "gradient_accumulation_steps=2")  # fmt: skip
+    assert message.endswith(
+        "use steps_per_generation=2 or steps_per_generation=4, or "
+        "gradient_accumulation_steps=1 or gradient_accumulation_steps=3"
+    )
+    # Below the accumulation there is no smaller multiple; 2 x 8 rows are not whole groups of 16.
+    message = refusal(steps_per_generation=3, gradient_accumulation_steps=4, num_generations=16)
+    assert message.endswith("use steps_per_generation=4")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # 48 completions: 3 micro-batches of 8 x 2 ranks
+    message = refusal(generation_batch_size=48, gradient_accumulation_steps=2)
+    assert message.startswith("generation_batch_size=48 (3 micro-batches of "
+                              "per_device_train_batch_size * ranks = 16)")  # fmt: skip
+    assert "use generation_batch_size=32 or generation_batch_size=64, or " in message
 
 
 def test_the_rules_across_sections_are_checked_with_every_section():

@@ -82,7 +82,9 @@ SCRIPT = textwrap.dedent(
         rows = [{"prompt": f"Problem number {i}: add {i} and {2 * i}."} for i in range(8)]
         args = GRPOConfig(model="tiny-random", max_steps=steps, learning_rate=1e-4, beta=0.04,
                           num_generations=4, max_completion_length=6, seed=0, disable_tqdm=True,
-                          output_dir=out, **overrides)
+                          output_dir=out, **{"loss_type": "grpo", "logging_steps": 1,
+                          "use_bias_correction_kl": False, "lr_scheduler_type": "constant",
+                          "gradient_checkpointing": False, **overrides})
         cls = PPOTrainer if args.algorithm == "ppo" else GRPOTrainer
         trainer = cls("tiny-random", low_tokens, rows, args=args)
         rank = int(os.environ.get("RANK", "0"))
@@ -392,7 +394,8 @@ def test_torchrun_cli_trains_logs_once_and_resumes(tmp_path):
         "-m", "groupwise", "train", "--model", "tiny-random", "--num_train_prompts", "16",
         "--num_eval_prompts", "0", "--num_generations", "4", "--per_device_train_batch_size",
         "8", "--max_completion_length", "5", "--learning_rate", "1e-3", "--save_steps", "1",
-        "--disable_tqdm", "true", "--output_dir", str(out), "--max_steps", "2",
+        "--disable_tqdm", "true", "--logging_steps", "1", "--gradient_checkpointing", "false",
+        "--output_dir", str(out), "--max_steps", "2",
     )  # fmt: skip
     _run(cmd, tmp_path)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -418,8 +421,8 @@ def test_torchrun_fsdp_cli_saves_full_weights_and_resumes(tmp_path):
         "--num_eval_prompts", "4", "--eval_steps", "2", "--num_generations", "4",
         "--per_device_train_batch_size", "8", "--max_completion_length", "5",
         "--learning_rate", "1e-3", "--beta", "0.04", "--save_steps", "1",
-        "--data_parallel", "fsdp", "--disable_tqdm", "true", "--output_dir", str(out),
-        "--max_steps", "2",
+        "--data_parallel", "fsdp", "--disable_tqdm", "true", "--logging_steps", "1",
+        "--gradient_checkpointing", "false", "--output_dir", str(out), "--max_steps", "2",
     )  # fmt: skip
     _run(cmd, tmp_path)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -467,7 +470,9 @@ RESUME_SCRIPT = textwrap.dedent(
                 for i in range(num_prompts)]
         options = dict(model="tiny-random", learning_rate=1e-3, beta=0.04, num_generations=4,
                        per_device_train_batch_size=8, max_completion_length=6, seed=0,
-                       save_steps=1, disable_tqdm=True, data_parallel="fsdp", output_dir=out)
+                       save_steps=1, disable_tqdm=True, data_parallel="fsdp", output_dir=out,
+                       loss_type="grpo", use_bias_correction_kl=False, logging_steps=1,
+                       lr_scheduler_type="constant", gradient_checkpointing=False)
         args = GRPOConfig(**{**options, **overrides})
         cls = PPOTrainer if args.algorithm == "ppo" else GRPOTrainer
         cls("tiny-random", even_tokens, rows, args=args).train()
@@ -587,7 +592,8 @@ def test_torchrun_fsdp_matches_ddp_with_real_generation(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(RESUME_SCRIPT)
     out = {mode: tmp_path / mode for mode in ("ddp", "fsdp")}
-    options = {"max_steps": 1, "num_iterations": 2, "save_steps": 0, "learning_rate": 1e-4}
+    # one generation batch of two passes: max_steps counts its 2 optimizer steps
+    options = {"max_steps": 2, "num_iterations": 2, "save_steps": 0, "learning_rate": 1e-4}
     jobs = [[str(out[mode]), {**options, "data_parallel": mode}] for mode in out]
     _run(_torchrun(str(script), json.dumps(jobs)), tmp_path)  # both runs in one launch
     a, b = load_file(out["ddp"] / "model.safetensors"), load_file(out["fsdp"] / "model.safetensors")
@@ -628,7 +634,8 @@ def test_two_ranks_take_several_optimizer_steps_per_generation(tmp_path, data_pa
     script.write_text(SCRIPT)
     # Per rank: 4 prompts x 4 completions, micro-batches of 4, 2 per optimizer step: 2 steps.
     options = {"data_parallel": data_parallel, "per_device_train_batch_size": 4,
-               "gradient_accumulation_steps": 2, "steps_per_generation": 4}  # fmt: skip
+               "gradient_accumulation_steps": 2, "steps_per_generation": 4,
+               "steps": 2}  # max_steps: the generation batch's 2 optimizer steps  # fmt: skip
     _run(_torchrun(str(script), json.dumps([[str(tmp_path), options]])), tmp_path)
     logs = json.loads((tmp_path / "logs.json").read_text())
     assert logs["compute/optimizer_steps"] == 2

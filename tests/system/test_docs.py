@@ -360,10 +360,31 @@ def test_the_option_reference_is_generated_from_every_field():
         assert len(rows) == 1, name
         assert meanings[name].replace("|", "\\|") in rows[0], (name, rows[0])
     beta = next(line for line in reference.splitlines() if line.startswith("| `beta` |"))
-    assert beta == "| `beta` | `0.04` | KL coefficient; 0 loads no reference model at all |"
+    assert beta == "| `beta` | `0.0` | KL coefficient; 0 loads no reference model at all |"
     # A "|" in a meaning would split its row into extra cells.
     assert "| `on_invalid_rows` | `error` | file tasks: error \\| skip" in reference
     assert reference.count("\n## ") + reference.startswith("## ") == len(sections)
+
+
+def test_the_trl_page_lists_every_declared_difference_from_trl():
+    from groupwise.config.trl import TRL_IGNORED
+    from groupwise.config.trl_parity import DIFFERENCES, TRL_VERSION
+
+    hooks = _hooks()
+    page = (DOCS / "trl.md").read_text(encoding="utf-8")
+    assert page.count(hooks.DIFFERENCES_MARKER) == 1, "docs/trl.md lost the differences' marker"
+    assert page.count(hooks.IGNORED_COUNT_MARKER) == 1, "docs/trl.md lost the ignored count"
+    rendered = hooks.trl_page(page)
+    assert hooks.DIFFERENCES_MARKER not in rendered and hooks.IGNORED_COUNT_MARKER not in rendered
+    assert f"the other {len(TRL_IGNORED)} names" in rendered
+    table = hooks.differences_table()
+    assert table in rendered and f"| option | groupwise | TRL {TRL_VERSION} | why |" in table
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == list(DIFFERENCES)  # each entry once, in order
+    for row, difference in zip(rows, DIFFERENCES.values(), strict=True):
+        assert row.count(" | ") == 3  # four cells: nothing in a text split its row
+        for text in (difference.groupwise, difference.trl, difference.reason):
+            assert text in row
 
 
 def _docs_build_command(site: Path, config: Path | None = None) -> list[str]:

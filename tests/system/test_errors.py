@@ -17,6 +17,7 @@ TINY = [
     "--model", "tiny-random", "--max_steps", "1", "--num_generations", "2",
     "--per_device_train_batch_size", "2", "--max_completion_length", "4",
     "--num_train_prompts", "4", "--num_eval_prompts", "0", "--disable_tqdm", "true",
+    "--save_steps", "0",  # no checkpoint unless a test asks for one (TRL's default: every 500)
 ]  # fmt: skip
 
 

@@ -163,7 +163,7 @@ def _config(**kwargs) -> GRPOConfig:
         ({"bf16": True}, {"dtype": "auto", "bf16_autocast": True}),
         ({"bf16": False}, {"dtype": "auto", "bf16_autocast": False}),
         ({"bf16": None}, {"dtype": "auto", "bf16_autocast": None}),
-        ({"tf32": None}, {"tf32": True}),
+        ({"tf32": None}, {"tf32": None}),  # torch's own setting, as in TrainingArguments
         ({"tf32": False}, {"tf32": False}),
         ({"fp16": False}, {"dtype": "auto"}),
         ({"optim": "adamw_torch_fused", "adam_epsilon": 1e-6}, {"adam_epsilon": 1e-6}),

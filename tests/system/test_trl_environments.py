@@ -225,8 +225,8 @@ def test_environment_owned_data_requires_max_steps(tmp_path):
             return 1.0
 
     unset = GRPOConfig(output_dir=str(tmp_path / "a"), model="tiny-random")
-    assert unset.max_steps == 100 and not unset.is_set("max_steps")
-    with pytest.raises(ConfigError, match=r"max_steps must be set.*max_steps=100 \(default\)"):
+    assert unset.max_steps == -1 and not unset.is_set("max_steps")  # TRL's default
+    with pytest.raises(ConfigError, match=r"max_steps must be set.*max_steps=-1 \(default\)"):
         GRPOTrainer("tiny-random", args=unset, environment_factory=Guess)
     epochs = GRPOConfig(output_dir=str(tmp_path / "b"), num_train_epochs=2)  # max_steps=-1
     with pytest.raises(ConfigError, match=r"max_steps must be set.*max_steps=-1"):
@@ -237,3 +237,75 @@ def test_environment_owned_data_requires_max_steps(tmp_path):
     # With a dataset the default stays a default: nothing to refuse.
     rows = [{"prompt": "Say a word"}] * 8
     GRPOTrainer("tiny-random", args=unset, train_dataset=rows, environment_factory=Guess)
+
+
+def test_rollouts_of_one_prompt_may_reset_to_different_text(tmp_path):
+    # TRL's grpo_2048.py: each environment starts its own random board, so the rollouts of one
+    # dataset row see different reset text. Each rollout's prompt holds its own environment's
+    # text; the group still shares the row (and the reward baseline).
+    boards = iter(range(1000))
+
+    class Board:
+        def reset(self, **kwargs):
+            self.board = f" Board {next(boards)}."
+            return self.board
+
+        def get_reward(self) -> float:
+            return float(self.board.endswith("1."))
+
+    rows = [{"prompt": [{"role": "user", "content": "Play."}]}] * 8
+    args = tiny_config(tmp_path, max_steps=1, reward_weights=None)
+    trainer = GRPOTrainer("tiny-random", args=args, train_dataset=rows, environment_factory=Board)
+    trainer.train()
+    assert "rewards/Board/mean" in trainer.log_history[-1]
+    counts = [3, 2]
+    rollout = trainer.engine.generate([[1], [1]], counts, rows=rows[:2])
+    seen = [e.board for e in trainer.environments]
+    assert len(set(seen)) == 5
+    assert rollout.group_ids.tolist() == [0, 0, 0, 1, 1]
+    decode = trainer.tokenizer.decode
+    for i, board in enumerate(seen):
+        group = rollout.group_ids[i]
+        prompt = rollout.prompt_ids[group][rollout.prompt_mask[group].bool()]
+        assert "Play." in decode(prompt) and board not in decode(prompt)
+        # The rest of the rollout's prompt (the end of its board, the assistant header) leads
+        # its completion as context: in the sequence the model continued, not in the loss.
+        n = int(rollout.lengths[i])
+        first = int(rollout.loss_mask[i, :n].nonzero()[0])  # the policy's first token
+        assert first > 0 and bool(rollout.completion_mask[i, :first].all())
+        head = decode(torch.cat([prompt, rollout.completion_ids[i, :first]]))
+        assert f"Play.{board}" in head and head.endswith("<|im_start|>assistant\n")
+
+
+def test_share_group_prompts_moves_each_rollouts_own_prompt_into_its_completion():
+    from groupwise.rollout import Rollout
+    from groupwise.rollout.multiturn import share_group_prompts
+
+    class Tok:
+        pad_token_id = 0
+
+    # Three conversations, each with its own prompt: the first two are one row's rollouts.
+    own = [[5, 6, 7], [5, 6, 8, 9], [3]]
+    rollout = Rollout(
+        prompt_ids=torch.zeros(3, 4, dtype=torch.long),
+        prompt_mask=torch.ones(3, 4, dtype=torch.long),
+        completion_ids=torch.tensor([[11, 12, 0], [13, 0, 0], [14, 15, 16]]),
+        completion_mask=torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]]),
+        truncated=torch.tensor([False, False, True]),
+        group_ids=torch.tensor([0, 1, 2]),
+        texts=["a", "b", "c"],
+        sampling_logprobs=torch.tensor([[-1.0, -2.0, 0], [-3.0, 0, 0], [-4.0, -5.0, -6.0]]),
+        loss_mask=torch.tensor([[1, 0, 0], [1, 0, 0], [1, 1, 1]]),  # 12: an inserted token
+    )
+    shared = share_group_prompts(rollout, own, [2, 1], Tok())
+    assert shared.group_ids.tolist() == [0, 0, 1]
+    assert shared.prompt_ids.tolist() == [[5, 6], [0, 3]]
+    assert shared.prompt_mask.tolist() == [[1, 1], [0, 1]]
+    assert shared.completion_ids.tolist() == [[7, 11, 12], [8, 9, 13], [14, 15, 16]]
+    assert shared.completion_mask.tolist() == [[1, 1, 1], [1, 1, 1], [1, 1, 1]]
+    assert shared.loss_mask.tolist() == [[0, 1, 0], [0, 0, 1], [1, 1, 1]]
+    logps = [[0.0, -1.0, -2.0], [0.0, 0.0, -3.0], [-4.0, -5.0, -6.0]]
+    assert shared.sampling_logprobs.tolist() == logps
+    assert shared.truncated.tolist() == [False, False, True] and shared.texts == ["a", "b", "c"]
+    with pytest.raises(ConfigError, match="share no leading token"):
+        share_group_prompts(rollout, [[1], [2], [3]], [2, 1], Tok())

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "fixtures" / "trl_scripts"
@@ -64,7 +65,7 @@ def test_sql_agent_script_trains_and_saves(tmp_path):
         "--per_device_train_batch_size", "4", "--num_generations", "2",
         "--max_completion_length", "8", "--use_cpu", "True", "--bf16", "False",
         "--report_to", "none", "--push_to_hub", "False", "--learning_rate", "1e-2",
-        "--seed", "0", "--disable_tqdm", "True",
+        "--seed", "0", "--disable_tqdm", "True", "--logging_steps", "1",
     ], tmp_path, assets)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Table loaded into interactions.db: 3 rows" in result.stdout
@@ -137,6 +138,8 @@ _TINY_RUN = [
     "--num_generations", "2", "--max_completion_length", "8", "--use_cpu", "True",
     "--bf16", "False", "--report_to", "none", "--eval_strategy", "no", "--seed", "0",
     "--disable_tqdm", "True",
+    # A metrics row every step (the default, TRL's 10, would log the last of two steps only).
+    "--logging_steps", "1",
 ]  # fmt: skip
 
 
@@ -160,10 +163,10 @@ def test_trl_grpo_script_trains_with_trl_rewards_and_saves(tmp_path):
     assert "Training completed." in result.stdout and "Model saved to out." in result.stdout
     # The model_init_kwargs the script assigns after parsing are read: what agrees with the run
     # (revision "main", trust_remote_code False, attn_implementation None) goes unreported, and
-    # ModelConfig's dtype, which groupwise's own dtype option decides, is reported as ignored.
-    assert "IgnoredOptionsWarning" in result.stderr
-    assert "model_init_kwargs={'dtype': 'float32'}" in result.stderr
+    # ModelConfig's dtype (TRL 1.16's default, float32) is the trained weights' dtype, as in TRL.
+    assert "model_init_kwargs=" not in result.stderr
     out = tmp_path / "out"
+    assert yaml.safe_load((out / "config.yaml").read_text())["dtype"] == "float32"
     rows = _metrics(out)
     assert [row["step"] for row in rows] == [1, 2]
     names = ("accuracy_reward", "think_format_reward", "soft_overlong_punishment_reward")

@@ -157,6 +157,207 @@ def test_extraction_follows_the_package_imports_in_a_folder_and_a_git_repository
         harness.Source(tmp_path / "absent")
 
 
+# -- TRL's gspo.py, grpo_2048.py and grpo_continuous_batching.py: their edits and checks -------
+
+PARSED = textwrap.dedent("""\
+    from trl import (
+        GRPOConfig,
+        GRPOTrainer,
+        ModelConfig,
+        TrlParser,
+        get_peft_config,
+    )
+    from trl.rewards import accuracy_reward
+
+    parser = TrlParser((GRPOConfig, ModelConfig))
+""")
+
+
+def test_the_parser_variant_switches_only_the_trainers_two_names():
+    """A user who changes only GRPOConfig / GRPOTrainer: TrlParser, ModelConfig and the rest
+    (trl.rewards included) stay TRL's and are listed; TRL's own run switches nothing."""
+    log = harness.EditLog()
+    out = harness.edit_trl_imports(PARSED, log, harness.trainer_only)
+    assert out.splitlines()[:3] == ["from groupwise import GRPOConfig, GRPOTrainer",
+                                    "from trl import ModelConfig, TrlParser, get_peft_config",
+                                    "from trl.rewards import accuracy_reward"]  # fmt: skip
+    assert [m.split(" (")[0] for m in log.missing] == [
+        "trl.ModelConfig", "trl.TrlParser", "trl.get_peft_config", "trl.rewards.accuracy_reward"]
+    assert harness.edit_trl_imports(PARSED, harness.EditLog(), harness.on_trl) == PARSED
+
+
+GAME_SCRIPT = textwrap.dedent("""\
+    def main():
+        trainer = GRPOTrainer(
+            model="org/model",
+            args=GRPOConfig(
+                logging_steps=1,
+                report_to="trackio",
+                max_completion_length=2048,
+            ),
+        )
+        other = GRPOConfig(beta=0.1)
+        empty = GRPOConfig()
+        untouched = SFTConfig(report_to="trackio")
+""")
+
+
+def test_keyword_overrides_for_a_script_without_a_command_line():
+    """(c): GRPOConfig(...)'s values replaced in place, new ones added one per line in a call
+    laid out one argument per line, inline otherwise; other calls are left alone."""
+    log = harness.EditLog()
+    values = {"max_steps": 2, "max_completion_length": 256, "report_to": "none"}
+    out = harness.override_keywords(GAME_SCRIPT, "GRPOConfig", values, "CPU scale", log)
+    assert out == textwrap.dedent("""\
+        def main():
+            trainer = GRPOTrainer(
+                model="org/model",
+                args=GRPOConfig(
+                    logging_steps=1,
+                    report_to="none",
+                    max_completion_length=256,
+                    max_steps=2,
+                ),
+            )
+            other = GRPOConfig(beta=0.1, max_steps=2, max_completion_length=256, report_to="none")
+            empty = GRPOConfig(max_steps=2, max_completion_length=256, report_to="none")
+            untouched = SFTConfig(report_to="trackio")
+    """)  # fmt: skip
+    assert "line 6: GRPOConfig(report_to=...) -> 'none' (CPU scale)" in log.changes
+    assert "line 4: GRPOConfig(..., max_steps=2) added (CPU scale)" in log.changes
+    assert len(log.changes) == 2 + 1 + 3 + 3  # replaced, added; then added to the other two
+    # Positions are byte offsets in ast: a non-ASCII character before the call changes nothing.
+    text = 'x = "é"; c = GRPOConfig(a=1)\n'
+    assert harness.override_keywords(text, "GRPOConfig", {"a": 2}, "r", harness.EditLog()) == (
+        'x = "é"; c = GRPOConfig(a=2)\n')  # fmt: skip
+
+
+def test_the_new_scripts_are_prepared_from_a_trl_layout(tmp_path):
+    """gspo.py three ways (groupwise, the parser variant, TRL itself), grpo_2048.py with its
+    GRPOConfig keywords, grpo_continuous_batching.py's default dataset id -> the stand-in."""
+    tree = tmp_path / "trl"
+    scripts = {
+        harness.GSPO: PARSED + 'load_dataset("AI-MO/NuminaMath-TIR", split=["train[:5%]"])\n',
+        harness.GAME: "from trl import GRPOConfig, GRPOTrainer\n" + GAME_SCRIPT,
+        harness.BATCHING: PARSED + 'load_dataset(name or "openai/gsm8k", "main")\n',
+    }  # fmt: skip
+    for rel, text in scripts.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(text)
+    source, work = harness.Source(tree), tmp_path / "work"
+    hub = {"AI-MO/NuminaMath-TIR": "/a/numina", "openai/gsm8k": "/a/gsm8k", "org/model": "/a/m"}
+    gspo = harness.prepare_trl(source, work, hub, harness.GSPO, "gspo")
+    variant = harness.prepare_trl(source, work, hub, harness.GSPO, "gspo-trl-parser",
+                                  harness.trainer_only)  # fmt: skip
+    on_trl = harness.prepare_trl(source, work, hub, harness.GSPO, "gspo-trl", harness.on_trl)
+    copied = (work / "gspo-trl" / harness.GSPO).read_text()
+    assert copied == scripts[harness.GSPO].replace("AI-MO/NuminaMath-TIR", "/a/numina")
+    assert on_trl.missing == [] and on_trl.sizes == {harness.GSPO: (1, 1)}
+    assert "from trl import ModelConfig, TrlParser, get_peft_config" in (
+        work / "gspo-trl-parser" / harness.GSPO).read_text()  # fmt: skip
+    assert len(variant.missing) == 4 and gspo.sizes[harness.GSPO][0] > 1
+    game = harness.prepare_trl(source, work, hub, harness.GAME, "grpo_2048",
+                               keywords=harness.game_keywords(3))  # fmt: skip
+    text = (work / "grpo_2048" / harness.GAME).read_text()
+    assert text.startswith("from groupwise import GRPOConfig, GRPOTrainer\n")
+    assert 'model="/a/m"' in text and "            max_steps=3,\n" in text
+    assert '            report_to="none",\n' in text and "            use_cpu=True,\n" in text
+    diff = (work / "diffs" / "grpo_2048.diff").read_text()
+    assert '-            report_to="trackio",' in diff and "CPU scale" in "".join(
+        c for log in game.logs.values() for c in log.changes)  # fmt: skip
+    harness.prepare_trl(source, work, hub, harness.BATCHING, "grpo_continuous_batching")
+    assert 'name or "/a/gsm8k"' in (work / "grpo_continuous_batching" / harness.BATCHING
+                                   ).read_text()  # fmt: skip
+    with pytest.raises(SystemExit, match="is not in"):
+        harness.prepare_trl(source, work, hub, "examples/scripts/absent.py", "absent")
+
+
+def _write(folder: Path, files: dict[str, object]) -> None:
+    for rel, content in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(content if isinstance(content, str) else json.dumps(content))
+
+
+def test_optimizer_steps_and_saved_model_as_trl_and_groupwise_leave_them(tmp_path):
+    """TRL's count: the last checkpoint's trainer_state.json (TRL saves one at the last step);
+    groupwise's: trainer_state.json if saved, else the last metrics row; the saved model is
+    the output folder's, else the last checkpoint's."""
+    trl = tmp_path / "trl" / "out"
+    _write(trl, {"checkpoint-1/trainer_state.json": {"global_step": 1},
+                 "checkpoint-10/trainer_state.json": {"global_step": 10},
+                 "checkpoint-10/adapter_config.json": {},
+                 "checkpoint-2/trainer_state.json": {"global_step": 2}})  # fmt: skip
+    assert harness.optimizer_steps(trl) == (10, "out/checkpoint-10/trainer_state.json")
+    assert harness.saved_model(trl) == trl / "checkpoint-10"
+    ours = tmp_path / "ours" / "out"
+    rows = "\n".join(json.dumps({"step": s, "loss": 0.0}) for s in (1, 2, 4)) + "\n"
+    _write(ours, {"metrics.jsonl": rows, "checkpoint-4/checkpoint.json": {"step": 4},
+                  "config.json": {}})  # fmt: skip
+    steps, where = harness.optimizer_steps(ours)
+    assert steps == 4 and "metrics.jsonl" in where and "checkpoint-4" in where
+    assert harness.saved_model(ours) == ours
+    _write(ours, {"trainer_state.json": {"global_step": 4}})  # save_state() was called
+    assert harness.optimizer_steps(ours) == (4, "out/trainer_state.json")
+    assert harness.optimizer_steps(tmp_path / "none") == (None, "no record")
+    assert harness.saved_model(tmp_path / "none") is None
+    # Where a run without a command line put its output: TRL's default, else the metrics'.
+    game = tmp_path / "game"
+    _write(game, {"runs/model-task-1/metrics.jsonl": rows})
+    assert harness.output_folder(game) == game / "runs/model-task-1"
+    _write(game, {"trainer_output/metrics.jsonl": rows})
+    assert harness.output_folder(game) == game / "trainer_output"
+    assert harness.output_folder(tmp_path / "ours") == ours
+
+
+def test_rewards_are_checked_in_every_logged_row(tmp_path):
+    def rows(*entries):
+        _write(tmp_path, {"metrics.jsonl": "".join(json.dumps(e) + "\n" for e in entries)})
+
+    ok = {"rewards/r/mean": 0.5, "rewards/r/errors": 0}
+    rows({"step": 2, **ok})  # logging_steps above max_steps: the last step only
+    assert harness.check_rewards(tmp_path, ["r"], 2) == (True, "steps [2]: r [0.5]")
+    rows({"step": 1, **ok}, {"step": 2, "rewards/r/mean": float("nan")})
+    assert harness.check_rewards(tmp_path, ["r"], 2)[0] is False
+    rows({"step": 1, **ok}, {"step": 2, **ok, "rewards/r/errors": 1})
+    assert harness.check_rewards(tmp_path, ["r"], 2)[0] is False
+    rows({"step": 2, **ok}, {"step": 1, **ok})
+    assert harness.check_rewards(tmp_path, ["r"], 2) == (False, "metrics.jsonl steps [2, 1]")
+    rows({"step": 3, **ok})
+    assert harness.check_rewards(tmp_path, ["r"], 2)[0] is False
+    rows()
+    assert harness.check_rewards(tmp_path, ["r"], 2)[0] is False
+
+
+def test_results_table_has_the_step_count_and_model_columns(tmp_path):
+    prepared = harness.Prepared("gspo", tmp_path / "gspo", {}, {"gspo.py": (2, 1)})
+    checks = [("exit 0", True, "0"),
+              ("same optimizer-step count as TRL", False, "groupwise 3; TRL 2"),
+              ("model loads", True, "PeftModelForCausalLM")]  # fmt: skip
+    rows = [harness.Row("gspo", "abc", "python gspo.py", 0, checks, prepared, 3, 2),
+            harness.Row("gspo-trl", "abc", "python gspo.py", 1, [("exit 0", False, "boom")],
+                        prepared, None, 2)]  # fmt: skip
+    results = harness.write_results(tmp_path, rows).read_text()
+    assert "| same optimizer-step count as TRL | saved model loads |" in results
+    assert ("| gspo | abc | FAIL | 3 (2) | NO | yes | same optimizer-step count as TRL: "
+            "groupwise 3; TRL 2 | - | gspo.py -2/+1 |") in results
+    assert "| gspo-trl | abc | FAIL | - (2) | - | - | exit 0: boom |" in results
+
+
+@pytest.mark.slow
+def test_the_stand_in_datasets_load_as_the_scripts_load_them(tmp_path):
+    """gspo.py's 5% of NuminaMath-TIR's train and test splits, and gsm8k's "main" config by
+    name (datasets reads the config from the folder's README, as from the hub's)."""
+    from datasets import load_dataset
+
+    hub = harness.build_datasets(tmp_path)
+    train, test = load_dataset(hub["AI-MO/NuminaMath-TIR"], split=["train[:5%]", "test[:5%]"])
+    assert (len(train), len(test)) == (5, 2)
+    assert set(train.column_names) == {"problem", "solution", "messages"}
+    gsm8k = load_dataset(hub["openai/gsm8k"], "main", split="train")
+    assert gsm8k.column_names == ["question", "answer"] and len(gsm8k) == 4
+    assert gsm8k[0]["answer"].split("####")[-1].strip() == "4"
+
+
 # -- end to end on fake sources: TRL's and open-r1's layouts, scripts written for this test -----
 
 FAKE_AGENT = r'''"""A tool-using GRPO script in the layout of TRL's agent example."""
@@ -382,7 +583,8 @@ def test_the_harness_end_to_end_on_fake_sources(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "trl_scripts.py"), "--trl-src",
-         str(tmp_path / "trl.git"), "--openr1-src", str(openr1), "--work", str(work)],
+         str(tmp_path / "trl.git"), "--openr1-src", str(openr1), "--work", str(work),
+         "--only", "grpo_agent,open-r1"],  # this TRL tree holds the agent example only
         capture_output=True, text=True, env=env, timeout=900)  # fmt: skip
     results = (work / "results.md").read_text()
     assert result.returncode == 0, results + result.stderr[-3000:]
@@ -422,3 +624,177 @@ def test_the_harness_end_to_end_on_fake_sources(tmp_path):
                          ("| tool called | yes |", 1), ("| rewards saw tool_calls | yes |", 1),
                          ("| train_samples | yes |", 1), ("| model card | yes |", 1)):  # fmt: skip
         assert results.count(check) == count, check
+
+
+FAKE_GSPO = r'''"""In the layout of TRL's gspo example: TrlParser, TRL's rewards, LoRA."""
+
+import torch
+from datasets import load_dataset
+
+from trl import (
+    GRPOConfig,
+    GRPOTrainer,
+    ModelConfig,
+    ScriptArguments,
+    TrlParser,
+    get_peft_config,
+)
+from trl.rewards import accuracy_reward, think_format_reward
+
+if __name__ == "__main__":
+    parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_and_config()
+    training_args.model_init_kwargs = {"dtype": getattr(torch, model_args.dtype)}
+    train, test = load_dataset("AI-MO/NuminaMath-TIR", split=["train[:5%]", "test[:5%]"])
+
+    def conversation(row):
+        return {"prompt": [{"role": "user", "content": row["problem"]}]}
+
+    train = train.map(conversation).remove_columns(["messages", "problem"])
+    trainer = GRPOTrainer(model=model_args.model_name_or_path, args=training_args,
+                          reward_funcs=[think_format_reward, accuracy_reward],
+                          train_dataset=train, peft_config=get_peft_config(model_args))
+    trainer.train()
+    trainer.save_model(training_args.output_dir)
+'''
+
+FAKE_GAME = r'''"""In the layout of TRL's 2048 example: environment_factory, no command line."""
+
+import random
+
+from datasets import Dataset
+from peft import LoraConfig
+
+from trl import GRPOConfig, GRPOTrainer
+
+PROMPT = "Double the value. Use the tool `move` with one of: up, down, left, right."
+
+
+class Game2048Env:
+    def reset(self, **kwargs) -> str:
+        self.score = 0.0
+        self.value = random.choice([2, 4])
+        return f"value={self.value}"
+
+    def move(self, direction: str) -> str:
+        """
+        Play one move.
+
+        Args:
+            direction: One of "up", "down", "left", "right".
+
+        Returns:
+            The value after the move.
+        """
+        self.value *= 2
+        self.score += 1.0
+        return f"value={self.value}"
+
+
+def reward_score(environments, **kwargs):
+    return [env.score for env in environments]
+
+
+def main() -> None:
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": PROMPT}]] * 50})
+    trainer = GRPOTrainer(
+        model="Qwen/Qwen3-4B",
+        train_dataset=dataset,
+        reward_funcs=reward_score,
+        args=GRPOConfig(
+            logging_steps=1,
+            log_completions=True,
+            report_to="trackio",
+            max_completion_length=2048,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+        ),
+        environment_factory=Game2048Env,
+        peft_config=LoraConfig(),
+    )
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+FAKE_BATCHING = r'''"""In the layout of TRL's continuous-batching example: options set late."""
+
+import re
+
+from datasets import load_dataset
+
+from trl import GRPOConfig, GRPOTrainer, ModelConfig, ScriptArguments, TrlParser, get_peft_config
+
+
+def correctness_reward(completions, reference_answer, **kwargs):
+    found = [re.search(r"####\s*(\d+)", c[-1]["content"]) for c in completions]
+    return [float(bool(m) and m.group(1) == r) for m, r in zip(found, reference_answer)]
+
+
+if __name__ == "__main__":
+    parser = TrlParser((ScriptArguments, GRPOConfig, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_and_config()
+    dataset = load_dataset(script_args.dataset_name or "openai/gsm8k",
+                           script_args.dataset_config or "main",
+                           split=script_args.dataset_train_split)
+
+    def conversation(row):
+        return {"prompt": [{"role": "user", "content": row["question"]}],
+                "reference_answer": row["answer"].split("####")[-1].strip()}
+
+    dataset = dataset.map(conversation, remove_columns=dataset.column_names)
+    training_args.use_transformers_continuous_batching = True
+    if training_args.transformers_continuous_batching_config is None:
+        training_args.transformers_continuous_batching_config = {"use_cuda_graph": False}
+    trainer = GRPOTrainer(model=model_args.model_name_or_path, reward_funcs=correctness_reward,
+                          args=training_args, train_dataset=dataset,
+                          peft_config=get_peft_config(model_args))
+    trainer.train()
+    trainer.save_model(training_args.output_dir)
+'''
+
+
+@pytest.mark.slow
+def test_the_new_trl_scripts_end_to_end_on_a_fake_source(tmp_path):
+    """The gspo and continuous-batching layouts (each on TRL itself, on groupwise, and with
+    only the trainer's two names switched) and the 2048 layout (its GRPOConfig keywords set to
+    CPU scale), written here, run two steps each on the stand-ins (the TRL tree holds no agent
+    example: the run goes on without it); every row's optimizer steps match TRL's."""
+    import importlib.util as util
+
+    if util.find_spec("trl") is None:
+        pytest.skip("TRL is not installed: the gspo-trl row and the parser variant need it")
+    tree = tmp_path / "trl"
+    for rel, text in ((harness.GSPO, FAKE_GSPO), (harness.GAME, FAKE_GAME),
+                      (harness.BATCHING, FAKE_BATCHING)):  # fmt: skip
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(text)
+    work = tmp_path / "work"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "trl_scripts.py"), "--trl-src", str(tree),
+         "--work", str(work)],
+        capture_output=True, text=True, env=env, timeout=1500)  # fmt: skip
+    assert (work / "results.md").exists(), result.stderr[-3000:]
+    results = (work / "results.md").read_text()
+    rows = {line.split(" | ")[0][2:]: line for line in results.splitlines()
+            if line.startswith("| gspo") or line.startswith("| grpo_")}  # fmt: skip
+    batching = "grpo_continuous_batching"
+    assert list(rows) == ["gspo-trl", "gspo", "gspo-trl-parser", "grpo_2048", f"{batching}-trl",
+                          batching, f"{batching}-trl-parser"], results  # fmt: skip
+    for name, row in rows.items():
+        assert name == "grpo_2048" or "| PASS | 2 (2) |" in row, results
+    assert "Not run, the source lacking the script: examples/scripts/grpo_agent.py" in results
+    version = harness.trl_version(sys.executable)
+    for name in ("gspo", batching):
+        assert results.count(f"(its run on TRL {version}, row {name}-trl)") == 2, results
+    # TRL's run left its count in the last checkpoint's trainer_state.json.
+    assert "out/checkpoint-2/trainer_state.json" in results
+    # The game: the tool ran, the reward (its environments' scores) was logged, two steps.
+    assert "| 2 (2) | yes | yes |" in rows["grpo_2048"], results
+    for check in ("| move tool called | yes |", "| rewards logged | yes |"):
+        assert check in results, check
+    game = (work / "grpo_2048" / harness.GAME).read_text()
+    assert "            max_steps=2,\n" in game and '            report_to="none",\n' in game

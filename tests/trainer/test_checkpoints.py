@@ -103,8 +103,8 @@ def test_rng_state_round_trip():
 
 def test_trajectory_changes_ignore_safe_fields():
     a = GRPOConfig(max_steps=5).to_dict()
-    b = GRPOConfig(max_steps=50, logging_steps=3, learning_rate=2e-6, beta=0.0).to_dict()
-    assert ckpt.trajectory_changes(a, b) == ["beta: 0.04 -> 0.0", "learning_rate: 1e-06 -> 2e-06"]
+    b = GRPOConfig(max_steps=50, logging_steps=3, learning_rate=2e-6, beta=0.04).to_dict()
+    assert ckpt.trajectory_changes(a, b) == ["beta: 0.0 -> 0.04", "learning_rate: 1e-06 -> 2e-06"]
     with pytest.raises(ConfigError, match="learning_rate: 1e-06 -> 2e-06"):
         ckpt.check_resume_config(a, b, Path("ck"))
 
@@ -200,7 +200,9 @@ def _train_cmd(output_dir: Path, *extra: str) -> list[str]:
         "--num_eval_prompts", "0", "--max_steps", "7", "--save_steps", "1",
         "--num_generations", "4", "--per_device_train_batch_size", "8",
         "--max_completion_length", "6", "--learning_rate", "1e-2", "--beta", "0.04",
-        "--seed", "3", "--disable_tqdm", "true", "--output_dir", str(output_dir), *extra,
+        "--seed", "3", "--disable_tqdm", "true", "--output_dir", str(output_dir),
+        "--logging_steps", "1", "--loss_type", "grpo", "--use_bias_correction_kl", "false",
+        "--lr_scheduler_type", "constant", "--gradient_checkpointing", "false", *extra,
     ]  # fmt: skip
 
 

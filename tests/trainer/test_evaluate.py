@@ -56,3 +56,21 @@ def test_evaluations_during_training_log_the_eval_loss(tmp_path):
     trainer.train()
     evaluated = [row for row in trainer.log_history if "eval/reward" in row]
     assert len(evaluated) == 2 and all("eval_loss" in row for row in evaluated)
+
+
+def test_per_device_eval_batch_size_counts_completions_as_in_trl(tmp_path):
+    # 8 completions per batch: 8 prompts of one greedy completion each, then the eval_loss's
+    # num_generations=4 samples of 2 prompts at a time.
+    args = _config(tmp_path, per_device_eval_batch_size=8)
+    trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
+    calls: list[tuple[int, int]] = []
+    generate = trainer.engine.generate
+
+    def counted(ids, n, *rest, **options):
+        calls.append((len(ids), n))
+        return generate(ids, n, *rest, **options)
+
+    trainer.engine.generate = counted
+    assert "eval_loss" in trainer.evaluate(ROWS)
+    assert calls == [(8, 1), (2, 4), (2, 4), (2, 4), (2, 4)]
+    assert all(prompts * n == 8 for prompts, n in calls)

@@ -227,6 +227,7 @@ def test_train_step_updates_policy_and_critic_separately(tmp_path):
         critic_learning_rate=1e-2,
         beta=0.1,
         num_iterations=2,
+        max_steps=2,  # optimizer steps: one generation batch of two passes
         critic_model="tiny-random",
     )
     trainer = PPOTrainer("tiny-random", even_tokens, PROMPT_ROWS, args=args)

@@ -116,7 +116,8 @@ def test_beta_positive_uses_frozen_reference(tmp_path):
 
 
 def test_multiple_iterations_use_old_logprobs(tmp_path):
-    args = _config(tmp_path, num_iterations=3, max_steps=2, epsilon=0.01, learning_rate=5e-2)
+    # two generation batches of three passes: max_steps counts the 6 optimizer steps
+    args = _config(tmp_path, num_iterations=3, max_steps=6, epsilon=0.01, learning_rate=5e-2)
     trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
     trainer.train()
     logs = trainer.log_history
@@ -302,13 +303,13 @@ def test_reward_function_errors_name_the_function(tmp_path):
 
 def test_policy_schedule_spans_the_epochs_max_steps(tmp_path):
     # max_steps=-1 is made concrete for the dataset before the policy reads its sections:
-    # 16 rows / (8 completions / 4 per group = 2 prompts per step) = 8 steps, x 2 passes =
-    # 16 optimizer steps, over which the linear schedule decays to 0.
+    # 16 rows / (8 completions / 4 per group = 2 prompts per generation batch) = 8 batches,
+    # x 2 passes = max_steps 16 optimizer steps, over which the linear schedule decays to 0.
     args = _config(tmp_path, max_steps=-1, num_train_epochs=1, num_iterations=2,
                    lr_scheduler_type="linear")  # fmt: skip
     trainer = GRPOTrainer("tiny-random", TargetToken(), ROWS, args=args)
     options = trainer.policy.options
-    assert options.optimization.max_steps == trainer.args.max_steps == 8
+    assert options.optimization.max_steps == trainer.args.max_steps == 16
     assert (options.batch, options.loss, options.runtime) == (
         trainer.options.batch, trainer.options.loss, trainer.options.runtime
     )
@@ -417,7 +418,9 @@ def test_a_run_records_run_json_and_its_report_leads_with_held_out_accuracy(tmp_
     assert info["groupwise_version"] not in ("", None)
     defaults = GRPOConfig()
     assert info["defaults"]["learning_rate"] == defaults.learning_rate  # changed: 1e-2
-    assert info["defaults"]["beta"] == defaults.beta and "model" not in info["defaults"]
+    assert info["defaults"]["loss_type"] == defaults.loss_type  # changed: grpo
+    assert "beta" not in info["defaults"]  # 0.0 is the default: unchanged
+    assert "model" not in info["defaults"]
     page = build_report(run, dpi=30).read_text()
     top = page.split('<section id="headline">')[1].split("</section>")[0]
     # No reward is marked as correctness: the eval reward, before training and after each step.
@@ -438,17 +441,34 @@ def test_the_loop_cadence_by_hand():
     cadence = Cadence(GRPOConfig(max_steps=10, logging_steps=3, log_completions_steps=4,
                                  eval_steps=4, save_steps=5))  # fmt: skip
     steps = range(1, 11)
-    assert [s for s in steps if cadence.log(s)] == [3, 6, 9, 10]
-    assert [s for s in steps if cadence.log_completions(s)] == [4, 8]
-    assert [s for s in steps if cadence.evaluate(s)] == [4, 8]
-    assert [s for s in steps if cadence.save(s)] == [5, 10]
+    assert [s for s in steps if cadence.log(s - 1, s)] == [3, 6, 9, 10]
+    assert [s for s in steps if cadence.log_completions(s - 1, s)] == [4, 8]
+    assert [s for s in steps if cadence.evaluate(s - 1, s)] == [4, 8]
+    assert [s for s in steps if cadence.save(s - 1, s)] == [5, 10]
     assert cadence.evaluates()
     cadence.args.max_steps = 8  # read at each step: a change counts at once
-    assert [s for s in range(1, 9) if cadence.evaluate(s)] == [4]
+    assert [s for s in range(1, 9) if cadence.evaluate(s - 1, s)] == [4]
     never = Cadence(GRPOConfig(max_steps=4, eval_steps=0, save_steps=0, log_completions_steps=0))
-    assert not any(never.evaluate(s) or never.save(s) or never.log_completions(s)
-                   for s in range(1, 5))  # fmt: skip
+    assert not any(
+        never.evaluate(s - 1, s) or never.save(s - 1, s) or never.log_completions(s - 1, s)
+        for s in range(1, 5)
+    )
     assert not never.evaluates()
+
+
+def test_the_loop_cadence_counts_optimizer_steps_inside_a_generation_batch():
+    """Steps are optimizer steps (TRL's); a generation batch of num_iterations=3 trains three,
+    so the loop asks about (0, 3], (3, 6], ...: an interval's multiple inside a batch acts at
+    the batch's end, and a run of max_steps=10 ends with a batch that trains one step."""
+    from groupwise.trainer.loop import Cadence
+
+    cadence = Cadence(GRPOConfig(max_steps=10, logging_steps=2, eval_steps=4, save_steps=5))
+    batches = [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert [b for b in batches if cadence.log(*b)] == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert [b for b in batches if cadence.evaluate(*b)] == [(3, 6), (6, 9)]
+    assert [b for b in batches if cadence.save(*b)] == [(3, 6), (9, 10)]
+    assert Cadence.due(4, 0, 3) is False and Cadence.due(4, 3, 4) is True
+    assert Cadence.due(0, 0, 100) is False
 
 
 def test_log_completions_logs_a_sample_at_each_logged_step_as_trl_does():
@@ -457,12 +477,12 @@ def test_log_completions_logs_a_sample_at_each_logged_step_as_trl_does():
     from groupwise.trainer.loop import Cadence
 
     trl_style = Cadence(GRPOConfig(max_steps=10, logging_steps=3, log_completions=True))
-    assert [s for s in range(1, 11) if trl_style.log_completions(s)] == [3, 6, 9, 10]
+    assert [s for s in range(1, 11) if trl_style.log_completions(s - 1, s)] == [3, 6, 9, 10]
     own = Cadence(GRPOConfig(max_steps=10, logging_steps=3, log_completions=True,
                              log_completions_steps=4))  # fmt: skip
-    assert [s for s in range(1, 11) if own.log_completions(s)] == [4, 8]
+    assert [s for s in range(1, 11) if own.log_completions(s - 1, s)] == [4, 8]
     off = Cadence(GRPOConfig(max_steps=10, logging_steps=3))
-    assert not any(off.log_completions(s) for s in range(1, 11))
+    assert not any(off.log_completions(s - 1, s) for s in range(1, 11))
 
 
 @pytest.mark.parametrize("log_completions", [True, False])

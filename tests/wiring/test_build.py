@@ -66,13 +66,14 @@ def test_options_come_from_the_config():
 
 
 def test_no_config_means_the_config_defaults():
-    # Without args the options are GRPOConfig()'s: max_completion_length 256 and
-    # overlong_buffer_len None (= 256 // 4 = 64), so the penalty starts after 192 tokens.
+    # Without args the options are GRPOConfig()'s: max_completion_length 512 (TRL's) and
+    # overlong_buffer_len None (= 512 // 4 = 128), so the penalty starts after 384 tokens.
     defaults = GRPOConfig()
+    assert defaults.max_completion_length == 512
     penalty = build_reward_func("length_penalty")
-    assert _length_penalty_at(penalty, 192) == 0.0
-    expected = -(200 - 192) / 64 * defaults.overlong_penalty_factor
-    assert _length_penalty_at(penalty, 200) == pytest.approx(expected)
+    assert _length_penalty_at(penalty, 384) == 0.0
+    expected = -(400 - 384) / 128 * defaults.overlong_penalty_factor
+    assert _length_penalty_at(penalty, 400) == pytest.approx(expected)
     doc = build_reward_func("accuracy").__doc__
     assert f"timeout_s={defaults.accuracy_timeout}" in doc
     assert build_reward_func("remote:http://127.0.0.1:9").timeout == defaults.remote_timeout

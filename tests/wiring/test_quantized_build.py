@@ -86,7 +86,7 @@ def test_trl_quantization_config_sets_groupwise_options():
 def test_optim_takes_transformers_names_and_enums():
     assert GRPOConfig(optim=OptimizerNames.ADAMW_8BIT).optim == "adamw_8bit"
     assert GRPOConfig(optim="paged_adamw_32bit").optim == "paged_adamw_32bit"
-    assert GRPOConfig().optim == "adamw_torch"
+    assert GRPOConfig().optim == "adamw_torch_fused"  # TRL's default (torch >= 2.8)
 
 
 def test_model_init_kwargs_alone_loads_a_4bit_base(tmp_path):
@@ -120,12 +120,13 @@ def test_paged_optimizer_on_cpu_is_refused_before_loading(tmp_path):
         GRPOTrainer("tiny-random", _reward, ROWS, args=args)
 
 
-def test_a_4bit_model_given_without_load_in_4bit_is_refused(tmp_path):
+def test_a_4bit_model_given_without_an_adapter_is_refused(tmp_path):
+    # With one (a PeftModel, peft_config or use_peft) it trains: tests/wiring/test_model_object.py
     model = quantize_4bit(tiny_random_model(), "nf4", False, torch.float32, torch.device("cpu"))
     from groupwise.runtime.models import smollm2_tokenizer
 
     with pytest.raises(ConfigError, match="the model given holds 4-bit"):
-        GRPOTrainer(model, _reward, ROWS, args=tiny_config(tmp_path, use_peft=True),
+        GRPOTrainer(model, _reward, ROWS, args=tiny_config(tmp_path),
                     processing_class=smollm2_tokenizer())  # fmt: skip
 
 

@@ -79,7 +79,7 @@ bf16 autocast for forward, backward and generation (--bf16_autocast auto; TRL's 
 the same); on CPU, fp32 throughout. --dtype bfloat16 stores the trained weights in bf16 with no
 fp32 master copy: less memory, but updates below ~1/512 of a weight are lost (it warns).
 --generation_dtype bfloat16 generates in bf16 while an fp32 update corrects for the difference.
---tf32 (CUDA, default on), --attn_implementation sdpa|eager|flash_attention_2.
+--tf32 (CUDA; default: torch's own setting), --attn_implementation sdpa|eager|flash_attention_2.
 
 e.g. groupwise train --model tiny-random --task arithmetic --max_steps 5 --output_dir runs/x
 """

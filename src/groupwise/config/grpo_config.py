@@ -1,16 +1,21 @@
 """The one configuration dataclass, loadable from YAML and overridable from the command line.
 
-Wherever TRL's ``GRPOConfig`` has the same option, the name and meaning are TRL's. Defaults follow
-DeepSeekMath's GRPO (beta=0.04, loss_type="grpo", scale_rewards="group", epsilon=0.2, G=8).
+Wherever TRL's ``GRPOConfig`` has the same option, the name, meaning and default are TRL's
+(beta=0.0, loss_type="dapo", max_steps=-1 with num_train_epochs=3, lr_scheduler_type="linear",
+...); the few deliberate exceptions are listed, with their reasons, in
+:data:`groupwise.config.trl_parity.DIFFERENCES`.
 """
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import dataclasses
 import difflib
 import inspect
 import math
 import re
+import sys
 import time
 import types
 import typing
@@ -30,16 +35,21 @@ from ..sections import (
     sections,
 )
 from .trl import (
-    TRL_DEFAULTS,
+    STEP_RATIO_OPTIONS,
     TRL_IGNORED,
     TRL_TRANSLATED,
-    TRL_VIEWS,
     IgnoredOptionsWarning,
     ignored_message,
     is_trl_name,
     normalise_report_to,
+    reported_ignored,
+    resolve_step_ratio,
+    set_trl_option,
+    step_cadence,
     translate_trl_options,
 )
+from .trl_fields import TRL_GRPO_FIELDS, TRL_ONLY_TYPES
+from .trl_readback import TRL_DEFAULTS, TRL_VIEWS
 
 # Float options where infinity means "no limit"; NaN is refused everywhere.
 UNBOUNDED_FIELDS = frozenset(
@@ -58,39 +68,204 @@ UNBOUNDED_FIELDS = frozenset(
 )
 
 
+# The options given for GRPOConfig's hidden (init=False) fields, from the metaclass's __call__ to
+# __post_init__, which sets them before it validates (the generated __init__ cannot take them).
+_GIVEN_HIDDEN: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "groupwise_hidden_options", default=None
+)
+# True while GRPOConfig.replace builds its copy, which passes every field's value on purpose.
+_COPYING: contextvars.ContextVar[bool] = contextvars.ContextVar("groupwise_copying", default=False)
+
+
 class _TRLConfigType(type):
     """``GRPOConfig(**options)`` for the class and for every ``@dataclass`` subclass (open-r1's
     configs.py adds its fields that way, and ``@dataclass`` gives the subclass an ``__init__`` of
     its own): construction goes through here, so TRL's names are checked and translated
     (:func:`groupwise.config.trl.translate_trl_options`) before any generated ``__init__`` sees
     them; the TRL options with no meaning here are kept in ``trl_ignored`` and reported in one
-    warning."""
+    warning.
+
+    GRPOConfig's own options that TRL's GRPOConfig lacks (not in
+    :data:`groupwise.config.trl_fields.TRL_GRPO_FIELDS`) are ``init=False`` fields: transformers'
+    ``HfArgumentParser`` (and so TRL's ``TrlParser``) adds an option only per ``init`` field, so
+    ``TrlParser((ScriptArguments, GRPOConfig, ModelConfig))`` declares no ``--dtype``,
+    ``--use_peft``, ``--reward_funcs``, ... that ModelConfig or the script's dataclass declares
+    too. They are still options everywhere else: taken here, out of the generated ``__init__``'s
+    way, and set by ``__post_init__`` before it validates; ``to_dict()``, ``replace``,
+    ``dataclasses.replace``, copies and pickles keep them. TRL's names that are no options here
+    are parser-only fields (:func:`_trl_only_options`). HfArgumentParser passes every option it
+    offers, defaults included: a call that names every ``init`` field counts a value equal to
+    the field's default as not given."""
+
+    def __new__(
+        mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any
+    ) -> Any:
+        # GRPOConfig itself only: a subclass's own fields are the script's options and stay
+        # visible to HfArgumentParser.
+        if not any(isinstance(base, _TRLConfigType) for base in bases):
+            for option in namespace.get("__annotations__", {}):
+                if option in TRL_GRPO_FIELDS:
+                    continue
+                value = namespace.get(option, dataclasses.MISSING)
+                if isinstance(value, dataclasses.Field):
+                    value.init = False
+                else:
+                    namespace[option] = dataclasses.field(default=value, init=False)
+        return super().__new__(mcs, name, bases, namespace, **kwargs)
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        source = _replacing(sys._getframe(1), cls)
+        if source is not None:  # dataclasses.replace(config, ...): it drops the hidden options
+            changed = {k: v for k, v in kwargs.items() if getattr(source, k) != v}
+            return source.replace(**changed)
         names = cls.field_names()  # type: ignore[attr-defined]
+        # Positional values follow the fields' order, the hidden ones included.
+        if len(args) > len(names):
+            raise TypeError(f"{cls.__name__} takes at most {len(names)} positional arguments")
+        for name, value in zip(names[: len(args)], args, strict=True):
+            if name in kwargs:
+                raise TypeError(f"{cls.__name__} got multiple values for argument {name!r}")
+            kwargs[name] = value
         for name in kwargs:
             if name not in names and not is_trl_name(name):
                 raise cls.unknown_option(name, cls.__name__)  # type: ignore[attr-defined]
-        kwargs, ignored = translate_trl_options(kwargs)
-        config = super().__call__(*args, **kwargs)
-        config.trl_ignored = ignored
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        init_names = [f.name for f in fields if f.init]
+        if not args and not _COPYING.get() and set(init_names) <= set(kwargs):
+            # HfArgumentParser passes every visible option, defaults included: a value equal to
+            # the default counts as not given (is_set, and the rules on what was given, such as
+            # num_train_epochs without max_steps, see what the user wrote).
+            defaults = _defaults(fields)
+            kwargs = {k: v for k, v in kwargs.items() if k not in defaults or v != defaults[k]}
+        kwargs, ignored = translate_trl_options(kwargs, cls.field_defaults())
         # Which options were given, not defaulted (GRPOConfig.is_set): e.g. max_steps, which an
         # environment that owns its data requires. Not a field: to_dict() and config.yaml never
         # see it.
-        config.explicit_options = frozenset(names[: len(args)]) | frozenset(kwargs)
-        if ignored:
-            warnings.warn(ignored_message(ignored), IgnoredOptionsWarning, stacklevel=2)
+        explicit = frozenset(kwargs)
+        hidden = {f.name: kwargs.pop(f.name) for f in fields if not f.init and f.name in kwargs}
+        token = _GIVEN_HIDDEN.set(hidden)
+        try:
+            config = super().__call__(**kwargs)
+        finally:
+            _GIVEN_HIDDEN.reset(token)
+        if hidden:  # a subclass's __post_init__ that does not call GRPOConfig's
+            for name, value in hidden.items():
+                setattr(config, name, value)
+            config.validate()
+        config.trl_ignored = ignored
+        config.explicit_options = explicit
+        reported = reported_ignored(ignored)
+        if reported:
+            warnings.warn(ignored_message(reported), IgnoredOptionsWarning, stacklevel=2)
         return config
 
     @property
     def __signature__(cls) -> inspect.Signature:
-        """The dataclass's own signature (its fields), not ``__call__``'s ``*args, **kwargs``."""
-        signature = inspect.signature(cls.__init__)  # type: ignore[misc]
-        return signature.replace(parameters=list(signature.parameters.values())[1:])
+        """The options in the fields' order (as ``__call__`` takes positional values), then
+        TRL's parser-only names, keyword-only; not ``__call__``'s ``*args, **kwargs``."""
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        defaults = _defaults(fields)
+        parameters = [
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY if _trl_only(f)
+                else inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=defaults.get(f.name, inspect.Parameter.empty),
+                annotation=f.type,
+            )
+            for f in sorted(fields, key=_trl_only)  # the options first, in their order
+        ]  # fmt: skip
+        return inspect.Signature(parameters)
+
+
+def _defaults(fields: tuple[dataclasses.Field[Any], ...]) -> dict[str, Any]:
+    """Each field's default, by name (those without one left out)."""
+    values = {}
+    for f in fields:
+        if f.default is not dataclasses.MISSING:
+            values[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            values[f.name] = f.default_factory()
+    return values
+
+
+class _TRLName:
+    """A parser-only field's attribute (:func:`_trl_only_options`): read as a TRL name is read
+    back (``GRPOConfig.__getattr__``: the value given, its translation, or TRL's default), set
+    after construction as ``GRPOConfig.__setattr__`` sets a TRL name. The generated
+    ``__init__``'s assignment of the field's default is dropped: ``_TRLConfigType.__call__``
+    has taken the value given already."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, config: Any, owner: type | None = None) -> Any:
+        if config is None:
+            return self
+        if self.name in config.__dict__:  # model_init_kwargs, as TRL's grpo.py assigns it
+            return config.__dict__[self.name]
+        return type(config).__getattr__(config, self.name)
+
+    def __set__(self, config: Any, value: Any) -> None:
+        if "explicit_options" not in config.__dict__:  # the generated __init__: still built
+            return
+        if self.name == "model_init_kwargs":  # read by the trainer when it builds the model
+            config.__dict__[self.name] = value
+        else:
+            set_trl_option(config, self.name, value)
+
+
+def _trl_only_options() -> type:
+    """GRPOConfig's base: one field per TRL 1.16 GRPOConfig field that is no groupwise option
+    (:data:`groupwise.config.trl_fields.TRL_ONLY_TYPES`), so that HfArgumentParser (TRL's
+    TrlParser) offers ``--bf16``, ``--push_to_hub``, ``--use_vllm``, ... and passes their values
+    to ``GRPOConfig(...)``, which reads them as TRL's names (translated, ignored or refused).
+    Default None: not given. Not options: ``field_names()``, ``to_dict()``, ``repr`` and
+    ``==`` leave them out, and an instance holds no value for them (:class:`_TRLName`)."""
+    base = dataclasses.make_dataclass(
+        "TRLOnlyOptions",
+        [
+            # metadata: argparse keywords (HfArgumentParser passes them on)
+            (name, tp, dataclasses.field(default=None, repr=False, compare=False,
+                                         metadata={"help": "TRL's name (docs/trl.md)"}))
+            for name, tp in TRL_ONLY_TYPES.items()
+        ],
+    )  # fmt: skip
+    for name in TRL_ONLY_TYPES:
+        setattr(base, name, _TRLName(name))
+    _TRL_ONLY_FIELDS.update(dataclasses.fields(base))
+    return base
+
+
+# The parser-only fields themselves (a subclass that declares one of these names anew makes it
+# its own option).
+_TRL_ONLY_FIELDS: set[dataclasses.Field[Any]] = set()
+
+
+def _trl_only(f: dataclasses.Field[Any]) -> bool:
+    return f in _TRL_ONLY_FIELDS
+
+
+def _replacing(frame: types.FrameType, cls: type) -> Any:
+    """The config that ``dataclasses.replace`` (the caller's ``frame``) copies, or None."""
+    # Python 3.13's dataclasses.replace calls _replace(self, ...), also copy.replace's
+    called = frame.f_code.co_name in ("replace", "_replace")
+    if frame.f_globals.get("__name__") != "dataclasses" or not called:
+        return None
+    source = frame.f_locals.get("obj", frame.f_locals.get("self"))
+    return source if type(source) is cls else None
+
+
+def _set_hidden_options(config: Any) -> None:
+    """The hidden options given to this construction (see :class:`_TRLConfigType`), set once."""
+    hidden = _GIVEN_HIDDEN.get()
+    if hidden:
+        for name in list(hidden):
+            setattr(config, name, hidden.pop(name))
 
 
 @dataclass
-class GRPOConfig(metaclass=_TRLConfigType):
+class GRPOConfig(_trl_only_options(), metaclass=_TRLConfigType):  # type: ignore[misc]
     # --- model and data -------------------------------------------------------------------
     model: str = "tiny-random"  # built-in name (smollm2-135m-instruct, tiny-random) or a path
     # Run the model's own Python code (its auto_map) when it has some: policy and reward
@@ -157,12 +332,12 @@ class GRPOConfig(metaclass=_TRLConfigType):
     steps_per_generation: int | None = None
     generation_batch_size: int | None = None  # completions per generation batch, all ranks
     num_iterations: int = 1  # mu: passes over each generation batch's mini-batches
-    beta: float = 0.04  # KL coefficient; 0 loads no reference model at all
+    beta: float = 0.0  # KL coefficient; 0 loads no reference model at all
     epsilon: float = 0.2  # lower clip
     # upper clip (DAPO clip-higher); None: same as epsilon, except cispo: 5.0 (its weight cap)
     epsilon_high: float | None = None
     # grpo | bnpo | dapo | dr_grpo | cispo | luspo | sapo | vespo (docs/concepts.md "Loss variants")
-    loss_type: str = "grpo"
+    loss_type: str = "dapo"
     # Two-sided clipping (INTELLECT-2; TRL's delta): the unclipped ratio is capped at delta,
     # which bounds a negative-advantage token's loss (None: off; advised > 1 + epsilon_high).
     delta: float | None = None
@@ -195,7 +370,7 @@ class GRPOConfig(metaclass=_TRLConfigType):
     scale_rewards: str = "group"
     # Multiply the KL term's k3 by the importance ratio pi_theta / pi_old (TRL's name): k3 is
     # unbiased for samples of pi_theta, and the completions came from pi_old (beta > 0)
-    use_bias_correction_kl: bool = False
+    use_bias_correction_kl: bool = True
     # DeepSeek-V3.2's off-policy sequence mask (TRL's name; None: off): a completion with a
     # negative advantage whose mean log(pi_sampler / pi_theta) exceeds this is left out of the
     # policy term (e.g. 0.5)
@@ -302,7 +477,7 @@ class GRPOConfig(metaclass=_TRLConfigType):
     max_prompt_length: int | None = 512  # prompt tokens kept (None: no limit)
     # draw the training prompts in a new random order every epoch (false: in dataset order)
     shuffle_dataset: bool = True
-    max_completion_length: int = 256  # new tokens per completion at most
+    max_completion_length: int = 512  # new tokens per completion at most
     temperature: float = 1.0  # sampling temperature of the rollouts
     top_p: float = 1.0  # nucleus sampling mass (1.0: disabled)
     top_k: int = 0  # sample from the k most likely tokens (0: disabled)
@@ -351,9 +526,9 @@ class GRPOConfig(metaclass=_TRLConfigType):
     # (bitsandbytes' AdamW8bit: 8-bit states, a quarter of AdamW's) | paged_adamw_8bit |
     # paged_adamw_32bit (states paged to CPU memory under GPU memory pressure; CUDA only);
     # the bitsandbytes ones need pip install "groupwise[quant]" (docs/speed-memory.md)
-    optim: str = "adamw_torch"
+    optim: str = "adamw_torch_fused"
     learning_rate: float = 1e-6  # AdamW peak learning rate
-    lr_scheduler_type: str = "constant"  # constant | linear | cosine
+    lr_scheduler_type: str = "linear"  # constant | linear | cosine
     warmup_steps: int = 0  # linear warmup from 0 over this many optimizer steps
     warmup_ratio: float = 0.0  # warmup_steps=0: warm up over ceil(ratio * total steps) (TRL)
     weight_decay: float = 0.0  # AdamW decoupled weight decay
@@ -361,11 +536,11 @@ class GRPOConfig(metaclass=_TRLConfigType):
     adam_beta2: float = 0.999  # AdamW second-moment decay
     adam_epsilon: float = 1e-8  # AdamW epsilon
     max_grad_norm: float = 1.0  # clip the global gradient norm to this
-    # steps of the run, each one generation batch (more than one optimizer step when
-    # steps_per_generation > gradient_accumulation_steps; docs/concepts.md 'Batch arithmetic');
-    # -1: from num_train_epochs (TRL's meaning)
-    max_steps: int = 100
-    # max_steps=-1: passes over train_dataset; steps = ceil(epochs * rows / prompts per step)
+    # optimizer steps of the run, as TRL counts them (a generation batch trains several with
+    # num_iterations > 1 or steps_per_generation > gradient_accumulation_steps; docs/concepts.md
+    # 'Batch arithmetic'); -1: from num_train_epochs (TRL's meaning)
+    max_steps: int = -1
+    # max_steps=-1: passes over train_dataset, ceil(epochs * optimizer steps per pass)
     num_train_epochs: float = 3.0
     seed: int = 42  # seeds data order, sampling and initialisation
 
@@ -377,7 +552,7 @@ class GRPOConfig(metaclass=_TRLConfigType):
     dtype: str = "auto"
     logprob_chunk_size: int = 512  # tokens per chunk of the LM head + log-softmax
     logprob_impl: str = "chunked"  # chunked (no [tokens x vocab] logits kept) | naive (full)
-    gradient_checkpointing: bool = False  # recompute activations in backward (less memory)
+    gradient_checkpointing: bool = True  # recompute activations in backward (less memory)
     padding_free: bool = False  # the update's forwards over sequences packed without padding
     activation_offloading: bool = False  # training activations wait in pinned host memory
     # Micro-batches of similar completion lengths (whole groups, longest first), so each one is
@@ -387,7 +562,8 @@ class GRPOConfig(metaclass=_TRLConfigType):
     # staying in dtype (mixed precision; TRL's bf16=True). None = auto: on with a bf16 GPU,
     # off on CPU (where bf16 matmuls gain little).
     bf16_autocast: bool | None = None
-    tf32: bool = True  # CUDA: TF32 tensor cores for the fp32 matmuls (no effect on CPU)
+    # CUDA: TF32 tensor cores for the fp32 matmuls (no effect on CPU); None: torch's own setting
+    tf32: bool | None = None
     # Attention kernel: sdpa (torch's scaled_dot_product_attention) | eager |
     # flash_attention_2 (needs the flash-attn package and a CUDA GPU)
     attn_implementation: str = "sdpa"
@@ -424,8 +600,8 @@ class GRPOConfig(metaclass=_TRLConfigType):
     # --- logging and saving ---------------------------------------------------------------
     # model, config, metrics and checkpoints go here (None: a new runs/<model>-<task>-<time>)
     output_dir: str | None = None
-    logging_steps: int = 1  # print and log metrics every N steps
-    save_steps: int = 0  # 0: save only at the end
+    logging_steps: int = 10  # print and log metrics every N steps
+    save_steps: int = 500  # a checkpoint every N steps (0: save only at the end)
     save_strategy: str = "steps"  # steps (every save_steps) | epoch | no (no checkpoints)
     save_total_limit: int | None = None  # keep the last N checkpoint-* folders (None: all)
     resume_from_checkpoint: str | None = None  # auto (latest in output_dir) | PATH | None
@@ -433,7 +609,9 @@ class GRPOConfig(metaclass=_TRLConfigType):
     eval_steps: int = 0  # 0: evaluate only before and after training (if eval_on_start)
     eval_on_start: bool = False  # evaluate before the first step too
     eval_strategy: str = "steps"  # steps (every eval_steps) | epoch | no (none during training)
-    per_device_eval_batch_size: int = 64  # prompts per generation batch of evaluate()
+    # completions per evaluation batch on each rank (TRL's meaning): greedy evaluation
+    # generates one per prompt, eval_loss num_generations per prompt (at least one prompt)
+    per_device_eval_batch_size: int = 8
     eval_num_generations: int = 0  # groupwise eval: samples per prompt (0: greedy only)
     # evaluate() also reports TRL's eval_loss: the GRPO objective, without an update, on
     # num_generations samples of each evaluation prompt (it costs that many samples per prompt)
@@ -445,9 +623,10 @@ class GRPOConfig(metaclass=_TRLConfigType):
     log_completions: bool = False
     log_completions_steps: int = 0  # every N steps: prompts, completions, rewards to
     # OUTPUT_DIR/completions.jsonl (0: never, or each logged step with log_completions)
-    num_completions_to_print: int = 0  # print that many prompts of each logged sample (rich)
+    num_completions_to_print: int | None = None  # prompts printed per logged sample (None: all)
     completions_sample_size: int = 2  # prompts per completions.jsonl record (all G each)
-    report_to: list[str] | None = None  # extra loggers: tensorboard, wandb (offline)
+    report_to: list[str] | None = None  # extra loggers: tensorboard, wandb
+    run_name: str | None = None  # the tracker's run name (W&B: None lets wandb name it)
     max_bad_steps: int = 3  # consecutive NaN/inf steps (skipped) before the run stops
     warn_zero_std_fraction: float = 0.9  # warn when more groups than this have one reward...
     warn_zero_std_steps: int = 5  # ... for this many steps in a row
@@ -456,7 +635,10 @@ class GRPOConfig(metaclass=_TRLConfigType):
     disable_tqdm: bool = False  # no progress bar
 
     def __post_init__(self) -> None:
+        _set_hidden_options(self)  # the options HfArgumentParser must not see (_TRLConfigType)
         self.report_to = normalise_report_to(self.report_to)
+        for name in STEP_RATIO_OPTIONS:  # below 1: a ratio, resolved by for_dataset
+            setattr(self, name, step_cadence(name, getattr(self, name)))
         # "steps" with eval_steps 0 evaluates nothing during training, as "no" does; it reads
         # back as "no", TrainingArguments' default, which scripts test before they index a test
         # split (TRL's grpo.py, open-r1's: `if training_args.eval_strategy != "no"`).
@@ -479,9 +661,25 @@ class GRPOConfig(metaclass=_TRLConfigType):
             return ignored[name]
         if name in TRL_VIEWS:
             return TRL_VIEWS[name](self)
-        if name in TRL_DEFAULTS:
-            return TRL_DEFAULTS[name]
+        if name in TRL_DEFAULTS:  # a copy: a script may change a list it read ([] for debug)
+            return copy.deepcopy(TRL_DEFAULTS[name])
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Fields and other attributes are plain attributes (callbacks change ``args`` during
+        training). A TRL name set after construction is read as ``GRPOConfig(name=value)``
+        reads it (:func:`groupwise.config.trl.set_trl_option`): its translation set, ignored
+        and reported, or refused. ``model_init_kwargs`` stays as given: the trainer reads it
+        when it builds the model (``model_init_changes``)."""
+        if (
+            name in type(self).__dataclass_fields__
+            or name == "model_init_kwargs"
+            or not is_trl_name(name)
+            or "explicit_options" not in self.__dict__  # still being built
+        ):
+            object.__setattr__(self, name, value)
+        else:
+            set_trl_option(self, name, value)
 
     # ----------------------------------------------------------------------------------------
     def sections(self) -> Sections:
@@ -516,14 +714,30 @@ class GRPOConfig(metaclass=_TRLConfigType):
         return BatchOptions.from_config(self).prompts_per_step
 
     def steps_per_epoch(self, num_rows: int, world_size: int = 1) -> float:
-        """Optimizer steps for one pass over ``num_rows`` prompts (each step draws
-        ``prompts_per_step`` prompts on each of ``world_size`` ranks)."""
-        return num_rows / (self.prompts_per_step * world_size)
+        """Optimizer steps (TRL's steps) for one pass over ``num_rows`` prompts: each
+        generation batch draws ``prompts_per_step`` prompts on each of ``world_size`` ranks
+        and trains :attr:`optimizer_steps_per_step` optimizer steps."""
+        batches = num_rows / (self.prompts_per_step * world_size)
+        return batches * self.optimizer_steps_per_step
+
+    @property
+    def optimizer_steps_per_step(self) -> int:
+        """Optimizer steps one generation batch trains: its mini-batches, each stepped once
+        per pass (``num_iterations``). ``max_steps``, the ``*_steps`` cadences and
+        ``global_step`` count these, as TRL's do."""
+        return BatchOptions.from_config(self).optimizer_steps_per_generation * self.num_iterations
+
+    @property
+    def generation_batches(self) -> int:
+        """Generation batches a run of ``max_steps`` optimizer steps draws (the last may train
+        only the steps left)."""
+        return math.ceil(self.max_steps / self.optimizer_steps_per_step)
 
     def for_dataset(self, num_rows: int, world_size: int = 1) -> GRPOConfig:
         """This config with what depends on the training set's size made concrete: max_steps=-1
         -> ceil(num_train_epochs * steps_per_epoch); save_strategy / eval_strategy "epoch" ->
-        save_steps / eval_steps = one epoch's steps (at least 1); "no" -> 0. ``self`` if nothing
+        save_steps / eval_steps = one epoch's steps (at least 1); "no" -> 0; logging_steps,
+        save_steps, eval_steps below 1 (ratios) -> ceil(max_steps * ratio). ``self`` if nothing
         changes; otherwise a copy (the ignored TRL options travel with it, unreported)."""
         per_epoch = self.steps_per_epoch(num_rows, world_size)
         changes: dict[str, Any] = {}
@@ -535,16 +749,28 @@ class GRPOConfig(metaclass=_TRLConfigType):
                 changes[steps] = max(1, math.ceil(per_epoch))
             elif value == "no" and getattr(self, steps):
                 changes[steps] = 0
+        # Ratio cadences (below 1) as steps of the run, now that max_steps is known.
+        max_steps = changes.get("max_steps", self.max_steps)
+        for name in STEP_RATIO_OPTIONS:
+            value = changes.get(name, getattr(self, name))
+            resolved = resolve_step_ratio(value, max_steps)
+            if resolved is not value:
+                changes[name] = resolved
         if not changes:
             return self
         return self.replace(**changes)
 
     def replace(self, **changes: Any) -> GRPOConfig:
-        """A copy with ``changes`` (``dataclasses.replace``) that keeps what the copy's values
-        cannot tell: the ignored TRL options (unreported again), attributes set beyond the
-        fields, and :attr:`explicit_options`, plus the names changed. ``dataclasses.replace``
-        itself passes every field, so its copy counts every option as given."""
-        copied = dataclasses.replace(self, **changes)
+        """A copy with ``changes`` that keeps what the copy's values cannot tell: the ignored
+        TRL options (unreported again), attributes set beyond the fields, and
+        :attr:`explicit_options`, plus the names changed. Every field travels, the hidden
+        (``init=False``) options included, which ``dataclasses.replace`` would drop."""
+        values = {name: getattr(self, name) for name in self.field_names()}
+        token = _COPYING.set(True)
+        try:
+            copied = type(self)(**{**values, **changes})
+        finally:
+            _COPYING.reset(token)
         # Attributes set on the config beyond its fields travel too: TRL's grpo.py sets
         # training_args.model_init_kwargs after parsing, and the trainer works on copies.
         fields = set(self.field_names())
@@ -598,19 +824,15 @@ class GRPOConfig(metaclass=_TRLConfigType):
     # ----------------------------------------------------------------------------------------
     @classmethod
     def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+        """The options: every field but the parser-only TRL names (:func:`_trl_only_options`)."""
+        return [f.name for f in dataclasses.fields(cls) if not _trl_only(f)]
 
     @classmethod
     def field_defaults(cls) -> dict[str, Any]:
         """Every option's default, read from the fields without building a config (which
         validates against registries that import torch)."""
-        values = {}
-        for f in dataclasses.fields(cls):
-            if f.default is not dataclasses.MISSING:
-                values[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                values[f.name] = f.default_factory()
-        return values
+        fields = dataclasses.fields(cls)
+        return _defaults(tuple(f for f in fields if not _trl_only(f)))
 
     @classmethod
     def unknown_option(cls, name: str, source: str) -> ConfigError:
@@ -640,6 +862,8 @@ class GRPOConfig(metaclass=_TRLConfigType):
                 if value >= 1 and not value.is_integer():
                     raise ConfigError(f"{what} expects an integer, or a ratio below 1: {value}")
                 kwargs[name] = int(value) if value >= 1 or value == 0 else value
+            elif name in STEP_RATIO_OPTIONS:  # below 1: a ratio of max_steps (transformers')
+                kwargs[name] = coerce(value, hints[name] | float, what)
             elif name in hints:
                 kwargs[name] = coerce(value, hints[name], what)
             elif is_trl_name(name):  # ignored or refused: config/trl.py decides
@@ -669,7 +893,8 @@ class GRPOConfig(metaclass=_TRLConfigType):
         return cls.from_dict(values, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every option's value (copies), as ``config.yaml`` holds them."""
+        return {name: copy.deepcopy(getattr(self, name)) for name in self.field_names()}
 
     def to_yaml(self, path: str | Path) -> None:
         with open(path, "w", encoding="utf-8") as handle:
@@ -728,7 +953,10 @@ def coerce(value: Any, tp: Any, what: str) -> Any:
         raise ConfigError(f"{what} expects {_type_name(tp)}, got {value!r}")
     if origin is dict or tp is dict:
         if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip() else {}
+            try:
+                value = yaml.safe_load(value) if value.strip() else {}
+            except yaml.YAMLError:
+                pass  # refused below, naming the option
         if not isinstance(value, dict):
             raise ConfigError(
                 f"{what} expects a mapping, e.g. {{enable_thinking: false}}, got {value!r}"
@@ -737,7 +965,14 @@ def coerce(value: Any, tp: Any, what: str) -> Any:
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, str):
-            parsed = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
+            try:
+                parsed = (
+                    yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
+                )
+            except yaml.YAMLError:
+                raise ConfigError(
+                    f"{what} expects a list of {_type_name(item_tp)}, got {value!r}"
+                ) from None
             value = [v.strip() if isinstance(v, str) else v for v in parsed]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{what} expects a list of {_type_name(item_tp)}, got {value!r}")

@@ -8,8 +8,10 @@ A TRL script builds ``GRPOConfig(...)`` with the usual ``TrainingArguments`` key
   ``fp16=True`` is refused (groupwise has no fp16 loss scaling); ``optim`` is a real field
   (torch's AdamW or bitsandbytes' 8-bit / paged AdamW); ``model_init_kwargs``'
   ``quantization_config`` (a ``BitsAndBytesConfig`` or its dict) sets QLoRA's ``load_in_4bit``,
-  ``bnb_4bit_quant_type`` and ``use_bnb_nested_quant``, its other keys are ignored, as
-  before (groupwise places and types the model itself); ``warmup_steps`` below 1 is a
+  ``bnb_4bit_quant_type`` and ``use_bnb_nested_quant``, its ``dtype`` / ``torch_dtype``
+  (float32, bfloat16: the trained weights' dtype, as TRL loads them), ``attn_implementation``
+  and ``trust_remote_code`` set those options, its other keys are ignored (groupwise places the
+  model itself); ``warmup_steps`` below 1 is a
   ratio (transformers 5's meaning) and becomes ``warmup_ratio``; ``num_train_epochs`` without
   ``max_steps`` sets ``max_steps=-1`` (TRL's "train for num_train_epochs"); ``save_strategy=
   "steps"`` without ``save_steps`` saves every 500 steps and ``eval_strategy="steps"`` without
@@ -27,12 +29,26 @@ A TRL script builds ``GRPOConfig(...)`` with the usual ``TrainingArguments`` key
   a few older TrainingArguments names) are accepted, kept out of the config's fields (so
   ``to_dict()``, ``config.yaml`` and checkpoint comparison never see them) and reported once,
   in one :class:`IgnoredOptionsWarning` listing every such name the caller passed.
+- Names in :data:`TRL_REFUSED` are accepted only at their "off" value; any other value is a
+  :class:`~groupwise.errors.ConfigError` naming the option.
+- Dict options given as JSON strings are parsed as TRL parses them (``chat_template_kwargs``,
+  ``generation_kwargs``, ``model_init_kwargs`` must then be a JSON object).
+- ``logging_steps``, ``save_steps`` and ``eval_steps`` below 1 are ratios of ``max_steps``
+  (transformers' meaning), made step counts by ``GRPOConfig.for_dataset``.
+- Every TRL name reads back (``GRPOConfig.__getattr__``): the value given, its translation
+  (:data:`~groupwise.config.trl_readback.TRL_VIEWS`), or TRL's default
+  (:data:`~groupwise.config.trl_readback.TRL_DEFAULTS`); so do TrainingArguments' runtime
+  properties (``world_size``, ``should_save``, ``main_process_first()``, ...) for one
+  process per rank. A TRL name set after construction is read as at construction
+  (:func:`set_trl_option`).
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+import json
+import math
+import warnings
 from typing import Any
 
 from ..errors import ConfigError
@@ -136,7 +152,6 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "remove_unused_columns",
         "restore_callback_states_from_checkpoint",
         "router_aux_loss_coef",
-        "run_name",
         "save_on_each_node",
         "save_only_model",
         "skip_memory_metrics",
@@ -161,58 +176,6 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "vllm_server_timeout",
     )
 )
-
-_LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
-
-
-def _process_log_level(config: Any) -> Callable[[], int]:
-    """TrainingArguments' ``get_process_log_level()``: ``log_level`` on each machine's first
-    process (transformers' own verbosity while "passive", its default), ``log_level_replica``
-    ("warning" by default) on the others."""
-
-    def get_process_log_level() -> int:
-        import os
-
-        from transformers.utils import logging as hf_logging
-
-        first = int(os.environ.get("LOCAL_RANK", "0")) == 0
-        name = (config.trl_ignored.get("log_level", "passive") if first
-                else config.trl_ignored.get("log_level_replica", "warning"))  # fmt: skip
-        return _LOG_LEVELS.get(name, hf_logging.get_verbosity())
-
-    return get_process_log_level
-
-
-def _n_gpu(config: Any) -> int:
-    """TrainingArguments' ``n_gpu``: GPUs this process uses; groupwise uses one per process."""
-    import torch
-
-    return int(config.device != "cpu" and torch.cuda.is_available())
-
-
-# TRL's translated names as a script reads them back from its config (training_args.bf16, ...).
-TRL_VIEWS: dict[str, Callable[[Any], Any]] = {
-    "get_process_log_level": _process_log_level,  # open-r1 sets its loggers' level with it
-    "n_gpu": _n_gpu,
-    "bf16": lambda config: config.bf16_autocast,  # None: auto (on with a bf16 GPU)
-    "fp16": lambda config: False,  # fp16=True is refused
-    "use_cpu": lambda config: config.device == "cpu",
-    "use_vllm": lambda config: config.generation_engine == "vllm",
-}
-
-# TrainingArguments' / TRL's defaults of names scripts read back when they were not given:
-# TRL's grpo.py reads model_init_kwargs and push_to_hub, open-r1 local_rank and do_eval.
-TRL_DEFAULTS: dict[str, Any] = {
-    "model_init_kwargs": None,
-    "push_to_hub": False,
-    "hub_model_id": None,
-    "local_rank": -1,
-    "do_train": False,
-    "do_eval": False,
-    "do_predict": False,
-    "run_name": None,
-    "logging_dir": None,
-}
 
 # TRL options that change what is trained and that groupwise does not implement: accepted at
 # the value that means "off" (groupwise's behaviour, reported with the ignored ones), refused
@@ -263,7 +226,30 @@ _ROLLOUT_CORRECTION = {
     "vllm_importance_sampling_clip_min": "rollout_correction_clip_min",
 }
 
-_DEFAULT_SAVE_STEPS = 500  # TrainingArguments' save_steps
+# Cadences that below 1 are a ratio of the run's optimizer steps, ceil(max_steps * ratio)
+# (transformers' TrainerState.compute_steps), resolved once max_steps is known.
+STEP_RATIO_OPTIONS = ("logging_steps", "save_steps", "eval_steps")
+
+
+def step_cadence(name: str, value: Any) -> Any:
+    """A cadence option's value: an integer count of steps (a whole float becomes one), or a
+    ratio in (0, 1); a non-integer of 1 or more is refused, as TrainingArguments refuses it."""
+    if isinstance(value, float) and not math.isnan(value):
+        if value >= 1 or value == 0:
+            if not value.is_integer():
+                raise ConfigError(
+                    f"{name} must be an integer number of steps, or a ratio of max_steps below 1 "
+                    f"(e.g. 0.25: every quarter of the run), got {value}"
+                )
+            return int(value)
+    return value
+
+
+def resolve_step_ratio(value: Any, max_steps: int) -> Any:
+    """A ratio cadence as steps of a run of ``max_steps``; a step count unchanged."""
+    if isinstance(value, float) and 0 < value < 1 and max_steps > 0:
+        return math.ceil(max_steps * value)
+    return value
 _ENUMS = ("lr_scheduler_type", "save_strategy", "eval_strategy", "optim")
 # Options that TRL allows to be None ("unset") where groupwise has a value.
 _NONE_IS_DEFAULT = (
@@ -281,17 +267,78 @@ def is_trl_name(name: str) -> bool:
     return name in TRL_IGNORED or name in TRL_TRANSLATED or name in TRL_REFUSED
 
 
+# TRL's (and TrainingArguments') dict options it reads from a string starting with "{" as JSON
+# (its _VALID_DICT_FIELDS; another string is a file path there, e.g. a DeepSpeed config).
+_JSON_DICT_OPTIONS = (
+    "accelerator_config",
+    "fsdp_config",
+    "deepspeed",
+    "activation_checkpointing_kwargs",
+    "gradient_checkpointing_kwargs",
+    "transformers_continuous_batching_config",
+)
+# Dict options groupwise applies: a string must be a JSON object (no file path is read).
+_JSON_ONLY_OPTIONS = ("chat_template_kwargs", "generation_kwargs", "model_init_kwargs")
+
+
+def _convert_str_values(values: dict[str, Any]) -> dict[str, Any]:
+    """transformers' ``_convert_str_dict``: string values "true" / "false" / digits in a parsed
+    JSON dict become bools and numbers, nested dicts too."""
+    for key, value in values.items():
+        if isinstance(value, dict):
+            values[key] = _convert_str_values(value)
+        elif isinstance(value, str):
+            if value.lower() in ("true", "false"):
+                values[key] = value.lower() == "true"
+            elif value.isdigit():
+                values[key] = int(value)
+            elif value.replace(".", "", 1).isdigit():
+                values[key] = float(value)
+    return values
+
+
+def _json_dicts(kwargs: dict[str, Any]) -> None:
+    """TRL's dict options given as JSON strings (a script's ``chat_template_kwargs='{...}'``,
+    the command line's ``--deepspeed '{...}'``) parsed in place, as TRL parses them."""
+    for name in (*_JSON_DICT_OPTIONS, *_JSON_ONLY_OPTIONS):
+        value = kwargs.get(name)
+        if not isinstance(value, str) or (name in _JSON_DICT_OPTIONS and not value.startswith("{")):
+            continue
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ConfigError(
+                f"{name}={value!r} is not a JSON object ({err}); give a mapping, e.g. "
+                "'{\"enable_thinking\": false}'"
+            ) from None
+        if not isinstance(parsed, dict):
+            raise ConfigError(f"{name} expects a mapping (a JSON object), got {value!r}")
+        kwargs[name] = _convert_str_values(parsed)
+
+
+def _command_line_value(value: Any) -> Any:
+    """A refused option's value as a YAML scalar when it is a string (the command line gives
+    strings: "null", "false", "{}"); a string YAML cannot read stays the string."""
+    import yaml
+
+    if not isinstance(value, str):
+        return value
+    if value.strip().lower() in ("", "none", "null"):
+        return None
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:  # e.g. a regex such as "[0-9]+": no "off" value, refused below
+        return value
+
+
 def _refuse_training_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Take the :data:`TRL_REFUSED` names out of ``kwargs``: those at their "off" value are
     returned (to be reported as ignored), any other value is refused naming the option."""
-    import yaml
-
     off = {}
     for name in sorted(set(kwargs) & set(TRL_REFUSED)):
         value = kwargs.pop(name)
         allowed, why = TRL_REFUSED[name]
-        parsed = yaml.safe_load(value) if isinstance(value, str) and value else value
-        if parsed not in allowed:
+        if _command_line_value(value) not in allowed:
             raise ConfigError(
                 f"{name}={value!r} is not supported: it changes training and groupwise does not "
                 f"implement it ({why}); leave it unset"
@@ -376,16 +423,72 @@ _QUANTIZATION_FIXED = {  # key: (the values groupwise accepts, why)
 }
 
 
+# model_init_kwargs' dtype (a torch.dtype or its name) -> groupwise's dtype: the trained weights'
+# dtype, as TRL's from_pretrained(dtype=...) gives it. "auto" (the checkpoint's dtype) and None
+# change nothing here.
+_INIT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
+
+
+_MODEL_LOADING_KEYS = ("torch_dtype", "dtype", "attn_implementation", "trust_remote_code")
+
+
+def _model_loading(init: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """``model_init_kwargs``' ``dtype`` (or ``torch_dtype``), ``attn_implementation`` and
+    ``trust_remote_code``, which TRL hands to ``from_pretrained``, set groupwise's options of
+    the same meaning. ``dtype="auto"`` sets nothing (groupwise does not read the checkpoint's
+    dtype; reported as ignored, :func:`unapplied_model_init_kwargs`)."""
+    for key in ("torch_dtype", "dtype"):  # torch_dtype: transformers' older name
+        value = init.get(key)
+        name = str(value).removeprefix("torch.") if value is not None else None
+        if name in ("float16", "half"):
+            raise ConfigError(
+                f"model_init_kwargs['{key}']={value!r} is not supported: groupwise trains in "
+                "float32 or bfloat16 (no fp16 loss scaling)"
+            )
+        if name in _INIT_DTYPES:
+            _set(kwargs, "dtype", _INIT_DTYPES[name], f"model_init_kwargs['{key}']={value!r}")
+        elif name not in (None, "auto"):
+            raise ConfigError(
+                f"model_init_kwargs['{key}']={value!r} is not a dtype groupwise trains in "
+                "(float32, bfloat16, auto)"
+            )
+    for key in ("attn_implementation", "trust_remote_code"):
+        value = init.get(key)
+        if value is not None:
+            _set(kwargs, key, value, f"model_init_kwargs['{key}']={value!r}")
+
+
+def unapplied_model_init_kwargs(init: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``model_init_kwargs`` that set no groupwise option (reported as ignored)."""
+    return {key: value for key, value in init.items()
+            if key not in _MODEL_LOADING_KEYS
+            or (key in ("dtype", "torch_dtype") and str(value) == "auto")}  # fmt: skip
+
+
+def reported_ignored(ignored: dict[str, Any]) -> dict[str, Any]:
+    """The ignored TRL options to report: ``model_init_kwargs`` without the keys it applied
+    (it reads back whole, as the script gave it)."""
+    reported = dict(ignored)
+    if isinstance(reported.get("model_init_kwargs"), dict):
+        rest = unapplied_model_init_kwargs(reported.pop("model_init_kwargs"))
+        if rest:
+            reported["model_init_kwargs"] = rest
+    return reported
+
+
 def _model_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """TRL's ``model_init_kwargs``: its ``quantization_config`` (transformers'
-    ``BitsAndBytesConfig`` or its ``to_dict()``) sets the 4-bit options; the other keys are
-    returned, to be reported as ignored."""
+    ``BitsAndBytesConfig`` or its ``to_dict()``) sets the 4-bit options, its ``dtype``,
+    ``attn_implementation`` and ``trust_remote_code`` set those options (:func:`_model_loading`);
+    the rest is returned (quantization_config aside), to be read back as given and reported as
+    ignored but for the keys applied (:func:`reported_ignored`)."""
     init = kwargs.pop("model_init_kwargs", None)
     if init is None:
         return {}
     if not isinstance(init, dict):
         raise ConfigError(f"model_init_kwargs must be a mapping, got {init!r}")
     init = dict(init)
+    _model_loading(init, kwargs)
     quant = init.pop("quantization_config", None)
     if quant is not None:
         if hasattr(quant, "to_dict"):  # a BitsAndBytesConfig
@@ -416,18 +519,22 @@ def _model_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def model_init_changes(init: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """TRL's ``model_init_kwargs`` given after the config was made (TRL's grpo.py assigns
-    ``training_args.model_init_kwargs``), read as at construction: ``(options its
-    quantization_config sets, the other keys, ignored)``."""
+    ``training_args.model_init_kwargs``), read as at construction: ``(options it sets, the
+    other keys, ignored)``."""
     changes: dict[str, Any] = {"model_init_kwargs": init}
     rest = _model_init_kwargs(changes).get("model_init_kwargs", {})
     changes.pop("model_init_kwargs", None)
-    return changes, rest
+    return changes, unapplied_model_init_kwargs(rest)
 
 
-def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def translate_trl_options(
+    kwargs: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """``GRPOConfig`` keyword arguments with TRL names translated (see the module docstring),
-    and the ignored ones ``{name: value}`` taken out."""
+    and the ignored ones ``{name: value}`` taken out. ``defaults``: the options' defaults
+    (``GRPOConfig.field_defaults()``), for the values one option takes from another's."""
     kwargs = dict(kwargs)
+    _json_dicts(kwargs)
     ignored = {name: kwargs.pop(name) for name in sorted(kwargs) if name in TRL_IGNORED}
     ignored.update(_refuse_training_options(kwargs))
     _generation_kwargs(kwargs)
@@ -479,14 +586,34 @@ def translate_trl_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[
         _set(kwargs, "warmup_ratio", warmup, f"warmup_steps={warmup} (< 1: a ratio)")
     if "num_train_epochs" in kwargs and "max_steps" not in kwargs:
         kwargs["max_steps"] = -1
-    if kwargs.get("save_strategy") == "steps" and "save_steps" not in kwargs:
-        kwargs["save_steps"] = _DEFAULT_SAVE_STEPS
     if kwargs.get("eval_strategy") == "steps" and kwargs.get("eval_steps") is None:
-        kwargs["eval_steps"] = kwargs.get("logging_steps", 1)
+        # TrainingArguments: eval_steps defaults to logging_steps
+        kwargs["eval_steps"] = kwargs.get("logging_steps", (defaults or {}).get("logging_steps"))
     for name in _NONE_IS_DEFAULT:  # TRL's "unset"; groupwise's default applies
         if name in kwargs and kwargs[name] is None:
             del kwargs[name]
     return kwargs, ignored
+
+
+def set_trl_option(config: Any, name: str, value: Any) -> None:
+    """A TRL name set on a config after it was made (TRL's own code assigns some, e.g.
+    ``args.transformers_continuous_batching_config``), read as at construction: a translated
+    name sets the groupwise options it means, an ignored one (or a refused one at its "off"
+    value) is kept in ``trl_ignored`` and reported, a refused one is an error naming it."""
+    if name == "use_vllm" and not value:  # transformers' generation: any engine but vLLM's
+        changes = {"generation_engine": "hf"} if config.generation_engine == "vllm" else {}
+        ignored: dict[str, Any] = {}
+    elif name == "bf16" and value is None:  # TRL's "unset": groupwise's auto
+        changes, ignored = {"bf16_autocast": None}, {}
+    else:
+        changes, ignored = translate_trl_options({name: value})
+    for option, new in changes.items():
+        setattr(config, option, new)
+    if changes:
+        config.explicit_options = config.explicit_options | frozenset(changes)
+    if ignored:
+        config.trl_ignored = {**config.trl_ignored, **ignored}
+        warnings.warn(ignored_message(ignored), IgnoredOptionsWarning, stacklevel=3)
 
 
 def normalise_report_to(value: Any) -> list[str]:

@@ -6,17 +6,25 @@ so that a script such as ``TrlParser((ScriptArguments, GRPOConfig, ModelConfig))
 that line switched to groupwise (docs/trl.md "TRL scripts").
 
 Why :class:`TrlParser` is groupwise's own: ``transformers.HfArgumentParser`` adds one argparse
-option per dataclass field, so a name that two dataclasses declare is argparse's "conflicting
-option strings". groupwise's ``GRPOConfig`` declares names that TRL keeps in ``ModelConfig``
-(``dtype``, ``attn_implementation``, ``use_peft``, ``lora_*``) and names that scripts' own
-argument classes declare (open-r1's ``reward_funcs``, ``repetition_max_penalty``). Here such a
-name is one option, and its value goes:
+option per ``init`` dataclass field, so a name that two dataclasses declare is argparse's
+"conflicting option strings". TRL's own ``TrlParser`` works with groupwise's ``GRPOConfig`` too:
+its options that TRL's ``GRPOConfig`` lacks are ``init=False`` fields, which that parser does
+not offer (it offers the names TRL's ``GRPOConfig`` and groupwise's share). This one offers all
+of them, and TRL's names groupwise translates or ignores (``--bf16 False``, ``--push_to_hub``).
+groupwise's ``GRPOConfig`` declares names that TRL keeps in ``ModelConfig`` (``dtype``,
+``attn_implementation``, ``use_peft``, ``lora_*``) and names that scripts' own argument classes
+declare (open-r1's ``reward_funcs``, ``repetition_max_penalty``). Here such a name is one
+option, and its value goes:
 
 - to ``ModelConfig`` *and* ``GRPOConfig`` for the names in :data:`SAME_MEANING`, which mean the
-  same in both (the script reads ``ModelConfig`` for its ``model_init_kwargs`` and
-  ``get_peft_config``; groupwise applies the ``GRPOConfig`` copy when it loads the model);
-- to the script's own class only for any other name: TRL's ``GRPOConfig`` has no such field,
-  so the script reads it there (``GRPOConfig`` keeps its default).
+  same in both (the script reads ``ModelConfig`` for ``get_peft_config`` and
+  ``get_quantization_config``; groupwise applies the ``GRPOConfig`` copy when it loads the
+  model);
+- to the script's own class (or ``ModelConfig``) only for any other name: TRL's ``GRPOConfig``
+  has no such field, so the script reads it there (``GRPOConfig`` keeps its default). That
+  includes ``dtype`` and ``attn_implementation``: under TRL they reach the model only through
+  the ``model_init_kwargs`` the script builds from ``ModelConfig``, and so they do here
+  (:func:`groupwise.config.trl.model_init_changes`).
 
 ``GRPOConfig``'s options are read as ``groupwise train --name value`` reads them
 (:meth:`GRPOConfig.from_dict`: the same types and errors, TRL's translated and ignored names
@@ -43,10 +51,11 @@ from .grpo_config import GRPOConfig, coerce
 from .trl import TRL_IGNORED, TRL_REFUSED, TRL_TRANSLATED, is_trl_name
 
 # ModelConfig names that are GRPOConfig options with the same meaning: the value reaches both.
+# Not dtype and attn_implementation: TRL loads the model with them only when the script puts
+# them into model_init_kwargs (trl/scripts/grpo.py does), never from ModelConfig itself.
 SAME_MEANING = frozenset(
-    {"dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
-     "lora_target_modules", "trust_remote_code", "load_in_4bit", "bnb_4bit_quant_type",
-     "use_bnb_nested_quant"}
+    {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
+     "trust_remote_code", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant"}
 )  # fmt: skip
 
 
@@ -172,6 +181,12 @@ def _is_config(dtype: type) -> bool:
     return isinstance(dtype, type) and issubclass(dtype, GRPOConfig)
 
 
+def _options(dtype: type) -> list[dataclasses.Field[Any]]:
+    """The fields of ``dtype`` that are options here: a GRPOConfig's every field (its hidden,
+    ``init=False`` ones too), another dataclass's ``init`` fields (as HfArgumentParser's)."""
+    return [f for f in dataclasses.fields(dtype) if f.init or _is_config(dtype)]
+
+
 def _takes_list(tp: Any) -> bool:
     args = typing.get_args(tp) if typing.get_origin(tp) is not list else (tp,)
     return any(typing.get_origin(arg) is list for arg in (tp, *args))
@@ -202,9 +217,8 @@ class TrlParser(HfArgumentParser):
         self._raw: dict[str, Any] = {}  # option -> the type its value is read as, by us
         self._declared: dict[str, list[type]] = {}  # option -> the dataclasses declaring it
         for dtype in dataclass_types:
-            for f in dataclasses.fields(dtype):
-                if f.init:
-                    self._declared.setdefault(f.name, []).append(dtype)
+            for f in _options(dtype):
+                self._declared.setdefault(f.name, []).append(dtype)
         super().__init__(dataclass_types=dataclass_types, **kwargs)
 
     # -- building the options ------------------------------------------------------------------
@@ -228,10 +242,10 @@ class TrlParser(HfArgumentParser):
             from .grpo_config import option_help
 
             helps = option_help()
-            for f in dataclasses.fields(dtype):
-                if f.init:
-                    text = helps.get(f.name)  # argparse formats help with %
-                    self._add_raw(f.name, hints[f.name], text and text.replace("%", "%%"))
+            for f in _options(dtype):
+                # argparse formats help with %; TRL's names: their field's help
+                text = helps.get(f.name) or f.metadata.get("help")
+                self._add_raw(f.name, hints[f.name], text and text.replace("%", "%%"))
             for name in (*TRL_TRANSLATED, *TRL_REFUSED, *sorted(TRL_IGNORED)):
                 if name not in self._declared:  # TRL's names: --bf16 False, --push_to_hub ...
                     self._add_raw(name, TRL_TRANSLATED.get(name), "TRL's name (docs/trl.md)")
@@ -262,8 +276,8 @@ class TrlParser(HfArgumentParser):
             hints = typing.get_type_hints(dtype)
             given = {
                 f.name: values[f.name]
-                for f in dataclasses.fields(dtype)
-                if f.init and f.name in values and self._receives(dtype, f.name)
+                for f in _options(dtype)
+                if f.name in values and self._receives(dtype, f.name)
             }
             if _is_config(dtype):
                 trl_names = {
@@ -272,7 +286,6 @@ class TrlParser(HfArgumentParser):
                     if n in values and n not in hints and is_trl_name(n)
                 }
                 given.update({n: _scalar(v) for n, v in trl_names.items()})
-                _older_dtype(values, given)
                 outputs.append(dtype.from_dict(_lists(given), source="command line"))
                 continue
             for name in list(given):
@@ -292,12 +305,11 @@ class TrlParser(HfArgumentParser):
         unused = set(args)
         outputs = []
         for dtype in self.dataclass_types:
-            names = {f.name for f in dataclasses.fields(dtype) if f.init}
+            names = {f.name for f in _options(dtype)}
             given = {k: v for k, v in args.items() if k in names and self._receives(dtype, k)}
             if _is_config(dtype):
                 given.update({k: v for k, v in args.items()
                               if is_trl_name(k) and k not in self._declared})  # fmt: skip
-                _older_dtype(args, given)
                 outputs.append(dtype.from_dict(given, source="parse_dict"))
             else:
                 outputs.append(dtype(**given))
@@ -353,14 +365,6 @@ class TrlParser(HfArgumentParser):
                 action.required = False
                 used.add(action.dest)
         return [item for k, v in kwargs.items() if k not in used for item in (f"--{k}", str(v))]
-
-
-def _older_dtype(values: dict[str, Any], given: dict[str, Any]) -> None:
-    """ModelConfig's ``torch_dtype`` (TRL's older name of ``dtype``) reaches GRPOConfig's
-    ``dtype`` as ``--dtype`` does, unless ``--dtype`` is given too (ModelConfig checks that
-    the two agree)."""
-    if values.get("torch_dtype") is not None and "dtype" not in given:
-        given["dtype"] = values["torch_dtype"]
 
 
 def _lists(values: dict[str, Any]) -> dict[str, Any]:

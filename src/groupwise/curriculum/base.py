@@ -12,6 +12,7 @@ one process's on that batch.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -266,7 +267,8 @@ def defer(order: Sequence[int], held: Sequence[int]) -> list[int]:
 class PromptBatches:
     """The step's global batch of ``prompts_per_step`` prompts per rank: every rank draws the
     global batch in the same order and keeps its own consecutive prompts, tokenised (prompts
-    longer than ``max_prompt_length`` keep their last tokens)."""
+    longer than ``max_prompt_length`` keep their last tokens, and ``cut_warning``, when given,
+    is issued at the first such prompt)."""
 
     def __init__(
         self,
@@ -278,11 +280,13 @@ class PromptBatches:
         dist: DistributedContext,
         render: Callable[[Any], str] | None = None,
         shuffle: bool = True,
+        cut_warning: Warning | None = None,
     ) -> None:
         self.dataset, self.tokenizer, self.dist = dataset, tokenizer, dist
         self.render = render  # prompt -> text (None: the chat template; tools: shown to the model)
         self.prompts_per_rank, self.max_prompt_length = prompts_per_rank, max_prompt_length
         self.sampler = PromptSampler(len(dataset), seed, shuffle)
+        self.cut_warning = cut_warning  # said once, at the first prompt cut
 
     def next(self, curriculum: Curriculum | None = None) -> PromptBatch:
         """The step's batch; a ``curriculum`` that asks for more candidates than the batch holds
@@ -303,10 +307,14 @@ class PromptBatches:
             indices = [indices[k] for k in sorted(picked)]
         mine = slice(self.dist.rank * share, (self.dist.rank + 1) * share)
         rows = [self.dataset[i] for i in indices[mine]]
-        prompt_ids = tokenize_prompts(
-            [r["prompt"] for r in rows], self.tokenizer, self.max_prompt_length, self.render
-        )
-        return PromptBatch(indices, mine, rows, prompt_ids, skipped)
+        full = tokenize_prompts([r["prompt"] for r in rows], self.tokenizer, None, self.render)
+        limit = self.max_prompt_length
+        if limit is not None and any(len(ids) > limit for ids in full):
+            if self.cut_warning is not None:
+                warnings.warn(self.cut_warning, stacklevel=2)
+                self.cut_warning = None
+            full = [ids[-limit:] for ids in full]  # the last tokens, as tokenize_prompts keeps
+        return PromptBatch(indices, mine, rows, full, skipped)
 
     def state_dict(self) -> dict[str, Any]:
         return self.sampler.state_dict()

@@ -416,7 +416,7 @@ def replace_config(cfg: Any, **changes: Any) -> Any:
     from ..errors import ConfigError
 
     try:
-        return replace(cfg, **changes)
+        return cfg.replace(**changes)  # GRPOConfig.replace keeps every option
     except ConfigError as err:
         raise MemoryPlanError(str(err)) from None
 

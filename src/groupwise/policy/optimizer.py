@@ -47,9 +47,42 @@ def check_optim_device(optim: str, device: torch.device) -> None:
         )
 
 
+# transformers' Trainer.get_decay_parameter_names: parameters whose lower-cased name matches one
+# of these, or that belong to an nn.LayerNorm, get no weight decay (biases and norm weights).
+NO_DECAY_PATTERNS = (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")
+
+
+def decay_parameter_names(model: torch.nn.Module) -> list[str]:
+    """The names of ``model``'s parameters that weight decay applies to, as transformers'
+    ``Trainer.get_decay_parameter_names``: all but biases, LayerNorm / RMSNorm weights and the
+    parameters of ``nn.LayerNorm`` modules. Names are ``model.named_parameters()``'s."""
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    return get_parameter_names(model, [torch.nn.LayerNorm], list(NO_DECAY_PATTERNS))
+
+
+def parameter_groups(
+    model: torch.nn.Module, weight_decay: float
+) -> list[torch.nn.Parameter] | list[dict[str, Any]]:
+    """``model``'s trainable parameters for the optimizer: with ``weight_decay`` two groups as
+    the HF Trainer makes them (``weight_decay`` on :func:`decay_parameter_names`, 0.0 on the
+    rest); without, one plain list, so the optimizer's state dict keeps one group and
+    checkpoints saved with weight_decay 0 load as before."""
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if not weight_decay:
+        return [p for _, p in trainable]
+    decay = set(decay_parameter_names(model))
+    groups = [
+        {"params": [p for name, p in trainable if name in decay], "weight_decay": weight_decay},
+        {"params": [p for name, p in trainable if name not in decay], "weight_decay": 0.0},
+    ]
+    # An empty group (LoRA trains no bias or norm) would only be noise in the state dict.
+    return [group for group in groups if group["params"]]
+
+
 def build_optimizer(
     optim: str,
-    params: Iterable[torch.nn.Parameter],
+    params: Iterable[torch.nn.Parameter] | Iterable[dict[str, Any]],
     lr: float,
     betas: tuple[float, float],
     eps: float,
@@ -57,7 +90,9 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """The AdamW that ``optim`` names (:data:`OPTIMIZERS`): torch's, or bitsandbytes' with
     8-bit block-wise states (tensors of 4096+ elements; smaller ones keep 32-bit states, as
-    bitsandbytes' ``min_8bit_size``) and/or paged ones. All take the same hyper-parameters."""
+    bitsandbytes' ``min_8bit_size``) and/or paged ones. All take the same hyper-parameters.
+    ``params``: parameters, or parameter groups (:func:`parameter_groups`) whose own
+    ``weight_decay`` overrides ``weight_decay``."""
     name = OPTIMIZERS[optim]
     params = list(params)
     if name is None:
@@ -107,14 +142,13 @@ class Trainable:
     """A network trained under data parallel: ``module`` (the plain network, which checkpoints
     and ``save_pretrained`` read), ``wrapper`` (what its training forward goes through: DDP, the
     FSDP2 root, or None in one process), AdamW and its LR schedule (from ``optimization``, over
-    the optimizer steps that ``batch`` makes of ``max_steps``)."""
+    ``max_steps`` optimizer steps)."""
 
     def __init__(
         self,
         module: torch.nn.Module,
         wrapper: Any,
         optimization: OptimizationOptions,
-        batch: BatchOptions,
         dist: DistributedContext,
         learning_rate: float,
     ) -> None:
@@ -123,17 +157,17 @@ class Trainable:
         # torch's AdamW, or bitsandbytes' with 8-bit / paged states (TRL's optim names).
         self.optimizer = build_optimizer(
             optimization.optim,
-            [p for p in module.parameters() if p.requires_grad],
+            # the plain module's names, also under DDP (wrapper apart) and FSDP2 (in place)
+            parameter_groups(module, optimization.weight_decay),
             lr=learning_rate,
             betas=(optimization.adam_beta1, optimization.adam_beta2),
             eps=optimization.adam_epsilon,
             weight_decay=optimization.weight_decay,
         )
-        # The schedule spans the run's optimizer steps: max_steps generation batches (the
-        # sections are read after max_steps=-1 is made concrete for the dataset).
-        total = optimizer_steps(batch, optimization.max_steps)
+        # The schedule spans the run's optimizer steps, max_steps (the sections are read
+        # after max_steps=-1 is made concrete for the dataset).
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(optimization, total)
+            self.optimizer, lr_factor(optimization, optimization.max_steps)
         )
         self.last_lr: float | None = None
 

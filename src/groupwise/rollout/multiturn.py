@@ -29,6 +29,7 @@ EOS (or stop string, or budget); the rest is dropped. That path records no sampl
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -504,10 +505,11 @@ class MultiTurnEngine(Engine):
         prompt_ids, counts, rows = request.prompt_ids, request.counts, request.rows
         params, generator = request.params, request.generator
         envs: list[Any] = []
+        own_prompts: list[list[int]] | None = None  # one per rollout, when a group's differ
         if self.environments is not None:
             rows = rows if rows is not None else [{"prompt": PLACEHOLDER_PROMPT}] * len(counts)
             envs = self.environments.take(rows, counts)
-            prompt_ids = self._environment_prompts(rows, counts, envs)
+            prompt_ids, own_prompts = self._environment_prompts(rows, counts, envs)
         for p, count in enumerate(counts if self.environments is None else ()):
             for _ in range(count):
                 env = self.make_env()
@@ -524,8 +526,8 @@ class MultiTurnEngine(Engine):
             rollout, self.timing = converse(
                 engine.model,
                 engine.tokenizer,
-                [list(p) for p in prompt_ids],
-                counts,
+                [list(p) for p in prompt_ids] if own_prompts is None else own_prompts,
+                counts if own_prompts is None else [1] * len(own_prompts),
                 envs,
                 render,
                 params,
@@ -535,39 +537,116 @@ class MultiTurnEngine(Engine):
                 reencode=self.reencode,
                 stop_matcher=self.stop,
             )
+        if own_prompts is not None:
+            rollout = share_group_prompts(rollout, own_prompts, counts, engine.tokenizer)
         return rollout
 
     def _environment_prompts(
         self, rows: Sequence[Mapping[str, Any]], counts: Sequence[int], envs: Sequence[Any]
-    ) -> list[list[int]]:
-        """TRL's environment prompts: each row's prompt (an empty user turn when it has none)
-        with only its environment's tools shown and, when ``reset`` returned text, that text
-        appended to the last message. A prompt's rollouts share it (one group, one prompt), so
-        their resets must return the same text."""
+    ) -> tuple[list[list[int]], list[list[int]] | None]:
+        """TRL's environment prompts: each rollout's row prompt (an empty user turn when it has
+        none) with only its environment's tools shown and, when ``reset`` returned text, that
+        text appended to the last message. Returns one prompt per row and None when every
+        row's rollouts got the same text; else the rows' prompts and one prompt per rollout
+        (TRL allows a row's environments to reset to different text, e.g. a random board)."""
         assert self.environments is not None
-        tokenizer, ids, start = self.engine.tokenizer, [], 0
+        tokenizer = self.engine.tokenizer
+        shared: list[list[int]] = []
+        own: list[list[int]] = []
+        start = 0
         for row, count in zip(rows, counts, strict=True):
-            observations = [env.observation for env in envs[start : start + count]]
-            start += count
-            if any(o != observations[0] for o in observations):
-                raise ConfigError(
-                    "environment reset() returned different text for the rollouts of one prompt "
-                    f"({observations[:2]!r}, ...): a prompt's rollouts form one group with one "
-                    "prompt; return the same text for the same row (e.g. seed it from the row)"
-                )
-            prompt = with_observation(row.get("prompt", PLACEHOLDER_PROMPT), observations[0])
             schemas = self.environments.schemas[self.environments.name_of(row)]
-            if schemas:
-                text = prompt_text_with_tools(
-                    prompt, tokenizer, schemas, self.examples, self.template_kwargs
-                )
-            else:
-                text = prompt_text(prompt, tokenizer, self.template_kwargs)
-            ids.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
-        return ids
+            texts: dict[str, list[int]] = {}  # the same reset text is rendered once
+            for env in envs[start : start + count]:
+                key = repr(env.observation)
+                if key not in texts:
+                    row_prompt = row.get("prompt", PLACEHOLDER_PROMPT)
+                    prompt = with_observation(row_prompt, env.observation)
+                    if schemas:
+                        text = prompt_text_with_tools(
+                            prompt, tokenizer, schemas, self.examples, self.template_kwargs
+                        )
+                    else:
+                        text = prompt_text(prompt, tokenizer, self.template_kwargs)
+                    texts[key] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+                own.append(texts[key])
+            shared.append(own[start])
+            start += count
+        if all(ids == shared[group] for group, ids in zip(_row_groups(counts), own, strict=True)):
+            return shared, None
+        return shared, own
 
     def sync(self, policy: torch.nn.Module) -> None:
         self.engine.sync(policy)
+
+
+def _row_groups(counts: Sequence[int]) -> list[int]:
+    """The group (row) of each rollout, for ``counts[p]`` rollouts of row p."""
+    return [p for p, count in enumerate(counts) for _ in range(count)]
+
+
+def share_group_prompts(
+    rollout: Rollout,
+    prompts: Sequence[Sequence[int]],
+    counts: Sequence[int],
+    tokenizer: PreTrainedTokenizerBase,
+) -> Rollout:
+    """A rollout run with one prompt per conversation (``prompts``, one group each) as groups
+    of ``counts[p]`` rollouts: a group's prompt is the tokens its rollouts' prompts share (the
+    row's prompt up to where the reset texts differ), and the rest of each rollout's prompt
+    leads its completion as context (in the completion mask, not the loss mask, no sampler
+    log-prob), so every rollout is scored on exactly the tokens it was generated from while
+    the group keeps one prompt for the reward baseline."""
+    groups = _row_groups(counts)
+    if len(groups) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts for {len(groups)} rollouts")
+    shared: list[list[int]] = []
+    start = 0
+    for count in counts:
+        members = [list(p) for p in prompts[start : start + count]]
+        start += count
+        n = 0
+        while all(len(p) > n and p[n] == members[0][n] for p in members):
+            n += 1
+        if n == 0:
+            raise ConfigError(
+                "environment reset() returned different text for the rollouts of one row and "
+                "their prompts share no leading token, so the group has no common prompt; give "
+                "the rows a prompt (or a chat template) that comes before the reset text"
+            )
+        shared.append(members[0][:n])
+    tails = [list(p[len(shared[g]) :]) for p, g in zip(prompts, groups, strict=True)]
+    lengths = rollout.host_lengths.tolist()
+    n_rows = len(tails)
+    width = max(max(len(t) + n for t, n in zip(tails, lengths, strict=True)), 1)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    device = rollout.completion_ids.device
+    ids = torch.full((n_rows, width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((n_rows, width), dtype=torch.long, device=device)
+    trained = torch.zeros_like(mask)
+    logps = None
+    if rollout.sampling_logprobs is not None:
+        logps = torch.zeros((n_rows, width), device=device)
+    assert rollout.loss_mask is not None
+    for i, (tail, n) in enumerate(zip(tails, lengths, strict=True)):
+        k = len(tail)
+        ids[i, :k] = torch.tensor(tail, dtype=torch.long)
+        ids[i, k : k + n] = rollout.completion_ids[i, :n]
+        mask[i, : k + n] = 1
+        trained[i, k : k + n] = rollout.loss_mask[i, :n]
+        if logps is not None:
+            logps[i, k : k + n] = rollout.sampling_logprobs[i, :n]
+    prompt_ids, prompt_mask = left_pad(shared, pad_id)
+    return dataclasses.replace(
+        rollout,
+        prompt_ids=prompt_ids.to(device),
+        prompt_mask=prompt_mask.to(device),
+        completion_ids=ids,
+        completion_mask=mask,
+        group_ids=torch.tensor(groups, dtype=torch.long, device=device),
+        sampling_logprobs=logps,
+        loss_mask=trained,
+    )
 
 
 def with_observation(prompt: Any, observation: Any) -> Any:

@@ -117,11 +117,12 @@ def warn_lost_updates(precision: Precision, learning_rate: float, use_peft: bool
         warnings.warn(PURE_BF16_WARNING.format(lr=learning_rate), PrecisionWarning, stacklevel=3)
 
 
-def configure_tf32(enabled: bool, device: torch.device) -> None:
+def configure_tf32(enabled: bool | None, device: torch.device) -> None:
     """TF32 tensor-core matmuls and convolutions for fp32 work on CUDA (Ampere and newer): fp32
     range with a 10-bit mantissa, several times faster than full fp32. It touches only the fp32
-    matmuls that autocast leaves (or all of them in an fp32 run); the weights stay fp32."""
-    if device.type != "cuda":
+    matmuls that autocast leaves (or all of them in an fp32 run); the weights stay fp32.
+    ``None`` leaves torch's settings as they are (TrainingArguments' tf32=None)."""
+    if device.type != "cuda" or enabled is None:
         return
     # "high" is TF32 for fp32 matmuls; the long-standing API, understood by every torch release.
     torch.set_float32_matmul_precision("high" if enabled else "highest")

@@ -53,6 +53,24 @@ def is_4bit(model: torch.nn.Module) -> bool:
     return any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
 
 
+def model_4bit_settings(model: torch.nn.Module) -> tuple[str, bool] | None:
+    """The 4-bit quantisation ``model`` actually holds, read from its first bitsandbytes layer:
+    ``(quant type, double quantisation)``; None when it has no 4-bit layer. The layers, not
+    ``config.quantization_config``: a model quantised by hand may carry no such config, and
+    the layers are what trains and generates."""
+    if not is_4bit(model):
+        return None
+    import bitsandbytes as bnb
+
+    layer = next(m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit))
+    weight = layer.weight
+    state = getattr(weight, "quant_state", None)
+    if state is not None:  # quantised: its state says what was done
+        return str(state.quant_type), bool(state.nested)
+    # Not yet quantised (on the meta device, or before the move that quantises it).
+    return str(weight.quant_type), bool(weight.compress_statistics)
+
+
 def quantize_4bit(
     model: torch.nn.Module,
     quant_type: str,

@@ -84,7 +84,7 @@ class RuntimeOptions(Section):
     device: str
     seed: int
     bf16_autocast: bool | None
-    tf32: bool
+    tf32: bool | None
     logprob_chunk_size: int
     logprob_impl: str
     gradient_checkpointing: bool
@@ -118,9 +118,10 @@ class LoggingOptions(Section):
     save_total_limit: int | None
     log_completions: bool
     log_completions_steps: int
-    num_completions_to_print: int
+    num_completions_to_print: int | None
     completions_sample_size: int
     report_to: tuple[str, ...] | None
+    run_name: str | None
     disable_tqdm: bool
 
     def validate(self) -> None:
@@ -130,8 +131,9 @@ class LoggingOptions(Section):
                 "metrics and checkpoints to, e.g. --output_dir runs/my-run"
             )
         choice(self, "save_strategy", ("steps", "epoch", "no"))
-        at_least(self, 1, "logging_steps")
-        at_least(self, 0, "save_steps", "log_completions_steps", "num_completions_to_print")
+        positive(self, "logging_steps")  # below 1: a ratio of max_steps (transformers')
+        at_least(self, 0, "save_steps", "log_completions_steps")
+        at_least(self, 0, "num_completions_to_print", optional=True)  # None: all
         at_least(self, 1, "save_total_limit", optional=True)
         if self.report_to:
             unknown = [r for r in self.report_to if r not in ("tensorboard", "wandb")]

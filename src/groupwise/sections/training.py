@@ -89,14 +89,42 @@ class BatchOptions(Section):
                     f"generation_batch_size={gbs} must be a positive multiple of "
                     f"per_device_train_batch_size * ranks = {per_micro}"
                 )
-        micro = self.micro_steps_per_generation
-        if micro % self.gradient_accumulation_steps:
-            name = "steps_per_generation" if gbs is None else "generation_batch_size"
-            raise ConfigError(
-                f"{name}: a generation batch of {micro} micro-batches per rank is not a whole "
-                f"number of optimizer steps of gradient_accumulation_steps="
-                f"{self.gradient_accumulation_steps} micro-batches; use a multiple"
+        if self.micro_steps_per_generation % self.gradient_accumulation_steps:
+            raise ConfigError(self._split_step_message())
+
+    def _split_step_message(self) -> str:
+        """Why a generation batch that is not a whole number of optimizer steps is refused, and
+        the nearest values that are (the generation batch's option, or the accumulation)."""
+        micro, accum = self.micro_steps_per_generation, self.gradient_accumulation_steps
+        per_micro = self.per_device_train_batch_size * world_size_from_env()
+        below = micro // accum * accum
+        steps = [n for n in (below, below + accum) if n > 0]
+        if self.generation_batch_size is None:
+            given = f"steps_per_generation={micro}"
+            batch = " or ".join(f"steps_per_generation={n}" for n in steps)
+        else:
+            given = (
+                f"generation_batch_size={self.generation_batch_size} ({micro} "
+                f"micro-batch{'es' if micro > 1 else ''} of per_device_train_batch_size * ranks = "
+                f"{per_micro})"
             )
+            batch = " or ".join(f"generation_batch_size={n * per_micro}" for n in steps)
+        # Accumulations that divide the generation batch and keep whole groups per step.
+        divisors = [
+            d
+            for d in range(1, micro + 1)
+            if micro % d == 0 and self.per_device_train_batch_size * d % self.num_generations == 0
+        ]
+        nearest = [max((d for d in divisors if d < accum), default=None),
+                   min((d for d in divisors if d > accum), default=None)]  # fmt: skip
+        accums = " or ".join(f"gradient_accumulation_steps={d}" for d in nearest if d)
+        return (
+            f"{given} is not a multiple of gradient_accumulation_steps={accum}: groupwise takes "
+            "every optimizer step on the rollouts of one generation batch, so a generation "
+            "batch must hold whole optimizer steps (TRL would let an optimizer step span two "
+            f"generation batches, groupwise does not); use {batch}"
+            + (f", or {accums}" if accums else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -222,6 +250,21 @@ class LossOptions(Section):
         at_least(self, 0, "beta", "epsilon")
         at_least(self, 0, "epsilon_high", "rollout_correction_clip_min",
                  "rollout_correction_clip_max", optional=True)  # fmt: skip
+        # TRL's GRPOConfig refuses both (its vllm_importance_sampling_clip_min / _max).
+        low, high = self.rollout_correction_clip_min, self.rollout_correction_clip_max
+        if low is not None and high is not None and low >= high:
+            raise ConfigError(
+                f"rollout_correction_clip_min ({low}) must be less than "
+                f"rollout_correction_clip_max ({high}) (TRL: vllm_importance_sampling_clip_min / "
+                "_clip_max)"
+            )
+        if (self.rollout_correction and self.rollout_correction_mode.endswith("_truncate")
+                and low is None and high is None):  # fmt: skip
+            raise ConfigError(
+                f"rollout_correction_mode={self.rollout_correction_mode} truncates the weight at "
+                "its bounds: set rollout_correction_clip_min or rollout_correction_clip_max "
+                "(TRL: vllm_importance_sampling_clip_min / _clip_max), or use a *_mask mode"
+            )
 
 
 @dataclass(frozen=True)

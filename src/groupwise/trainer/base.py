@@ -283,7 +283,8 @@ class Trainer:
             trainer_state=lambda: self.state,  # TRL's trainer_state reward kwarg
         )  # fmt: skip
         self.eval_dataset = eval_dataset
-        self.global_step = 0
+        self.global_step = 0  # optimizer steps, as TRL counts them
+        self.optimizer_steps_per_batch = args.optimizer_steps_per_step
         # One pass over the prompts in steps (TrainerState.epoch); redone by train_dataset's setter
         self.steps_per_epoch = args.steps_per_epoch(len(self.prompts.dataset), dist.world_size)
         # The run's services: its files, checkpoints, failure warnings and step metrics.
@@ -310,6 +311,13 @@ class Trainer:
         """One step of the subclass's algorithm on the run, counted, with its metrics
         (:meth:`step_logs`): ``GRPOTrainer`` runs ``grpo_step``, ``PPOTrainer`` ``ppo_step``."""
         raise NotImplementedError
+
+    def optimizer_steps_now(self) -> int:
+        """Optimizer steps the next step trains: a generation batch's
+        (``optimizer_steps_per_step``), or the fewer left before ``max_steps`` (TRL stops
+        there, inside a generation batch). ``global_step`` counts these, as TRL's does."""
+        per_batch, left = self.optimizer_steps_per_batch, self.args.max_steps - self.global_step
+        return left if 0 < left < per_batch else per_batch
 
     def step_logs(self, result: StepResult, timer: PhaseTimer) -> dict[str, float]:
         """The end of a step: the records keep its batch (completions.jsonl), then its metrics

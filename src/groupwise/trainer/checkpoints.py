@@ -205,6 +205,7 @@ RESUME_SAFE_FIELDS = frozenset(
         "num_completions_to_print",
         "completions_sample_size",
         "report_to",
+        "run_name",
         "disable_tqdm",
         "max_bad_steps",
         "warn_zero_std_fraction",

@@ -8,6 +8,8 @@ plain line instead. The bar's postfix stays short enough for an 80-column termin
 from __future__ import annotations
 
 import contextlib
+import json
+import random
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
@@ -111,3 +113,90 @@ def quiet_transformers_bars() -> Iterator[None]:
     finally:
         if was_on:
             hf_logging.enable_progress_bar()
+
+
+# -- log_completions: TRL's table of the logged step's completions --------------------------------
+
+
+def completion_text(entry: Any) -> Any:
+    """A prompt or completion as TRL's table shows it: a conversation (a list of messages) as
+    each message's upper-cased role, then its reasoning, content and tool calls; anything else
+    as ``str``. Returns rich's ``Text``."""
+    from rich.text import Text
+
+    text = Text()
+    if not (isinstance(entry, list) and all(isinstance(m, dict) for m in entry)):
+        text.append(str(entry))
+        return text
+    for j, msg in enumerate(entry):
+        text.append(f"{msg.get('role', '').upper()}\n", style="bold red")
+        reasoning = msg.get("reasoning_content") or msg.get("thinking")
+        if reasoning:
+            text.append(reasoning, style="italic dim white")
+            text.append("\n")
+        content = msg.get("content")
+        if isinstance(content, list):  # a multimodal message: typed blocks
+            for block in content:
+                if block.get("type") == "text":
+                    text.append(block["text"])
+                elif block.get("type") == "image":
+                    text.append("[IMAGE]", style="bold cyan")
+        elif isinstance(content, str):
+            text.append(content)
+        for k, call in enumerate(msg.get("tool_calls") or []):
+            if k > 0:
+                text.append("\n")
+            function = call.get("function", {})
+            raw = function.get("arguments", {})
+            arguments = raw if isinstance(raw, dict) else json.loads(raw)
+            listed = ", ".join(f"{name}={value!r}" for name, value in arguments.items())
+            text.append(f"{function.get('name', '?')}({listed})")
+        if j < len(entry) - 1:
+            text.append("\n\n")
+    return text
+
+
+def print_completions_sample(
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    rewards: Mapping[str, Sequence[float]],
+    advantages: Sequence[float] | None,
+    step: int,
+    num_samples: int | None = None,
+    extra: Mapping[str, Sequence[Any]] | None = None,
+    seed: int | None = None,
+) -> None:
+    """TRL's ``print_prompt_completions_sample``: one rich table in a "Step N" panel, a row per
+    completion (prompt, completion, each reward function's reward, the advantage, then the
+    ``extra`` columns). ``num_samples`` rows drawn at random (None, or as many as there are:
+    all; 0: nothing printed). The draw uses its own generator (``seed``), so printing leaves
+    the run's random state as it was."""
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.table import Table
+
+    extra = dict(extra or {})
+    rewards = dict(rewards)
+    indices = list(range(len(prompts)))
+    if num_samples is not None and num_samples < len(prompts):
+        if num_samples <= 0:
+            return
+        indices = random.Random(seed).sample(indices, num_samples)
+    table = Table(show_header=True, header_style="bold white", expand=True)
+    table.add_column("Prompt", style="bright_yellow")
+    table.add_column("Completion", style="bright_green")
+    for name in rewards:
+        table.add_column(name, style="bold cyan", justify="right")
+    if advantages is not None:
+        table.add_column("Advantage", style="bold magenta", justify="right")
+    for name in extra:
+        table.add_column(name, style="bright_white")
+    for i in indices:
+        row = [completion_text(prompts[i]), completion_text(completions[i])]
+        row += [f"{values[i]:.2f}" for values in rewards.values()]
+        if advantages is not None:
+            row.append(f"{advantages[i]:.2f}")
+        row += [completion_text(values[i]) for values in extra.values()]
+        table.add_row(*row)
+        table.add_section()  # a rule between rows
+    Console().print(Panel(table, expand=False, title=f"Step {step}", border_style="bold white"))

@@ -57,10 +57,12 @@ def evaluation_metrics(
     greedy: bool,
     loss: Callable[[Sequence[dict[str, Any]], int], dict[str, float]] | None = None,
 ) -> dict[str, float]:
-    """The ``eval/*`` metrics of ``dataset`` (a list of rows): ``batch_size`` (default
-    ``per_device_eval_batch_size``) prompts at a time, greedy or sampled at the training
-    temperature; ``score(rows, rollout)`` rewards the completions; ``loss(rows, batch_size)``
-    adds the algorithm's ``eval_loss`` (TRL's) where it has one."""
+    """The ``eval/*`` metrics of ``dataset`` (a list of rows), ``batch_size`` (default
+    ``per_device_eval_batch_size``) completions at a time as in TRL: one completion per
+    prompt, greedy or sampled at the training temperature, so that many prompts per batch;
+    ``score(rows, rollout)`` rewards the completions; ``loss(rows, prompts)`` adds the
+    algorithm's ``eval_loss`` (TRL's) where it has one, on ``num_generations`` completions
+    per prompt, so ``batch_size // num_generations`` prompts (at least one) per batch."""
     batch_size = batch_size or args.per_device_eval_batch_size
     combine = scorer.combine
     # log_metric values of training steps stay apart from this evaluation's
@@ -81,7 +83,7 @@ def evaluation_metrics(
                 result.update(_pass_at_k(dataset, args, engine, tokenizer, scorer))
         policy.model.train()
         if loss is not None:
-            result.update(loss(dataset, batch_size))
+            result.update(loss(dataset, max(1, batch_size // args.num_generations)))
         result.update({f"eval/{k}": v for k, v in combine.take_metrics().items()})
     finally:
         combine.pending_metrics = training

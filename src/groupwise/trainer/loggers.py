@@ -1,4 +1,4 @@
-"""Optional metric backends (``report_to``): TensorBoard and Weights & Biases (offline only).
+"""Optional metric backends (``report_to``): TensorBoard and Weights & Biases.
 
 ``metrics.jsonl`` and ``events.jsonl`` belong to the trainer; :class:`RunLoggers` only fans the
 same metrics and warnings out to the backends named in ``report_to``. Each backend's package is an
@@ -8,12 +8,11 @@ any training time is spent.
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import os
-import secrets
-import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +45,20 @@ def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def new_run_id() -> str:
-    """A W&B-style run id: 8 random lowercase letters and digits."""
-    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table (which TensorBoard's text tab renders); a cell's ``|`` is escaped and
+    its line breaks become ``<br>``, so each row stays one line."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        return text.replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(cell(c) for c in columns) + " |"]
+    lines.append("|" + "---|" * len(columns))
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def _warning_fields(warning: Any) -> tuple[int, str, str]:
@@ -81,17 +91,26 @@ class TensorBoardLogger:
         self.writer.add_text(f"warnings/{kind}", message, global_step=step)
         self.writer.flush()
 
+    def log_table(self, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """The table as a Markdown text summary (TensorBoard has no table type)."""
+        self.writer.add_text(name, markdown_table(columns, rows), global_step=step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
 
 class WandbLogger:
-    """An offline W&B run under ``output_dir/wandb`` (sync later with ``wandb sync``).
+    """A W&B run set up as transformers' ``WandbCallback`` sets it up: the run already open
+    (``wandb.run``, e.g. the caller's own ``wandb.init(...)``), or a new one in project
+    ``WANDB_PROJECT`` (default "huggingface") named ``run_name`` (None: ``WANDB_NAME`` or
+    W&B's own name). wandb reads its other settings (``WANDB_MODE``, ``WANDB_ENTITY``, ...) from
+    the environment; without ``WANDB_DIR`` the run's files go under ``output_dir/wandb``.
 
-    Offline is forced through the run's own settings (not the environment), so an online
-    ``WANDB_MODE`` cannot make it reach the network, and nothing prompts for a login. The run id
-    is kept in ``output_dir/wandb_run_id.txt`` so that a resumed training run continues the same
-    W&B run."""
+    The run id is kept in ``output_dir/wandb_run_id.txt`` so that a resumed training run
+    continues the same W&B run (unless ``WANDB_RUN_ID`` names one). ``close`` finishes only a
+    run this logger opened; the caller's stays open. Every row carries ``train/global_step``,
+    the x axis it defines, as the HF Trainer's rows do."""
 
     def __init__(
         self,
@@ -104,55 +123,68 @@ class WandbLogger:
             import wandb
         except ImportError:
             raise _missing("wandb", "wandb") from None
+        self.wandb = wandb
         id_file = output_dir / WANDB_RUN_ID_FILE
-        run_id = id_file.read_text(encoding="utf-8").strip() if resume and id_file.exists() else ""
-        if not run_id:
-            run_id = new_run_id()
-            id_file.write_text(run_id + "\n", encoding="utf-8")
-        self.run_id = run_id
-        settings = wandb.Settings(
-            mode="offline",
-            silent=True,
-            console="off",  # no stdout/stderr capture (it wraps the process's streams)
-            save_code=False,
-            disable_code=True,
-            disable_git=True,
-            disable_job_creation=True,
-            x_disable_stats=True,  # no system-metrics sampler
-            x_disable_machine_info=True,
-        )
-        self.run = wandb.init(
-            dir=str(output_dir),
-            config=dict(config),
-            name=run_name,
-            id=run_id,
-            resume="allow" if resume else None,
-            reinit="create_new",  # never finish a W&B run the caller has open
-            settings=settings,
-        )
+        self.owned = wandb.run is None
+        if self.owned:
+            init: dict[str, Any] = {"project": os.getenv("WANDB_PROJECT", "huggingface")}
+            if run_name:
+                init["name"] = run_name
+            if not os.getenv("WANDB_DIR"):  # an explicit dir would override WANDB_DIR
+                init["dir"] = str(output_dir)
+            if resume and id_file.exists() and not os.getenv("WANDB_RUN_ID"):
+                run_id = id_file.read_text(encoding="utf-8").strip()
+                if run_id:
+                    init.update(id=run_id, resume="allow")
+            self.run = wandb.init(**init)
+        else:
+            self.run = wandb.run
+        self.run_id = str(self.run.id)
+        id_file.write_text(self.run_id + "\n", encoding="utf-8")
+        # As WandbCallback: the options also go into a run the caller opened.
+        self.run.config.update(dict(config), allow_val_change=True)
+        self.run.define_metric("train/global_step")
+        self.run.define_metric("*", step_metric="train/global_step", step_sync=True)
         self._messages: list[str] = []
 
+    def _log(self, row: dict[str, Any], step: int) -> None:
+        # W&B drops a row whose step is below its own counter, which a caller's run or an online
+        # run resumed past its checkpoint may be at: such rows go at W&B's next step instead
+        # (train/global_step still places them).
+        try:
+            at = {"step": step} if step >= self.run.step else {}
+        except Exception:  # a run kind without a step counter (mode="shared")
+            at = {}
+        self.run.log({**row, "train/global_step": step}, **at)
+
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
-        self.run.log(scalars(metrics), step=step)
+        self._log(scalars(metrics), step)
 
     def log_warning(self, step: int, kind: str, message: str) -> None:
         # A 1 in the history marks where warnings happened; the texts go to the summary.
-        self.run.log({f"warnings/{kind}": 1.0}, step=step)
+        self._log({f"warnings/{kind}": 1.0}, step)
         self._messages.append(f"step {step} [{kind}] {message}")
         self.run.summary["warning_messages"] = "\n".join(self._messages)
+
+    def log_table(self, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """A ``wandb.Table`` under ``name`` (TRL's "completions")."""
+        self._log({name: self.wandb.Table(columns=columns, data=rows)}, step)
 
     def close(self) -> None:
         # finish() returns once W&B's background process has the exit record; it writes the
         # last records to run-<id>.wandb a few milliseconds later (and at the latest on exit).
-        self.run.finish()
+        if self.owned:
+            self.run.finish()
 
 
 class RunLoggers:
     """The ``report_to`` backends of one training run, behind one ``log`` call.
 
-    output_dir: the run's folder (TensorBoard writes to ``tensorboard/``, W&B to ``wandb/``).
+    output_dir: the run's folder (TensorBoard writes to ``tensorboard/``, W&B to ``wandb/``
+    unless ``WANDB_DIR`` says otherwise).
     report_to: backend names from :data:`BACKENDS`; None or [] logs nowhere (a no-op).
     config: the run's configuration (``GRPOConfig.to_dict()``), stored by W&B.
+    run_name: the W&B run's name (TrainingArguments' ``run_name``; None: W&B's choice).
     resume: continue the W&B run whose id is in ``wandb_run_id.txt``.
     resume_step: with ``resume``, the step of the checkpoint training resumes from (its
     ``global_step``); TensorBoard hides what the interrupted run logged after it.
@@ -190,6 +222,15 @@ class RunLoggers:
         """Send one metrics row (training or ``eval/*``) to every backend."""
         for backend in self.backends.values():
             backend.log(metrics, step)
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int
+    ) -> None:
+        """Send a table (TRL's "completions": a row per completion) to every backend: a
+        ``wandb.Table``, a TensorBoard text summary."""
+        columns, table = list(columns), [list(row) for row in rows]
+        for backend in self.backends.values():
+            backend.log_table(name, columns, table, step)
 
     def log_warning(
         self, warning: Any, kind: str | None = None, message: str | None = None

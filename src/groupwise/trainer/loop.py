@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from transformers import TrainerControl
 
 from ..config.grpo_config import GRPOConfig
+from ..config.trl_parity import differences_in_effect
 from ..errors import OutputDirError, option
 from ..report.record import record_run_end, record_run_start
 from ..runtime.distributed import any_rank, barrier
@@ -189,6 +190,9 @@ class TrainingLoop:
             facts = run_description(args, self.run.device, dist.world_size, precision.weights,
                                     precision)  # fmt: skip
             segment_start = record_run_start(output_dir, facts, not fresh)
+            if fresh:  # once per run: where this run's settings differ from TRL's
+                for line in differences_in_effect(args, self.run.device, precision.autocast):
+                    tqdm.write(f"[groupwise] {line}")
         if records.loggers is None and args.report_to and dist.is_main:
             records.open_loggers(args, calls.global_step())
         self.signals.install()
@@ -197,7 +201,9 @@ class TrainingLoop:
             self._steps()
             self._finish()
             step, ranks = calls.global_step(), dist.world_size
-            completions = (step - first_step) * args.completions_per_generation * ranks
+            # steps are optimizer steps; each generation batch trained up to this many
+            batches = math.ceil((step - first_step) / args.optimizer_steps_per_step)
+            completions = batches * args.completions_per_generation * ranks
             metrics = train_summary(time.perf_counter() - started, step - first_step,
                                     completions, self.losses, calls.epoch())  # fmt: skip
             self._add_summary(metrics, ran=step > first_step)

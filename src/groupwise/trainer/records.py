@@ -28,9 +28,10 @@ from ..files import atomic_write_text, fsync_dir
 from ..report.record import changed_defaults
 from ..rewards.scoring import Scores
 from ..rollout import Rollout
-from ..runtime.distributed import DistributedContext, barrier
+from ..runtime.distributed import DistributedContext, all_gather_objects, barrier
 from ..runtime.precision import Precision
 from .checkpoints import PREFIX, checkpoint_dirs
+from .console import completion_text, print_completions_sample
 from .loggers import RunLoggers
 
 # Files of one run that a new run in the same output_dir must not append to.
@@ -95,7 +96,7 @@ class RunRecords:
             self.output_dir,
             args.report_to,
             config=args.to_dict(),
-            run_name=self.output_dir.name,
+            run_name=args.run_name,  # TrainingArguments' (None: W&B names it)
             resume=step > 0,
             resume_step=step,
         )
@@ -207,16 +208,55 @@ class RunRecords:
             )
         return [records[g] for g in sorted(records)]
 
-    def log_completions(self, step: int, sample_size: int | None, to_print: int) -> None:
-        """Append the last batch's first ``sample_size`` prompts to completions.jsonl and print
-        the first ``to_print`` of them as tables."""
+    def completions_table(self) -> dict[str, list[Any]]:
+        """TRL's completions table of the last batch, every rank's rows in rank order: columns
+        ``prompt``, ``completion``, one per reward function (its reward, NaN for None), the
+        reward functions' ``log_extra`` columns, and ``advantage``. Under data parallel a
+        collective: every rank calls it."""
+        table: dict[str, list[Any]] = {"prompt": [], "completion": []}
+        table.update({name: [] for name in self.reward_names})
+        if self.last_batch:
+            rows, texts, _, per_func, advantages, group_ids, extra = self.last_batch
+            table["prompt"] = [rows[g]["prompt"] for g in group_ids.tolist()]
+            table["completion"] = list(texts)
+            for j, name in enumerate(self.reward_names):
+                table[name] = [float(v) for v in per_func[:, j].tolist()]
+            for column, values in (extra or {}).items():
+                table.setdefault(column, list(values))  # a reward's name wins over an extra's
+            table["advantage"] = [float(a) for a in advantages.tolist()]
+        else:
+            table["advantage"] = []
+        merged: dict[str, list[Any]] = {}
+        for part in all_gather_objects(table, self.dist):
+            for column, values in part.items():
+                merged.setdefault(column, []).extend(values)
+        return merged
+
+    def log_completions(self, step: int, sample_size: int | None, to_print: int | None) -> None:
+        """Append the last batch's first ``sample_size`` prompts to completions.jsonl. With
+        ``log_completions`` (TRL's), print TRL's table of the step's completions
+        (``to_print`` rows drawn at random, None: all) and send it to the ``report_to``
+        loggers as "completions"; without, print the first ``to_print`` prompts' tables.
+        Every rank calls it (the table gathers every rank's rows); rank 0 writes."""
+        table = self.completions_table() if self.keep_samples else None
         if not self.dist.is_main:
             return
         records = self.completion_records(step, sample_size)
         for record in records:
             self.append_jsonl("completions.jsonl", record)
-        if to_print:
-            print_completions(records[:to_print])
+        if table is None:
+            if to_print:
+                print_completions(records[:to_print])
+            return
+        rewards = {name: table[name] for name in self.reward_names}
+        fixed = {"prompt", "completion", "advantage", *self.reward_names}
+        extra = {column: values for column, values in table.items() if column not in fixed}
+        print_completions_sample(table["prompt"], table["completion"], rewards,
+                                 table["advantage"], step, to_print, extra=extra,
+                                 seed=step)  # fmt: skip
+        if self.loggers is not None:
+            columns, rows = tracker_table(step, table, self.reward_names, list(extra))
+            self.loggers.log_table("completions", columns, rows, step)
 
 
 def run_description(
@@ -241,6 +281,24 @@ def run_description(
         "precision": precision.name,
         "defaults": changed_defaults(GRPOConfig().to_dict(), args.to_dict()),
     }
+
+
+def tracker_table(
+    step: int, table: dict[str, list[Any]], reward_names: Sequence[str], extra: Sequence[str]
+) -> tuple[list[str], list[list[Any]]]:
+    """The columns and rows TRL sends to the trackers: ``step``, ``prompt``, ``completion``,
+    the rewards, the extra columns and ``advantage``; a conversation as its text, NaN as
+    None (JSON has no NaN)."""
+    columns = ["step", "prompt", "completion", *reward_names, *extra, "advantage"]
+
+    def cell(column: str, value: Any) -> Any:
+        if column in ("prompt", "completion") or column in extra:
+            return value if isinstance(value, str) else completion_text(value).plain
+        return _finite_or_none(value)
+
+    cells = columns[1:]
+    rows = [[step, *(cell(c, table[c][i]) for c in cells)] for i in range(len(table["prompt"]))]
+    return columns, rows
 
 
 def _finite_or_none(value: torch.Tensor | float) -> float | None:

@@ -19,6 +19,7 @@ from ..config.grpo_config import GRPOConfig
 from ..config.trl import IgnoredOptionsWarning, ignored_message, model_init_changes
 from ..errors import ConfigError
 from ..runtime.models import is_peft_model
+from ..wiring.model import options_from_model
 
 
 def trl_arguments(
@@ -54,7 +55,8 @@ def trl_arguments(
         args = with_peft_config(args, model.peft_config[model.active_adapter])
     if peft_config is not None:
         args = with_peft_config(args, peft_config)
-    return train_dataset, args
+    # A model object: the records name it, and its own 4-bit quantisation is what trains.
+    return train_dataset, options_from_model(args, model, train_dataset)
 
 
 def with_model_init_kwargs(args: GRPOConfig, quantization_config: Any = None) -> GRPOConfig:
@@ -86,7 +88,7 @@ def with_model_init_kwargs(args: GRPOConfig, quantization_config: Any = None) ->
     for name, value in changes.items():
         if args.is_set(name) and getattr(args, name) != value:
             raise ConfigError(
-                f"model_init_kwargs' quantization_config means {name}={value!r}, but "
+                f"model_init_kwargs means {name}={value!r}, but "
                 f"{name}={getattr(args, name)!r} was also given"
             )
     if ignored:

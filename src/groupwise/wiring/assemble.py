@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config.grpo_config import GRPOConfig
+from ..config.trl_parity import prompt_cut_warning
 from ..curriculum import CURRICULA, Curriculum, NoCurriculum
 from ..curriculum.base import PromptBatches
 from ..curriculum.dynamic import DynamicSampling
@@ -86,6 +87,7 @@ def assemble_run(
         dist,
         getattr(engine, "prompt_text", None),  # with tools: shown in the prompt
         shuffle=options.data.shuffle_dataset,
+        cut_warning=prompt_cut_warning(options.data.max_prompt_length),
     )
     if dist.rank == 0:  # a GDRO curriculum that the run's sizes leave uniform says so at start
         warn_inert_curriculum(options, prompts.dataset, args.max_steps, dist.world_size)
@@ -143,7 +145,7 @@ def assemble_ppo(
     value_model.backbone.to(device=device, dtype=precision.trained)
     value_model.head.to(device=device, dtype=torch.float32)
     if options.runtime.gradient_checkpointing:
-        value_model.backbone.gradient_checkpointing_enable()
+        value_model.backbone.activation_checkpointing_enable()  # the deprecated alias warns
         value_model.backbone.config.use_cache = False
     value_model.train()
     return PPOParts(ppo, Critic(value_model, options, dist, device))

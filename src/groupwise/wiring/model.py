@@ -29,6 +29,7 @@ from ..runtime.quantization import (
     compute_dtype,
     is_4bit,
     keep_trainable_layout,
+    model_4bit_settings,
     prepare_for_kbit_training,
     quantize_4bit,
     require_bitsandbytes,
@@ -56,6 +57,58 @@ def apply_lora(
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+# The task a run records for a training set that names no dataset of its own.
+CUSTOM_DATASET = "custom"
+
+
+def dataset_label(dataset: Any) -> str:
+    """A training set's name for the run's records: a ``datasets.Dataset``'s own name (from the
+    hub), else :data:`CUSTOM_DATASET` (a list of rows, ``Dataset.from_list``, or a local file,
+    whose packaged builder's name, json or parquet, names only its format)."""
+    info = getattr(dataset, "info", None)
+    name = getattr(info, "dataset_name", None)
+    if name and name != getattr(info, "builder_name", None):
+        return str(name)
+    return CUSTOM_DATASET
+
+
+def options_from_model(args: GRPOConfig, model: Any, train_dataset: Any) -> GRPOConfig:
+    """``args`` with what a model object given to the trainer says about the run, so that its
+    records (config.yaml, run.json, the model card, the default output folder) name what is
+    trained rather than the options' defaults: ``model`` is the object's ``name_or_path``
+    (its class name when it has none, unless ``model`` was given); ``task`` the training set's
+    :func:`dataset_label` unless ``task`` was given; and when the model holds bitsandbytes 4-bit
+    layers and trains an adapter (a PeftModel, ``peft_config`` or ``use_peft``: TRL's QLoRA,
+    ``prepare_model_for_kbit_training`` then ``get_peft_model``), ``load_in_4bit`` with the
+    quant type and double quantisation of those layers. A name or path (a str) is read from
+    the options, so those are returned as they are."""
+    if isinstance(model, str):
+        return args
+    changes: dict[str, Any] = {}
+    name = getattr(getattr(model, "config", None), "name_or_path", None)
+    if name:
+        changes["model"] = str(name)
+    elif not args.is_set("model"):
+        changes["model"] = type(getattr(model, "get_base_model", lambda: model)()).__name__
+    if train_dataset is not None and not args.is_set("task"):
+        changes["task"] = dataset_label(train_dataset)
+    settings = model_4bit_settings(model)
+    if settings is not None and args.use_peft:
+        quant_type, double_quant = settings
+        held = {"load_in_4bit": True, "bnb_4bit_quant_type": quant_type,
+                "use_bnb_nested_quant": double_quant}  # fmt: skip
+        for option, value in held.items():
+            if args.is_set(option) and getattr(args, option) != value:
+                raise ConfigError(
+                    f"the model given is quantised with {option}={value!r} (read from its "
+                    f"4-bit layers), but {option}={getattr(args, option)!r} was also given; "
+                    "leave the option out (the model's own quantisation is trained)"
+                )
+        changes.update(held)
+    changes = {k: v for k, v in changes.items() if getattr(args, k) != v}
+    return args.replace(**changes) if changes else args
 
 
 def resolve_run_precision(args: GRPOConfig, device: torch.device) -> Precision:
@@ -128,19 +181,34 @@ def build_model(
     )
     if is_4bit(model) and not args.load_in_4bit:
         raise ConfigError(
-            "the model given holds 4-bit (bitsandbytes) layers: set load_in_4bit=True with "
-            "use_peft=True to train a LoRA adapter on it (QLoRA)"
+            "the model given holds 4-bit (bitsandbytes) layers, whose weights cannot train: "
+            "give it a LoRA adapter to train (QLoRA), as peft.get_peft_model(model, "
+            "LoraConfig(...)), the trainer's peft_config=LoraConfig(...), or use_peft=True"
         )
     model = place(model, device, dtype, quantization)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # transformers 5's name; gradient_checkpointing_enable is its deprecated alias, which
+        # warns on every run now that checkpointing is on by default (TRL's default).
+        model.activation_checkpointing_enable()
         model.config.use_cache = False
+    else:
+        checkpointing_off(model)
     if args.use_peft and not is_peft_model(model):  # a PeftModel given brings its adapter
         if args.load_in_4bit:
             model = prepare_for_kbit_training(model)
         model = apply_lora(model, ModelOptions.from_config(args), peft_config)
     model.train()
     return model, tokenizer
+
+
+def checkpointing_off(model: PreTrainedModel) -> None:
+    """Turn off the activation checkpointing a model given to the trainer came with (peft's
+    ``prepare_model_for_kbit_training`` turns it on by default): ``gradient_checkpointing``
+    decides, and the policy's forward that shares a prompt's KV cache across its group needs
+    the cache that a checkpointing model does not return in training."""
+    base = model.get_base_model() if is_peft_model(model) else model
+    if getattr(base, "is_activation_checkpointing", False):
+        base.activation_checkpointing_disable()
 
 
 def load_for_generation(

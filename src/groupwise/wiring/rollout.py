@@ -24,6 +24,7 @@ from ..rollout import HFEngine, RolloutEngine, SamplingParams, eos_token_ids
 from ..rollout.multiturn import MultiTurnEngine, TurnLimits
 from ..runtime.precision import Precision
 from ..sections import (
+    BatchOptions,
     DataOptions,
     GenerationOptions,
     OptimizationOptions,
@@ -202,14 +203,16 @@ def resolve_environment(spec: str) -> Callable[[], Environment]:
 class EngineOptions(SectionGroup):
     """The sections the rollout engine reads, and only those: sampling and the engine
     (``generation``), the multi-turn limits (``tools``), the chat template's options and the
-    longest prompt (``data``), the run's length (``optimization``: a static engine compiles when
-    it repays) and the seed (``runtime``: vLLM's sampler)."""
+    longest prompt (``data``), the run's length (``optimization`` and ``batch``: a static
+    engine compiles when it repays) and the seed (``runtime``: vLLM's sampler)."""
 
     generation: GenerationOptions
     tools: ToolOptions
     data: DataOptions
     optimization: OptimizationOptions
+    batch: BatchOptions
     runtime: RuntimeOptions
+
 
 def build_engine(
     policy: Policy,
@@ -336,7 +339,12 @@ def build_static(
     generation = options.generation
     compile_step = generation.static_compile
     if compile_step is None:  # measured on CPU: the compiled step is slower than the eager one
-        long_run = options.optimization.max_steps >= generation.static_compile_min_steps
+        # static_compile_min_steps counts generation batches; max_steps, optimizer steps
+        batch = options.batch
+        batches = options.optimization.max_steps / (
+            batch.optimizer_steps_per_generation * batch.num_iterations
+        )
+        long_run = batches >= generation.static_compile_min_steps
         compile_step = policy.device.type == "cuda" and long_run
     if generation.static_cuda_graphs and policy.device.type != "cuda":
         raise ConfigError(
