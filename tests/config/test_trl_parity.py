@@ -203,6 +203,15 @@ def test_cispo_without_epsilon_high_says_its_cap():
     assert differences_in_effect(_config(bf16=False, loss_type="cispo", epsilon_high=4.0)) == []
 
 
+def test_cadences_inside_a_generation_batch_are_said():
+    """num_iterations=2: two optimizer steps per generation batch; logging_steps=10 and
+    save_steps=500 are multiples of 2 (nothing to say), logging_steps=5 is not."""
+    assert differences_in_effect(_config(bf16=False, num_iterations=2)) == []
+    (line,) = differences_in_effect(_config(bf16=False, num_iterations=2, logging_steps=5))
+    assert "trains 2 optimizer steps" in line and "logging_steps=5" in line
+    assert "save_steps" not in line and "TRL: at that optimizer step" in line
+
+
 def test_vllm_context_length_is_said_with_the_vllm_engine():
     config = _config(bf16=False, max_prompt_length=100, max_completion_length=28)
     config.generation_engine = "vllm"  # building a vLLM config needs vLLM installed

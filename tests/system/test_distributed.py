@@ -77,10 +77,11 @@ SCRIPT = textwrap.dedent(
 
     def run(out, overrides):
         rows_generated.clear()
-        steps = overrides.pop("steps", 1)
+        steps = overrides.pop("steps", 1)  # train_step calls
+        max_steps = overrides.pop("max_steps", steps)  # optimizer steps (more per batch)
         easy = overrides.pop("easy_prompts", None)
         rows = [{"prompt": f"Problem number {i}: add {i} and {2 * i}."} for i in range(8)]
-        args = GRPOConfig(model="tiny-random", max_steps=steps, learning_rate=1e-4, beta=0.04,
+        args = GRPOConfig(model="tiny-random", max_steps=max_steps, learning_rate=1e-4, beta=0.04,
                           num_generations=4, max_completion_length=6, seed=0, disable_tqdm=True,
                           output_dir=out, **{"loss_type": "grpo", "logging_steps": 1,
                           "use_bias_correction_kl": False, "lr_scheduler_type": "constant",
@@ -635,7 +636,7 @@ def test_two_ranks_take_several_optimizer_steps_per_generation(tmp_path, data_pa
     # Per rank: 4 prompts x 4 completions, micro-batches of 4, 2 per optimizer step: 2 steps.
     options = {"data_parallel": data_parallel, "per_device_train_batch_size": 4,
                "gradient_accumulation_steps": 2, "steps_per_generation": 4,
-               "steps": 2}  # max_steps: the generation batch's 2 optimizer steps  # fmt: skip
+               "max_steps": 2}  # the generation batch's 2 optimizer steps  # fmt: skip
     _run(_torchrun(str(script), json.dumps([[str(tmp_path), options]])), tmp_path)
     logs = json.loads((tmp_path / "logs.json").read_text())
     assert logs["compute/optimizer_steps"] == 2

@@ -177,7 +177,8 @@ def _config(**kwargs) -> GRPOConfig:
         ({"save_strategy": "steps"}, {"save_steps": 500}),  # TrainingArguments' default
         ({"save_strategy": "steps", "save_steps": 4}, {"save_steps": 4}),
         ({"eval_strategy": "steps", "logging_steps": 5}, {"eval_steps": 5}),
-        ({"eval_strategy": "steps", "eval_steps": None}, {"eval_steps": 1}),
+        # TrainingArguments: eval_steps defaults to logging_steps (TRL's 10)
+        ({"eval_strategy": "steps", "eval_steps": None}, {"eval_steps": 10}),
         ({"eval_steps": None, "num_completions_to_print": None}, {"eval_steps": 0}),
         ({"per_device_eval_batch_size": 8}, {"per_device_eval_batch_size": 8}),
         ({"lr_scheduler_type": "constant_with_warmup"}, {"lr_scheduler_type": "constant"}),

@@ -308,8 +308,8 @@ def _json_dicts(kwargs: dict[str, Any]) -> None:
             parsed = json.loads(value)
         except json.JSONDecodeError as err:
             raise ConfigError(
-                f"{name}={value!r} is not a JSON object ({err}); give a mapping, e.g. "
-                "'{\"enable_thinking\": false}'"
+                f"{name} must be a mapping: {value!r} is not a JSON object ({err}); give a "
+                "dict, or its JSON text such as '{\"key\": value}'"
             ) from None
         if not isinstance(parsed, dict):
             raise ConfigError(f"{name} expects a mapping (a JSON object), got {value!r}")

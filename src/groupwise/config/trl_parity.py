@@ -88,9 +88,22 @@ DIFFERENCES: dict[str, Difference] = {
         "following the batch options",
     ),
     "steps_per_generation": Difference(
-        groupwise="`None`, resolved where it is used (`config.micro_steps_per_generation`)",
-        trl="resolved when the config is made: `gradient_accumulation_steps`",
-        reason="a saved config keeps following `gradient_accumulation_steps`",
+        groupwise="`None`, resolved where it is used (`config.micro_steps_per_generation`); "
+        "it must be a multiple of `gradient_accumulation_steps`",
+        trl="resolved when the config is made: `gradient_accumulation_steps`; any value whose "
+        "generation batch holds whole groups (an optimizer step may span two generation "
+        "batches)",
+        reason="a saved config keeps following `gradient_accumulation_steps`; every optimizer "
+        "step is taken on one generation batch, so a checkpoint never holds half a step",
+    ),
+    "save_steps": Difference(
+        groupwise="`500`; when a generation batch trains several optimizer steps, a multiple "
+        "of `save_steps` (of `logging_steps`, `eval_steps`) among them saves (logs, "
+        "evaluates) once, when the batch ends, named by the step count then",
+        trl="`500`; at that optimizer step, inside the generation batch",
+        reason="a checkpoint between a generation batch's optimizer steps would have to hold "
+        "the rest of the batch to resume exactly",
+        same_default=True,
     ),
     "eval_steps": Difference(
         groupwise="`0`: no evaluation during training (`eval_strategy` reads back `no`)",
@@ -157,6 +170,19 @@ def _vllm_length(config: GRPOConfig, device: str, autocast: bool) -> str | None:
     )
 
 
+def _batch_cadence(config: GRPOConfig, device: str, autocast: bool) -> str | None:
+    per_batch = config.optimizer_steps_per_step
+    names = ("logging_steps", "save_steps", "eval_steps")
+    off = [n for n in names if per_batch > 1 and getattr(config, n) % per_batch]
+    if not off:
+        return None
+    return (
+        f"each generation batch trains {per_batch} optimizer steps, so "
+        f"{', '.join(f'{n}={getattr(config, n)}' for n in off)} act when the batch that holds "
+        "such a step ends (TRL: at that optimizer step)"
+    )
+
+
 def _constant_warmup(config: GRPOConfig, device: str, autocast: bool) -> str | None:
     if config.lr_scheduler_type != "constant" or not (config.warmup_steps or config.warmup_ratio):
         return None
@@ -186,6 +212,7 @@ _IN_EFFECT: dict[str, Callable[[GRPOConfig, str, bool], str | None]] = {
     "bf16": _bf16,
     "max_tool_calling_iterations": _tool_rounds,
     "vllm_max_model_length": _vllm_length,
+    "save_steps": _batch_cadence,
     "lr_scheduler_type": _constant_warmup,
     "epsilon_high": _cispo_cap,
 }

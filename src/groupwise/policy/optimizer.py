@@ -35,7 +35,6 @@ OPTIMIZERS: dict[str, str | None] = {
 }
 
 
-
 def check_optim_device(optim: str, device: torch.device) -> None:
     """Refuse a paged optimizer off CUDA: it pages its state between GPU and CPU memory through
     CUDA unified memory, and on a CPU bitsandbytes silently runs the unpaged one instead."""
