@@ -227,6 +227,11 @@ def grpo_config(ns: argparse.Namespace, model: Path, out: Path, **options: Any):
         num_generations=4, per_device_train_batch_size=8, max_completion_length=16,
         max_prompt_length=64, beta=0.0, save_steps=0, num_eval_prompts=0,
         attn_implementation="sdpa",
+        # the settings the checks' thresholds were measured with, where TRL's defaults (which
+        # GRPOConfig follows) differ: the per-sequence loss, a constant rate, no recomputation,
+        # a metrics row per step
+        loss_type="grpo", lr_scheduler_type="constant", gradient_checkpointing=False,
+        logging_steps=1,
     )  # fmt: skip
     values.update(options)
     fields = grpo_fields()

@@ -165,6 +165,7 @@ def groupwise_run(
         per_device_train_batch_size=s.prompts * s.group,
         max_prompt_length=s.prompt_len, max_completion_length=s.completion_len,
         learning_rate=1e-6, beta=0.0, gradient_checkpointing=True, logging_steps=1,
+        loss_type="dapo", lr_scheduler_type="linear",  # TRL's, as the TRL run below has them
         **base.MODES["bf16_mixed"],
     )  # fmt: skip
     values.update(options)

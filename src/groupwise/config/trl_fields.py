@@ -1,6 +1,6 @@
 """TRL 1.16's ``GRPOConfig`` fields as data, for transformers' ``HfArgumentParser`` (which TRL's
 ``TrlParser`` is): groupwise's ``GRPOConfig`` offers that parser exactly these names
-(:class:`groupwise.config.grpo_config._TRLConfigType`). tests/config/test_trl_hf_parser.py
+(:class:`groupwise.config.construction.TRLConfigType`). tests/config/test_trl_hf_parser.py
 compares both tables with the installed TRL's fields."""
 
 from __future__ import annotations
