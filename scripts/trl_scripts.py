@@ -987,7 +987,9 @@ def check_game(out: Path, stdout: str) -> list[tuple[str, bool, str]]:
     rows = _rows(out)
     calls = [r.get("tools/call_frequency", 0.0) for r in rows]
     return [("move tool called", any(c > 0 for c in calls), f"tools/call_frequency {calls}"),
-            ("output_dir default as TRL's", out.name == "trainer_output",
+            # no output_dir given: a declared difference from TRL (trainer_output), which the
+            # run must say at its start
+            ("output_dir difference said", "output_dir was not given" in stdout,
              f"{'/'.join(out.parts[-2:])} (TRL: trainer_output)")]  # fmt: skip
 
 
