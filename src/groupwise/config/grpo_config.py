@@ -526,10 +526,9 @@ class GRPOConfig(trl_only_options(), metaclass=TRLConfigType):  # type: ignore[m
 
     @property
     def optimizer_steps_per_step(self) -> int:
-        """Optimizer steps one generation batch trains: its mini-batches, each stepped once
-        per pass (``num_iterations``). ``max_steps``, the ``*_steps`` cadences and
-        ``global_step`` count these, as TRL's do."""
-        return BatchOptions.from_config(self).optimizer_steps_per_generation * self.num_iterations
+        """Optimizer steps one generation batch trains
+        (:attr:`groupwise.sections.BatchOptions.optimizer_steps_per_batch`)."""
+        return BatchOptions.from_config(self).optimizer_steps_per_batch
 
     @property
     def generation_batches(self) -> int:

@@ -21,7 +21,7 @@ from ..runtime.distributed import DistributedContext, all_reduce_sum
 from ..runtime.quantization import require_bitsandbytes
 
 if TYPE_CHECKING:
-    from ..sections import BatchOptions, OptimizationOptions
+    from ..sections import OptimizationOptions
 
 # TRL's / transformers' ``optim`` names (transformers.training_args.OptimizerNames) that
 # groupwise trains with -> (bitsandbytes class, or None for torch.optim.AdamW).
@@ -128,13 +128,6 @@ def lr_factor(optimization: OptimizationOptions, total_steps: int) -> Callable[[
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
-
-
-def optimizer_steps(batch: BatchOptions, steps: int) -> int:
-    """Optimizer steps in ``steps`` groupwise steps (generation batches): every generation
-    batch is split into ``optimizer_steps_per_generation`` mini-batches, each stepped once per
-    pass, ``num_iterations`` passes."""
-    return steps * batch.optimizer_steps_per_generation * batch.num_iterations
 
 
 class Trainable:

@@ -51,6 +51,12 @@ class BatchOptions(Section):
         return self.micro_steps_per_generation // self.gradient_accumulation_steps
 
     @property
+    def optimizer_steps_per_batch(self) -> int:
+        """Optimizer steps one generation batch trains: each mini-batch once per pass
+        (``num_iterations``). ``max_steps`` and ``global_step`` count these, as TRL's do."""
+        return self.optimizer_steps_per_generation * self.num_iterations
+
+    @property
     def completions_per_generation(self) -> int:
         """Completions per generation batch, per rank (on average under Rollout-GDRO)."""
         return self.per_device_train_batch_size * self.micro_steps_per_generation

@@ -17,7 +17,6 @@ import torch
 from ..algo.advantages import group_reward_std, informative_groups, zero_std_groups_fraction
 from ..curriculum import Plan
 from ..policy.batches import UpdateStats
-from ..policy.optimizer import optimizer_steps
 from ..policy.policy import Policy
 from ..rewards.scoring import RolloutScorer, Scores
 from ..rollout import Rollout
@@ -149,7 +148,7 @@ def compute_spent(
     )
     total = [int(v) for v in all_reduce_sum(local, dist).tolist()]
     spent = dict(zip(ComputeLedger.KEYS[:4], total, strict=True))
-    spent["optimizer_steps"] = optimizer_steps(batch, 1)
+    spent["optimizer_steps"] = batch.optimizer_steps_per_batch
     dropped = dropped or {}
     spent["generated_tokens"] += int(dropped.get("dynamic/dropped_tokens", 0))
     spent["rollouts"] += int(dropped.get("dynamic/dropped_rollouts", 0))

@@ -340,10 +340,7 @@ def build_static(
     compile_step = generation.static_compile
     if compile_step is None:  # measured on CPU: the compiled step is slower than the eager one
         # static_compile_min_steps counts generation batches; max_steps, optimizer steps
-        batch = options.batch
-        batches = options.optimization.max_steps / (
-            batch.optimizer_steps_per_generation * batch.num_iterations
-        )
+        batches = options.optimization.max_steps / options.batch.optimizer_steps_per_batch
         long_run = batches >= generation.static_compile_min_steps
         compile_step = policy.device.type == "cuda" and long_run
     if generation.static_cuda_graphs and policy.device.type != "cuda":
