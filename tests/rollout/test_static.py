@@ -14,7 +14,6 @@ from conftest import sampling, static_engine_options
 from groupwise.policy.logprobs import completion_logprobs
 from groupwise.rollout import generate
 from groupwise.rollout.static import StaticEngine, packing_available, supports
-from groupwise.rollout.weight_sync import checkpoint_weights
 
 COUNTS = [3, 1, 4]
 
@@ -194,38 +193,6 @@ def test_sync_copies_the_policys_new_weights_in_place(tiny_model, tokenizer, pac
     assert torch.equal(torch.cat([q, k, v]), dict(engine.decoder.named_tensors())["layers.1.qkv"])
     for name, param in tiny_model.named_parameters():
         assert torch.equal(state[name], param), name
-
-
-def test_lora_is_merged_out_of_place_in_fp32(tiny_model, tokenizer):
-    peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(
-        tiny_model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"])
-    )
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_()
-    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
-    engine = _engine(model, tokenizer)
-    for _ in range(3):
-        engine.sync(model)
-    for n, p in model.named_parameters():  # the frozen base is untouched
-        if "lora_" not in n:
-            assert torch.equal(p, base[n]), n
-    q = model.base_model.model.model.layers[0].self_attn.q_proj
-    expected = q.base_layer.weight + q.scaling["default"] * (
-        q.lora_B["default"].weight @ q.lora_A["default"].weight
-    )
-    heads = engine.decoder.heads * engine.decoder.head_dim
-    qkv = dict(engine.decoder.named_tensors())["layers.0.qkv"]
-    torch.testing.assert_close(qkv[:heads], expected, atol=1e-6, rtol=0)
-    names = dict(checkpoint_weights(model))
-    assert "model.layers.0.self_attn.q_proj.weight" in names
-    assert not any("lora_" in n or "base_layer" in n for n in names)
-    # Greedy decoding follows the merged model (peft's own forward).
-    prompts = _prompts(tokenizer)
-    reference = generate(model, tokenizer, prompts, 1, sampling(10, temperature=0.0))
-    _same(engine.generate(prompts, 1), reference)
 
 
 def _qwen2(bias_scale=0.5):

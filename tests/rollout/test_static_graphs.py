@@ -2,9 +2,10 @@
 
 A CPU cannot capture graphs, so the engine runs the same arithmetic through the same static
 buffers with the graph replaced by a direct call (``capture=False``): its rollouts must equal the
-plain engine's, its buffers must be reused (never reallocated) across steps and rollouts, and
-inputs must be copied in. The capture protocol itself (side-stream warm-up, one capture per
-shape, replays after) is checked against fakes of torch.cuda's graph API.
+plain engine's, its buffers must be reused (never reallocated) across the steps of a rollout
+and released after it, and inputs must be copied in. The capture protocol itself (side-stream
+warm-up, one capture per shape, replays after, eager after a failed capture) is checked against
+fakes of torch.cuda's graph API.
 """
 
 import contextlib
@@ -50,32 +51,31 @@ def test_graphed_step_gives_the_plain_engines_rollouts(tiny_model, tokenizer, bu
     assert graphs.slots(width := 17) == (width if bucket == 1 else 64)
 
 
-def test_buffers_are_reused_across_steps_and_rollouts(tiny_model, tokenizer):
+def test_buffers_are_reused_across_steps_and_released_after_the_rollout(tiny_model, tokenizer):
     graphs = DecodeGraphs(decode_step, capture=False, max_graphs=2)
     engine = _engine(tiny_model, tokenizer, graphs)
     prompts = _prompts(tokenizer)
-    seen_logits = []
+    seen = []
     step = graphs.__call__
 
     def spy(*args):
         out = step(*args)
-        seen_logits.append(out.data_ptr())
+        buf = graphs._current
+        seen.append((out.data_ptr(), buf.cache_k.data_ptr(), args[3].data_ptr()))
+        assert [key[1] for key in graphs._shapes] == [sum(COUNTS)]  # one shape, 8 rows
+        assert next(iter(graphs._shapes))[3] == 64  # slots bucketed to 64
         return out
 
     engine._step = spy
     engine.generate(prompts, COUNTS)
-    (key, buf), = graphs._shapes.items()  # one shape: 8 rows, slots bucketed to 64
-    assert key[1] == sum(COUNTS) and key[3] == 64
-    pointers = [t.data_ptr() for t in (buf.cache_k, buf.cache_v, buf.valid, buf.token)]
-    engine.generate(prompts, COUNTS)  # the same shape: the same buffers, the same output
-    assert list(graphs._shapes.values()) == [buf]
-    assert [t.data_ptr() for t in (buf.cache_k, buf.cache_v, buf.valid, buf.token)] == pointers
-    assert len(seen_logits) > 9 and set(seen_logits) == {buf.logits.data_ptr()}
-    # Other shapes get their own buffers; beyond max_graphs the oldest shape is dropped.
-    engine.generate(prompts, [1, 1, 1])
-    engine.generate(prompts, [2, 2, 2])
-    rows = [key[1] for key in graphs._shapes]
-    assert rows == [3, 6]
+    assert len(seen) > 8 and len(set(seen)) == 1  # every step on the same buffers
+    assert seen[0][1] == seen[0][2]  # the step reads the graph's own cache
+    # The rollout is over: no KV buffer or graph outlives it into the update.
+    assert not graphs._shapes and graphs._current is None
+    # Within a rollout, shapes beyond max_graphs drop the oldest.
+    for rows in (1, 2, 3):
+        graphs.buffers((1, rows, 1, 64, 4), torch.float32, torch.device("cpu"))
+    assert [key[1] for key in graphs._shapes] == [2, 3]
 
 
 def test_inputs_are_copied_into_the_static_buffers():
@@ -167,6 +167,40 @@ def test_capture_warms_up_on_a_side_stream_then_captures_once_per_shape(monkeypa
     graphs(None, torch.tensor([1, 2, 3]), torch.tensor([3, 4, 5]), other.cache_k, other.cache_v,
            torch.tensor([0]), other.valid)  # fmt: skip
     assert graphs.captures == 2 and fake.events[-1] == "replay"
+
+
+def test_a_failed_capture_is_logged_once_and_the_step_runs_eagerly(monkeypatch, caplog):
+    fake = _FakeCuda()
+    for name in ("Stream", "CUDAGraph", "stream"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: fake.current)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    @contextlib.contextmanager
+    def failing_graph(g, **options):
+        yield
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(torch.cuda, "graph", failing_graph)
+    calls = []
+
+    def step(w, token, position, cache_k, cache_v, slot, valid):
+        calls.append(int(slot))
+        return (token + position).float()[:, None].expand(-1, 5).clone()
+
+    graphs = DecodeGraphs(step, warmup=1)
+    buf = graphs.buffers((1, 2, 1, 64, 4), torch.float32, torch.device("cpu"))
+    outs = [
+        graphs(None, torch.tensor([1, 2]), torch.tensor([3, 4]), buf.cache_k, buf.cache_v,
+               torch.tensor([s]), buf.valid)[:, 0].tolist()
+        for s in (5, 6)
+    ]  # fmt: skip
+    assert outs == [[4.0, 6.0], [4.0, 6.0]]  # the eager step's logits, through the buffers
+    assert not graphs.capture and graphs.captures == 0
+    assert graphs.capture_error == "operation not permitted when stream is capturing"
+    warnings = [r.getMessage() for r in caplog.records if "capture" in r.getMessage()]
+    assert len(warnings) == 1 and "decoding eagerly" in warnings[0]
+    assert calls[-2:] == [5, 6]  # warm-up, capture attempt, then eager runs
 
 
 def test_graphs_are_refused_without_cuda_or_with_compaction(tiny_model, tokenizer):

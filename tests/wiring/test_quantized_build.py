@@ -29,8 +29,6 @@ def _reward(completion_ids, **kwargs):
     "options, message",
     [
         ({"load_in_4bit": True}, "load_in_4bit=True needs use_peft=True"),
-        ({**QLORA, "generation_engine": "static"},
-         "load_in_4bit=True with generation_engine=static is not supported"),
         ({**QLORA, "generation_engine": "vllm"},
          "load_in_4bit=True with generation_engine=vllm is not supported"),
         ({**QLORA, "algorithm": "ppo"}, "load_in_4bit=True works with algorithm=grpo only"),
@@ -163,18 +161,29 @@ def test_the_command_line_spelling_of_model_init_kwargs():
     assert config.optim == "adamw_bnb_8bit"
 
 
-def test_auto_resolves_a_4bit_base_to_the_hf_engine_on_cuda():
-    # The static engine would read packed bytes as weights: auto must not pick it on a GPU,
-    # whether transformers or groupwise quantised the model.
+def test_auto_resolves_a_4bit_base_to_the_static_engine_on_cuda():
+    # The static engine runs bitsandbytes' own 4-bit layers in place (no 16-bit copy), whether
+    # transformers or groupwise quantised the model.
     from groupwise.rollout.static import supports
     from groupwise.sections.generation import resolve_generation_engine
 
     model = quantize_4bit(tiny_random_model(), "nf4", True, torch.float32, torch.device("cpu"))
-    why = supports(model)
-    assert why is not None and "quantized" in why
-    engine, _ = resolve_generation_engine("auto", device_type="cuda", static_unsupported=why)
-    assert engine == "hf"
+    assert supports(model) is None
+    engine, _ = resolve_generation_engine("auto", device_type="cuda", static_unsupported=None)
+    assert engine == "static"
     assert GRPOConfig(**QLORA).generation_engine == "auto"  # the default is accepted
+
+
+def test_a_qlora_run_trains_with_the_static_engine_reading_the_4bit_layers(tmp_path):
+    from groupwise.rollout.static import StaticEngine
+
+    args = tiny_config(tmp_path, **QLORA, lora_r=4, lora_alpha=8, generation_engine="static")
+    trainer = GRPOTrainer("tiny-random", _reward, ROWS, args=args)
+    engine = trainer.engine
+    assert isinstance(engine, StaticEngine) and engine.decoder.in_place
+    assert hasattr(engine.decoder.layers[0].down.parts[0][0].weight, "quant_state")
+    trainer.train()
+    assert trainer.log_history[-1]["step"] == 2
 
 
 def test_eval_and_chat_load_a_qlora_adapter_on_its_4bit_base(tmp_path, monkeypatch):

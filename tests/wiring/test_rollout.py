@@ -14,6 +14,8 @@ from conftest import tiny_config
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.errors import ConfigError
 from groupwise.rollout import HFEngine
+from groupwise.runtime.models import tiny_random_model
+from groupwise.runtime.quantization import keep_trainable_layout, quantize_4bit
 from groupwise.sections.generation import resolve_generation_engine
 from groupwise.wiring.rollout import choose_engine
 
@@ -86,8 +88,8 @@ def test_choose_engine_keeps_hf_for_models_the_static_engine_cannot_decode(tiny_
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64))
     name, why = choose_engine(_policy(gpt2, CUDA), generation)
     assert name == "hf" and "gpt2" in why
-    # A quantized base (QLoRA): the copy would read packed bytes.
-    tiny_model.config.quantization_config = {"load_in_4bit": True}
+    # Quantized but not by bitsandbytes' 4-bit layers (here: a config saying so, linears plain).
+    tiny_model.config.quantization_config = {"quant_method": "gptq", "bits": 4}
     name, why = choose_engine(_policy(tiny_model, CUDA), generation)
     assert name == "hf" and "quantized" in why
     del tiny_model.config.quantization_config
@@ -97,6 +99,19 @@ def test_choose_engine_keeps_hf_for_models_the_static_engine_cannot_decode(tiny_
     )
     name, why = choose_engine(_policy(dora, CUDA), generation)
     assert name == "hf" and "DoRA" in why
+
+
+def test_choose_engine_gives_lora_and_a_4bit_base_the_static_engine_on_cuda(tmp_path):
+    """The static engine reads their layers in place (no second copy), so auto picks it."""
+    generation = _generation(tmp_path)
+    lora = peft.LoraConfig(r=2, target_modules="all-linear")
+    base = quantize_4bit(tiny_random_model(), "nf4", True, torch.float32, torch.device("cpu"))
+    for model in (tiny_random_model(), keep_trainable_layout(base)):
+        name, why = choose_engine(_policy(peft.get_peft_model(model, lora), CUDA), generation)
+        assert (name, why) == (
+            "static",
+            "auto: the static engine (a Llama-family decoder on a CUDA device)",
+        )
 
 
 def test_options_are_checked_against_what_auto_resolves_to(tmp_path):

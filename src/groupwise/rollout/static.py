@@ -1,4 +1,4 @@
-"""The static engine: a lean decoder over its own copy of the weights, with a static KV cache.
+"""The static engine: a lean decoder with a static KV cache.
 
 The reference engine (:mod:`.hf`) decodes through the Hugging Face forward on the policy's own
 weights. On a small model that forward is dominated by per-op overhead rather than by
@@ -7,18 +7,24 @@ every token besides (autocast keeps the bf16 weights for the whole generation, b
 activations, and the KV cache, which transformers holds in fp32 there, is cast for attention at
 every step). This engine does what a serving engine does instead:
 
-- **its own weights** in the generation dtype (bf16 by default), refreshed in :meth:`sync` after
-  every optimizer step with ``copy_`` into the same storage (LoRA merged out of place in fp32), so
-  no forward ever casts a weight;
-- **fused projections**: one [q; k; v] matmul and one [gate; up] matmul per layer (as vLLM's
-  ``QKVParallelLinear`` and ``MergedColumnParallelLinear``), on a CPU held pre-packed in oneDNN's
-  blocked layout (what inductor's CPU freezing does), so no matmul re-blocks its weight;
+- **its weights** (:mod:`.static_weights`): for full fine-tuning its own copy in the generation
+  dtype (bf16 by default), refreshed in :meth:`sync` after every optimizer step with ``copy_``
+  into the same storage, one layer at a time, so no forward ever casts a weight; for a LoRA
+  adapter, and a 4-bit base under it, the policy's own layers read in place with the adapters
+  unmerged, so no second copy of the base exists;
+- **fused projections** in its copy: one [q; k; v] matmul and one [gate; up] matmul per layer
+  (as vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear``), on a CPU held pre-packed
+  in oneDNN's blocked layout (what inductor's CPU freezing does), so no matmul re-blocks its
+  weight;
 - **a static KV cache** [layers, rows, kv_heads, slots, head_dim] allocated once per call: the
   prompt occupies slots ``[0, Lp)`` (left-padded), token t of every row goes to slot ``Lp + t``,
   so a decode step's shapes never depend on the step and it can be compiled (``torch.compile``)
-  and, on a GPU, replayed as a CUDA graph (:mod:`.static_graphs`: one launch per token);
-- **attention written out** as three small batched matmuls (one query per row makes torch's CPU
-  attention kernels several times slower than that);
+  and, on a GPU, replayed as a CUDA graph (:mod:`.static_graphs`: one launch per token; the
+  graph and its buffers are released when the rollout ends, so they never sit through the
+  update, and a capture that fails falls back to the eager step, logged);
+- **attention**: the prefill through ``F.scaled_dot_product_attention``; a decode step written
+  out as three small batched matmuls (one query per row makes torch's CPU attention kernels
+  several times slower than that);
 - **few host syncs**: whether every row has finished is read every ``eos_check_every`` tokens,
   not after each token; in between, finished rows decode tokens that are discarded. At a check,
   finished rows leave the batch (``compact``, the default on a CPU, where compute follows the
@@ -35,14 +41,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..runtime.quantization import is_4bit
 from .base import Engine, Request, Rollout, SamplingParams
 from .hf import (
     eos_token_ids,
@@ -53,22 +59,14 @@ from .hf import (
     token_logprobs,
 )
 from .static_graphs import DecodeGraphs
-from .weight_sync import checkpoint_weights, unties_embeddings
+from .static_weights import DecoderWeights, base_model, linear, packing_available
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def _base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The Hugging Face model under DDP / peft wrappers."""
-    model = getattr(model, "module", model)  # DDP
-    if hasattr(model, "get_base_model"):  # peft
-        model = model.get_base_model()
-    return model
-
-
 def supports(model: torch.nn.Module) -> str | None:
     """None when the static engine can decode ``model``; otherwise why not (one line)."""
-    config = getattr(_base_model(model), "config", None)
+    config = getattr(base_model(model), "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         return (
@@ -83,210 +81,19 @@ def supports(model: torch.nn.Module) -> str | None:
         model_type == "mistral" and getattr(config, "sliding_window", None)
     ):
         return "sliding-window attention"
-    quantizer = getattr(_base_model(model), "hf_quantizer", None)
-    if getattr(config, "quantization_config", None) is not None or quantizer is not None:
-        # 4-/8-bit storage (bitsandbytes QLoRA): the copy would read packed bytes as weights.
-        return "quantized weights (quantization_config)"
-    peft_configs = getattr(getattr(model, "module", model), "peft_config", None) or {}
-    if any(getattr(c, "use_dora", False) for c in dict(peft_configs).values()):
-        return "a DoRA adapter (use_dora), which the weight copy cannot merge"
+    quantizer = getattr(base_model(model), "hf_quantizer", None)
+    quantized = getattr(config, "quantization_config", None) is not None or quantizer is not None
+    if quantized and not is_4bit(model):
+        # Only bitsandbytes' 4-bit layers run through their own matmul in place.
+        return "quantized weights other than bitsandbytes 4-bit (quantization_config)"
+    peft_configs = dict(getattr(getattr(model, "module", model), "peft_config", None) or {})
+    for peft_config in peft_configs.values():
+        kind = str(getattr(peft_config, "peft_type", "LORA")).rsplit(".", 1)[-1].upper()
+        if kind != "LORA":
+            return f"a {kind} adapter (the static engine applies LoRA adapters)"
+        if getattr(peft_config, "use_dora", False):
+            return "a DoRA adapter (use_dora), which the static engine does not apply"
     return None
-
-
-@dataclass
-class _Layer:
-    ln1: Tensor
-    qkv: Tensor  # [(H + 2 Hkv) * D, d]
-    qkv_bias: Tensor | None
-    q_norm: Tensor | None  # Qwen3: RMSNorm over each head's dims
-    k_norm: Tensor | None
-    o: Tensor
-    ln2: Tensor
-    gate_up: Tensor  # [2 I, d]
-    down: Tensor
-
-
-class DecoderWeights:
-    """The weights of a Llama-family decoder in one dtype, with q/k/v and gate/up fused, plus
-    the RoPE tables. :meth:`load` copies new values into the same storage."""
-
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
-        config = _base_model(model).config
-        self.config = config
-        self.dtype, self.device = dtype, device
-        self.layers_n = config.num_hidden_layers
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.eps = config.rms_norm_eps
-        # A tied config whose head computes with other weights than the embedding (LoRA on
-        # embed_tokens only, or a head trained apart) gets its own head copy, loaded each sync.
-        self.tied = bool(getattr(config, "tie_word_embeddings", False)) and not unties_embeddings(
-            getattr(model, "module", model)
-        )
-        state = dict(checkpoint_weights(getattr(model, "module", model), engine="static"))
-        self.embed = self._new(state["model.embed_tokens.weight"])
-        head = state.get("lm_head.weight")
-        self.lm_head = self.embed if head is None or self.tied else self._new(head)
-        self.norm = self._norm(state["model.norm.weight"])
-        self.layers = [self._layer(state, i) for i in range(self.layers_n)]
-        self.packed = False
-        self._rope(model)
-
-    def _new(self, tensor: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-        dtype = dtype or self.dtype
-        return tensor.detach().to(device=self.device, dtype=dtype, copy=True).contiguous()
-
-    def _norm(self, tensor: Tensor) -> Tensor:
-        return self._new(tensor, torch.float32)  # norms act on the fp32 residual stream
-
-    def _layer(self, state: dict[str, Tensor], i: int) -> _Layer:
-        p = f"model.layers.{i}."
-        attn = p + "self_attn."
-        bias = None
-        if attn + "q_proj.bias" in state:
-            bias = self._new(torch.cat([state[attn + f"{n}_proj.bias"] for n in "qkv"]))
-        q_norm = state.get(attn + "q_norm.weight")
-        k_norm = state.get(attn + "k_norm.weight")
-        return _Layer(
-            ln1=self._norm(state[p + "input_layernorm.weight"]),
-            qkv=self._new(torch.cat([state[attn + f"{n}_proj.weight"] for n in "qkv"])),
-            qkv_bias=bias,
-            q_norm=None if q_norm is None else self._norm(q_norm),
-            k_norm=None if k_norm is None else self._norm(k_norm),
-            o=self._new(state[attn + "o_proj.weight"]),
-            ln2=self._norm(state[p + "post_attention_layernorm.weight"]),
-            gate_up=self._new(
-                torch.cat([state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]])
-            ),
-            down=self._new(state[p + "mlp.down_proj.weight"]),
-        )
-
-    def _rope(self, model: torch.nn.Module) -> None:
-        """cos/sin [positions, D] from the model's own rotary embedding (every RoPE scaling
-        variant transformers implements), in fp32."""
-        rotary = _base_model(model).model.rotary_emb
-        positions = getattr(self.config, "max_position_embeddings", 4096)
-        ids = torch.arange(positions, device=next(rotary.buffers()).device)[None]
-        probe = torch.zeros(1, dtype=torch.float32, device=ids.device)
-        with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
-            cos, sin = rotary(probe, ids)
-        self.cos = cos[0].float().to(self.device)
-        self.sin = sin[0].float().to(self.device)
-
-    @torch.no_grad()
-    def load(self, model: torch.nn.Module) -> None:
-        """Copy ``model``'s current weights into this copy's storage (LoRA merged)."""
-        state = dict(checkpoint_weights(getattr(model, "module", model), engine="static"))
-        self.embed.copy_(state["model.embed_tokens.weight"])
-        if self.lm_head is not self.embed:
-            _assign(self.lm_head, state.get("lm_head.weight", state["model.embed_tokens.weight"]))
-        self.norm.copy_(state["model.norm.weight"])
-        for i, layer in enumerate(self.layers):
-            p, attn = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
-            layer.ln1.copy_(state[p + "input_layernorm.weight"])
-            layer.ln2.copy_(state[p + "post_attention_layernorm.weight"])
-            _assign(layer.qkv, torch.cat([state[attn + f"{n}_proj.weight"] for n in "qkv"]))
-            if layer.qkv_bias is not None:
-                layer.qkv_bias.copy_(torch.cat([state[attn + f"{n}_proj.bias"] for n in "qkv"]))
-            if layer.q_norm is not None:
-                layer.q_norm.copy_(state[attn + "q_norm.weight"])
-                layer.k_norm.copy_(state[attn + "k_norm.weight"])
-            _assign(layer.o, state[attn + "o_proj.weight"])
-            gate_up = [state[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")]
-            _assign(layer.gate_up, torch.cat(gate_up))
-            _assign(layer.down, state[p + "mlp.down_proj.weight"])
-
-    def pack(self, rows_hint: int = 16) -> None:
-        """Pre-pack the projections and the LM head for oneDNN (:func:`pack`); a tied head
-        gets its own packed copy, the embedding stays dense for the lookup."""
-        for layer in self.layers:
-            for name in ("qkv", "o", "gate_up", "down"):
-                setattr(layer, name, pack(getattr(layer, name), rows_hint))
-        self.lm_head = pack(self.lm_head, rows_hint)
-        self.packed = True
-
-    def hf_state(self) -> dict[str, Tensor]:
-        """This copy's weights under the Hugging Face checkpoint names (fused tensors split back
-        into views), for comparing it with the policy."""
-        qkv_sizes = [self.heads * self.head_dim] + [self.kv_heads * self.head_dim] * 2
-        state = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.norm}
-        if self.lm_head is not self.embed and not self.tied:
-            state["lm_head.weight"] = _dense(self.lm_head)
-        for i, layer in enumerate(self.layers):
-            p, attn = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
-            state[p + "input_layernorm.weight"] = layer.ln1
-            state[p + "post_attention_layernorm.weight"] = layer.ln2
-            for n, part in zip("qkv", _dense(layer.qkv).split(qkv_sizes), strict=True):
-                state[attn + f"{n}_proj.weight"] = part
-            if layer.qkv_bias is not None:
-                for n, part in zip("qkv", layer.qkv_bias.split(qkv_sizes), strict=True):
-                    state[attn + f"{n}_proj.bias"] = part
-            if layer.q_norm is not None:
-                state[attn + "q_norm.weight"] = layer.q_norm
-                state[attn + "k_norm.weight"] = layer.k_norm
-            state[attn + "o_proj.weight"] = _dense(layer.o)
-            gate, up = _dense(layer.gate_up).chunk(2)
-            state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"] = gate, up
-            state[p + "mlp.down_proj.weight"] = _dense(layer.down)
-        return state
-
-    def named_tensors(self) -> Iterator[tuple[str, Tensor]]:
-        """Every weight this copy holds, under a stable name (tests compare them)."""
-        yield "embed", self.embed
-        if self.lm_head is not self.embed:
-            yield "lm_head", _dense(self.lm_head)
-        yield "norm", self.norm
-        for i, layer in enumerate(self.layers):
-            for field, value in vars(layer).items():
-                if value is not None:
-                    yield f"layers.{i}.{field}", _dense(value)
-
-
-def packing_available(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether this torch build and this CPU can pre-pack ``dtype`` linear weights for oneDNN
-    (CPU builds with mkldnn): the layout inductor's CPU freezing pass gives weights, here applied
-    by hand. oneDNN's bf16 and fp16 paths need the CPU's own instructions for them (bf16:
-    AVX512-BW/VL/DQ or AVX-NE-CONVERT); an AVX2-only CPU packs fp32 weights only."""
-    ops = getattr(torch.ops, "mkldnn", None)
-    try:
-        if ops is None or not torch.backends.mkldnn.is_available():
-            return False
-        if not all(hasattr(ops, name) for name in ("_reorder_linear_weight", "_linear_pointwise")):
-            return False
-        if dtype == torch.bfloat16:
-            return bool(ops._is_mkldnn_bf16_supported())
-        if dtype == torch.float16:
-            return bool(ops._is_mkldnn_fp16_supported())
-        return dtype == torch.float32
-    except (RuntimeError, AttributeError):  # an op namespace without the kernels
-        return False
-
-
-def pack(weight: Tensor, rows_hint: int = 16) -> Tensor:
-    """``weight`` [out, in] in oneDNN's blocked layout for ``x @ weight.T``. A plain linear
-    re-blocks the weight on every call; at decode's few rows that costs as much as the product
-    (measured: 1.4-1.8x faster projections, 2-3x faster LM head on this project's CPUs)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows_hint)
-
-
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T + bias`` for a dense or a pre-packed (:func:`pack`) weight."""
-    if weight.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
-
-
-def _dense(tensor: Tensor) -> Tensor:
-    return tensor.to_dense() if tensor.is_mkldnn else tensor
-
-
-def _assign(target: Tensor, value: Tensor) -> None:
-    """Write ``value`` into ``target``'s storage (re-packed first when ``target`` is packed)."""
-    if target.is_mkldnn:
-        target.copy_(pack(value.to(target.dtype)))
-    else:
-        target.copy_(value)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -336,12 +143,21 @@ def forward(
 ) -> Tensor:
     """Run ``tokens`` [B, L] through the decoder, writing their keys and values to cache slots
     ``slot .. slot + L`` and attending over every slot ``key_mask`` [B, L, S] allows. Returns
-    the last position's hidden state [B, d] after the final norm."""
+    the last position's hidden state [B, d] after the final norm.
+
+    A prefill (``slot`` an int) attends through ``F.scaled_dot_product_attention`` over the
+    slots filled so far (``key_mask`` needs only those), so the [L, L] scores of a long prompt
+    are never held for every layer; a decode step (``slot`` a tensor) through :func:`attend`."""
     b, length = tokens.shape
     h_n, kv_n, d, dt = w.heads, w.kv_heads, w.head_dim, w.dtype
     cos = w.cos[positions][:, :, None]  # [B, L, 1, D] fp32
     sin = w.sin[positions][:, :, None]
-    bias = attention_bias(key_mask, h_n // kv_n)
+    prefill = isinstance(slot, int)
+    if prefill:  # a fused kernel over the slots filled so far: no [L, S] score tensor stored
+        filled = slot + length
+        mask = key_mask[:, None, :, :filled]
+    else:
+        bias = attention_bias(key_mask, h_n // kv_n)
     # The residual stream, the norms and RoPE stay in fp32; only the matmuls and attention run
     # in ``dt``: the numerics of bf16 autocast over fp32 weights, which keeps a bf16 sampler
     # close to an fp32 trainer (bf16 residual adds would round every layer's update).
@@ -356,14 +172,16 @@ def forward(
         qk = rotate(qk, cos, sin).to(dt)  # q and k heads in one go
         q, k = qk[:, :, :h_n].transpose(1, 2), qk[:, :, h_n:].transpose(1, 2)
         v = v.transpose(1, 2)
-        if isinstance(slot, int):
-            cache_k[i, :, :, slot : slot + length] = k
-            cache_v[i, :, :, slot : slot + length] = v
+        if prefill:
+            cache_k[i, :, :, slot:filled] = k
+            cache_v[i, :, :, slot:filled] = v
+            keys, values = cache_k[i, :, :, :filled], cache_v[i, :, :, :filled]
+            attn = F.scaled_dot_product_attention(q, keys, values, mask, enable_gqa=True)
         else:  # one decode token at a tensor slot (keeps a compiled step free of recompiles)
             cache_k[i].index_copy_(2, slot, k)
             cache_v[i].index_copy_(2, slot, v)
-        attn = attend(q, cache_k[i], cache_v[i], bias)
-        x = x + linear(attn.transpose(1, 2).reshape(b, length, h_n * d), layer.o)
+            attn = attend(q, cache_k[i], cache_v[i], bias)
+        x = x + linear(attn.transpose(1, 2).reshape(b, length, h_n * d), layer.o, layer.o_bias)
         h = rms_norm(x, layer.ln2, w.eps).to(dt)
         gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
         x = x + linear(F.silu(gate) * up, layer.down)
@@ -404,6 +222,8 @@ class StaticEngine(Engine):
     ``decode_graphs``: the :class:`~groupwise.rollout.static_graphs.DecodeGraphs` to run it
     through instead (tests pass one with ``capture=False`` on a CPU).
     ``weights``: a context in which the policy's full weights are readable (FSDP gathers them).
+    ``in_place``: read the policy's layers in place instead of copying them (None: for a LoRA
+    adapter or a 4-bit base; :mod:`.static_weights`).
     """
 
     def __init__(
@@ -423,6 +243,7 @@ class StaticEngine(Engine):
         records_logprobs: bool = True,
         weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         device: torch.device | None = None,
+        in_place: bool | None = None,
     ) -> None:
         reason = supports(model)
         if reason is not None:
@@ -432,8 +253,8 @@ class StaticEngine(Engine):
         self.records_logprobs, self.weights = records_logprobs, weights
         self._device = device or next(model.parameters()).device
         with weights():
-            self.decoder = DecoderWeights(model, dtype, self._device)
-        self.eos = eos_token_ids(_base_model(model), tokenizer)
+            self.decoder = DecoderWeights(model, dtype, self._device, in_place)
+        self.eos = eos_token_ids(base_model(model), tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         # Dropping finished rows saves compute in proportion on a CPU; on a GPU fixed shapes
         # (one compiled graph) are worth more than the rows saved.
@@ -441,7 +262,15 @@ class StaticEngine(Engine):
         self.compiled = compile
         if pack_weights is None:
             pack_weights = (
-                self._device.type == "cpu" and not compile and packing_available(self.decoder.dtype)
+                self._device.type == "cpu"
+                and not compile
+                and not self.decoder.in_place
+                and packing_available(self.decoder.dtype)
+            )
+        elif pack_weights and self.decoder.in_place:
+            raise ValueError(
+                "pack_weights=True: the weights are read in place from the policy (LoRA or a "
+                "4-bit base), not copied, so there is no copy to pre-pack"
             )
         elif pack_weights and not packing_available(self.decoder.dtype):
             raise ValueError(
@@ -476,7 +305,8 @@ class StaticEngine(Engine):
         return self._device
 
     def sync(self, policy: torch.nn.Module) -> None:
-        """Copy the policy's weights (LoRA merged) into the engine's copy, in place."""
+        """Refresh the engine's weights from the policy's, in place (a copy: overwritten one
+        layer at a time; layers read in place: their norms)."""
         with self.weights():
             self.decoder.load(policy)
 
@@ -503,9 +333,9 @@ class StaticEngine(Engine):
         valid = torch.zeros((n_prompts, slots), dtype=torch.bool, device=device)
         valid[:, :width] = prompt_mask.bool()
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones((width, slots), dtype=torch.bool, device=device).tril()
-        key_mask = causal[None] & valid[:, None]
-        key_mask |= torch.eye(width, slots, dtype=torch.bool, device=device)[None]
+        causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
+        key_mask = causal[None] & valid[:, None, :width]
+        key_mask |= torch.eye(width, dtype=torch.bool, device=device)[None]
         hidden = forward(w, prompt_ids, positions, cache_k, cache_v, 0, key_mask)
         logits = linear(hidden, w.lm_head).float()
 
@@ -566,6 +396,8 @@ class StaticEngine(Engine):
             logits = self._step(w, token, position, cache_k, cache_v, slot, valid)
             position, slot = position + 1, slot + 1
         finished[live] = done_live
+        if self.graphs is not None:  # the KV buffers would otherwise sit through the update
+            self.graphs.release()
 
         return finish_rollout(
             self.tokenizer, prompt_ids, prompt_mask, row_prompt, tokens, lengths, finished, logps

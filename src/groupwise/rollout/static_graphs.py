@@ -16,11 +16,17 @@ fixed device addresses, so everything the step reads or writes lives in static b
 - the logits are the graph's output, overwritten by the next replay (the engine has sampled
   from them by then, on the same stream);
 - the weights are the engine's own copy, refreshed by ``copy_`` into the same storage
-  (:meth:`~groupwise.rollout.static.DecoderWeights.load`), so a graph outlives weight syncs.
+  (:meth:`~groupwise.rollout.static_weights.DecoderWeights.load`), or the policy's own layers,
+  which the optimizer updates in place, so a graph outlives weight syncs.
 
 One graph per (rows, slots) shape; slots are rounded up to a multiple of ``slot_bucket`` (the
 extra slots are never valid, so attention gives them no weight) so prompts of nearby lengths
-share a graph, and at most ``max_graphs`` shapes are kept (each holds its own KV cache). Before a
+share a graph, and at most ``max_graphs`` shapes are kept (each holds its own KV cache);
+:meth:`DecodeGraphs.release` drops them all, which the engine does when a rollout ends, so the
+KV buffers and the graphs' memory pools never sit through the update (a capture costs about
+three decode steps, under 1% of a rollout of hundreds of tokens). A capture that fails (an op
+that cannot be captured, such as a kernel with a host sync) is logged once and the step runs
+eagerly on the same buffers from then on. Before a
 capture the step runs ``warmup`` times on a side stream (cuBLAS workspaces, a compiled step's
 compilation and autotuning happen outside the capture, as PyTorch's CUDA-graph notes require);
 those runs write the same keys, values and valid flag the first replay writes, so they leave the
@@ -30,6 +36,7 @@ buffers: the CPU path, which runs the same arithmetic through the same buffers (
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +44,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+logger = logging.getLogger(__name__)
 
 DecodeStep = Callable[..., Tensor]  # (weights, token, position, cache_k, cache_v, slot, valid)
 
@@ -76,6 +85,7 @@ class DecodeGraphs:
         self._shapes: OrderedDict[tuple[int, ...], StepBuffers] = OrderedDict()
         self._current: StepBuffers | None = None
         self.captures = 0  # graphs captured so far (one per new shape)
+        self.capture_error: str | None = None  # why capture failed, once it has
 
     def slots(self, needed: int) -> int:
         """``needed`` cache slots rounded up to the bucket, so nearby lengths share a graph."""
@@ -131,9 +141,24 @@ class DecodeGraphs:
                 buf.logits = torch.empty_like(out)
             return buf.logits.copy_(out)
         if buf.graph is None:
-            self._capture_graph(w, buf)
+            try:
+                self._capture_graph(w, buf)
+            except RuntimeError as error:  # run eagerly from now on, on the same buffers
+                self.capture, self.capture_error = False, str(error).splitlines()[0]
+                logger.warning(
+                    "CUDA graph capture of the static engine's decode step failed (%s); "
+                    "decoding eagerly (slower per token, same tokens)",
+                    self.capture_error,
+                )
+                return self(w, token, position, cache_k, cache_v, slot, valid)
         buf.graph.replay()
         return buf.logits
+
+    def release(self) -> None:
+        """Drop every shape's buffers and graph (their memory returns to the allocator); the
+        next :meth:`buffers` call makes them again."""
+        self._shapes.clear()
+        self._current = None
 
     def _run(self, w: Any, buf: StepBuffers) -> Tensor:
         return self.step(w, buf.token, buf.position, buf.cache_k, buf.cache_v, buf.slot, buf.valid)

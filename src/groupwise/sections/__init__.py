@@ -233,11 +233,12 @@ def check_across(s: Sections) -> None:
 def _check_quantization(s: Sections) -> None:
     """QLoRA's 4-bit base and bitsandbytes' optimizers with the parts that cannot take them."""
     engine, algorithm = s.generation.generation_engine, s.algorithm.algorithm
-    if s.model.load_in_4bit and engine not in ("hf", "auto"):  # auto resolves to hf for it
+    if s.model.load_in_4bit and engine == "vllm":
         raise ConfigError(
-            f"load_in_4bit=True with generation_engine={engine} is not supported: the "
-            f"{engine} engine decodes from its own 16-bit copy of the weights, which a 4-bit "
-            "base is there to avoid (docs/speed-memory.md, 'QLoRA'); use generation_engine: hf"
+            "load_in_4bit=True with generation_engine=vllm is not supported: vLLM decodes from "
+            "its own 16-bit copy of the weights, which a 4-bit base is there to avoid "
+            "(docs/speed-memory.md, 'QLoRA'); use generation_engine: static (the 4-bit layers "
+            "read in place) or hf"
         )
     if s.model.load_in_4bit and algorithm == "ppo":
         raise ConfigError(

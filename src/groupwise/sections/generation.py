@@ -135,13 +135,15 @@ def resolve_generation_engine(
     """The engine a run uses and why, in one line: ``requested`` itself unless it is ``auto``.
 
     ``auto`` picks the static engine (rollout/static.py) on a CUDA device for a model it can
-    decode (``static_unsupported`` is None: a Llama-family decoder, unquantized, no DoRA), and the
-    HF engine otherwise: for tools or an environment (multi-turn rollouts continue from the HF
-    engine's KV cache), for ``generation_kwargs`` (transformers' generate()), for other
-    architectures, and on a CPU, where the update dominates a step and the static engine's own
-    weight copy would double the weights' memory for a step no faster (docs/speed-memory.md,
-    "Rollout engines"). On one H200 it made a bf16-mixed step 1.7x faster (docs/gpu.md). A
-    named engine is kept as set (its own checks refuse what it cannot run)."""
+    decode (``static_unsupported`` is None: a Llama-family decoder, full fine-tuning, LoRA or a
+    bitsandbytes 4-bit base under LoRA, no DoRA), and the HF engine otherwise: for tools or an
+    environment (multi-turn rollouts continue from the HF engine's KV cache), for
+    ``generation_kwargs`` (transformers' generate()), for other architectures, and on a CPU,
+    where the update dominates a step and the static engine buys little (docs/speed-memory.md,
+    "Rollout engines"). On one H200 it made a bf16-mixed full fine-tuning step 1.7x faster
+    (docs/gpu.md); under LoRA and on a 4-bit base it reads the policy's layers in place, so it
+    adds no weight memory there. A named engine is kept as set (its own checks refuse what it
+    cannot run)."""
     if requested != "auto":
         return requested, f"generation_engine={requested} as set"
     if multi_turn:

@@ -332,6 +332,7 @@ def build_static(
     GPU its decode step (eager or compiled) replays as CUDA graphs unless
     ``static_cuda_graphs: false``: a capture costs two warm-up steps per batch shape."""
     from ..rollout.static import StaticEngine, supports
+    from ..rollout.static_weights import reads_in_place
 
     reason = supports(policy.model)
     if reason is not None:
@@ -342,7 +343,10 @@ def build_static(
         # static_compile_min_steps counts generation batches; max_steps, optimizer steps
         batches = options.optimization.max_steps / options.batch.optimizer_steps_per_batch
         long_run = batches >= generation.static_compile_min_steps
-        compile_step = policy.device.type == "cuda" and long_run
+        # Compiled only over the engine's own copy (the measured case); layers read in place
+        # (LoRA, bitsandbytes' 4-bit matmul) run eagerly, replayed as CUDA graphs.
+        in_place = reads_in_place(policy.model)
+        compile_step = policy.device.type == "cuda" and long_run and not in_place
     if generation.static_cuda_graphs and policy.device.type != "cuda":
         raise ConfigError(
             f"static_cuda_graphs=True needs a CUDA device (the run's is {policy.device.type}); "
