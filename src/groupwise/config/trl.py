@@ -17,6 +17,9 @@ A TRL script builds ``GRPOConfig(...)`` with the usual ``TrainingArguments`` key
   "steps"`` without ``save_steps`` saves every 500 steps and ``eval_strategy="steps"`` without
   ``eval_steps`` evaluates every ``logging_steps`` (TrainingArguments' defaults);
   ``max_tool_calling_iterations=N`` (tool rounds) is ``max_turns=N + 1``;
+  ``activation_checkpointing`` (transformers 5's name) is ``gradient_checkpointing``, and the
+  ``offload`` key of its kwargs (``activation_checkpointing_kwargs``, or the older
+  ``gradient_checkpointing_kwargs``) is ``activation_offloading``;
   ``use_vllm=True`` -> ``generation_engine="vllm"`` (the colocated vLLM engine; the ``vllm_*``
   options of colocate mode are real fields, server mode is refused), and an explicit
   ``use_vllm=False`` (TRL: transformers' own generation) -> ``"hf"`` unless the engine is given;
@@ -61,6 +64,9 @@ class IgnoredOptionsWarning(UserWarning):
 # TRL-only names that groupwise translates (not fields of GRPOConfig), with their types for
 # YAML / command-line coercion.
 TRL_TRANSLATED: dict[str, Any] = {
+    "activation_checkpointing": bool | None,  # gradient_checkpointing
+    "activation_checkpointing_kwargs": dict[str, Any] | str | None,  # offload, every_n_layers
+    "gradient_checkpointing_kwargs": dict[str, Any] | str | None,  # its older name
     "use_cpu": bool,
     "bf16": bool | None,
     "fp16": bool,
@@ -81,8 +87,6 @@ TRL_TRANSLATED: dict[str, Any] = {
 TRL_IGNORED: frozenset[str] = frozenset(
     (
         "accelerator_config",
-        "activation_checkpointing",
-        "activation_checkpointing_kwargs",
         "average_tokens_across_devices",
         "batch_eval_metrics",
         "bf16_full_eval",
@@ -116,7 +120,6 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "fsdp",
         "fsdp_config",
         "full_determinism",
-        "gradient_checkpointing_kwargs",
         "greater_is_better",
         "hub_always_push",
         "hub_model_id",
@@ -466,14 +469,59 @@ def unapplied_model_init_kwargs(init: dict[str, Any]) -> dict[str, Any]:
 
 
 def reported_ignored(ignored: dict[str, Any]) -> dict[str, Any]:
-    """The ignored TRL options to report: ``model_init_kwargs`` without the keys it applied
-    (it reads back whole, as the script gave it)."""
+    """The ignored TRL options to report: ``model_init_kwargs`` and the activation
+    checkpointing kwargs without the keys they applied (they read back whole, as the script
+    gave them)."""
     reported = dict(ignored)
     if isinstance(reported.get("model_init_kwargs"), dict):
         rest = unapplied_model_init_kwargs(reported.pop("model_init_kwargs"))
         if rest:
             reported["model_init_kwargs"] = rest
+    for name in _CHECKPOINTING_KWARGS:
+        if isinstance(reported.get(name), dict):
+            rest = {k: v for k, v in reported.pop(name).items() if not _applied_checkpointing(k, v)}
+            if rest:
+                reported[name] = rest
     return reported
+
+
+# transformers 5's activation_checkpointing_kwargs, and its older name (used when the newer is
+# not given, as TrainingArguments resolves them).
+_CHECKPOINTING_KWARGS = ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
+
+
+def _applied_checkpointing(key: str, value: Any) -> bool:
+    """Whether a checkpointing kwarg is one groupwise does: ``offload`` (activation_offloading),
+    ``every_n_layers=1`` (every decoder layer), ``use_reentrant=False`` (its checkpointing)."""
+    return key == "offload" or (key, value) in (("every_n_layers", 1), ("use_reentrant", False))
+
+
+def _checkpointing(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """transformers 5's activation checkpointing names: ``activation_checkpointing`` is
+    ``gradient_checkpointing`` (the newer name wins when both are given, as in
+    TrainingArguments); its kwargs' ``offload`` is ``activation_offloading``; ``every_n_layers``
+    other than 1 is refused (every decoder layer is checkpointed). The kwargs are returned, to
+    read back as given and be reported but for the keys applied (:func:`reported_ignored`)."""
+    checkpointing = kwargs.pop("activation_checkpointing", None)
+    if checkpointing is not None:
+        kwargs["gradient_checkpointing"] = bool(checkpointing)
+    given = {name: kwargs.pop(name) for name in _CHECKPOINTING_KWARGS if name in kwargs}
+    name = next((n for n in _CHECKPOINTING_KWARGS if given.get(n) is not None), None)
+    options = given.get(name) if name else None
+    if options is None:
+        return given
+    if not isinstance(options, dict):
+        raise ConfigError(f"{name} must be a dict (a JSON object), got {options!r}")
+    every = options.get("every_n_layers", 1)
+    if every != 1:
+        raise ConfigError(
+            f"{name} every_n_layers={every!r} is not supported: groupwise checkpoints every "
+            "decoder layer (every_n_layers=1) or none (gradient_checkpointing: false)"
+        )
+    if "offload" in options:
+        offload = bool(options["offload"])
+        _set(kwargs, "activation_offloading", offload, f"{name} offload={options['offload']!r}")
+    return dict.fromkeys(given, options)  # both names read back the one in effect
 
 
 def _model_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -539,6 +587,7 @@ def translate_trl_options(
     ignored.update(_refuse_training_options(kwargs))
     _generation_kwargs(kwargs)
     ignored.update(_model_init_kwargs(kwargs))
+    ignored.update(_checkpointing(kwargs))
     for trl_name, name in _ROLLOUT_CORRECTION.items():
         if trl_name in kwargs:
             value = kwargs.pop(trl_name)

@@ -131,6 +131,14 @@ def _main_process_first(config: Any) -> Callable[..., Any]:
     return main_process_first
 
 
+def _checkpointing_kwargs(config: Any) -> Any:
+    """TrainingArguments mirrors both names of the checkpointing kwargs: the newer one's value
+    when given, else the older one's."""
+    given = config.trl_ignored
+    newer = given.get("activation_checkpointing_kwargs")
+    return newer if newer is not None else given.get("gradient_checkpointing_kwargs")
+
+
 def _sanitized_dict(config: Any) -> Callable[[], dict[str, Any]]:
     """TrainingArguments' ``to_sanitized_dict()`` (TensorBoard's hparams): the options with the
     batch sizes, values that are no bool, int, float or str as their ``str()``."""
@@ -174,12 +182,8 @@ TRL_VIEWS: dict[str, Callable[[Any], Any]] = {
     ),
     # TrainingArguments mirrors the older and newer names of activation checkpointing
     "activation_checkpointing": lambda config: config.gradient_checkpointing,
-    "activation_checkpointing_kwargs": lambda config: config.trl_ignored.get(
-        "gradient_checkpointing_kwargs"
-    ),
-    "gradient_checkpointing_kwargs": lambda config: config.trl_ignored.get(
-        "activation_checkpointing_kwargs"
-    ),
+    "activation_checkpointing_kwargs": lambda config: _checkpointing_kwargs(config),
+    "gradient_checkpointing_kwargs": lambda config: _checkpointing_kwargs(config),
     "use_transformers_continuous_batching": lambda config: bool(
         config.trl_ignored.get("use_transformers_paged")
     ),
