@@ -259,7 +259,23 @@ def _llama_scaled_rope():
     return LlamaForCausalLM(config)
 
 
-@pytest.mark.parametrize("build", [_qwen2, _qwen3, _llama_scaled_rope])
+def _llama_attention_bias():
+    """Llama with attention_bias=True: q, k, v and o projections all carry a bias."""
+    config = LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        attention_bias=True, eos_token_id=2, pad_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(4)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # biases large enough to change the tokens if one were dropped
+        for name, param in model.named_parameters():
+            if name.endswith("proj.bias"):
+                param.normal_(0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("build", [_qwen2, _qwen3, _llama_scaled_rope, _llama_attention_bias])
 def test_other_llama_family_decoders_match_transformers(build, tokenizer):
     model = build().eval()
     prompts = [[5, 17, 301, 44], [9, 9, 100], [250]]
