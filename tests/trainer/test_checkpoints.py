@@ -147,6 +147,16 @@ def test_checkpoint_holds_everything_and_resume_refuses_changed_config(tmp_path)
         again.train()
 
 
+def test_memory_options_may_change_on_resume_and_math_options_may_not():
+    """A run that ran out of memory resumes with checkpointing or offloading turned on."""
+    from groupwise import GRPOConfig
+
+    saved = GRPOConfig(gradient_checkpointing=False, activation_offloading=False).to_dict()
+    now = {**saved, "gradient_checkpointing": True, "activation_offloading": True}
+    assert ckpt.trajectory_changes(saved, now) == []
+    assert ckpt.trajectory_changes(saved, {**now, "beta": 0.5}) == ["beta: 0.0 -> 0.5"]
+
+
 def test_resume_continues_exactly_in_process(tmp_path):
     full = GRPOTrainer("tiny-random", _reward, ROWS, args=_args(tmp_path / "a", max_steps=4))
     full.train()

@@ -64,6 +64,7 @@ from .datasets import check_dataset, check_eval_dataset, stream_prefix
 from .evaluate import evaluate_sets
 from .hf_api import Accelerator, push_folder, write_model_card
 from .loop import LoopCalls, TrainingLoop
+from .memory_check import check_before_load, out_of_memory_error
 from .metrics import ComputeLedger, StepMetrics, StepResult
 from .monitor import TrainingMonitor
 from .records import RunRecords
@@ -276,11 +277,15 @@ class Trainer:
         check_algorithm(self.algorithm, args, dist, interaction)
         if eval_dataset is not None:
             check_eval_dataset(eval_dataset, "eval_dataset")
+        # The memory plan of the run, said before the weights load (GPU) and if a step runs out.
+        self.plan_model = _model_name(model, args)
+        fit_check = partial(check_before_load, args, self.plan_model, dist.is_main)
         self.run: Run[Any] = assemble_run(
             args, model, algorithm=self.algorithm.name, dist=dist, train_dataset=train_dataset,
             reward_funcs=reward_funcs, processing_class=processing_class, peft_config=peft_config,
             reward_processing_classes=reward_processing_classes, interaction=interaction,
             trainer_state=lambda: self.state,  # TRL's trainer_state reward kwarg
+            before_load=fit_check if isinstance(model, str) else None,
         )  # fmt: skip
         self.eval_dataset = eval_dataset
         self.global_step = 0  # optimizer steps, as TRL counts them
@@ -357,6 +362,7 @@ class Trainer:
             control=lambda: self.control, global_step=lambda: self.global_step,
             save_checkpoint=self.save_checkpoint, load_checkpoint=self.load_checkpoint,
             save_model=self.save_model, epoch=lambda: self.state.epoch,
+            out_of_memory=partial(out_of_memory_error, self.args, self.plan_model, self.device),
         )  # fmt: skip
         loop = TrainingLoop(self.args, self.run, self.records, self.monitor, self.output_dir,
                             calls, evaluates=self.eval_dataset is not None)  # fmt: skip

@@ -224,6 +224,9 @@ RESUME_SAFE_FIELDS = frozenset(
         "reward_timeout",
         "slow_call_warning",
         "overwrite_output_dir",
+        # Memory, not math: a run that ran out of memory resumes with them turned on.
+        "gradient_checkpointing",
+        "activation_offloading",
     }
 )
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 from transformers import TrainerControl
 
@@ -30,7 +31,12 @@ from ..report.record import record_run_end, record_run_start
 from ..runtime.distributed import any_rank, barrier
 from ..wiring.run import Run
 from . import console
-from .checkpoints import TrainingInterrupted, TrainingStopped, resolve_resume_path
+from .checkpoints import (
+    TrainingInterrupted,
+    TrainingStopped,
+    latest_checkpoint,
+    resolve_resume_path,
+)
 from .monitor import TrainingMonitor
 from .records import RunRecords, check_output_dir, earlier_run, run_description
 
@@ -40,8 +46,9 @@ class LoopCalls:
     """What the loop asks of the trainer it runs (its bound methods, read when ``train()``
     starts, so a test that replaced ``train_step`` is run): one step returning its metrics, an
     evaluation, a row logged (log_history, callbacks, files), a callback event, the callbacks'
-    ``TrainerControl`` now, the step count, a checkpoint saved or loaded, the model saved, and
-    the epoch the run has reached."""
+    ``TrainerControl`` now, the step count, a checkpoint saved or loaded, the model saved, the
+    epoch the run has reached, and the error to raise when a step ran out of memory (given the
+    error, the step and the last checkpoint)."""
 
     step: Callable[[], dict[str, float]]
     evaluate: Callable[[], dict[str, float]]
@@ -53,6 +60,7 @@ class LoopCalls:
     load_checkpoint: Callable[[Path], None]
     save_model: Callable[[Path], Path]
     epoch: Callable[[], float]
+    out_of_memory: Callable[[BaseException, int, Path | None], BaseException]
 
 
 def train_summary(
@@ -252,7 +260,7 @@ class TrainingLoop:
         while calls.global_step() < args.max_steps:
             calls.callback("on_step_begin")
             before = calls.global_step()
-            logs = calls.step()
+            logs = self._step(before)
             step = calls.global_step()
             if math.isfinite(logs.get("loss", math.nan)):  # transformers skips nan/inf losses
                 self.losses.append(float(logs["loss"]))
@@ -282,6 +290,16 @@ class TrainingLoop:
             if calls.control().should_training_stop:  # a callback asked to stop
                 break
         bar.close()
+
+    def _step(self, before: int) -> dict[str, float]:
+        """One step. Out of memory, it raises what the trainer makes of the error (the phase,
+        the memory plan, the settings that fit); nothing more is saved on the way out, so the
+        last checkpoint stays the run's last good state."""
+        try:
+            return self.calls.step()
+        except torch.OutOfMemoryError as err:
+            checkpoint = latest_checkpoint(self.output_dir)
+            raise self.calls.out_of_memory(err, before + 1, checkpoint) from err
 
     def _watch(self, step: int, logs: dict[str, float], bar: tqdm) -> None:
         """The failure monitor's warnings; after max_bad_steps NaN/inf steps in a row, save and

@@ -48,14 +48,18 @@ def assemble_run(
     reward_processing_classes: Any = None,
     interaction: Interaction | None = None,
     trainer_state: Callable[[], Any] | None = None,
+    before_load: Callable[[torch.device], None] | None = None,
 ) -> Run:
     """The run of ``args`` for ``algorithm`` ("grpo" or "ppo": which own parts it gets), built
     in the order the random draws depend on: the model, the reward models, the policy, the
     engine's sampling generator (seeded ``seed + rank``), then the algorithm's parts.
-    ``trainer_state`` gives the reward functions TRL's ``trainer_state`` keyword."""
+    ``trainer_state`` gives the reward functions TRL's ``trainer_state`` keyword;
+    ``before_load(device)`` is called once the device is known, before any weight is loaded."""
     device = resolve_device(args.device)
     if device.type == "cuda" and dist.enabled:
         device = torch.device("cuda", dist.local_rank)
+    if before_load is not None:
+        before_load(device)
     # fp32 weights with bf16 autocast on a bf16 GPU, fp32 on CPU (docs/gpu.md).
     precision = resolve_run_precision(args, device)
     model, tokenizer = build_model(
