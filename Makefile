@@ -162,5 +162,24 @@ trl-scripts:
 	  $(if $(TRL_SRC),--trl-src $(TRL_SRC)) $(if $(OPENR1_SRC),--openr1-src $(OPENR1_SRC)) \
 	  $(if $(TRL_FALLBACK),--trl-fallback $(TRL_FALLBACK)) --work $(TRL_SCRIPTS_WORK)
 
+# The wheels scripts/gpu_check.sh carries to a GPU machine without network (docs/gpu.md, "Real
+# sizes"): built for its Python 3.12 on x86-64, at the versions constraints/cpu.txt pins, into the
+# git-ignored .whl/ (about 58 MB). Fails when the tree and .whl/ together pass the 64 MiB a device
+# call carries.
+GPU_CHECK_WHEELS := bitsandbytes peft transformers accelerate math-verify latex2sympy2_extended antlr4-python3-runtime
+.PHONY: gpu-check-wheels
+gpu-check-wheels:
+	@pins=""; for p in $(GPU_CHECK_WHEELS); do \
+	  pin=$$(grep -i "^$$p==" $(CONSTRAINTS)) || { echo "$(CONSTRAINTS) pins no $$p"; exit 1; }; \
+	  pins="$$pins $$pin"; done; \
+	rm -rf .whl && mkdir -p .whl && echo "downloading$$pins" && \
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .whl $$pins
+	@tree=$$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1); \
+	whl=$$(du -cb .whl/*.whl | tail -1 | cut -f1); \
+	echo ".whl: $$((whl / 1000000)) MB, tree: $$((tree / 1000000)) MB, together $$(((tree + whl) * 100 / 67108864))% of 64 MiB"; \
+	test $$((tree + whl)) -lt 67108864 || { echo "over the 64 MiB a device call carries"; exit 1; }
+
 clean:
 	rm -rf $(VENV) runs site .pytest_cache .ruff_cache src/*.egg-info

@@ -7,60 +7,61 @@
 # $OUT, else runs/gpu_check); the table at the end of its output says the same. Exit status 0
 # only if every check passed. Options after the script's name go to gpu_check.py (--help).
 #
-# `--suite real` runs the real-size stages instead (scripts/gpu_check_real.py: Qwen2.5-1.5B full
-# fine-tune and Qwen3-8B QLoRA at 4 prompts x 8, 256 + 512 tokens, the memory planner and TRL's
-# GRPOTrainer side by side), also under 8 minutes on one H100:
+# `--suite real` runs the real-size stages instead (scripts/gpu_check_real.py), in this order:
+# Qwen3-8B QLoRA at the documented configuration (4 prompts x G 8, micro-batches of 8 x 4
+# accumulation, 256 + 512 tokens, checkpointing; peak reserved memory under 22 GiB), a
+# Qwen2.5-1.5B full fine-tune with the 8-bit AdamW, the static against the HF engine decoding the
+# 4-bit + LoRA 8B, TRL's GRPOTrainer side by side, activation offloading. Under 7 minutes on one
+# H100 with the wheels' install; a stage whose estimate no longer fits is not started and fails,
+# as does one that cannot run (bitsandbytes missing, say). Prepare once, from the repository root:
+#
+#   make gpu-check-wheels      # .whl/: the pinned bitsandbytes, peft, transformers, accelerate
+#                              # and math-verify wheels for Python 3.12 (about 58 MB; it checks
+#                              # that they and the tree stay under the 64 MiB a call carries)
+#
+# then call the device tool's run with
 #
 #   command: bash scripts/gpu_check.sh --suite real
 #   carry:   [".whl"]
-#   timeout_s: 540
+#   timeout_s: 480
+#
+# and read gpu_check.json (and gpu_check.md) among the files that come back. The standard suite is
+# the same call with `command: bash scripts/gpu_check.sh` and timeout_s 540.
 #
 # The machine has no network: what groupwise needs and its image lacks travels as wheels in
 # scripts/wheels/ (tracked: TRL 1.16.0 and what it needs beyond the image, datasets, dill and
 # multiprocess for Python 3.12) and .whl/ (git-ignored; GPU_CHECK_WHEELS names other folders,
-# colon-separated), each installed into
-# /tmp/gpu-check-site (GPU_CHECK_SITE) only when its package is missing there or older than
-# the floor in pyproject.toml. As the image was read in 2026-11: math-verify and its two
-# dependencies are missing, and its transformers (5.17.0) is below groupwise's floor (5.18), so
-# the transformers that constraints/cpu.txt pins travels too (it needs huggingface-hub >= 1.31
-# and tokenizers 0.23.x, which the image has). Prepare once, from the repository root (14 MB):
+# colon-separated), each installed into /tmp/gpu-check-site (GPU_CHECK_SITE) when its package is
+# missing there, older than the floor in pyproject.toml, or at another version than the wheel's
+# where the wheel is the version constraints/cpu.txt pins. As the image was read in 2026-11: no
+# bitsandbytes or math-verify, transformers 5.17.0 (below groupwise's floor, 5.18; the pinned one
+# needs huggingface-hub >= 1.31 and tokenizers 0.23.x, which the image has), accelerate 1.15.0,
+# and a peft whose version was not read. gpu_check.py prints the versions it runs with at start
+# and records them (environment.packages in gpu_check.json).
 #
-#   mkdir -p .git/info && echo /.whl/ >> .git/info/exclude
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --implementation cp --platform manylinux2014_x86_64 -d .whl \
-#     math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 \
-#     transformers==5.23.0
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --implementation cp --platform manylinux_2_24_x86_64 -d .whl bitsandbytes==0.50.2
-#
-# (bitsandbytes, 43 MB, for the QLoRA stage: 57 MB in .whl with the rest, which with the tree's
-# 5 MB stays under the 64 MiB a device call carries; without it that stage says it did not run.)
-#
-# then call the device tool's run with
-#
-#   command: bash scripts/gpu_check.sh
-#   carry:   [".whl"]
-#   timeout_s: 540
-#
-# and read gpu_check.json among the files that come back. The tokenizer needs nothing carried:
-# the SmolLM2 one is read from the demo model's GGUF, which does not travel, so there the check
-# builds a synthetic one (gpu_check.py's docstring). CPU rehearsal (tests/test_gpu_check.py):
+# The tokenizer needs nothing carried: the SmolLM2 one is read from the demo model's GGUF, which
+# does not travel, so there the check builds a synthetic one (gpu_check.py's docstring). CPU
+# rehearsal (tests/system/test_gpu_check.py):
 #
 #   bash scripts/gpu_check.sh --device cpu --quick --tokenizer synthetic --out /tmp/gpu_check
+#   bash scripts/gpu_check.sh --device cpu --quick --tokenizer synthetic --suite real --out /tmp/r
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 WHEELS=${GPU_CHECK_WHEELS:-scripts/wheels:.whl}
 SITE=${GPU_CHECK_SITE:-/tmp/gpu-check-site}
+PINS=${GPU_CHECK_CONSTRAINTS:-constraints/cpu.txt}
 
-# Carried wheels: install those whose package is missing here or older than groupwise's floor.
+# Carried wheels: install those whose package is missing here, older than groupwise's floor, or
+# at another version than the carried wheel's where that is the version constraints/cpu.txt pins
+# (the QLoRA stack, peft, bitsandbytes, transformers and accelerate, runs as the tests ran it).
 found=""
 IFS=: read -ra folders <<<"$WHEELS"
 for folder in "${folders[@]}"; do
   compgen -G "$folder/*.whl" >/dev/null && found=1
 done
 if [ -n "$found" ]; then
-  mapfile -t wheels < <(WHEELS="$WHEELS" "$PYTHON" - <<'PY'
+  mapfile -t wheels < <(WHEELS="$WHEELS" PINS="$PINS" "$PYTHON" - <<'PY'
 import glob, importlib.metadata as md, os, re
 def norm(name):
     return re.sub(r"[-_.]+", "-", name).lower()
@@ -74,13 +75,26 @@ try:
                 floors[norm(found[1])] = found[2]
 except Exception:
     pass
+pins = {}
+try:
+    with open(os.environ["PINS"]) as handle:
+        for line in handle:
+            found = re.match(r"([A-Za-z0-9_.-]+)==([^\s;#]+)", line.strip())
+            if found:
+                pins[norm(found[1])] = found[2]
+except OSError:
+    pass
 paths = [w for folder in os.environ["WHEELS"].split(":") if folder
          for w in glob.glob(os.path.join(folder, "*.whl"))]
 for wheel in sorted(paths, key=os.path.basename):
-    name = norm(os.path.basename(wheel).split("-")[0])
+    name, version = os.path.basename(wheel).split("-")[:2]
+    name = norm(name)
     try:
         have = md.version(name)
     except md.PackageNotFoundError:
+        print(wheel)
+        continue
+    if pins.get(name) == version and have != version:
         print(wheel)
         continue
     if name in floors:
@@ -130,6 +144,17 @@ except Exception as err:  # Python < 3.11: no tomllib
 print("[gpu_check] older than groupwise's floor:", ", ".join(older) or "none")
 PY
 
-# gpu_check.py starts no check after 420 s; this is the hard stop, under 8 minutes in all
-# (GPU_CHECK_TIMEOUT_S: another, for a run of other sizes or on a CPU).
-exec timeout -k 10 "${GPU_CHECK_TIMEOUT_S:-470}" "$PYTHON" scripts/gpu_check.py "$@"
+# The hard stop (GPU_CHECK_TIMEOUT_S: another, for a run of other sizes or on a CPU): the standard
+# suite starts no check after 420 s and stops at 470 s, under 8 minutes in all; the real suite
+# starts a stage only when its estimate fits in 390 s and stops at 400 s, with the wheels'
+# install under 7 minutes. gpu_check.json is rewritten after every check (and names the one
+# running), so a run stopped here keeps what finished.
+limit=470  # the standard suite
+previous=""
+for arg in "$@"; do
+  if [ "$arg" = --suite=real ] || { [ "$previous" = --suite ] && [ "$arg" = real ]; }; then
+    limit=400  # the real suite
+  fi
+  previous=$arg
+done
+exec timeout -k 10 "${GPU_CHECK_TIMEOUT_S:-$limit}" "$PYTHON" scripts/gpu_check.py "$@"
