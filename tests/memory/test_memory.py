@@ -20,6 +20,7 @@ from groupwise.memory import (
     POLICY_OPTIM,
     POLICY_WEIGHTS,
     REF_WEIGHTS,
+    STATIC_LOAD,
     MemoryOptions,
     ModelShape,
     main,
@@ -133,10 +134,11 @@ def test_beta_zero_removes_the_reference_row():
 
 
 def test_kv_cache_by_hand():
-    # 2 x layers 2 x kv 4 x (3 + 5) tokens x 2 sequences x 2 B
-    assert mem.kv_cache_bytes(TINY, 2, 3, 5, 2) == 512
+    # (2 x layers 2 + one layer's K in flight while the cache grows) x kv 4 x (3 + 5) tokens
+    # x 2 sequences x 2 B
+    assert mem.kv_cache_bytes(TINY, 2, 3, 5, 2) == 5 * 4 * 8 * 2 * 2 == 640
     rows = plan_grpo(TINY, replace(FP32, grad_accum=3))  # 6 sequences generated together, fp32
-    assert rows[KV_CACHE] == 2 * 2 * 4 * 8 * 6 * 4
+    assert rows[KV_CACHE] == (2 * 2 + 1) * 4 * 8 * 6 * 4
 
 
 def test_logits_naive_vs_chunked_by_hand():
@@ -149,17 +151,23 @@ def test_logits_naive_vs_chunked_by_hand():
 
 
 def test_activations_with_and_without_checkpointing_by_hand():
-    assert mem.layer_activation_values(TINY) == 4 * 8 + 2 * 8 + 2 * 4 + 4 * 16  # 120
-    # 2 x 8 = 16 tokens: 2 layers x 120 x 16 + final norm 2 x 8 x 16, fp32
-    assert mem.activation_bytes(TINY, 2, 3, 5, 4, checkpointing=False) == 4 * (3840 + 256)
-    # checkpointing: layer inputs 2 x 8 x 16 + one layer 120 x 16 + final norm 256
-    assert mem.activation_bytes(TINY, 2, 3, 5, 4, checkpointing=True) == 4 * (256 + 1920 + 256)
+    # Both norms' input, normalised values and output (6h), q and attention output (2q), k and v
+    # (2kv), SiLU's input and output, up and their product (4i): fp32 values per token.
+    assert mem.layer_activation_values(TINY) == 6 * 8 + 2 * 8 + 2 * 4 + 4 * 16  # 136
+    # 2 x 8 = 16 tokens: 2 layers x 136 x 16 + final norm 3 x 8 x 16 + the backward's own
+    # buffers (2h + i) x 16, fp32
+    assert mem.activation_bytes(TINY, 2, 3, 5, 4, checkpointing=False) == 4 * (
+        2 * 136 * 16 + 3 * 8 * 16 + 32 * 16
+    )
+    # checkpointing: layer inputs 2 x 8 x 16 + one layer 136 x 16 + final norm + backward
+    ckpt = 4 * (2 * 8 * 16 + 136 * 16 + 3 * 8 * 16 + 32 * 16)
+    assert mem.activation_bytes(TINY, 2, 3, 5, 4, checkpointing=True) == ckpt
     # shared prompt, G = 2: 1 x 3 + 2 x 5 = 13 tokens, plus 1 repeated prompt's K,V (3 x 8)
     shared = mem.activation_bytes(TINY, 2, 3, 5, 4, checkpointing=False, group_size=2)
-    assert shared == 4 * (2 * (120 * 13 + 24) + 2 * 8 * 13)
+    assert shared == 4 * (2 * (136 * 13 + 24) + 3 * 8 * 13 + 32 * 13)
     assert plan_grpo(TINY, FP32)[POLICY_ACTS] == shared
     ppo = plan_ppo(TINY, replace(FP32, gradient_checkpointing=True))
-    assert ppo[POLICY_ACTS] == ppo["critic activations"] == 4 * 2432
+    assert ppo[POLICY_ACTS] == ppo["critic activations"] == ckpt
 
 
 def test_critic_is_backbone_plus_value_head():
@@ -187,18 +195,31 @@ def test_static_engine_copy_is_counted_and_resident():
     params = TINY.num_params()
     hf = plan_grpo(TINY, FP32)
     assert GENERATION_WEIGHTS not in hf  # the HF engine samples from the policy's own weights
-    static = plan_grpo(TINY, replace(FP32, generation_engine="static"))
+    cpu = replace(FP32, generation_engine="static", device="cpu")
+    static = plan_grpo(TINY, cpu)
     assert static[GENERATION_WEIGHTS] == 4 * params  # an fp32 run's copy: 4 B per parameter
-    # Resident for the whole run: the peak grows by the copy, whichever phase is larger.
-    assert total_bytes(static) == total_bytes(hf) + 4 * params
-    bf16 = plan_grpo(TINY, replace(FP32, generation_engine="static", generation_dtype="bf16"))
-    assert bf16[GENERATION_WEIGHTS] == 2 * params
-    # LoRA: the copy holds the merged weights, every parameter.
-    lora = plan_grpo(TINY, replace(FP32, generation_engine="static", lora_r=2))
-    assert lora[GENERATION_WEIGHTS] == 4 * params
-    assert plan_ppo(TINY, replace(FP32, generation_engine="static"))[GENERATION_WEIGHTS] == (
-        4 * params
+    # Loaded one decoder layer at a time: q 64 + k 32 + v 32 + o 64 + MLP 3 x 128 + norms 16.
+    assert static[STATIC_LOAD] == 4 * 592
+    # The KV cache: a prompt cache (1 prompt) and a row cache (2 rows) of 3 + 5 slots, fp32.
+    assert static[KV_CACHE] == 2 * 2 * 4 * 8 * (1 + 2) * 4
+    # With CUDA graphs the slots round up to a multiple of 64.
+    cuda = plan_grpo(TINY, replace(cpu, device="cuda"))
+    assert cuda[KV_CACHE] == 2 * 2 * 4 * 64 * (1 + 2) * 4
+    assert (
+        plan_grpo(TINY, replace(cpu, device="cuda", cuda_graphs=False))[KV_CACHE]
+        == (static[KV_CACHE])
     )
+    # The copy is resident for the whole run, the one-layer load only at a sync.
+    phases = {k: v for k, v in static.items() if k not in (GENERATION_WEIGHTS, STATIC_LOAD)}
+    assert total_bytes(static) == total_bytes(phases) + 4 * params
+    bf16 = plan_grpo(TINY, replace(cpu, generation_dtype="bf16"))
+    assert bf16[GENERATION_WEIGHTS] == 2 * params
+    # LoRA and QLoRA: the static engine reads the frozen base in place, no copy and no load.
+    for lora in (replace(cpu, lora_r=2), replace(cpu, lora_r=2, load_in_4bit=True)):
+        rows = plan_grpo(TINY, lora)
+        assert GENERATION_WEIGHTS not in rows and STATIC_LOAD not in rows
+        assert rows[KV_CACHE] == static[KV_CACHE]
+    assert plan_ppo(TINY, cpu)[GENERATION_WEIGHTS] == 4 * params
 
 
 def test_vllm_memory_is_named_as_not_counted(capsys):
@@ -212,9 +233,7 @@ def test_vllm_memory_is_named_as_not_counted(capsys):
     assert "not in the totals, vLLM's own weights and KV cache" in out
 
 
-def test_generation_engine_from_the_config_with_the_runs_generation_dtype(
-    tmp_path: Path, capsys
-):
+def test_generation_engine_from_the_config_with_the_runs_generation_dtype(tmp_path: Path, capsys):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("model: tiny-random\ngeneration_engine: static\ndevice: cpu\n")
     params = mem.BUILTIN_SHAPES["tiny-random"].num_params()
@@ -397,11 +416,11 @@ def test_plan_reads_the_runs_dtype_and_prompt_length(tmp_path: Path, capsys):
     # dtype auto on the CPU: the trainer keeps fp32 weights and fp32 AdamW states, no master copy.
     assert grpo[POLICY_WEIGHTS] == 4 * params and grpo[POLICY_OPTIM] == 8 * params
     assert POLICY_MASTER not in grpo or grpo[POLICY_MASTER] == 0
-    # KV cache = 2 x layers x kv_dim x (prompt + completion) x 4 sequences x 4 B, with the
+    # KV cache = (2 x layers + 1) x kv_dim x (prompt + completion) x 4 sequences x 4 B, with the
     # real prompt (the longest arithmetic prompt, tokenized), not a 512-token guess.
     prompt = _arithmetic_prompt_tokens()
     assert prompt < 512
-    assert grpo[KV_CACHE] == 2 * 2 * 32 * (prompt + 32) * 4 * 4
+    assert grpo[KV_CACHE] == (2 * 2 + 1) * 32 * (prompt + 32) * 4 * 4
     # A run's output_dir (its config.yaml) is read the same way.
     assert run_json(capsys, str(tmp_path / "run"), "--json") == out
     # dtype: bfloat16 in the config: bf16 weights and AdamW states (pure, as the trainer).
@@ -409,7 +428,7 @@ def test_plan_reads_the_runs_dtype_and_prompt_length(tmp_path: Path, capsys):
     assert bf16[POLICY_WEIGHTS] == 2 * params and bf16[POLICY_OPTIM] == 4 * params
     # max_prompt_length cuts the prompt as the trainer does.
     cut = run_json(capsys, str(cfg), "--json", "--max_prompt_length", "40")["grpo"]["components"]
-    assert cut[KV_CACHE] == 2 * 2 * 32 * (40 + 32) * 4 * 4
+    assert cut[KV_CACHE] == (2 * 2 + 1) * 32 * (40 + 32) * 4 * 4
 
 
 def test_flags_are_trains_with_the_earlier_hyphens_as_aliases(tmp_path: Path, capsys):

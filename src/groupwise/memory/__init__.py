@@ -8,11 +8,13 @@ The package, in three layers, each importing only the ones before it:
   (model shapes and parameter counts; the shipped shapes of Qwen2.5, Qwen3 and Llama-3.x models
   and :func:`~groupwise.memory.shapes.model_config`, their transformers config for random
   weights), :mod:`groupwise.memory.quant` (NF4 and 8-bit optimizer bytes),
-  :mod:`groupwise.memory.terms` (the per-component formulas), :mod:`groupwise.memory.fit` (what
-  fits a GPU, ``--gpu_memory``), :mod:`groupwise.memory.plan` (the options and the bytes
-  of each component; its docstring says exactly what is counted: weights, gradients, master
-  weights, optimizer states, activations, logits, KV cache, the peak total, and how the
-  often-quoted 112 vs 56 GB for 7B are reproduced with ``--accounting quoted``) and
+  :mod:`groupwise.memory.terms` (the per-component formulas), :mod:`groupwise.memory.engine`
+  (the rollout engine ``generation_engine: auto`` gives a run, and what it holds),
+  :mod:`groupwise.memory.fit` (what fits a GPU, ``--gpu_memory``), :mod:`groupwise.memory.plan`
+  (the options and the bytes of each component; its docstring says exactly what is counted:
+  weights, gradients, master weights, optimizer states, activations, logits, KV cache, the peak
+  total, and how the often-quoted 112 vs 56 GB for 7B are reproduced with ``--accounting
+  quoted``) and
   :mod:`groupwise.memory.table` (the printed table), with :mod:`groupwise.memory.units`.
 - :mod:`groupwise.memory.measure`: ``--measure``, real training steps of each algorithm in a
   fresh subprocess, the measured peak next to the plan for the same settings; the only part
@@ -32,6 +34,7 @@ from .plan import (
     CRITIC_GRADS,
     CRITIC_MASTER,
     CRITIC_OPTIM,
+    CRITIC_STEP,
     CRITIC_WEIGHTS,
     DTYPE_BYTES,
     GENERATION_PHASE,
@@ -43,12 +46,16 @@ from .plan import (
     POLICY_GRADS,
     POLICY_MASTER,
     POLICY_OPTIM,
+    POLICY_STEP,
     POLICY_WEIGHTS,
     PRECISIONS,
     QUOTED_NOTE,
     REF_WEIGHTS,
     RM_WEIGHTS,
     ROW_ORDER,
+    STATIC_LOAD,
+    STEP_PHASE,
+    SYNC_PHASE,
     UPDATE_PHASE,
     MemoryOptions,
     MemoryPlan,
@@ -63,6 +70,7 @@ from .plan import (
     plan_ppo,
     quoted_trained_only,
     quoted_weights_only,
+    resolved_engine,
     total_bytes,
     trained_bytes_per_param,
 )
@@ -93,6 +101,7 @@ __all__ = [
     "CRITIC_GRADS",
     "CRITIC_MASTER",
     "CRITIC_OPTIM",
+    "CRITIC_STEP",
     "CRITIC_WEIGHTS",
     "DTYPE_BYTES",
     "GENERATION_PHASE",
@@ -105,11 +114,15 @@ __all__ = [
     "POLICY_GRADS",
     "POLICY_MASTER",
     "POLICY_OPTIM",
+    "POLICY_STEP",
     "POLICY_WEIGHTS",
     "PRECISIONS",
     "REF_WEIGHTS",
     "RM_WEIGHTS",
     "ROW_ORDER",
+    "STATIC_LOAD",
+    "STEP_PHASE",
+    "SYNC_PHASE",
     "QUOTED_NOTE",
     "UPDATE_PHASE",
     "MemoryOptions",
@@ -136,6 +149,7 @@ __all__ = [
     "plan_ppo",
     "ppo_available",
     "resolve_model_shape",
+    "resolved_engine",
     "run_measurement",
     "quoted_lines",
     "quoted_trained_only",

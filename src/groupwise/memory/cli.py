@@ -19,11 +19,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..sections.generation import resolve_generation_engine
+from .engine import planned_engine
 from .fit import fit_rows, format_fits, parse_gpu_memory
 from .measure import _RESULT_MARK, _child_main, format_measurement, ppo_available, run_measurement
 from .plan import (
     ACCOUNTINGS,
+    DEFAULT_ALLOCATOR_SLACK,
+    DEFAULT_CUDA_CONTEXT_GB,
     DTYPE_BYTES,
     GENERATION_ENGINES,
     OPTIM_NAMES,
@@ -138,22 +140,32 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(t, "grad_accum", type=int, help="micro-batches per step")
     _flag(t, "prompt_len", type=int, help="default: the longest of the task's prompts, tokenized")
     _flag(t, "completion_len", type=int, help="default: max_completion_length")
-    _flag(t, "gradient_checkpointing", action="store_true", default=None)
+    _flag(
+        t, "gradient_checkpointing", nargs="?", const=True, type=_bool_arg, default=None,
+        help="default: the config's (on); --gradient_checkpointing false turns it off",
+    )  # fmt: skip
     _flag(t, "logprob_impl", choices=["chunked", "naive"])
     _flag(t, "logprob_chunk_size", type=int)
     t.add_argument("--beta", type=float, help="KL coefficient; 0: no reference model")
     _flag(t, "reward_model_params", type=_count_arg, help="0: rule rewards")
     _flag(
         t, "generation_engine", choices=list(GENERATION_ENGINES),
-        help="static: count its own weight copy (default: CONFIG's generation_engine)",
+        help="default: CONFIG's generation_engine (auto: resolved as the trainer resolves it, "
+        "for each way of training in the --gpu_memory table)",
     )  # fmt: skip
     g = p.add_argument_group("the GPU (what fits)")
     _flag(
         g, "gpu_memory", help="plan for a GPU of this size (24 = 24 GiB, or 80GB) and list "
         "which ways of training fit it, and how far each stretches",
     )  # fmt: skip
-    _flag(g, "cuda_context_gb", type=float, help="with --gpu_memory: default 0.5 (assumed)")
-    _flag(g, "allocator_slack", type=float, help="with --gpu_memory: default 0.05 of the tensors")
+    _flag(
+        g, "cuda_context_gb", type=float,
+        help=f"with --gpu_memory: default {DEFAULT_CUDA_CONTEXT_GB} (assumed)",
+    )  # fmt: skip
+    _flag(
+        g, "allocator_slack", type=float,
+        help=f"with --gpu_memory: default {DEFAULT_ALLOCATOR_SLACK} of the tensors (assumed)",
+    )  # fmt: skip
     o = p.add_argument_group("output")
     o.add_argument("--accounting", choices=list(ACCOUNTINGS), default="full")
     o.add_argument("--json", action="store_true", help="print one JSON object")
@@ -162,6 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--device", help="auto, cpu, cuda (default: CONFIG's device)")
     o.add_argument("--_child", help=argparse.SUPPRESS)
     return p
+
+
+def _bool_arg(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def load_run_config(path: str | None, overrides: dict[str, Any] | None = None) -> Any:
@@ -212,17 +233,24 @@ def resolve_run_dtype(cfg: Any, device: str, use_peft: bool | None = None) -> st
     return "fp32"
 
 
-def resolve_generation_dtype(cfg: Any, device: str) -> str:
-    """The dtype of the static engine's weight copy in the run ``cfg`` describes
-    (groupwise.wiring.rollout.static_dtype): bf16 wherever the run generates in bf16."""
+def resolve_generation_dtype(cfg: Any, device: str, use_peft: bool | None = None) -> str:
+    """The static engine's dtype (its weight copy, its KV cache) in the run ``cfg`` describes,
+    trained with LoRA or not (``use_peft``, default the config's)
+    (groupwise.wiring.rollout.static_dtype): bf16 wherever the run generates in bf16. Planning
+    for a GPU from a machine without one assumes a bf16-capable GPU (Ampere or newer)."""
     import torch
 
     from ..runtime.precision import resolve_precision
     from ..wiring.rollout import static_dtype
 
+    peft = cfg.use_peft if use_peft is None else use_peft
+    if device == "cuda" and not torch.cuda.is_available():  # runtime.precision on a bf16 GPU
+        autocast = True if cfg.bf16_autocast is None else bool(cfg.bf16_autocast)
+        bf16_base = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and bool(peft))
+        return "bf16" if autocast or bf16_base or cfg.generation_dtype == "bfloat16" else "fp32"
     precision = resolve_precision(
         cfg.dtype, cfg.bf16_autocast, cfg.generation_dtype, torch.device(device),
-        use_peft=cfg.use_peft,
+        use_peft=bool(peft),
     )  # fmt: skip
     return "bf16" if static_dtype(precision) == torch.bfloat16 else "fp32"
 
@@ -292,21 +320,20 @@ def options_from_args(
         raise MemoryPlanError(f"give --params, or all of the shapes (missing {_flags(missing)})")
     # Options other branches add to GRPOConfig, read where present (TRL's names).
     load_in_4bit = _pick_flag(args.load_in_4bit, cfg, "load_in_4bit")
-    engine = args.generation_engine or cfg.generation_engine
-    if engine == "auto":  # as the trainer resolves it; the static engine's copy counted on CUDA
-        engine, _ = resolve_generation_engine(
-            engine, device_type=device,
-            # rollout/static.py's supports(): it refuses a quantized base (QLoRA runs the HF
-            # engine on the 4-bit model); an architecture it lacks is refused when built.
-            static_unsupported="quantized weights (load_in_4bit)" if load_in_4bit else None,
-            multi_turn=bool(cfg.tools or cfg.environment),
-            generation_kwargs=bool(cfg.generation_kwargs),
-        )  # fmt: skip
-    if engine != cfg.generation_engine:  # --measure then runs the engine the plan counts
-        cfg = replace_config(cfg, generation_engine=engine)
+    requested = args.generation_engine or cfg.generation_engine
     lora_r = args.lora_r if args.lora_r is not None else (cfg.lora_r if cfg.use_peft else 0)
     if lora_r == 0 and load_in_4bit and args.lora_r is None:
         lora_r = cfg.lora_r  # QLoRA is LoRA on the 4-bit base
+    use_dora = bool(getattr(cfg, "use_dora", False)) and bool(lora_r)
+    multi_turn = bool(cfg.tools or cfg.environment)
+    # As the trainer resolves auto (engine.py); the plan keeps "auto" so that the --gpu_memory
+    # table resolves it again for each way of training.
+    engine = planned_engine(
+        requested, device=device, refusal=shape.static_refusal, use_dora=use_dora,
+        multi_turn=multi_turn, generation_kwargs=bool(cfg.generation_kwargs),
+    )  # fmt: skip
+    if engine != cfg.generation_engine:  # --measure then runs the engine the plan counts
+        cfg = replace_config(cfg, generation_engine=engine)
     # dtype: the planner's fp32/fp16/bf16 (mixed precision by default, for setups groupwise's
     # trainer does not run), else the run's, as the trainer stores it (AdamW states in the
     # parameters' dtype: pure).
@@ -318,11 +345,17 @@ def options_from_args(
     else:
         run = replace_config(cfg, dtype=args.dtype) if args.dtype else cfg
         dtype, precision = resolve_run_dtype(run, device, bool(lora_r)), args.precision or "pure"
-        engine_dtype = resolve_generation_dtype(run, device) if engine == "static" else None
+        engine_dtype = resolve_generation_dtype(run, device, bool(lora_r))
         # groupwise.runtime.precision: LoRA adapters train in fp32 unless dtype is bfloat16.
         adapter_dtype = "bf16" if run.dtype == "bfloat16" else "fp32"
-        full = (resolve_run_dtype(run, device, False), precision, None)
-        peft = (resolve_run_dtype(run, device, True), precision, adapter_dtype)
+        full = (
+            resolve_run_dtype(run, device, False), precision, None,
+            resolve_generation_dtype(run, device, False),
+        )  # fmt: skip
+        peft = (
+            resolve_run_dtype(run, device, True), precision, adapter_dtype,
+            resolve_generation_dtype(run, device, True),
+        )  # fmt: skip
         args.method_dtypes = {"full": full, "lora": peft, "qlora": peft}
     targets = args.lora_targets if args.lora_targets is not None else cfg.lora_target_modules
     if isinstance(targets, str):
@@ -354,7 +387,7 @@ def options_from_args(
         logprob_chunk_size=pick("logprob_chunk_size", "logprob_chunk_size"),
         beta=pick("beta", "beta"),
         reward_model_params=args.reward_model_params or 0,
-        generation_engine=engine,
+        generation_engine=requested,
         generation_dtype=engine_dtype,
         adapter_dtype=adapter_dtype,
         load_in_4bit=load_in_4bit,
@@ -364,9 +397,23 @@ def options_from_args(
         padding_free=_pick_flag(args.padding_free, cfg, "padding_free"),
         mean_completion_len=args.mean_completion_len,
         cuda_context_bytes=round(
-            1e9 * (args.cuda_context_gb if args.cuda_context_gb is not None else 0.5 * gpu)
-        ),
-        allocator_slack=args.allocator_slack if args.allocator_slack is not None else 0.05 * gpu,
+            1e9
+            * (
+                args.cuda_context_gb
+                if args.cuda_context_gb is not None
+                else DEFAULT_CUDA_CONTEXT_GB * gpu
+            )
+        ),  # fmt: skip
+        allocator_slack=(
+            args.allocator_slack
+            if args.allocator_slack is not None
+            else DEFAULT_ALLOCATOR_SLACK * gpu
+        ),  # fmt: skip
+        device=device,
+        cuda_graphs=bool(getattr(cfg, "static_cuda_graphs", True) is not False),
+        use_dora=use_dora,
+        multi_turn=multi_turn,
+        generation_kwargs=bool(cfg.generation_kwargs),
     )
     opts.validate()
     if opts.lora_r:

@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from .plan import MemoryOptions, plan_grpo, total_bytes
+from .plan import MemoryOptions, plan_grpo, resolved_engine, total_bytes
 from .shapes import MemoryPlanError, ModelShape
 from .units import human_bytes
 
@@ -55,6 +55,7 @@ class FitRow:
     fits: bool
     longest_completion: int | None  # at the asked G; None: nothing fits
     largest_group: int | None  # at the asked completion length; None: nothing fits
+    engine: str = "hf"  # the rollout engine the combination gets (auto resolved per method)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -66,14 +67,18 @@ def combination(
     optim: str,
     offload: bool,
     checkpointing: bool,
-    dtypes: dict[str, tuple[str, str, str | None]] | None = None,
+    dtypes: dict[str, tuple[str | None, ...]] | None = None,
 ) -> MemoryOptions:
     """``opts`` trained with ``method`` and ``optim``, offloading and checkpointing as given;
-    ``dtypes`` maps a method to its (dtype, precision, adapter dtype), as the trainer resolves
-    them."""
+    ``dtypes`` maps a method to its (dtype, precision, adapter dtype[, generation dtype]), as
+    the trainer resolves them. ``generation_engine: auto`` is resolved for each method in the
+    plan itself (plan.resolved_engine): a full fine-tune, LoRA and QLoRA may get different
+    engines, and the static engine holds a weight copy only for a full fine-tune."""
     rank = opts.lora_r or DEFAULT_LORA_R
-    default = (opts.dtype, opts.precision, opts.adapter_dtype)
-    dtype, precision, adapter_dtype = (dtypes or {}).get(method, default)
+    default = (opts.dtype, opts.precision, opts.adapter_dtype, opts.generation_dtype)
+    chosen = (dtypes or {}).get(method, default)
+    dtype, precision, adapter_dtype = chosen[:3]
+    generation = chosen[3] if len(chosen) > 3 else opts.generation_dtype
     return replace(
         opts,
         lora_r=0 if method == "full" else rank,
@@ -84,6 +89,7 @@ def combination(
         dtype=dtype,
         precision=precision,
         adapter_dtype=adapter_dtype,
+        generation_dtype=generation,
     )
 
 
@@ -140,7 +146,7 @@ def fit_rows(
     shape: ModelShape,
     opts: MemoryOptions,
     budget: int,
-    dtypes: dict[str, tuple[str, str, str | None]] | None = None,
+    dtypes: dict[str, tuple[str | None, ...]] | None = None,
 ) -> list[FitRow]:
     """Every combination, smallest peak first."""
     if not shape.has_layer_shapes or shape.vocab is None:
@@ -161,6 +167,7 @@ def fit_rows(
                             method, optim, offload, checkpointing, peak, fits,
                             longest_completion(shape, o, budget) if fits else None,
                             largest_group(shape, o, budget) if fits else None,
+                            resolved_engine(shape, o),
                         )
                     )  # fmt: skip
     return sorted(rows, key=lambda r: (r.peak, METHODS.index(r.method)))
@@ -177,7 +184,8 @@ def format_fits(shape: ModelShape, opts: MemoryOptions, budget: int, rows: list[
         f"{opts.prompt_len} + completion {opts.completion_len} tokens "
         f"({len(fitting)} of {len(rows)} combinations fit)",
         "",
-        f"{'method':<7}{'optim':<13}{'offload':<9}{'checkpointing':<15}{'peak':>10}  {'fits':<6}"
+        f"{'method':<7}{'optim':<13}{'offload':<9}{'checkpointing':<15}{'engine':<8}"
+        f"{'peak':>10}  {'fits':<6}"
         f"{'longest completion @G' + str(opts.group_size):>26}"
         f"{'largest G @' + str(opts.completion_len):>18}",
     ]
@@ -186,13 +194,16 @@ def format_fits(shape: ModelShape, opts: MemoryOptions, budget: int, rows: list[
         group = str(r.largest_group) if r.largest_group else "-"
         lines.append(
             f"{METHOD_NAMES[r.method]:<7}{r.optim:<13}{'on' if r.offload else 'off':<9}"
-            f"{'on' if r.checkpointing else 'off':<15}{human_bytes(r.peak):>10}  "
+            f"{'on' if r.checkpointing else 'off':<15}{r.engine:<8}{human_bytes(r.peak):>10}  "
             f"{'yes' if r.fits else 'no':<6}{longest:>26}{group:>18}"
         )
     limit = shape.max_positions or UNKNOWN_MAX_POSITIONS
     lines.append(
         f"LoRA rows: rank {opts.lora_r or DEFAULT_LORA_R}; completions searched up to {limit:,} "
         f"- prompt tokens (max_position_embeddings{'' if shape.max_positions else ', unknown'}), "
-        f"G over powers of two up to {MAX_GROUP}; offloaded activations live in host memory."
+        f"G over powers of two up to {MAX_GROUP}; offloaded activations live in host memory; "
+        "engine: the rollout engine each row gets (generation_engine auto resolves per method)"
+        + ("; vLLM's own memory is not counted" if any(r.engine == "vllm" for r in rows) else "")
+        + "."
     )
     return "\n".join(lines)

@@ -142,7 +142,8 @@ def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
         peak = torch.cuda.max_memory_reserved() if cuda else _peak_rss()
         model_config = trainer.model.config.to_dict()
         dtype = str(next(trainer.model.parameters()).dtype)
-        static = config.generation_engine == "static"
+        # auto resolves in the trainer: the engine it built says which one ran.
+        static = type(trainer.engine).__name__ == "StaticEngine"
         engine_dtype = str(trainer.engine.dtype) if static else None
     names = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
     return {
@@ -185,6 +186,7 @@ def config_for(model: str, opts: MemoryOptions) -> dict[str, Any]:
 _HF_KEYS = (
     "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
     "intermediate_size", "vocab_size", "head_dim", "tie_word_embeddings", "attention_bias",
+    "model_type", "hidden_act", "mlp_bias", "use_sliding_window", "sliding_window",
 )  # fmt: skip
 
 
@@ -255,6 +257,7 @@ def run_measurement(
                 completion_len=max(result["completion_len"], 1),
                 reward_model_params=0,
                 generation_dtype=result.get("generation_dtype"),
+                device=result["device"],  # what auto resolved to, dropout's mask width
             )
             plan = plan_ppo(shape, same) if algorithm == "ppo" else plan_grpo(shape, same)
         result["predicted_bytes"] = total_bytes(plan)

@@ -17,9 +17,11 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
   which is what groupwise's own trainer does with ``dtype=bfloat16`` (torch's AdamW keeps its
   states in the parameters' dtype).
 - optimizer states: AdamW m and v, 2 x 4 B per trained parameter in mixed precision and fp32
-  (2 x bytes(dtype) when pure); 8-bit AdamW (``adamw_8bit`` / ``adamw_bnb_8bit``, and
-  ``paged_adamw_8bit`` in unified memory) 2 x 1 B plus one fp32 absmax per 256 elements of each,
-  tensor by tensor, tensors under 4096 elements in fp32 (quant.py); sgd (no momentum) nothing.
+  (2 x bytes(dtype) when pure), and while torch's AdamW steps (multi-tensor, a GPU's
+  default) one more copy of v, next to the gradients; 8-bit AdamW (``adamw_8bit`` /
+  ``adamw_bnb_8bit``, and ``paged_adamw_8bit`` in unified memory) 2 x 1 B plus one fp32 absmax
+  per 256 elements of each, tensor by tensor, tensors under 4096 elements in fp32 (quant.py);
+  sgd (no momentum) nothing.
   So full fine-tuning in mixed precision costs the usual 2 + 2 + 4 + 4 + 4 = 16 B per trained
   parameter, and fp32 costs 4 + 4 + 8 = 16 B too.
 - LoRA (``--lora_r R``): P_t = R x (d_in + d_out) summed over the targeted linears of every
@@ -37,15 +39,18 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
   backbone copy and its own adapter (a second network cannot share the policy's activations).
 - activations (one micro-batch of ``--batch`` completions, in bytes(dtype); the update's forward
   and backward pass of the policy, and of the critic for PPO, one combined loss). Per layer and
-  token, a LLaMA block (RMSNorm, GQA attention through SDPA, SwiGLU MLP) saves for backward
-  ``4h + 2q + 2kv + 4i`` values: both RMSNorms' input and output (4h), the rotated query and
-  the attention output (2q), the rotated key and the value (2kv), and the MLP's gate and up
-  projections, SiLU(gate) and their product (4i); q = heads x head_dim, kv = kv_heads x
-  head_dim, i = intermediate size. This is within a few percent of Korthikanti et al.'s
-  ``34 s b h`` bytes (16-bit) without the ``5 a s^2 / h`` attention-score term, which a fused
-  (SDPA/flash) attention never stores. Plus 2h per token for the final norm. With gradient
-  checkpointing only each layer's input (h per token per layer) is kept, plus one layer's full
-  activations while it is recomputed in the backward pass. ``--activation_offloading`` moves
+  token, a trained LLaMA block (RMSNorm, GQA attention through SDPA, SwiGLU MLP) saves for
+  backward ``6h + 2q + 2kv + 4i`` values: each RMSNorm's input, normalised values and output
+  (the next linears' input; in 16 bits the input is kept as an fp32 copy: 4 + 2 + 2 bytes), the
+  rotated query and the attention output (2q), the rotated key and the value (2kv), and the
+  MLP's gate and up projections, SiLU(gate) and their product (4i); Qwen3's per-head q/k norms
+  add their fp32 input and normalised values; q = heads x head_dim, kv = kv_heads x head_dim,
+  i = intermediate size (terms.py; measured on a CPU, tests/memory/test_planner_measured.py).
+  A frozen base linear (LoRA, QLoRA) keeps no input: its adapter does (below). No attention
+  scores: SDPA never stores them. Plus the final norm's 3h per token, and the backward pass's
+  own buffers at its peak (2h + i per token). With gradient checkpointing only each layer's
+  input (h per token per layer) is kept, plus one layer's full activations while it is
+  recomputed in the backward pass. ``--activation_offloading`` moves
   the saved tensors to host memory (a row of its own, not in the GPU's total), leaving two
   layer's worth on the GPU (terms.py); ``--padding_free`` packs each sequence whole (prompt
   and completion, no shared prompt) and counts the update's real completion tokens
@@ -57,24 +62,34 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
   with its own prompt (batch x (prompt + completion) tokens).
 - logits (fp32 math, groupwise's policy/logprobs.py): ``chunked`` (``logprob_impl``, the default)
   applies the LM head to at most ``logprob_chunk_size`` completion tokens at a time and keeps
-  only logsumexp per token, recomputing the chunk in the backward pass: one chunk's logits and
-  exponentials, 2 x min(chunk, batch x completion) x vocab x 4 B. ``naive``: full logits at
+  only logsumexp per token, recomputing the chunk in the backward pass: one chunk's raw head
+  outputs in the dtype, their fp32 copy (the same buffer in fp32) and fp32 exponentials,
+  min(chunk, batch x completion) x vocab x (8 + bytes(dtype) if 16-bit) B. ``naive``: full logits at
   every completion position, their log-softmax (kept for backward) and one more buffer of the
   same size (the entropy's exponentials, or the gradient), 3 x batch x completion x vocab x 4 B.
-- KV cache during generation: 2 x layers x kv_heads x head_dim x (prompt + completion) x N x
-  bytes(dtype), N = batch x gradient accumulation, every completion of a step being generated
-  together; and the sampler's [N x vocab] logits, scaled logits, probabilities and CDF.
-- generation engine weights (``--generation_engine``): none for ``hf``, which samples from the
-  policy's own weights; P x bytes(generation dtype) for ``static``, which keeps its own copy
-  (bf16 wherever the run generates in bf16) for the whole run, LoRA merged in; ``vllm``'s own
-  weights and KV cache (``vllm_gpu_memory_utilization`` of the GPU) are not counted.
+- the rollout engine (``--generation_engine``; ``auto``, the run's default, is resolved for each
+  way of training as the trainer resolves it: engine.py): N = batch x gradient accumulation
+  completions are generated together. ``hf``: a KV cache of (2 x layers + 1) x kv_heads x
+  head_dim x (prompt + completion) x N x bytes(dtype), the one extra layer's K (or V) being
+  the copy ``torch.cat`` makes as the cache grows; no weights of its own. ``static``: a prompt
+  cache and a row cache of 2 x layers x kv_heads x slots x head_dim x bytes(generation dtype)
+  each, for N / G prompts and N rows, slots = prompt + completion (a multiple of 64 with CUDA
+  graphs); for a full fine-tune its own copy of every weight, P x bytes(generation dtype),
+  resident, and while it loads one layer at a time (at build and each sync, when no KV cache
+  exists) one block's weights in the dtype; under LoRA and QLoRA no copy (it reads the frozen
+  base in place). Both: the sampler's [N x vocab] logits, scaled logits, probabilities and
+  CDF. ``vllm``: its own weights and KV cache (``vllm_gpu_memory_utilization`` of the GPU) are
+  not counted (the HF engine's KV cache stands in for it).
 
 Total (the peak): weights, master weights, optimizer states and the static engine's copy are
 resident throughout; the generation phase adds the KV cache, the update phase adds gradients,
-activations and logits; peak = resident + max(generation, update). Planning for a GPU
-(``--gpu_memory``) adds the CUDA context and the caching allocator's slack, both assumed (0.5 GB
-and 5% of the tensors), not measured. Not counted: small per-token vectors (log-probs,
-advantages, values), transient buffers of no-grad forwards.
+activations and logits, the optimizer step its buffers next to the gradients, the static
+engine's sync its one-layer load; peak = resident + max(generation, update, step, sync).
+Planning for a GPU (``--gpu_memory``) adds the CUDA context and the caching allocator's
+reserved bytes over the tensors, both assumed (0.8 GB and 15% of the tensors:
+:data:`DEFAULT_CUDA_CONTEXT_GB`, :data:`DEFAULT_ALLOCATOR_SLACK`), not measured. Not counted:
+small per-token vectors (log-probs, advantages, values), transient buffers of no-grad forwards
+(the prefill's, the static engine's per-projection buffers).
 
 The often-quoted figures for a 7B model in fp16 (PPO "roughly 112 GB before activations",
 GRPO "roughly 56 GB") are reproduced exactly by one accounting only among the natural ones tried:
@@ -94,6 +109,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .engine import planned_engine, static_copies_weights, static_slots
 from .quant import adam_state_bytes
 
 # The shapes and units by their names here too (``from groupwise.memory.plan import ...``).
@@ -107,9 +123,13 @@ from .terms import activation_bytes as activation_bytes
 from .terms import (
     activation_split,
     base_weight_bytes,
+    block_weight_bytes,
     dequantised_linear_bytes,
     generation_logits_bytes,
+    layer_activation_bytes,
+    linear_input_bytes,
     lora_activation_bytes,
+    static_kv_cache_bytes,
 )
 from .terms import kv_cache_bytes as kv_cache_bytes
 from .terms import layer_activation_values as layer_activation_values
@@ -118,7 +138,14 @@ from .units import human_bytes as human_bytes
 from .units import human_count as human_count
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-GENERATION_ENGINES = ("hf", "static", "vllm")
+GENERATION_ENGINES = ("hf", "static", "vllm", "auto")
+# Assumed for a GPU plan (--cuda_context_gb, --allocator_slack): the CUDA context of a process
+# with torch, cuBLAS and bitsandbytes loaded (0.6-1.0 GB by the usual reports: context, kernel
+# images, cuBLAS workspace), and the caching allocator's reserved bytes over the tensors' peak
+# (blocks split and cached between steps; 10-30% for a cache grown by concatenation; one
+# checked run reserved 1.13x the planned tensors).
+DEFAULT_CUDA_CONTEXT_GB = 0.8
+DEFAULT_ALLOCATOR_SLACK = 0.15
 VLLM_NOT_COUNTED = "vLLM's own weights and KV cache (vllm_gpu_memory_utilization of the GPU)"
 OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "paged_adamw32bit", "sgd")
 # TRL's (transformers') ``optim`` names, and the planner's optimizer each one counts as.
@@ -140,11 +167,13 @@ POLICY_WEIGHTS = "policy weights"
 POLICY_GRADS = "policy gradients"
 POLICY_MASTER = "policy fp32 master weights"
 POLICY_OPTIM = "policy optimizer states"
+POLICY_STEP = "policy optimizer step"
 POLICY_ACTS = "policy activations"
 LOGITS = "logits"
 KV_CACHE = "KV cache (generation)"
 GENERATION_WEIGHTS = "generation engine weights"
 GENERATION_LOGITS = "logits (generation)"
+STATIC_LOAD = "static engine load, one layer"
 DEQUANT = "4-bit linear, dequantised"
 HOST_ACTS = "offloaded activations (host)"
 CUDA_CONTEXT = "CUDA context"
@@ -155,14 +184,20 @@ CRITIC_WEIGHTS = "critic weights"
 CRITIC_GRADS = "critic gradients"
 CRITIC_MASTER = "critic fp32 master weights"
 CRITIC_OPTIM = "critic optimizer states"
+CRITIC_STEP = "critic optimizer step"
 CRITIC_ACTS = "critic activations"
 ROW_ORDER = (
-    POLICY_WEIGHTS, DEQUANT, POLICY_GRADS, POLICY_MASTER, POLICY_OPTIM, POLICY_ACTS, LOGITS,
-    KV_CACHE, GENERATION_LOGITS, GENERATION_WEIGHTS, REF_WEIGHTS, RM_WEIGHTS,
-    CRITIC_WEIGHTS, CRITIC_GRADS, CRITIC_MASTER, CRITIC_OPTIM, CRITIC_ACTS,
+    POLICY_WEIGHTS, DEQUANT, POLICY_GRADS, POLICY_MASTER, POLICY_OPTIM, POLICY_STEP,
+    POLICY_ACTS, LOGITS,
+    KV_CACHE, GENERATION_LOGITS, GENERATION_WEIGHTS, STATIC_LOAD, REF_WEIGHTS, RM_WEIGHTS,
+    CRITIC_WEIGHTS, CRITIC_GRADS, CRITIC_MASTER, CRITIC_OPTIM, CRITIC_STEP, CRITIC_ACTS,
     HOST_ACTS, CUDA_CONTEXT, ALLOCATOR,
 )  # fmt: skip
 GENERATION_PHASE = frozenset({KV_CACHE, GENERATION_LOGITS})
+SYNC_PHASE = frozenset({STATIC_LOAD})  # between the optimizer step and the next rollout
+# The optimizer step: its own buffers, with the gradients (activations and logits are freed).
+STEP_PHASE = frozenset({POLICY_STEP, CRITIC_STEP})
+GRADIENT_ROWS = frozenset({POLICY_GRADS, CRITIC_GRADS})
 HOST_ROWS = frozenset({HOST_ACTS})  # host memory: shown, not in the GPU's totals
 UPDATE_PHASE = frozenset({POLICY_GRADS, POLICY_ACTS, LOGITS, CRITIC_GRADS, CRITIC_ACTS})
 
@@ -173,21 +208,24 @@ ROW_NOTES = {
     POLICY_GRADS: "trained parameters, {trained_dtype}",
     POLICY_MASTER: "trained parameters, 4 B",
     POLICY_OPTIM: "{optimizer}",
+    POLICY_STEP: "torch AdamW's multi-tensor step: a copy of v, with the gradients",
     POLICY_ACTS: "saved for backward, one micro-batch{shared}",
     LOGITS: "{logits}",
-    KV_CACHE: "generation phase only",
+    KV_CACHE: "generation phase only; {kv}",
     GENERATION_LOGITS: "the sampler's [sequences x vocab] buffers, one decoding step",
     GENERATION_WEIGHTS: "the static engine's own copy, {generation_dtype}",
+    STATIC_LOAD: "at build and each sync, {dtype}; no KV cache then",
     REF_WEIGHTS: "{reference}",
     RM_WEIGHTS: "frozen",
     CRITIC_WEIGHTS: "backbone + value head",
     CRITIC_GRADS: "",
     CRITIC_MASTER: "",
     CRITIC_OPTIM: "",
+    CRITIC_STEP: "",
     CRITIC_ACTS: "trained with the policy",
     HOST_ACTS: "activation_offloading: saved tensors in host memory, not on the GPU",
-    CUDA_CONTEXT: "assumed, not measured: --cuda_context_gb",
-    ALLOCATOR: "assumed: {slack:.0%} of the tensors' bytes, --allocator_slack",
+    CUDA_CONTEXT: "assumed (torch, cuBLAS, bitsandbytes), not measured: --cuda_context_gb",
+    ALLOCATOR: "assumed: reserved over allocated, {slack:.0%} of the tensors, --allocator_slack",
 }
 
 
@@ -213,7 +251,8 @@ class MemoryOptions:
     beta: float = 0.04  # 0: no reference model
     reward_model_params: int = 0  # 0: rule rewards, no reward model
     share_prompt: bool = True  # the policy encodes a group's prompt once (groupwise)
-    generation_engine: str = "hf"  # hf | static (its own weight copy) | vllm (not counted)
+    # hf | static | vllm (not counted) | auto: resolved per method as the trainer does (engine.py)
+    generation_engine: str = "hf"
     generation_dtype: str | None = None  # the static engine's copy; None: the same as dtype
     adapter_dtype: str | None = None  # LoRA adapters' dtype; None: dtype (groupwise: fp32)
     load_in_4bit: bool = False  # QLoRA: the frozen base's linears in NF4 (needs lora_r > 0)
@@ -224,6 +263,11 @@ class MemoryOptions:
     mean_completion_len: int | None = None  # padding_free's real tokens; None: completion_len
     cuda_context_bytes: int = 0  # the CUDA context (0: not planning for a GPU)
     allocator_slack: float = 0.0  # the caching allocator's share over the tensors' bytes
+    device: str = "cuda"  # cpu | cuda: what auto resolves to, the static engine's graph slots
+    cuda_graphs: bool = True  # the static engine's CUDA graphs (static_cuda_graphs; CUDA only)
+    use_dora: bool = False  # a DoRA adapter: auto gives the HF engine
+    multi_turn: bool = False  # tools / an environment: auto gives the HF engine
+    generation_kwargs: bool = False  # transformers' generate() options: the HF engine
 
     @property
     def optimizer_kind(self) -> str:
@@ -307,6 +351,16 @@ class MemoryOptions:
             )
 
 
+def resolved_engine(shape: ModelShape, opts: MemoryOptions) -> str:
+    """The engine the run gets: ``generation_engine`` itself, or what ``auto`` resolves to for
+    this model, training method and device (engine.py)."""
+    return planned_engine(
+        opts.generation_engine, device=opts.device, refusal=shape.static_refusal,
+        use_dora=opts.use_dora and opts.lora_r > 0, multi_turn=opts.multi_turn,
+        generation_kwargs=opts.generation_kwargs,
+    )  # fmt: skip
+
+
 def trained_dtype(opts: MemoryOptions) -> str:
     """The dtype of the trained parameters: the adapters' under LoRA, else the weights'."""
     return (opts.adapter_dtype or opts.dtype) if opts.lora_r else opts.dtype
@@ -347,6 +401,9 @@ def _network_rows(
         f"{prefix} optimizer states": adam_state_bytes(
             trained, opts.optimizer_kind, _state_width(opts)
         ),
+        # torch's AdamW on a GPU (foreach) takes the square root of every v into new tensors
+        # before the update; bitsandbytes' optimizers update in one fused kernel.
+        f"{prefix} optimizer step": count * _state_width(opts) * (opts.optimizer_kind == "adamw"),
     }
     always = (f"{prefix} weights", f"{prefix} gradients")
     return {k: v for k, v in rows.items() if v or k in always}
@@ -379,10 +436,16 @@ def _activation_rows(
 ) -> dict[str, int]:
     """One network's saved activations on the GPU, and in host memory when offloaded."""
     width = DTYPE_BYTES[opts.dtype]
-    lora = lora_activation_bytes(shape, opts.lora_r, opts.lora_targets, opts.lora_dropout, width)
+    mask = 1 if opts.device == "cuda" else width  # dropout's mask: bool on CUDA only
+    lora = lora_activation_bytes(
+        shape, opts.lora_r, opts.lora_targets, opts.lora_dropout, width, mask
+    )
+    inputs = linear_input_bytes(shape, width, opts.lora_r, opts.lora_targets, opts.lora_dropout)
+    frozen = opts.lora_r > 0
     gpu, host = activation_split(
         shape, opts.batch, opts.prompt_len, opts.update_completion_len, width,
         opts.gradient_checkpointing, share, lora, opts.activation_offloading,
+        layer_activation_bytes(shape, width, inputs, frozen), frozen,
     )  # fmt: skip
     rows = {f"{prefix} activations": gpu}
     if host:
@@ -395,6 +458,8 @@ def _common_rows(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
     the sampler's logits of generation, the reference and the reward model."""
     opts.validate()
     width = DTYPE_BYTES[opts.dtype]
+    engine = resolved_engine(shape, opts)
+    generation_width = DTYPE_BYTES[generation_dtype(opts)]
     rows = _network_rows("policy", _frozen_bytes(shape, opts), _trained_numels(shape, opts), opts)
     if opts.load_in_4bit:
         rows[DEQUANT] = dequantised_linear_bytes(shape, width)
@@ -407,16 +472,25 @@ def _common_rows(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
         if shape.vocab is not None:
             rows[LOGITS] = logits_bytes(
                 shape.vocab, opts.batch, opts.update_completion_len, opts.logprob_impl,
-                opts.logprob_chunk_size,
+                opts.logprob_chunk_size, width,
             )  # fmt: skip
         sequences = opts.batch * opts.grad_accum
-        rows[KV_CACHE] = kv_cache_bytes(
-            shape, sequences, opts.prompt_len, opts.completion_len, width
-        )
+        if engine == "static":
+            tokens = opts.prompt_len + opts.completion_len
+            slots = static_slots(tokens, opts.device, opts.cuda_graphs)
+            rows[KV_CACHE] = static_kv_cache_bytes(
+                shape, sequences // opts.group_size, sequences, slots, generation_width
+            )
+        else:
+            rows[KV_CACHE] = kv_cache_bytes(
+                shape, sequences, opts.prompt_len, opts.completion_len, width
+            )
         if shape.vocab is not None:
             rows[GENERATION_LOGITS] = generation_logits_bytes(shape.vocab, sequences, width)
-    if opts.generation_engine == "static":
-        rows[GENERATION_WEIGHTS] = shape.num_params() * DTYPE_BYTES[generation_dtype(opts)]
+    if engine == "static" and static_copies_weights(opts.lora_r):
+        rows[GENERATION_WEIGHTS] = shape.num_params() * generation_width
+        if shape.has_layer_shapes:
+            rows[STATIC_LOAD] = block_weight_bytes(shape, width)
     if opts.beta > 0:
         # LoRA: the reference is the base with the adapter disabled, no second copy.
         rows[REF_WEIGHTS] = 0 if opts.lora_r else shape.num_params() * width
@@ -476,13 +550,18 @@ def _ordered(rows: dict[str, int]) -> dict[str, int]:
 
 
 def total_bytes(components: dict[str, int]) -> int:
-    """Peak: resident rows + max(generation phase, update phase). Components of other
+    """Peak: resident rows + max(generation phase, update phase, the optimizer step with the
+    gradients, the static engine's sync).
+    Components of other
     accountings (quoted, weights-only) are all resident, i.e. summed."""
     generation = sum(v for k, v in components.items() if k in GENERATION_PHASE)
     update = sum(v for k, v in components.items() if k in UPDATE_PHASE)
+    sync = sum(v for k, v in components.items() if k in SYNC_PHASE)
+    own = sum(v for k, v in components.items() if k in STEP_PHASE)
+    step = own + sum(v for k, v in components.items() if k in GRADIENT_ROWS) if own else 0
     host = sum(v for k, v in components.items() if k in HOST_ROWS)
-    resident = sum(components.values()) - generation - update - host
-    return resident + max(generation, update)
+    resident = sum(components.values()) - generation - update - sync - own - host
+    return resident + max(generation, update, sync, step)
 
 
 def missing_rows(shape: ModelShape) -> dict[str, str]:
@@ -568,7 +647,7 @@ def make_plan(shape: ModelShape, opts: MemoryOptions, accounting: str = "full") 
         return MemoryPlan(shape, opts, accounting, parts["ppo"], parts["grpo"])
     plan = MemoryPlan(shape, opts, accounting, plan_ppo(shape, opts), plan_grpo(shape, opts))
     plan.missing = missing_rows(shape)
-    if opts.generation_engine == "vllm":
+    if resolved_engine(shape, opts) == "vllm":
         plan.missing[GENERATION_WEIGHTS] = VLLM_NOT_COUNTED
     # The alternatives the options did not choose, shown but not added to the totals.
     if shape.has_layer_shapes:

@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .engine import static_refusal
 from .units import human_count
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -44,6 +45,9 @@ class ModelShape:
     attention_bias: bool = False  # q, k, v biases (Qwen2)
     qk_norm: bool = False  # RMSNorm over each head's query and key (Qwen3): 2 x head_dim weights
     max_positions: int | None = field(default=None, compare=False)  # max_position_embeddings
+    model_type: str | None = field(default=None, compare=False)  # None: a LLaMA-style decoder
+    # Why the static engine cannot decode this model (engine.static_refusal), None if it can.
+    static_refusal: str | None = field(default=None, compare=False)
     params: int | None = None  # explicit parameter count, e.g. --params 7e9
     note: str = ""  # e.g. how a missing shape was inferred
 
@@ -175,11 +179,11 @@ class ModelShape:
 BUILTIN_SHAPES = {
     "tiny-random": ModelShape(
         name="tiny-random", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
-        vocab=49152, tie_embeddings=True,
+        vocab=49152, tie_embeddings=True, model_type="llama",
     ),
     "smollm2-135m-instruct": ModelShape(
         name="smollm2-135m-instruct", hidden=576, layers=30, heads=9, kv_heads=3,
-        intermediate=1536, vocab=49152, head_dim=64, tie_embeddings=True,
+        intermediate=1536, vocab=49152, head_dim=64, tie_embeddings=True, model_type="llama",
     ),
 }  # fmt: skip
 
@@ -244,6 +248,8 @@ def shape_from_hf_config(config: dict[str, Any], name: str = "custom") -> ModelS
         attention_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
         qk_norm=config.get("model_type") == "qwen3",
         max_positions=config.get("max_position_embeddings"),
+        model_type=config.get("model_type"),
+        static_refusal=static_refusal(config),
     )
 
 

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import textwrap
 
+from .engine import static_copies_weights, static_slots
 from .plan import (
     DTYPE_BYTES,
+    GENERATION_WEIGHTS,
     HOST_ROWS,
+    POLICY_STEP,
     QUOTED_NOTE,
     ROW_NOTES,
     ROW_ORDER,
+    STATIC_LOAD,
     MemoryOptions,
     MemoryPlan,
     generation_dtype,
     quoted_trained_only,
     quoted_weights_only,
+    resolved_engine,
     trained_bytes_per_param,
     trained_dtype,
 )
@@ -65,6 +70,36 @@ def _weights_note(o: MemoryOptions) -> str:
     return f"every parameter, {o.dtype}"
 
 
+def _engine_line(plan: MemoryPlan) -> str:
+    """Which rollout engine the plan prices, and what it holds."""
+    o = plan.options
+    engine = resolved_engine(plan.shape, o)
+    how = f"auto on {o.device}" if o.generation_engine == "auto" else "as set"
+    if engine == "static":
+        what = (
+            f"its own {generation_dtype(o)} weight copy, loaded one layer at a time"
+            if static_copies_weights(o.lora_r) else
+            "no weight copy: it reads the policy's frozen base in place, adapters unmerged"
+        )  # fmt: skip
+    elif engine == "vllm":
+        what = "vLLM's own memory not counted"
+    else:
+        what = "samples from the policy's own weights"
+    return f"  rollout engine: {engine} ({how}): {what}"
+
+
+def _kv_note(plan: MemoryPlan) -> str:
+    o = plan.options
+    sequences = o.batch * o.grad_accum
+    if resolved_engine(plan.shape, o) != "static":
+        return f"{sequences} sequences x {o.prompt_len + o.completion_len} tokens, {o.dtype}"
+    slots = static_slots(o.prompt_len + o.completion_len, o.device, o.cuda_graphs)
+    return (
+        f"prompt cache ({sequences // o.group_size}) + row cache ({sequences}) x {slots} slots, "
+        f"{generation_dtype(o)}"
+    )
+
+
 def _settings_lines(plan: MemoryPlan) -> list[str]:
     o = plan.options
     per = trained_bytes_per_param(o)
@@ -107,6 +142,7 @@ def _settings_lines(plan: MemoryPlan) -> list[str]:
             if o.reward_model_params
             else ", rule rewards (no reward model)"
         ),
+        _engine_line(plan),
     ]
 
 
@@ -149,6 +185,7 @@ def format_table(plan: MemoryPlan) -> str:
         ),
         "reference": "adapter-disabled base, no copy" if o.lora_r else "frozen copy",
         "generation_dtype": generation_dtype(o),
+        "kv": _kv_note(plan) if plan.shape.has_layer_shapes else "",
     }
     present = {**plan.ppo, **plan.grpo, **plan.missing}
     names = list(present)
@@ -180,10 +217,13 @@ def format_table(plan: MemoryPlan) -> str:
         lines.append(
             textwrap.fill(
                 "peak = resident (weights, master weights, optimizer states"
-                + (", the generation engine's weights" if o.generation_engine == "static" else "")
+                + (", the static engine's weight copy" if GENERATION_WEIGHTS in present else "")
                 + (", the CUDA context, the allocator's slack" if o.cuda_context_bytes else "")
                 + ") + max(generation: KV cache + sampler logits, update: gradients + "
-                "activations + logits)"
+                "activations + logits"
+                + (", step: the optimizer's buffers + gradients" if POLICY_STEP in present else "")
+                + (", sync: the static engine's one-layer load" if STATIC_LOAD in present else "")
+                + ")"
                 + ("; host rows are not GPU memory" if any(k in HOST_ROWS for k in present) else "")
                 + "; GB = 1e9 bytes",
                 100,
