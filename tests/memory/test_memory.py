@@ -457,7 +457,7 @@ def test_measure_is_compared_with_the_tables_own_figure(tmp_path: Path, capsys, 
             "baseline_bytes": 1000, "peak_bytes": 151_000_000, "measured_bytes": 150_000_000,
             "prompt_len": prompt, "completion_len": 20, "model_config": TINY_HF, "steps": 1,
         }  # fmt: skip
-        line = measure._RESULT_MARK + json.dumps(result)
+        line = measure.RESULT_MARK + json.dumps(result)
         return subprocess.CompletedProcess(cmd, 0, stdout=line + "\n", stderr="")
 
     monkeypatch.setattr(measure.subprocess, "run", fake_child)

@@ -17,10 +17,13 @@ The package, in three layers, each importing only the ones before it:
   quoted``) and
   :mod:`groupwise.memory.table` (the printed table), with :mod:`groupwise.memory.units`.
 - :mod:`groupwise.memory.measure`: ``--measure``, real training steps of each algorithm in a
-  fresh subprocess, the measured peak next to the plan for the same settings; the only part
-  that imports the trainers (lazily, in the child).
+  fresh subprocess (:mod:`groupwise.cli.memory_child`, which runs the trainers from above
+  them), the measured peak next to the plan for the same settings.
 - :mod:`groupwise.memory.cli`: the command line (``groupwise memory``, ``python -m
-  groupwise.memory``, and the ``--_child`` entry of the measurement's subprocesses).
+  groupwise.memory``).
+
+The planner sits below the trainer, which plans a run with it before loading the weights and
+when a step runs out of memory (:mod:`groupwise.trainer.memory_check`).
 
 Every public name of them is re-exported here (``from groupwise.memory import ...``).
 """

@@ -5,7 +5,6 @@
 Options: command line over a YAML config's values over
 :class:`groupwise.config.GRPOConfig`'s defaults. Prints :func:`~groupwise.memory.table.format_table`
 or, with ``--json``, the plan's JSON; ``--measure`` adds :mod:`groupwise.memory.measure`'s results.
-The hidden ``--_child SPEC`` is the entry of a measurement's subprocess.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Any
 
 from .engine import planned_engine
 from .fit import fit_rows, format_fits, parse_gpu_memory
-from .measure import _RESULT_MARK, _child_main, format_measurement, ppo_available, run_measurement
+from .measure import format_measurement, ppo_available, run_measurement
 from .plan import (
     ACCOUNTINGS,
     DEFAULT_ALLOCATOR_SLACK,
@@ -172,7 +171,6 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--measure", action="store_true", help="run real steps and compare")
     _flag(o, "measure_steps", type=int, default=1)
     o.add_argument("--device", help="auto, cpu, cuda (default: CONFIG's device)")
-    o.add_argument("--_child", help=argparse.SUPPRESS)
     return p
 
 
@@ -263,10 +261,10 @@ def task_prompt_length(cfg: Any, model: str) -> int | None:
 
     from ..data.prompts import tokenize_prompts
     from ..errors import UserError
-    from .measure import _load_tokenizer
+    from .measure import load_tokenizer
 
     try:
-        tokenizer = _load_tokenizer(model)
+        tokenizer = load_tokenizer(model)
         from ..wiring.rows import build_datasets
 
         with contextlib.redirect_stdout(sys.stderr):  # the loader's summary; keeps --json clean
@@ -504,11 +502,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
-        if "--_child" in argv:
-            args = parser.parse_args(argv)
-            result = _child_main(json.loads(args._child))
-            print(_RESULT_MARK + json.dumps(result), flush=True)
-            return 0
         own, overrides = _split_argv(argv, parser)
         _refuse_renamed(own)
         args = parser.parse_args(own)

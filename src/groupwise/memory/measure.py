@@ -6,9 +6,9 @@ the same settings: on the CPU the peak RSS (VmHWM) minus the RSS after imports a
 before the model is loaded; on a GPU ``torch.cuda.max_memory_reserved`` (the
 caching allocator's pool, fragmentation included).
 
-Each child is ``python -m groupwise.memory --_child SPEC`` (see :mod:`groupwise.memory.cli`);
-it runs :func:`_child_main` and prints one ``GROUPWISE_MEMORY_RESULT`` line of JSON. This is
-the only part of the planner that imports torch and the trainers, lazily, in the child.
+Each child is ``python -m groupwise.cli.memory_child --_child SPEC``
+(:mod:`groupwise.cli.memory_child`, above the trainers it runs); it prints one
+``GROUPWISE_MEMORY_RESULT`` line of JSON, which :func:`run_measurement` reads here.
 """
 
 from __future__ import annotations
@@ -27,40 +27,11 @@ from .plan import MemoryOptions, generation_dtype, plan_grpo, plan_ppo, total_by
 from .shapes import shape_from_hf_config
 from .units import human_bytes
 
-_RESULT_MARK = "GROUPWISE_MEMORY_RESULT "
+RESULT_MARK = "GROUPWISE_MEMORY_RESULT "
 
 
-def _proc_status_bytes(key: str) -> int | None:
-    try:
-        with open("/proc/self/status", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _current_rss() -> int:
-    rss = _proc_status_bytes("VmRSS")
-    if rss is not None:
-        return rss
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _peak_rss() -> int:
-    peak = _proc_status_bytes("VmHWM")
-    if peak is not None:
-        return peak
-    import resource
-
-    scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux kB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-
-
-def _load_tokenizer(model: str):
+def load_tokenizer(model: str) -> Any:
+    """The tokenizer a measured run of ``model`` uses (the built-in models' own)."""
     from transformers import AutoTokenizer
 
     from ..runtime.models import smollm2_path, smollm2_tokenizer
@@ -74,92 +45,6 @@ def _load_tokenizer(model: str):
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
-
-
-def _child_main(spec: dict[str, Any]) -> dict[str, Any]:
-    """Inside the fresh process: baseline, build the trainer on the run's config (its task,
-    rewards, dtype and device), run the steps, report the peak."""
-    import gc
-    import tempfile
-
-    import torch
-
-    from ..config.grpo_config import GRPOConfig
-    from ..data.prompts import tokenize_prompts
-    from ..wiring.rewards import default_reward_names
-    from ..wiring.rows import build_datasets
-
-    if spec["algorithm"] == "ppo":
-        from ..trainer.ppo import PPOTrainer as Trainer
-    else:
-        from ..trainer.grpo import GRPOTrainer as Trainer
-
-    steps = spec["steps"]
-    with tempfile.TemporaryDirectory(prefix="groupwise-memory-") as out:
-        values = {
-            **spec["config"],
-            "algorithm": spec["algorithm"],
-            "max_steps": steps,
-            "num_eval_prompts": 0,
-            "eval_task": None,
-            "eval_on_start": False,
-            "output_dir": out,
-            "resume_from_checkpoint": None,
-            "report_to": None,
-            "save_steps": 0,
-            "save_strategy": "no",
-            "log_completions_steps": 0,
-            "disable_tqdm": True,
-            "device": spec["device"],
-        }
-        config = GRPOConfig.from_dict(values, source="groupwise memory --measure")
-        tokenizer = _load_tokenizer(config.model)
-        dataset, _ = build_datasets(config)
-        prompt_len = max(
-            len(ids)
-            for ids in tokenize_prompts(
-                [r["prompt"] for r in dataset], tokenizer, config.max_prompt_length
-            )
-        )
-        cuda = config.device.startswith("cuda") or (
-            config.device == "auto" and torch.cuda.is_available()
-        )
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            # Reserved, not allocated: the caching allocator's pool is what the GPU must hold
-            # (and what an out-of-memory error is about), fragmentation included.
-            baseline = torch.cuda.memory_reserved()
-        else:
-            baseline = _current_rss()
-        trainer = Trainer(config.model, default_reward_names(config), dataset, args=config,
-                          processing_class=tokenizer)  # fmt: skip
-        completion_len = 0
-        for _ in range(steps):
-            logs = trainer.train_step()
-            completion_len = max(completion_len, int(logs["completions/max_length"]))
-        peak = torch.cuda.max_memory_reserved() if cuda else _peak_rss()
-        model_config = trainer.model.config.to_dict()
-        dtype = str(next(trainer.model.parameters()).dtype)
-        # auto resolves in the trainer: the engine it built says which one ran.
-        static = type(trainer.engine).__name__ == "StaticEngine"
-        engine_dtype = str(trainer.engine.dtype) if static else None
-    names = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
-    return {
-        "algorithm": spec["algorithm"],
-        "device": "cuda" if cuda else "cpu",
-        "dtype": names.get(dtype, "fp32"),
-        # The static engine's own weight copy (None with the other engines).
-        "generation_dtype": names.get(engine_dtype, "fp32") if engine_dtype else None,
-        "baseline_bytes": baseline,
-        "peak_bytes": peak,
-        "measured_bytes": peak - baseline,
-        "prompt_len": prompt_len,
-        "completion_len": completion_len,
-        "model_config": {k: model_config.get(k) for k in _HF_KEYS},
-        "steps": steps,
-    }
 
 
 def config_for(model: str, opts: MemoryOptions) -> dict[str, Any]:
@@ -183,7 +68,7 @@ def config_for(model: str, opts: MemoryOptions) -> dict[str, Any]:
     }
 
 
-_HF_KEYS = (
+HF_KEYS = (
     "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
     "intermediate_size", "vocab_size", "head_dim", "tie_word_embeddings", "attention_bias",
     "model_type", "hidden_act", "mlp_bias", "use_sliding_window", "sliding_window",
@@ -233,18 +118,18 @@ def run_measurement(
         src = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
         proc = subprocess.run(
-            [sys.executable, "-m", "groupwise.memory", "--_child", json.dumps(spec)],
+            [sys.executable, "-m", "groupwise.cli.memory_child", "--_child", json.dumps(spec)],
             capture_output=True,
             text=True,
             timeout=timeout,
             env=env,
         )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_RESULT_MARK)]
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARK)]
         if proc.returncode != 0 or not lines:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             results.append({"algorithm": algorithm, "error": " | ".join(tail) or "no output"})
             continue
-        result = json.loads(lines[-1][len(_RESULT_MARK) :])
+        result = json.loads(lines[-1][len(RESULT_MARK) :])
         if plans is not None and algorithm in plans:
             plan = plans[algorithm]
         else:  # no table: plan what the run really did (its dtype, prompt, completions)

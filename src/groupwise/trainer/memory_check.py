@@ -13,7 +13,6 @@ CUDA devices are checked (:func:`device_memory`).
 
 from __future__ import annotations
 
-import importlib
 import tempfile
 import traceback
 import warnings
@@ -74,10 +73,11 @@ def device_memory(device: torch.device) -> int | None:
 
 
 def _planner() -> Any:
-    """:mod:`groupwise.memory`, imported when a plan is asked for. It sits above the trainer
-    (``groupwise memory --measure`` runs the trainer), so the trainer looks it up when it
-    runs rather than importing it."""
-    return importlib.import_module("groupwise.memory")
+    """:mod:`groupwise.memory`, imported when a plan is asked for (its command line's parser
+    and the shipped shapes are not needed by a run that never plans)."""
+    from .. import memory
+
+    return memory
 
 
 def human(count: int) -> str:
