@@ -363,9 +363,14 @@ def memory_limit(max_reserved: int | None, limit: int, planned: int | None) -> d
 def plan_fields(s: RealSizes, **extra: Any) -> dict[str, Any]:
     """The planner's options for a bf16-mixed run of these sizes (as groupwise.memory.measure
     plans what a run did: fp32 weights with AdamW in their dtype)."""
+    import torch
+
+    # The engine the run's generation_engine: auto gets, resolved per method as the trainer does.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     fields = dict(dtype="fp32", precision="pure", batch=s.prompts * s.group, group_size=s.group,
                   prompt_len=s.prompt_len, completion_len=s.completion_len,
-                  gradient_checkpointing=True, beta=0.0)  # fmt: skip
+                  gradient_checkpointing=True, beta=0.0, generation_engine="auto",
+                  device=device)  # fmt: skip
     return {**fields, **extra}
 
 

@@ -83,3 +83,120 @@ def test_policy_loss_rollout_weights_scale_surrogate_not_kl():
         policy_loss(
             logp, None, None, torch.tensor([1.0]), torch.ones(1, 2), rollout_weights=torch.ones(2)
         )
+
+
+# --- rollout correction's step metrics: the share of weights masked or truncated --------------
+
+# Five completions of 4 tokens, log-ratios old - sampling per token (sampling = 0), chosen so
+# each mode's outcome is known by hand (ln 3 = 1.0986, ln 0.5 = -0.693, ln 0.25 = -1.386):
+# 0: 0.3 x 4, sum 1.2 > ln 3: no token beyond a bound, the sequence above 3
+# 1: 0.2 x 4, sum 0.8: inside everywhere
+# 2: 1.5 (e^1.5 = 4.48 > 3), -1.0 (e^-1 = 0.37 < 0.5), 0, 0; sum 0.5: two tokens out, the
+#    sequence in
+# 3: 0.5, 0.5, then 5.0 and 0.0 at untrained positions (mask 0): sum 1.0 < ln 3; the 5.0 must
+#    not count
+# 4: -0.6 x 3 (e^-0.6 = 0.55 > 0.5), 0; sum -1.8 (e^-1.8 = 0.165 < 0.25): the sequence below a
+#    bound of 0.25, no token below 0.5
+MC_DIFF = torch.tensor(
+    [
+        [0.3, 0.3, 0.3, 0.3],
+        [0.2, 0.2, 0.2, 0.2],
+        [1.5, -1.0, 0.0, 0.0],
+        [0.5, 0.5, 5.0, 0.0],
+        [-0.6, -0.6, -0.6, 0.0],
+    ]
+)
+MC_MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]])
+
+
+def _changed_share(mode: str, clip_min: float | None, clip_max: float | None) -> dict:
+    """The metric as the update records it: the weights at the trained tokens (token modes) or
+    one per completion (sequence modes)."""
+    from groupwise.algo.variants import rollout_correction_logs
+
+    w = rollout_correction_weights(
+        MC_DIFF,
+        torch.zeros_like(MC_DIFF),
+        MC_MASK,
+        mode=mode,
+        clip_min=clip_min,
+        clip_max=clip_max,
+    )
+    trained = w.flatten() if w.shape[1] == 1 else w[MC_MASK.bool()]
+    return rollout_correction_logs(trained, mode=mode, clip_min=clip_min, clip_max=clip_max)
+
+
+MASKED = "sampling/importance_sampling_ratio/masked_frac"
+TRUNCATED = "sampling/importance_sampling_ratio/truncated_frac"
+
+
+@pytest.mark.parametrize(
+    ("mode", "clip_min", "expected"),
+    [
+        # sequences: only completion 0 is above 3; with a lower bound of 0.25 completion 4 too
+        ("sequence_mask", None, {MASKED: 1 / 5}),
+        ("sequence_mask", 0.25, {MASKED: 2 / 5}),
+        ("sequence_truncate", None, {TRUNCATED: 1 / 5}),
+        ("sequence_truncate", 0.25, {TRUNCATED: 2 / 5}),
+        # 18 trained tokens: only completion 2's first is above 3; with a lower bound of 0.5 its
+        # second too (completion 4's -0.6 stays inside; completion 3's 5.0 is not trained)
+        ("token_mask", None, {MASKED: 1 / 18}),
+        ("token_mask", 0.5, {MASKED: 2 / 18}),
+        ("token_truncate", None, {TRUNCATED: 1 / 18}),
+        ("token_truncate", 0.5, {TRUNCATED: 2 / 18}),
+    ],
+)
+def test_rollout_correction_logs_by_hand(mode, clip_min, expected):
+    logs = _changed_share(mode, clip_min, 3.0)
+    assert logs.keys() == expected.keys()
+    for key, value in expected.items():
+        assert logs[key] == pytest.approx(value)
+
+
+def test_rollout_correction_logs_open_bounds_and_no_weights():
+    from groupwise.algo.variants import rollout_correction_logs
+
+    # No upper bound: nothing is above it; completion 4 is still below 0.25.
+    assert _changed_share("sequence_mask", 0.25, None) == {MASKED: pytest.approx(1 / 5)}
+    assert _changed_share("sequence_truncate", None, None) == {TRUNCATED: 0.0}
+    assert rollout_correction_logs(
+        torch.zeros(0), mode="sequence_mask", clip_min=None, clip_max=3.0
+    ) == {MASKED: 0.0}
+    with pytest.raises(ValueError, match="mode must be one of"):
+        rollout_correction_logs(torch.ones(2), mode="token", clip_min=None, clip_max=3.0)
+
+
+def test_the_grpo_loss_logs_the_masked_share_of_the_step():
+    # The step's weights arrive as the update records them, one entry per micro-batch
+    # (UpdateStats.mismatch: |diff| at the trained tokens, the weights); the loss's logs read the
+    # share under the run's mode and bounds.
+    from conftest import options
+    from groupwise.policy.batches import UpdateStats
+    from groupwise.policy.loss import GRPOLoss
+
+    def step_logs(**overrides) -> dict:
+        loss = GRPOLoss(options(**overrides).loss, max_completion_length=4)
+        mode = loss.options.rollout_correction_mode
+        stats = UpdateStats()
+        for rows in (slice(0, 2), slice(2, 5)):  # two micro-batches
+            diff, mask = MC_DIFF[rows], MC_MASK[rows]
+            w = rollout_correction_weights(
+                diff,
+                torch.zeros_like(diff),
+                mask,
+                mode=mode,
+                clip_min=loss.options.rollout_correction_clip_min,
+                clip_max=loss.options.rollout_correction_clip_max,
+            )
+            keep = mask.bool()
+            selected = w.flatten() if w.shape[1] == 1 else w[keep]
+            stats.mismatch.append((diff.abs()[keep], selected))
+        return loss.logs(stats)
+
+    assert step_logs(rollout_correction_mode="sequence_mask")[MASKED] == pytest.approx(1 / 5)
+    assert step_logs(rollout_correction_mode="sequence_mask", rollout_correction_clip_min=0.25)[
+        MASKED
+    ] == pytest.approx(2 / 5)
+    assert step_logs(rollout_correction_mode="token_truncate")[TRUNCATED] == pytest.approx(1 / 18)
+    # Without the sampler's log-probs there is nothing to report.
+    assert GRPOLoss(options().loss, max_completion_length=4).logs(UpdateStats()) == {}

@@ -176,7 +176,8 @@ def test_a_run_without_output_dir_says_where_it_writes():
 def test_bf16_left_to_auto_says_what_it_became_on_this_device():
     (cpu,) = differences_in_effect(_config(), "cpu", autocast=False)
     assert cpu.startswith("bf16 was not given") and "float32" in cpu and "on this cpu" in cpu
-    (gpu,) = differences_in_effect(_config(), "cuda", autocast=True)
+    (gpu,) = [line for line in differences_in_effect(_config(), "cuda", autocast=True)
+              if line.startswith("bf16")]  # fmt: skip
     assert "bf16 autocast on this cuda" in gpu
     assert differences_in_effect(_config(bf16=True), "cpu", autocast=True) == []
 
@@ -184,9 +185,12 @@ def test_bf16_left_to_auto_says_what_it_became_on_this_device():
 def test_tool_rounds_are_said_only_for_runs_with_tools_and_no_limit_given():
     (line,) = differences_in_effect(_config(bf16=False, tools=["calculator"]))
     assert "at most 3 tool rounds" in line and "TRL: no limit" in line
-    assert differences_in_effect(
-        _config(bf16=False, tools=["calculator"], max_tool_calling_iterations=5)
-    ) == []
+    assert (
+        differences_in_effect(
+            _config(bf16=False, tools=["calculator"], max_tool_calling_iterations=5)
+        )
+        == []
+    )
 
 
 def test_constant_schedule_with_warmup_is_said():
@@ -203,6 +207,23 @@ def test_cispo_without_epsilon_high_says_its_cap():
     assert differences_in_effect(_config(bf16=False, loss_type="cispo", epsilon_high=4.0)) == []
 
 
+def test_the_correction_mode_is_said_where_the_samplers_log_probs_are_recorded():
+    (line,) = differences_in_effect(_config(bf16=True), "cuda", autocast=True)  # auto: static
+    assert "token_truncate caps each token's weight" in line and "sequence_mask" in line
+    (line,) = differences_in_effect(_config(bf16=False, generation_dtype="bfloat16"))
+    assert line.startswith("rollout_correction_mode was not given")
+    assert differences_in_effect(_config(bf16=False, generation_engine="static")) != []
+    # Not said: on a CPU with the HF engine in fp32 (no sampler log-probs), when set, when off.
+    assert differences_in_effect(_config(bf16=False), "cpu") == []
+    assert (
+        differences_in_effect(
+            _config(bf16=True, rollout_correction_mode="sequence_mask"), "cuda", autocast=True
+        )
+        == []
+    )
+    assert differences_in_effect(_config(bf16=True, rollout_correction=False), "cuda") == []
+
+
 def test_cadences_inside_a_generation_batch_are_said():
     """num_iterations=2: two optimizer steps per generation batch; logging_steps=10 and
     save_steps=500 are multiples of 2 (nothing to say), logging_steps=5 is not."""
@@ -213,7 +234,8 @@ def test_cadences_inside_a_generation_batch_are_said():
 
 
 def test_vllm_context_length_is_said_with_the_vllm_engine():
-    config = _config(bf16=False, max_prompt_length=100, max_completion_length=28)
+    config = _config(bf16=False, max_prompt_length=100, max_completion_length=28,
+                     rollout_correction_mode="sequence_mask")  # fmt: skip
     config.generation_engine = "vllm"  # building a vLLM config needs vLLM installed
     (line,) = differences_in_effect(config)
     assert "= 128 tokens" in line

@@ -236,6 +236,8 @@ def test_every_trl_name_reads_back_trls_value_when_not_given(trl_config: Any) ->
             assert ours is None  # auto (declared difference)
         elif name == "activation_checkpointing":
             assert ours is config.gradient_checkpointing  # mirrors it, as TRL's does
+        elif name == "vllm_importance_sampling_mode":
+            assert ours == "token_truncate"  # rollout_correction_mode (declared difference)
         else:
             assert ours == theirs, name
 

@@ -177,3 +177,113 @@ def test_sampling_logprobs_match_the_trainers_logprobs(tiny_model, tokenizer):
     torch.testing.assert_close(out.sampling_logprobs, trainer_logps, atol=1e-4, rtol=1e-4)
     assert (out.sampling_logprobs[out.completion_mask == 0] == 0).all()
     assert generate(tiny_model, tokenizer, prompts, 2, params, gen).sampling_logprobs is None
+
+
+def _varied_model():
+    """A small random Llama whose greedy paths vary from token to token (the tiny-random
+    model's repeat one token), for EOS tokens that end rows at chosen positions."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(2)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.2,
+        eos_token_id=3,
+    )
+    return LlamaForCausalLM(config)
+
+
+VARIED_PROMPTS = [[20, 21, 22], [30, 31], [40, 41, 42, 43, 44]]
+
+
+def _first_eos_lengths(free_ids: torch.Tensor, eos: set[int]) -> list[int]:
+    """Each row's completion length when ``eos`` ends it: up to its first EOS, included."""
+    out = []
+    for row in free_ids.tolist():
+        hits = [i for i, token in enumerate(row) if token in eos]
+        out.append(hits[0] + 1 if hits else len(row))
+    return out
+
+
+def test_checking_for_eos_every_k_tokens_gives_the_every_token_completions(tokenizer):
+    # Two EOS tokens from the greedy paths, so rows end at different times: before the first
+    # check at k = 8, between two checks, and never (the budget).
+    tiny_model, prompts = _varied_model(), VARIED_PROMPTS
+    budget = 20
+    free = generate(tiny_model, tokenizer, prompts, 1, sampling(budget, temperature=0.0))
+    eos = {int(free.completion_ids[0, 2]), int(free.completion_ids[1, 10])}
+    expected = _first_eos_lengths(free.completion_ids, eos)
+    assert expected[0] <= 3 and 8 < expected[1] <= 11 and expected[2] == budget, expected
+    tiny_model.generation_config.eos_token_id = sorted(eos)
+    runs = {
+        (k, drop): generate(
+            tiny_model,
+            tokenizer,
+            prompts,
+            2,
+            sampling(budget, temperature=0.0),
+            drop_finished=drop,
+            return_logprobs=True,
+            eos_check_every=k,
+        )
+        for k in (1, 8)
+        for drop in (True, False)
+    }
+    reference = runs[(1, True)]
+    assert reference.lengths.tolist() == [n for n in expected for _ in range(2)]
+    for out in runs.values():
+        assert out.lengths.tolist() == reference.lengths.tolist()
+        assert torch.equal(out.completion_ids, reference.completion_ids)
+        assert torch.equal(out.completion_mask, reference.completion_mask)
+        assert torch.equal(out.truncated, reference.truncated)
+        torch.testing.assert_close(out.sampling_logprobs, reference.sampling_logprobs)
+        # After EOS: padding, outside the completion, no log-prob.
+        for row, n in enumerate(out.lengths.tolist()):
+            assert int(out.completion_ids[row, n - 1]) in eos or n == budget
+            assert (out.completion_ids[row, n:] == tokenizer.pad_token_id).all()
+            assert out.completion_mask[row, n:].sum() == 0
+            assert (out.sampling_logprobs[row, n:] == 0).all()
+    assert out.truncated.tolist() == [False, False, False, False, True, True]
+
+
+def test_rows_that_ended_decode_on_until_the_next_check(tokenizer, monkeypatch):
+    # Every row ends at its 3rd token: the every-token loop stops after 2 decode steps; with a
+    # check every 8 tokens the loop runs on to the 8th token (7 decode steps), its extra tokens
+    # discarded.
+    import groupwise.rollout.hf as hf
+
+    tiny_model, prompts = _varied_model(), VARIED_PROMPTS[:1]
+    free = generate(tiny_model, tokenizer, prompts, 1, sampling(20, temperature=0.0))
+    eos = int(free.completion_ids[0, 2])
+    assert eos not in free.completion_ids[0, :2].tolist()
+    tiny_model.generation_config.eos_token_id = eos
+    calls = []
+    decode = hf.decode_one
+    monkeypatch.setattr(hf, "decode_one", lambda *a: calls.append(1) or decode(*a))
+    steps = {}
+    for k in (1, 8):
+        calls.clear()
+        out = generate(
+            tiny_model, tokenizer, prompts, 3, sampling(20, temperature=0.0), eos_check_every=k
+        )
+        steps[k] = len(calls)
+        assert out.lengths.tolist() == [3, 3, 3]
+        assert out.completion_ids.shape[1] == 3  # cut to the longest completion
+    assert steps == {1: 2, 8: 7}
+
+
+def test_the_hf_engine_passes_its_eos_check_interval_to_the_loop(tiny_model, tokenizer):
+    from unittest import mock
+
+    from groupwise.rollout import HFEngine
+
+    with mock.patch("groupwise.rollout.hf.generate", wraps=generate) as spy:
+        HFEngine(tiny_model, tokenizer, sampling(4, temperature=0.0), eos_check_every=3).generate(
+            _prompts(tokenizer), 1
+        )
+    assert spy.call_args.kwargs["eos_check_every"] == 3

@@ -549,8 +549,10 @@ def test_a_tool_conversation_reaches_rewards_in_trls_message_shapes(
             "role": "assistant",
             "content": "Let me check.",
             "tool_calls": [
-                {"type": "function",
-                 "function": {"name": "query_genes", "arguments": {"sql_command": sql}}}
+                {
+                    "type": "function",
+                    "function": {"name": "query_genes", "arguments": {"sql_command": sql}},
+                }
             ],
         },  # fmt: skip
         # the rows as returned (through the child's JSON, the tuples arrive as lists)

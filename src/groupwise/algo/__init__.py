@@ -63,6 +63,7 @@ from .variants import (
     get_loss,
     masked_mean,
     register_loss,
+    rollout_correction_logs,
     rollout_correction_weights,
     vespo_weights,
 )
@@ -111,6 +112,7 @@ __all__ = [
     "pass_at_k",
     "policy_loss",
     "register_loss",
+    "rollout_correction_logs",
     "rollout_correction_weights",
     "sequence_surrogate",
     "vespo_weights",

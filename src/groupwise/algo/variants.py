@@ -37,7 +37,7 @@ def rollout_correction_weights(
     sampling_logprobs: Tensor,
     mask: Tensor,
     *,
-    mode: str = "sequence_mask",
+    mode: str = "token_truncate",
     clip_min: float | None = None,
     clip_max: float | None = 3.0,
 ) -> Tensor:
@@ -70,6 +70,33 @@ def rollout_correction_weights(
         if mode.endswith("truncate"):
             return rho.clamp(min=low, max=high)
         return torch.where((rho < low) | (rho > high), 0.0, rho)
+
+
+def rollout_correction_logs(
+    weights: Tensor, *, mode: str, clip_min: float | None, clip_max: float | None
+) -> dict[str, float]:
+    """How much of a step the rollout correction changed: the share of its weights (tokens in
+    the ``token_*`` modes, completions in the ``sequence_*`` modes) that ``*_mask`` zeroed
+    (``sampling/importance_sampling_ratio/masked_frac``) or ``*_truncate`` clamped to a bound
+    (``sampling/importance_sampling_ratio/truncated_frac``).
+
+    ``weights``: :func:`rollout_correction_weights`' output at the trained positions (token
+    modes) or per completion (sequence modes), any shape. A masked weight is 0 (an outside
+    ratio, or one that underflowed to 0); a truncated one sits at a bound (the clamp's
+    output). No weights: 0."""
+    if mode not in ROLLOUT_CORRECTION_MODES:
+        raise ValueError(f"mode must be one of {ROLLOUT_CORRECTION_MODES}, got {mode!r}")
+    w = weights.detach().flatten()
+    if mode.endswith("_mask"):
+        key, changed = "masked_frac", w == 0
+    else:
+        key, changed = "truncated_frac", torch.zeros_like(w, dtype=torch.bool)
+        if clip_max is not None:
+            changed |= w >= clip_max
+        if clip_min is not None:
+            changed |= w <= clip_min
+    share = float(changed.float().mean()) if w.numel() else 0.0
+    return {f"sampling/importance_sampling_ratio/{key}": share}
 
 
 # ----------------------------------------------------------------------------------------------

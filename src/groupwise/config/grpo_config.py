@@ -312,7 +312,9 @@ class GRPOConfig(trl_only_options(), metaclass=TRLConfigType):  # type: ignore[m
     # compiler); never on a CPU, where the eager step with packed weights is faster.
     static_compile: bool | None = None
     static_compile_min_steps: int = 200  # static_compile auto: compile from this many steps on
-    static_eos_check_every: int = 8  # static engine: tokens between "has every row ended?" reads
+    # tokens between "has every row ended?" host reads: the static engine's, and the HF
+    # engine's on a GPU (on a CPU it checks every token, dropping finished rows at once)
+    static_eos_check_every: int = 8
     # static engine: replay its decode step as CUDA graphs (one launch per token; captured once
     # per batch shape, after two warm-up steps). None = auto: on a CUDA device. True on a CPU:
     # an error.
@@ -378,7 +380,11 @@ class GRPOConfig(trl_only_options(), metaclass=TRLConfigType):  # type: ignore[m
     # pi_old / pi_rollout (algo.variants.rollout_correction_weights; TRL:
     # vllm_importance_sampling_*).
     rollout_correction: bool = True
-    rollout_correction_mode: str = "sequence_mask"  # token|sequence _truncate|_mask
+    # token|sequence _truncate|_mask: one weight per token or per completion, capped at the
+    # bounds or zeroed outside them. token_truncate, not TRL's sequence_mask: over 512 tokens
+    # the bf16 static engine's small per-token gaps add up past ln 3 in about 1 completion in
+    # 9, which sequence_mask drops (benchmarks/rollout_correction.py; docs/algorithms.md §3.5)
+    rollout_correction_mode: str = "token_truncate"
     rollout_correction_clip_min: float | None = None  # lower bound of the weight (None: none)
     rollout_correction_clip_max: float | None = 3.0  # upper bound of the weight (None: none)
     ref_model_offload: bool = False  # keep the reference model in CPU memory (GPU runs)

@@ -126,6 +126,14 @@ DIFFERENCES: dict[str, Difference] = {
         reason="a CISPO cap of 0.2 scales every on-policy weight by 0.2; TRL's docs advise 5.0",
         same_default=True,
     ),
+    "vllm_importance_sampling_mode": Difference(
+        groupwise="`token_truncate` (`rollout_correction_mode`): each token's weight capped at "
+        "`rollout_correction_clip_max`",
+        trl="`sequence_mask`: a completion whose summed log-ratio passes the bounds is dropped",
+        reason="over 512-token completions a bf16 sampler's small per-token gaps (0.03 nats) "
+        "sum past ln 3 in 11-12% of completions with the static engine, which sequence_mask "
+        "would drop; no token passes the cap (benchmarks/rollout_correction.py)",
+    ),
 }
 
 
@@ -203,6 +211,21 @@ def _cispo_cap(config: GRPOConfig, device: str, autocast: bool) -> str | None:
     )
 
 
+def _correction_mode(config: GRPOConfig, device: str, autocast: bool) -> str | None:
+    """Rollout correction applies where the sampler's log-probs are recorded: the static and
+    vLLM engines (auto picks the static one on CUDA) and bf16 generation."""
+    engine = config.generation_engine
+    samples_apart = engine in ("static", "vllm") or (engine == "auto" and device == "cuda")
+    recorded = samples_apart or config.generation_dtype == "bfloat16"
+    if not config.rollout_correction or config.is_set("rollout_correction_mode") or not recorded:
+        return None
+    return (
+        "rollout_correction_mode was not given: token_truncate caps each token's weight "
+        "(TRL's vllm_importance_sampling_mode default, sequence_mask, drops a whole completion "
+        "whose summed log-ratio passes the cap)"
+    )
+
+
 # Each difference a run's settings can depend on at its start -> the line saying how, or None.
 # max_prompt_length is said where prompts are tokenised (prompt_cut_message); the others
 # (device, generation_batch_size, steps_per_generation, eval_steps) change only what a
@@ -215,6 +238,7 @@ _IN_EFFECT: dict[str, Callable[[GRPOConfig, str, bool], str | None]] = {
     "save_steps": _batch_cadence,
     "lr_scheduler_type": _constant_warmup,
     "epsilon_high": _cispo_cap,
+    "vllm_importance_sampling_mode": _correction_mode,
 }
 
 

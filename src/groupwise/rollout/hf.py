@@ -4,7 +4,8 @@ shared prompt KV cache.
 The prompts of a batch are left-padded and encoded once; the resulting KV cache is repeated G
 times along the batch (``repeat_interleave``) so the G completions of a group share one prompt
 encoding. Decoding then runs one token at a time for all live sequences; sequences that emit EOS
-leave the batch (their cache rows are dropped), so compute follows the live set.
+leave the batch (their cache rows are dropped) at the next check for finished rows (every
+``eos_check_every`` tokens, the loop's only host reads), so compute follows the live set.
 
 Sampling avoids ``torch.multinomial`` over the full vocabulary (about 2 ms per sequence per token
 on a 2-core CPU with a 49k vocabulary) and instead inverts the CDF with ``searchsorted``.
@@ -232,6 +233,7 @@ def generate(
     *,
     drop_finished: bool = True,
     return_logprobs: bool = False,
+    eos_check_every: int = 1,
 ) -> Rollout:
     """Generate ``num_generations`` completions for each tokenised prompt (one count for all
     prompts, or one count per prompt: groups of different sizes, as Rollout-GDRO allocates).
@@ -242,8 +244,16 @@ def generate(
     differ, as the kept rows also draw random numbers. ``return_logprobs`` also records the
     sampler's log-prob of every token (``Rollout.sampling_logprobs``: under the distribution it
     was drawn from, after top-k / top-p, :func:`token_logprobs`), which the trainer compares with
-    its own when the sampler runs different numerics (bf16 generation)."""
+    its own when the sampler runs different numerics (bf16 generation).
+
+    ``eos_check_every``: tokens between the host reads of "has every row finished?" (the only
+    host syncs of the loop). A row that emitted EOS keeps decoding until the next read, its
+    tokens discarded (padding, outside the completion), and is dropped from the batch there.
+    Greedy completions are the same for every value; sampled ones draw differently, as the rows
+    kept a little longer also draw random numbers (1, the default, draws as the static engine
+    with ``eos_check_every=1``)."""
     n_prompts = len(prompt_token_ids)
+    check_every = max(1, int(eos_check_every))
     counts = per_prompt_counts(prompt_token_ids, num_generations)
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -273,39 +283,42 @@ def generate(
         tokens = torch.full((n_rows, max_new), pad_id, dtype=torch.long, device=device)
         token_logps = torch.zeros((n_rows, max_new), device=device) if return_logprobs else None
         lengths = torch.zeros(n_rows, dtype=torch.long, device=device)
-        finished = torch.zeros(n_rows, dtype=torch.bool, device=device)
-        live = torch.arange(n_rows, device=device)  # rows still decoding, in cache order
+        finished = torch.zeros(n_rows, dtype=torch.bool, device=device)  # per output row
+        live = torch.arange(n_rows, device=device)  # the output row of each batch row
+        done = torch.zeros(n_rows, dtype=torch.bool, device=device)  # per batch row: ended
+        pad = torch.tensor(pad_id, device=device)
         for t in range(max_new):
             token = sample_next_token(logits, params, generator, seen)
-            # The batch rows whose token counts: all live rows, or, when finished rows are kept
-            # in the batch (drop_finished=False), the unfinished ones.
-            writes = slice(None) if drop_finished else ~finished
-            rows = live[writes]
-            tokens[rows, t] = token[writes]
-            lengths[rows] = t + 1
+            # Rows that ended earlier write padding and keep their length and log-probs; the
+            # row emitting EOS now counts it (no host sync: masks, not indexing).
+            tokens[live, t] = torch.where(done, pad, token)
+            lengths[live] = torch.where(done, lengths[live], t + 1)
             if token_logps is not None:
-                token_logps[rows, t] = token_logprobs(logits, token, params, seen)[writes]
+                logp = token_logprobs(logits, token, params, seen)
+                token_logps[live, t] = logp.masked_fill(done, 0.0)
             if seen is not None:
                 seen[torch.arange(token.shape[0], device=device), token] = True
-            done = torch.isin(token, eos)
-            if not drop_finished:
-                finished |= done
-                if bool(finished.all()):
-                    break
-            elif done.any():
-                finished[live[done]] = True
-                keep = (~done).nonzero().squeeze(-1)
-                if keep.numel() == 0:
-                    break
-                # Drop finished rows from the batch and the cache: compute follows the live set.
-                live, token, attn, next_pos = live[keep], token[keep], attn[keep], next_pos[keep]
-                seen = None if seen is None else seen[keep]
-                select_cache_rows(cache, keep)
+            done = done | torch.isin(token, eos)
             if t == max_new - 1:
                 break
+            if (t + 1) % check_every == 0:
+                n_done = int(done.sum())
+                if n_done == done.numel():
+                    break
+                if drop_finished and n_done > 0:
+                    # Drop finished rows from the batch and the cache: compute follows the
+                    # live set.
+                    finished[live] = done
+                    keep = (~done).nonzero().squeeze(-1)
+                    live, token, attn, next_pos, done = (
+                        x[keep] for x in (live, token, attn, next_pos, done)
+                    )
+                    seen = None if seen is None else seen[keep]
+                    select_cache_rows(cache, keep)
             attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], dim=1)
             cache, logits = decode_one(model, token, attn, next_pos, cache)
             next_pos = next_pos + 1
+        finished[live] = done
     finally:
         model.train(was_training)
 
@@ -501,7 +514,9 @@ class HFEngine(Engine):
     generation through transformers' ``generate()`` (:func:`generate_with_transformers`); so does
     a ``generate`` the user replaced on the model (:func:`replaced_generate`, checked at every
     call: ``patch.object(model, "generate", ...)`` after the trainer was built counts). That path
-    records no sampler log-probs."""
+    records no sampler log-probs. ``eos_check_every``: tokens between the token loop's reads
+    of "has every row finished?" (:func:`generate`; a run's ``static_eos_check_every``, 1 where
+    none is given: a read after every token)."""
 
     def __init__(
         self,
@@ -514,6 +529,7 @@ class HFEngine(Engine):
         weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         records_logprobs: bool = False,
         generate_kwargs: Mapping[str, Any] | None = None,
+        eos_check_every: int = 1,
     ) -> None:
         if generate_kwargs and records_logprobs:
             raise ValueError(
@@ -525,6 +541,7 @@ class HFEngine(Engine):
         self.numerics, self.weights = numerics, weights
         self.records_logprobs = records_logprobs
         self.generate_kwargs = dict(generate_kwargs or {})
+        self.eos_check_every = max(1, int(eos_check_every))
 
     def sample(self, request: Request) -> Rollout:
         """Completions for every prompt (see :class:`~groupwise.rollout.base.RolloutEngine`);
@@ -554,6 +571,7 @@ class HFEngine(Engine):
                 params,
                 generator,
                 return_logprobs=self.records_logprobs,
+                eos_check_every=self.eos_check_every,
             )
 
     @property

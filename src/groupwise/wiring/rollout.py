@@ -253,6 +253,7 @@ def build_engine(
     elif generation.generation_engine == "static":
         engine = build_static(policy, tokenizer, options, generator, precision)
     else:
+        cuda = policy.device.type == "cuda"
         hf = HFEngine(
             policy.model,
             tokenizer,
@@ -262,6 +263,9 @@ def build_engine(
             weights=policy.full_weights,
             records_logprobs=precision.generation_only,
             generate_kwargs=generation.generation_kwargs,
+            # A host read stalls a GPU's queue of kernels; on a CPU it costs nothing, and
+            # dropping finished rows after every token saves their compute.
+            eos_check_every=generation.static_eos_check_every if cuda else 1,
         )
         engine = with_interaction(hf, options.tools, options.data.chat_template_kwargs, interaction)
     template_kwargs = options.data.chat_template_kwargs
