@@ -70,10 +70,17 @@ def test_the_planned_engine_is_the_one_the_trainer_resolves(name, model_type, fi
     assert planmod.resolved_engine(shape, replace(opts, device="cpu")) == "hf"
 
 
-def test_the_static_model_types_are_the_engines():
-    from groupwise.rollout.static import SUPPORTED_MODEL_TYPES
+def test_the_static_model_types_and_prefill_chunk_are_the_engines():
+    from groupwise.memory import engine
+    from groupwise.rollout import static
 
-    assert STATIC_MODEL_TYPES == SUPPORTED_MODEL_TYPES
+    assert STATIC_MODEL_TYPES == static.SUPPORTED_MODEL_TYPES
+    assert engine.PREFILL_TOKENS == static.PREFILL_TOKENS
+    assert engine.prefill_prompts("static", 32, 1000) == 4  # whole prompts, 4096 tokens at most
+    assert (
+        engine.prefill_prompts("static", 32, 9000) == 1
+        and engine.prefill_prompts("hf", 32, 9000) == 32
+    )
 
 
 @pytest.mark.parametrize(

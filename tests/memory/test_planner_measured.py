@@ -251,3 +251,26 @@ def test_nf4_base_weights():
             stored += sum(p.nbytes for p in module.parameters(recurse=False))
     planned = base_weight_bytes(SHAPE, 2, load_in_4bit=True, double_quant=True)
     assert close(stored, planned), (stored, planned)
+
+
+def test_static_engine_prefill():
+    """Long prompts and one new token: the prefill (the prompts' cache and one layer's
+    activations of the forward, with a fused attention) is the rollout's peak."""
+    from groupwise.rollout.base import SamplingParams
+    from groupwise.rollout.static import StaticEngine
+
+    net, tokenizer, _, _, _, shape, opts = _rollout_setup()
+    prompt, prompts = 384, 4
+    generator = torch.Generator().manual_seed(1)
+    ids = [torch.randint(10, 1024, (prompt,), generator=generator).tolist() for _ in range(prompts)]
+    params = SamplingParams(1, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
+                            repetition_penalty=1.0)  # fmt: skip
+    engine = StaticEngine(net, tokenizer, params, dtype=torch.float32, eos_check_every=8,
+                          cuda_graphs=False, compact=False)  # fmt: skip
+    with torch.no_grad():
+        _, peak, _ = allocated(lambda: engine.generate(ids, 1))
+    opts = replace(opts, batch=prompts, group_size=1, prompt_len=prompt, completion_len=1,
+                   generation_engine="static")  # fmt: skip
+    rows = plan_grpo(shape, opts)
+    assert rows[planmod.PREFILL] > _generation_rows(rows)  # the case this test is for
+    assert close(peak, rows[planmod.PREFILL]), (peak, rows[planmod.PREFILL])

@@ -359,3 +359,18 @@ def test_a_tied_head_beside_lora_on_the_embedding_stays_the_bare_weight(tokenize
     engine.sync(model)
     reference = generate(model, tokenizer, prompts, [2, 1, 1], greedy)
     assert torch.equal(engine.generate(prompts, [2, 1, 1]).completion_ids, reference.completion_ids)
+
+
+def test_prefill_in_chunks_of_prompts_gives_the_same_rollout(tiny_model, tokenizer, monkeypatch):
+    """PREFILL_TOKENS bounds the prefill's activations; one prompt per forward (a bound below
+    any prompt's width) decodes the same tokens as all prompts in one forward."""
+    import groupwise.rollout.static as static
+
+    prompts = _prompts(tokenizer)
+    whole = _engine(tiny_model, tokenizer).generate(prompts, COUNTS)
+    monkeypatch.setattr(static, "PREFILL_TOKENS", 1)
+    chunked = _engine(tiny_model, tokenizer).generate(prompts, COUNTS)
+    _same(whole, chunked)
+    torch.testing.assert_close(
+        chunked.sampling_logprobs, whole.sampling_logprobs, atol=1e-5, rtol=0
+    )

@@ -28,6 +28,7 @@ from ..sections.generation import resolve_generation_engine
 # rollout/static.py's SUPPORTED_MODEL_TYPES (tests/memory checks the two agree).
 STATIC_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 GRAPH_SLOT_BUCKET = 64  # rollout/static_graphs.py: slots rounded up for one graph per bucket
+PREFILL_TOKENS = 4096  # rollout/static.py: prompt tokens per prefill forward (whole prompts)
 
 
 def static_refusal(config: Mapping[str, Any]) -> str | None:
@@ -85,3 +86,11 @@ def static_slots(tokens: int, device: str, cuda_graphs: bool = True) -> int:
     if device != "cuda" or not cuda_graphs:
         return tokens
     return -(-tokens // GRAPH_SLOT_BUCKET) * GRAPH_SLOT_BUCKET
+
+
+def prefill_prompts(engine: str, prompts: int, prompt_len: int) -> int:
+    """Prompts one prefill forward runs: the static engine's chunk of whole prompts
+    (:data:`PREFILL_TOKENS` tokens at most, one prompt at least); the HF engine's, all."""
+    if engine != "static":
+        return prompts
+    return min(prompts, max(1, PREFILL_TOKENS // max(1, prompt_len)))

@@ -84,12 +84,15 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
 Total (the peak): weights, master weights, optimizer states and the static engine's copy are
 resident throughout; the generation phase adds the KV cache, the update phase adds gradients,
 activations and logits, the optimizer step its buffers next to the gradients, the static
-engine's sync its one-layer load; peak = resident + max(generation, update, step, sync).
+engine's sync its one-layer load, the prefill the prompts' KV cache and one layer's
+activations of a prefill forward (the static engine's over at most 4096 prompt tokens of whole
+prompts, the HF engine's over every prompt); peak = resident + max(generation, update, step,
+sync, prefill).
 Planning for a GPU (``--gpu_memory``) adds the CUDA context and the caching allocator's
 reserved bytes over the tensors, both assumed (0.8 GB and 15% of the tensors:
 :data:`DEFAULT_CUDA_CONTEXT_GB`, :data:`DEFAULT_ALLOCATOR_SLACK`), not measured. Not counted:
-small per-token vectors (log-probs, advantages, values), transient buffers of no-grad forwards
-(the prefill's, the static engine's per-projection buffers).
+small per-token vectors (log-probs, advantages, values), the static engine's per-projection
+buffers.
 
 The often-quoted figures for a 7B model in fp16 (PPO "roughly 112 GB before activations",
 GRPO "roughly 56 GB") are reproduced exactly by one accounting only among the natural ones tried:
@@ -109,7 +112,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .engine import planned_engine, static_copies_weights, static_slots
+from .engine import planned_engine, prefill_prompts, static_copies_weights, static_slots
 from .quant import adam_state_bytes
 
 # The shapes and units by their names here too (``from groupwise.memory.plan import ...``).
@@ -129,6 +132,7 @@ from .terms import (
     layer_activation_bytes,
     linear_input_bytes,
     lora_activation_bytes,
+    prefill_bytes,
     static_kv_cache_bytes,
 )
 from .terms import kv_cache_bytes as kv_cache_bytes
@@ -174,6 +178,7 @@ KV_CACHE = "KV cache (generation)"
 GENERATION_WEIGHTS = "generation engine weights"
 GENERATION_LOGITS = "logits (generation)"
 STATIC_LOAD = "static engine load, one layer"
+PREFILL = "prefill (generation)"
 DEQUANT = "4-bit linear, dequantised"
 HOST_ACTS = "offloaded activations (host)"
 CUDA_CONTEXT = "CUDA context"
@@ -189,12 +194,14 @@ CRITIC_ACTS = "critic activations"
 ROW_ORDER = (
     POLICY_WEIGHTS, DEQUANT, POLICY_GRADS, POLICY_MASTER, POLICY_OPTIM, POLICY_STEP,
     POLICY_ACTS, LOGITS,
-    KV_CACHE, GENERATION_LOGITS, GENERATION_WEIGHTS, STATIC_LOAD, REF_WEIGHTS, RM_WEIGHTS,
+    KV_CACHE, GENERATION_LOGITS, PREFILL, GENERATION_WEIGHTS, STATIC_LOAD, REF_WEIGHTS,
+    RM_WEIGHTS,
     CRITIC_WEIGHTS, CRITIC_GRADS, CRITIC_MASTER, CRITIC_OPTIM, CRITIC_STEP, CRITIC_ACTS,
     HOST_ACTS, CUDA_CONTEXT, ALLOCATOR,
 )  # fmt: skip
 GENERATION_PHASE = frozenset({KV_CACHE, GENERATION_LOGITS})
 SYNC_PHASE = frozenset({STATIC_LOAD})  # between the optimizer step and the next rollout
+PREFILL_PHASE = frozenset({PREFILL})  # a rollout's start: the prompts' cache, one layer's work
 # The optimizer step: its own buffers, with the gradients (activations and logits are freed).
 STEP_PHASE = frozenset({POLICY_STEP, CRITIC_STEP})
 GRADIENT_ROWS = frozenset({POLICY_GRADS, CRITIC_GRADS})
@@ -215,6 +222,7 @@ ROW_NOTES = {
     GENERATION_LOGITS: "the sampler's [sequences x vocab] buffers, one decoding step",
     GENERATION_WEIGHTS: "the static engine's own copy, {generation_dtype}",
     STATIC_LOAD: "at build and each sync, {dtype}; no KV cache then",
+    PREFILL: "the prompts' KV cache and one layer's activations of a prefill forward",
     REF_WEIGHTS: "{reference}",
     RM_WEIGHTS: "frozen",
     CRITIC_WEIGHTS: "backbone + value head",
@@ -487,6 +495,12 @@ def _common_rows(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
             )
         if shape.vocab is not None:
             rows[GENERATION_LOGITS] = generation_logits_bytes(shape.vocab, sequences, width)
+        prompts = max(1, sequences // opts.group_size)
+        cache_slots = slots if engine == "static" else opts.prompt_len
+        rows[PREFILL] = prefill_bytes(
+            shape, prompts, prefill_prompts(engine, prompts, opts.prompt_len), cache_slots,
+            opts.prompt_len, generation_width if engine == "static" else width,
+        )  # fmt: skip
     if engine == "static" and static_copies_weights(opts.lora_r):
         rows[GENERATION_WEIGHTS] = shape.num_params() * generation_width
         if shape.has_layer_shapes:
@@ -551,17 +565,18 @@ def _ordered(rows: dict[str, int]) -> dict[str, int]:
 
 def total_bytes(components: dict[str, int]) -> int:
     """Peak: resident rows + max(generation phase, update phase, the optimizer step with the
-    gradients, the static engine's sync).
+    gradients, the static engine's sync, the prefill).
     Components of other
     accountings (quoted, weights-only) are all resident, i.e. summed."""
     generation = sum(v for k, v in components.items() if k in GENERATION_PHASE)
     update = sum(v for k, v in components.items() if k in UPDATE_PHASE)
     sync = sum(v for k, v in components.items() if k in SYNC_PHASE)
+    prefill = sum(v for k, v in components.items() if k in PREFILL_PHASE)
     own = sum(v for k, v in components.items() if k in STEP_PHASE)
     step = own + sum(v for k, v in components.items() if k in GRADIENT_ROWS) if own else 0
     host = sum(v for k, v in components.items() if k in HOST_ROWS)
-    resident = sum(components.values()) - generation - update - sync - own - host
-    return resident + max(generation, update, sync, step)
+    resident = sum(components.values()) - generation - update - sync - own - host - prefill
+    return resident + max(generation, update, sync, step, prefill)
 
 
 def missing_rows(shape: ModelShape) -> dict[str, str]:

@@ -11,6 +11,7 @@ from .plan import (
     GENERATION_WEIGHTS,
     HOST_ROWS,
     POLICY_STEP,
+    PREFILL,
     QUOTED_NOTE,
     ROW_NOTES,
     ROW_ORDER,
@@ -223,6 +224,7 @@ def format_table(plan: MemoryPlan) -> str:
                 "activations + logits"
                 + (", step: the optimizer's buffers + gradients" if POLICY_STEP in present else "")
                 + (", sync: the static engine's one-layer load" if STATIC_LOAD in present else "")
+                + (", prefill: the prompts' cache + one layer" if PREFILL in present else "")
                 + ")"
                 + ("; host rows are not GPU memory" if any(k in HOST_ROWS for k in present) else "")
                 + "; GB = 1e9 bytes",

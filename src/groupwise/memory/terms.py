@@ -204,6 +204,22 @@ def static_kv_cache_bytes(
     return 2 * shape.layers * shape.kv_dim * slots * (prompts + rows) * dtype_bytes
 
 
+def prefill_bytes(
+    shape: ModelShape, prompts: int, chunk: int, slots: int, prompt_len: int, dtype_bytes: int
+) -> int:
+    """The prefill at its largest: the prompts' K and V over every layer (the cache the
+    prefill writes, [layers, prompts, kv_heads, slots, head_dim] each), and one layer's
+    activations of a forward over ``chunk`` prompts, per token: the fp32 residual stream and
+    its normed copy (2h x 4 B), RoPE's fp32 temporaries over q and k (3 (q + kv) x 4 B), q, k,
+    v (q + 2kv), the attention output and its row-major copy (2q), and the MLP's gate and up,
+    SiLU(gate) and their product (4i); a fused attention keeps no score matrix (measured on a
+    CPU: tests/memory/test_planner_measured.py)."""
+    cache = 2 * shape.layers * shape.kv_dim * slots * prompts * dtype_bytes
+    per_token = 8 * shape.hidden + 12 * (shape.q_dim + shape.kv_dim)
+    per_token += dtype_bytes * (3 * shape.q_dim + 2 * shape.kv_dim + 4 * shape.intermediate)
+    return cache + chunk * prompt_len * per_token
+
+
 def block_weight_bytes(shape: ModelShape, dtype_bytes: int) -> int:
     """One decoder block's weights (linears, norms, biases) in the dtype: what the static engine
     holds in flight while it loads its copy layer by layer."""

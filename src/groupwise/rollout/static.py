@@ -62,6 +62,9 @@ from .static_graphs import DecodeGraphs
 from .static_weights import DecoderWeights, base_model, linear, packing_available
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Prompt tokens per prefill forward (whole prompts; at least one): bounds the prefill's
+# activations, one layer of them at a time, to this many tokens (memory/engine.py counts it).
+PREFILL_TOKENS = 4096
 
 
 def supports(model: torch.nn.Module) -> str | None:
@@ -327,7 +330,8 @@ class StaticEngine(Engine):
         shape = (w.layers_n, n_prompts, w.kv_heads, slots, w.head_dim)
 
         # 1. Prefill each prompt once: causal attention over its non-pad tokens (a pad query
-        # attends to itself, so no row is all-masked).
+        # attends to itself, so no row is all-masked), PREFILL_TOKENS prompt tokens at a time,
+        # so a layer's activations stay that size however many and long the prompts are.
         cache_k = torch.zeros(shape, dtype=self.dtype, device=device)
         cache_v = torch.zeros(shape, dtype=self.dtype, device=device)
         valid = torch.zeros((n_prompts, slots), dtype=torch.bool, device=device)
@@ -336,7 +340,13 @@ class StaticEngine(Engine):
         causal = torch.ones((width, width), dtype=torch.bool, device=device).tril()
         key_mask = causal[None] & valid[:, None, :width]
         key_mask |= torch.eye(width, dtype=torch.bool, device=device)[None]
-        hidden = forward(w, prompt_ids, positions, cache_k, cache_v, 0, key_mask)
+        chunk = max(1, PREFILL_TOKENS // width)
+        hidden = torch.cat([
+            forward(w, prompt_ids[c : c + chunk], positions[c : c + chunk],
+                    cache_k[:, c : c + chunk], cache_v[:, c : c + chunk], 0,
+                    key_mask[c : c + chunk])
+            for c in range(0, n_prompts, chunk)
+        ])  # fmt: skip
         logits = linear(hidden, w.lm_head).float()
 
         # 2. Every rollout of a prompt starts from its prompt's cache rows (with graphs: copied
