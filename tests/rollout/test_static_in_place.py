@@ -188,3 +188,27 @@ def test_building_and_syncing_a_copy_hold_at_most_one_layer_beyond_it(tokenizer)
     assert rise <= working + layer, (rise, working, layer)
     _, rise = _peak_rise(lambda: engine.sync(model))
     assert rise <= layer, (rise, layer)
+
+
+def test_layers_read_in_place_are_read_inside_the_weights_context(tokenizer):
+    """Under FSDP the full weights exist only inside the policy's ``full_weights`` context: an
+    engine reading the policy's layers decodes inside it (a copy needs it only to load)."""
+    import contextlib
+
+    entered = []
+
+    @contextlib.contextmanager
+    def weights():
+        entered.append(True)
+        yield
+
+    options = static_engine_options(dtype=torch.float32, weights=weights)
+    greedy = sampling(4, temperature=0.0)
+    engine = StaticEngine(_lora(tiny_random_model(seed=1)), tokenizer, greedy, **options)
+    built = len(entered)
+    engine.generate(PROMPTS, COUNTS)
+    assert len(entered) == built + 1
+    copy = StaticEngine(tiny_random_model(seed=1), tokenizer, greedy, **options)
+    built = len(entered)
+    copy.generate(PROMPTS, COUNTS)
+    assert len(entered) == built

@@ -315,7 +315,12 @@ class StaticEngine(Engine):
 
     @torch.no_grad()
     def sample(self, request: Request) -> Rollout:
-        """Completions for every prompt (see :class:`~groupwise.rollout.base.RolloutEngine`)."""
+        """Completions for every prompt (see :class:`~groupwise.rollout.base.RolloutEngine`).
+        Layers read in place are read inside ``weights`` (FSDP's full weights)."""
+        with self.weights() if self.decoder.in_place else contextlib.nullcontext():
+            return self._sample(request)
+
+    def _sample(self, request: Request) -> Rollout:
         prompts, counts = request.prompt_ids, request.counts
         params, generator = request.params, request.generator
         n_prompts = len(prompts)

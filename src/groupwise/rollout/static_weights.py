@@ -66,10 +66,13 @@ class Projection:
         for base, adapters in self.parts:
             yield base.weight
             for a, b, _ in adapters:
-                yield from (a, b)
+                yield from (a.weight, b.weight)
 
 
-_Adapters = list[tuple[Tensor, Tensor, float]]
+# A LoRA adapter's A and B modules and its scale. The modules, not their weights: a weight is
+# read at each call, so a parameter a sharding wrapper swaps in (FSDP's full weights inside the
+# engine's ``weights`` context) is the one used.
+_Adapters = list[tuple[torch.nn.Module, torch.nn.Module, float]]
 
 
 def _part(layer: torch.nn.Module) -> tuple[torch.nn.Module, _Adapters]:
@@ -81,8 +84,7 @@ def _part(layer: torch.nn.Module) -> tuple[torch.nn.Module, _Adapters]:
     for name in _active_adapters(layer):
         if getattr(layer, "use_dora", {}).get(name, False):
             raise ValueError("the static engine cannot apply a DoRA adapter (use_dora)")
-        a, b = layer.lora_A[name], layer.lora_B[name]
-        adapters.append((a.weight, b.weight, float(layer.scaling[name])))
+        adapters.append((layer.lora_A[name], layer.lora_B[name], float(layer.scaling[name])))
     return _active_module(layer.base_layer), adapters
 
 
@@ -107,7 +109,10 @@ def _project(x: Tensor, base: torch.nn.Module, adapters: _Adapters) -> Tensor:
     if not adapters:
         return y
     # As peft's LoRA forward: the adapters in their own (fp32) dtype, added before the cast back.
-    delta = sum(F.linear(F.linear(x.to(a.dtype), a), b) * scale for a, b, scale in adapters)
+    delta = sum(
+        F.linear(F.linear(x.to(a.weight.dtype), a.weight), b.weight) * scale
+        for a, b, scale in adapters
+    )
     return (y + delta).to(x.dtype)
 
 
