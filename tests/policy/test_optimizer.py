@@ -257,3 +257,28 @@ def test_resume_with_weight_decay_is_exact(tmp_path, wd):
     assert [g["weight_decay"] for g in groups] == ([0.1, 0.0] if wd else [0.0])
     for (name, p), q in zip(full.model.named_parameters(), rest.model.parameters(), strict=True):
         assert torch.equal(p, q), name
+
+
+def test_adamw_torch_fused_is_torchs_fused_kernel_on_a_gpu(monkeypatch):
+    """TRL's default optim runs torch's fused AdamW on a GPU (no temporary copy of v, which the
+    memory planner then does not count); elsewhere, and for adamw_torch, torch's default."""
+    from groupwise.policy import optimizer as optmod
+
+    weights = [torch.nn.Parameter(torch.randn(8, 4))]
+    group = [{"params": weights, "weight_decay": 0.0}]
+    make = functools.partial(build_optimizer, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                             weight_decay=0.0)  # fmt: skip
+    assert make("adamw_torch_fused", weights).defaults["fused"] is None  # this CPU
+    monkeypatch.setattr(optmod, "_device_type", lambda params: "cuda")
+    assert make("adamw_torch_fused", group).defaults["fused"] is True
+    assert make("adamw_torch", weights).defaults["fused"] is None
+
+    from groupwise.memory.plan import POLICY_STEP, MemoryOptions, plan_grpo
+    from groupwise.memory.shapes import resolve_model_shape
+
+    shape = resolve_model_shape("qwen2.5-1.5b")
+    fused = plan_grpo(shape, MemoryOptions(optimizer="adamw_torch_fused", device="cuda"))
+    assert POLICY_STEP not in fused
+    for optim, device in (("adamw_torch", "cuda"), ("adamw_torch_fused", "cpu")):
+        rows = plan_grpo(shape, MemoryOptions(optimizer=optim, device=device))
+        assert rows[POLICY_STEP] == rows["policy optimizer states"] // 2  # a copy of v

@@ -17,8 +17,9 @@ with P parameters of which P_t are trained (P_t = P, or the LoRA adapter's size)
   which is what groupwise's own trainer does with ``dtype=bfloat16`` (torch's AdamW keeps its
   states in the parameters' dtype).
 - optimizer states: AdamW m and v, 2 x 4 B per trained parameter in mixed precision and fp32
-  (2 x bytes(dtype) when pure), and while torch's AdamW steps (multi-tensor, a GPU's
-  default) one more copy of v, next to the gradients; 8-bit AdamW (``adamw_8bit`` /
+  (2 x bytes(dtype) when pure), and while torch's multi-tensor AdamW steps (``adamw_torch``,
+  and ``adamw_torch_fused`` off a GPU) one more copy of v, next to the gradients (the fused
+  kernel that ``adamw_torch_fused`` runs on a GPU keeps none); 8-bit AdamW (``adamw_8bit`` /
   ``adamw_bnb_8bit``, and ``paged_adamw_8bit`` in unified memory) 2 x 1 B plus one fp32 absmax
   per 256 elements of each, tensor by tensor, tensors under 4096 elements in fp32 (quant.py);
   sgd (no momentum) nothing.
@@ -409,12 +410,19 @@ def _network_rows(
         f"{prefix} optimizer states": adam_state_bytes(
             trained, opts.optimizer_kind, _state_width(opts)
         ),
-        # torch's AdamW on a GPU (foreach) takes the square root of every v into new tensors
-        # before the update; bitsandbytes' optimizers update in one fused kernel.
-        f"{prefix} optimizer step": count * _state_width(opts) * (opts.optimizer_kind == "adamw"),
+        # torch's multi-tensor AdamW takes the square root of every v into new tensors before
+        # the update; its fused kernel (adamw_torch_fused on a GPU) and bitsandbytes' do not.
+        f"{prefix} optimizer step": count * _state_width(opts) * _copies_v(opts),
     }
     always = (f"{prefix} weights", f"{prefix} gradients")
     return {k: v for k, v in rows.items() if v or k in always}
+
+
+def _copies_v(opts: MemoryOptions) -> bool:
+    """Whether the optimizer's step holds a copy of v: torch's AdamW but fused on a GPU
+    (policy/optimizer.py runs adamw_torch_fused with ``fused=True`` there, as TRL does)."""
+    fused = opts.optimizer == "adamw_torch_fused" and opts.device == "cuda"
+    return opts.optimizer_kind == "adamw" and not fused
 
 
 def _trained_numels(shape: ModelShape, opts: MemoryOptions, lm_head: bool = True) -> list[int]:

@@ -35,6 +35,12 @@ OPTIMIZERS: dict[str, str | None] = {
 }
 
 
+def _device_type(params: list) -> str:
+    """The device type of the first parameter (of a list of parameters or of groups)."""
+    tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
+    return tensors[0].device.type if tensors else "cpu"
+
+
 def check_optim_device(optim: str, device: torch.device) -> None:
     """Refuse a paged optimizer off CUDA: it pages its state between GPU and CPU memory through
     CUDA unified memory, and on a CPU bitsandbytes silently runs the unpaged one instead."""
@@ -91,11 +97,15 @@ def build_optimizer(
     8-bit block-wise states (tensors of 4096+ elements; smaller ones keep 32-bit states, as
     bitsandbytes' ``min_8bit_size``) and/or paged ones. All take the same hyper-parameters.
     ``params``: parameters, or parameter groups (:func:`parameter_groups`) whose own
-    ``weight_decay`` overrides ``weight_decay``."""
+    ``weight_decay`` overrides ``weight_decay``. ``adamw_torch_fused`` on a GPU is torch's
+    fused kernel (``fused=True``, as TRL runs it: one launch per step, no temporary copy of v);
+    elsewhere, and for ``adamw_torch``, torch's default implementation."""
     name = OPTIMIZERS[optim]
     params = list(params)
     if name is None:
-        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        fused = optim == "adamw_torch_fused" and _device_type(params) == "cuda"
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                 fused=fused or None)  # fmt: skip
     require_bitsandbytes(f"optim={optim}")
     import bitsandbytes as bnb
 
