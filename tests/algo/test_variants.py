@@ -166,17 +166,16 @@ def test_rollout_correction_logs_open_bounds_and_no_weights():
         rollout_correction_logs(torch.ones(2), mode="token", clip_min=None, clip_max=3.0)
 
 
-def test_the_grpo_loss_logs_the_masked_share_of_the_step():
+def test_the_step_metrics_log_the_masked_share_under_the_runs_mode():
     # The step's weights arrive as the update records them, one entry per micro-batch
-    # (UpdateStats.mismatch: |diff| at the trained tokens, the weights); the loss's logs read the
-    # share under the run's mode and bounds.
+    # (UpdateStats.mismatch: |diff| at the trained tokens, the weights); the step's sampling/*
+    # metrics read the share under the run's mode and bounds (GRPO's and PPO's alike).
     from conftest import options
     from groupwise.policy.batches import UpdateStats
-    from groupwise.policy.loss import GRPOLoss
+    from groupwise.trainer.metrics import rollout_mismatch_logs
 
     def step_logs(**overrides) -> dict:
-        loss = GRPOLoss(options(**overrides).loss, max_completion_length=4)
-        mode = loss.options.rollout_correction_mode
+        loss = options(**overrides).loss
         stats = UpdateStats()
         for rows in (slice(0, 2), slice(2, 5)):  # two micro-batches
             diff, mask = MC_DIFF[rows], MC_MASK[rows]
@@ -184,19 +183,17 @@ def test_the_grpo_loss_logs_the_masked_share_of_the_step():
                 diff,
                 torch.zeros_like(diff),
                 mask,
-                mode=mode,
-                clip_min=loss.options.rollout_correction_clip_min,
-                clip_max=loss.options.rollout_correction_clip_max,
+                mode=loss.rollout_correction_mode,
+                clip_min=loss.rollout_correction_clip_min,
+                clip_max=loss.rollout_correction_clip_max,
             )
             keep = mask.bool()
             selected = w.flatten() if w.shape[1] == 1 else w[keep]
             stats.mismatch.append((diff.abs()[keep], selected))
-        return loss.logs(stats)
+        return rollout_mismatch_logs(stats.mismatch, loss)
 
     assert step_logs(rollout_correction_mode="sequence_mask")[MASKED] == pytest.approx(1 / 5)
     assert step_logs(rollout_correction_mode="sequence_mask", rollout_correction_clip_min=0.25)[
         MASKED
     ] == pytest.approx(2 / 5)
     assert step_logs(rollout_correction_mode="token_truncate")[TRUNCATED] == pytest.approx(1 / 18)
-    # Without the sampler's log-probs there is nothing to report.
-    assert GRPOLoss(options().loss, max_completion_length=4).logs(UpdateStats()) == {}

@@ -47,7 +47,7 @@ from ..algo.grpo import (
     sequence_surrogate,
 )
 from ..algo.ppo import ppo_policy_loss, value_loss
-from ..algo.variants import LossTerms, MicroBatch, get_loss, rollout_correction_logs
+from ..algo.variants import LossTerms, MicroBatch, get_loss
 from ..runtime.distributed import DistributedContext, all_reduce_sum
 from ..sections import LossOptions, PPOOptions
 
@@ -178,26 +178,10 @@ class GRPOLoss:
 
     def logs(self, stats: UpdateStats) -> dict[str, float]:
         """With an entropy bonus, TRL's ``policy_loss`` (the loss without the bonus) and
-        ``entropy_coef`` (after this step's update); when the sampler recorded its log-probs,
-        the share of rollout-correction weights masked or truncated
-        (:func:`~groupwise.algo.variants.rollout_correction_logs`, whether or not the
-        correction is applied, like the other ``sampling/*`` metrics)."""
-        logs: dict[str, float] = {}
-        if stats.mismatch:
-            o = self.options
-            weights = torch.cat([w.flatten() for _, w in stats.mismatch])
-            logs.update(
-                rollout_correction_logs(
-                    weights,
-                    mode=o.rollout_correction_mode,
-                    clip_min=o.rollout_correction_clip_min,
-                    clip_max=o.rollout_correction_clip_max,
-                )
-            )
-        if self.entropy is not None:
-            logs["policy_loss"] = stats.sums.get("policy_loss", 0.0)
-            logs.update(self.entropy.logs())
-        return logs
+        ``entropy_coef`` (after this step's update); nothing otherwise."""
+        if self.entropy is None:
+            return {}
+        return {"policy_loss": stats.sums.get("policy_loss", 0.0), **self.entropy.logs()}
 
     def state_dict(self) -> dict[str, float] | None:
         """The adapted entropy coefficient travels in checkpoints (None: nothing to keep)."""

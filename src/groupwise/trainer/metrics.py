@@ -15,13 +15,14 @@ from typing import Any, Protocol
 import torch
 
 from ..algo.advantages import group_reward_std, informative_groups, zero_std_groups_fraction
+from ..algo.variants import rollout_correction_logs
 from ..curriculum import Plan
 from ..policy.batches import UpdateStats
 from ..policy.policy import Policy
 from ..rewards.scoring import RolloutScorer, Scores
 from ..rollout import Rollout
 from ..runtime.distributed import DistributedContext, all_reduce_sum, reduce_metrics
-from ..sections import BatchOptions
+from ..sections import BatchOptions, LossOptions
 
 
 class Timings(Protocol):
@@ -90,12 +91,20 @@ def verl_throughput(
 
 
 def rollout_mismatch_logs(
-    stats: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    stats: Sequence[tuple[torch.Tensor, torch.Tensor]], loss: LossOptions
 ) -> dict[str, float]:
     """TRL's sampling/* metrics over a step: |logp_trainer - logp_sampler| per token and the
-    rollout-correction weights (whether or not they are applied)."""
+    rollout-correction weights (whether or not they are applied), and the share of those
+    weights the run's mode masks or truncates
+    (:func:`~groupwise.algo.variants.rollout_correction_logs`)."""
     diff = torch.cat([d for d, _ in stats])
-    weights = torch.cat([w for _, w in stats])
+    weights = torch.cat([w.flatten() for _, w in stats])
+    share = rollout_correction_logs(
+        weights,
+        mode=loss.rollout_correction_mode,
+        clip_min=loss.rollout_correction_clip_min,
+        clip_max=loss.rollout_correction_clip_max,
+    )
     if diff.numel() == 0:  # every token masked; all ranks must still log the same keys
         diff = weights = torch.zeros(1)
     return {
@@ -104,6 +113,7 @@ def rollout_mismatch_logs(
         "sampling/importance_sampling_ratio/min": float(weights.min()),
         "sampling/importance_sampling_ratio/mean": float(weights.mean()),
         "sampling/importance_sampling_ratio/max": float(weights.max()),
+        **share,
     }
 
 
@@ -209,7 +219,7 @@ class StepMetrics:
         spent = compute_spent(rollout, scores, self.dist, self.batch, result.dropped)
         logs.update(self.ledger.record(spent))
         if stats.mismatch:
-            logs.update(rollout_mismatch_logs(stats.mismatch))
+            logs.update(rollout_mismatch_logs(stats.mismatch, self.policy.options.loss))
         logs = reduce_metrics(logs, self.dist)
         if stats.skipped:
             logs["nonfinite_step"] = 1.0
