@@ -47,17 +47,19 @@ browser:
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-# Two stages: the in-process tests on every core (pytest-xdist; --dist loadfile keeps each test
+# Three stages: the in-process tests on every core (pytest-xdist; --dist loadfile keeps each test
 # file on one worker, so a file's shared launches and cached fixtures are built once), then the
 # tests marked slow one at a time (each starts its own processes, two ranks under torchrun, which
-# take the cores themselves). Both always run; the target fails if either did. pytest exits 5
+# take the cores themselves), then the vLLM engine on real vLLM (test-vllm, below). All always
+# run; the target fails if any did. pytest exits 5
 # when it collected no tests: that is a failure here, CI must execute tests. --durations=25
 # lists each stage's slowest tests at its end.
 FAST_TESTS := -m "not slow" -n auto --dist loadfile
 test: lint browser docs
 	$(PY) -m pytest -q $(FAST_TESTS) --durations=25; fast=$$?; \
 	$(PY) -m pytest -q -m slow --durations=25; slow=$$?; \
-	for rc in $$fast $$slow; do \
+	$(MAKE) --no-print-directory test-vllm; vllm=$$?; \
+	for rc in $$fast $$slow $$vllm; do \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; \
 	  if [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	done
@@ -87,6 +89,7 @@ $(VLLM_VENV)/.installed: pyproject.toml $(VLLM_CONSTRAINTS)
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -c "import vllm"  # a broken install fails here, never skips the tests
 	VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} \
 	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/rollout/test_vllm_real.py \
 	  --durations=0
