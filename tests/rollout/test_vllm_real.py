@@ -8,8 +8,10 @@ weights) on the same weights: greedy completions token for token, after the firs
 an optimizer step, the sampled tokens' log-probs at temperatures 1 and 0.7 (float32 on both
 sides: within 1e-4 nats; measured about 1e-6), a tied embedding changed alone (the CPU build's
 packed LM head must follow it), and a LoRA policy (adapters merged, embedding adapted, so vLLM's
-copy is untied); and a 2-step GRPO run on the vLLM engine, whose importance ratios stay 1. One LLM
-is built per module for the plain policy, one for the LoRA policy, one for the run.
+copy is untied); top-k, top-p and min-p reaching vLLM's sampler; an inherited
+``VLLM_ENABLE_V1_MULTIPROCESSING=1``; and a 2-step GRPO run on the vLLM engine, whose importance
+ratios stay 1. One LLM is built per module for the plain policy, and one each for the LoRA
+policy, the inherited flag and the run.
 """
 
 from __future__ import annotations
@@ -207,6 +209,21 @@ def test_sampled_logprobs_match_the_policy_at_the_temperature(
     assert hf_error.abs().max().item() < TOLERANCE
 
 
+@pytest.mark.parametrize("cut", [{"top_k": 1}, {"top_p": 1e-6}, {"min_p": 0.999}])
+def test_top_k_top_p_and_min_p_reach_vllms_sampler(engine, policy, tokenizer, prompts, cut):
+    """Each filter, set to keep only the most likely token, makes sampling at temperature 1
+    greedy decoding: the HF engine's greedy tokens, each drawn with probability 1 (log-prob 0,
+    the processed distribution's)."""
+    engine.sync(policy)
+    options = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, **cut}
+    params = sampling(LENGTH, temperature=1.0, **options)
+    rollout = engine.generate(prompts, COUNTS, params, generator=torch.Generator().manual_seed(3))
+    greedy = hf_rollout(policy, tokenizer, prompts, sampling(LENGTH, temperature=0.0))
+    assert torch.equal(rollout.completion_ids, greedy.completion_ids)
+    mask = rollout.completion_mask.bool()
+    assert rollout.sampling_logprobs[mask].abs().max().item() < TOLERANCE
+
+
 def test_a_tied_embedding_changed_alone_reaches_the_packed_lm_head(
     engine, policy, tokenizer, prompts
 ):
@@ -262,3 +279,17 @@ def test_a_grpo_run_on_vllm_trains_with_rollout_correction(folder, tmp_path):
         assert entry["sampling/sampling_logp_difference/max"] < 1e-3
     params = trainer.policy.model.named_parameters()
     assert any(not torch.equal(p, before[n]) for n, p in params)
+
+
+def test_an_inherited_multiprocessing_flag_keeps_the_engine_in_process(
+    engine, policy, tokenizer, prompts, monkeypatch
+):
+    """VLLM_ENABLE_V1_MULTIPROCESSING=1 in the environment would put vLLM's engine core in a
+    child process, out of the weight sync's reach: the build sets it to 0, and the engine it
+    builds syncs and decodes as the one built without it."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    engine.sync(policy)
+    other = build(policy, tokenizer)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert other.vllm_model() is not None  # the model is in this process
+    assert_same_greedy(other, policy, tokenizer, prompts)
