@@ -491,23 +491,24 @@ def _common_rows(shape: ModelShape, opts: MemoryOptions) -> dict[str, int]:
                 opts.logprob_chunk_size, width,
             )  # fmt: skip
         sequences = opts.batch * opts.grad_accum
-        if engine == "static":
+        prompts = max(1, sequences // opts.group_size)
+        static = engine == "static"
+        if static:
             tokens = opts.prompt_len + opts.completion_len
             slots = static_slots(tokens, opts.device, opts.cuda_graphs)
             rows[KV_CACHE] = static_kv_cache_bytes(
                 shape, sequences // opts.group_size, sequences, slots, generation_width
             )
         else:
+            slots = opts.prompt_len  # the HF engine's prompt cache holds the prompts alone
             rows[KV_CACHE] = kv_cache_bytes(
                 shape, sequences, opts.prompt_len, opts.completion_len, width
             )
         if shape.vocab is not None:
             rows[GENERATION_LOGITS] = generation_logits_bytes(shape.vocab, sequences, width)
-        prompts = max(1, sequences // opts.group_size)
-        cache_slots = slots if engine == "static" else opts.prompt_len
         rows[PREFILL] = prefill_bytes(
-            shape, prompts, prefill_prompts(engine, prompts, opts.prompt_len), cache_slots,
-            opts.prompt_len, generation_width if engine == "static" else width,
+            shape, prompts, prefill_prompts(engine, prompts, opts.prompt_len), slots,
+            opts.prompt_len, generation_width if static else width,
         )  # fmt: skip
     if engine == "static" and static_copies_weights(opts.lora_r):
         rows[GENERATION_WEIGHTS] = shape.num_params() * generation_width
