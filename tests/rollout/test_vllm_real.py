@@ -293,3 +293,30 @@ def test_an_inherited_multiprocessing_flag_keeps_the_engine_in_process(
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert other.vllm_model() is not None  # the model is in this process
     assert_same_greedy(other, policy, tokenizer, prompts)
+
+
+def test_a_resumed_run_on_vllm_ends_with_the_weights_of_an_uninterrupted_one(folder, tmp_path):
+    """Every vLLM request is seeded from the run's sampling generator, which checkpoints hold:
+    a run resumed from its step-1 checkpoint samples what the uninterrupted run sampled and ends
+    with exactly its weights (the resumed engine is built anew and sent the checkpoint's)."""
+
+    reward = TargetToken()  # its target: the first batch's most frequent token, kept
+
+    def trainer(name: str, **overrides) -> GRPOTrainer:
+        values = {"max_steps": 2, "save_steps": 1, **overrides}
+        config = tiny_config(tmp_path / name, model=str(folder), generation_engine="vllm", **values)
+        rows = [{"prompt": f"Say something number {i}"} for i in range(16)]
+        return GRPOTrainer(str(folder), reward, rows, args=config)
+
+    full = trainer("full")
+    full.train()
+    half = trainer("half", max_steps=1)
+    half.train()
+    rest = trainer("half", resume_from_checkpoint="auto")
+    rest.train()
+    assert rest.global_step == 2
+    weights = zip(full.model.named_parameters(), rest.model.parameters(), strict=True)
+    for (name, p), q in weights:
+        assert torch.equal(p, q), name
+    rewards = [[e["reward"] for e in t.log_history if "reward" in e] for t in (full, rest)]
+    assert rewards[0] == rewards[1]

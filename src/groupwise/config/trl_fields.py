@@ -95,8 +95,7 @@ _TRL_ONLY_BY_TYPE: dict[Any, tuple[str, ...]] = {
         "hub_private_repo", "remove_unused_columns",
     ),
     int: (
-        "dataloader_num_workers", "ddp_timeout", "local_rank", "vllm_group_port",
-        "vllm_server_port",
+        "dataloader_num_workers", "ddp_timeout", "local_rank",
     ),
     int | None: (
         "data_seed", "dataloader_prefetch_factor", "ddp_bucket_cap_mb",
@@ -104,7 +103,7 @@ _TRL_ONLY_BY_TYPE: dict[Any, tuple[str, ...]] = {
         "torch_empty_cache_steps",
     ),
     float: (
-        "eval_delay", "label_smoothing_factor", "vllm_server_timeout",
+        "eval_delay", "label_smoothing_factor",
     ),
     float | None: (
         "neftune_noise_alpha", "router_aux_loss_coef", "vllm_importance_sampling_cap",
@@ -113,7 +112,6 @@ _TRL_ONLY_BY_TYPE: dict[Any, tuple[str, ...]] = {
     str: (
         "length_column_name", "log_level", "log_level_replica", "project",
         "train_sampling_strategy", "vllm_importance_sampling_mode", "vllm_model_impl",
-        "vllm_server_host",
     ),
     str | None: (
         "cache_implementation", "dataloader_multiprocessing_context", "ddp_backend", "debug",
@@ -121,8 +119,7 @@ _TRL_ONLY_BY_TYPE: dict[Any, tuple[str, ...]] = {
         "include_num_input_tokens_seen", "log_completions_hub_repo", "logging_strategy",
         "metric_for_best_model", "optim_args", "optim_target_modules", "parallelism_config",
         "torch_compile_backend", "torch_compile_mode", "trackio_bucket_id",
-        "trackio_space_id", "trackio_static_space_id", "vllm_server_base_url",
-        "vllm_structured_outputs_regex",
+        "trackio_space_id", "trackio_static_space_id", "vllm_structured_outputs_regex",
     ),
     int | str | None: (
         "pad_to_multiple_of",

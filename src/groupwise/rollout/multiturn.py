@@ -25,6 +25,15 @@ in TRL's tool loop: each turn is one ``model.generate`` call on the conversation
 (the first on every prompt x rollout row, later ones only on the rows whose environment
 continued), each re-encoded left-padded; a turn is the tokens after the input, up to its first
 EOS (or stop string, or budget); the rest is dropped. That path records no sampler log-probs.
+
+On the vLLM engine (:func:`converse_by_turns`) each turn is likewise one request per
+conversation still going, given as token ids (prompt and conversation so far): vLLM's prefix
+cache holds the KV of what earlier requests encoded (its full blocks), so re-encoding mostly
+encodes the inserted reply. vLLM stops the turn at EOS, at a stop string (its own check on the
+detokenised text) or at the conversation's remaining budget, and records each sampled token's
+log-prob as it does for single-turn rollouts. Its tokens then go through the same checks as the
+HF engine's, one by one: the turn ends at the same token as there, and what vLLM wrote after it
+is dropped. Inserted tokens get log-prob 0 and ``loss_mask`` 0 on both engines.
 """
 
 from __future__ import annotations
@@ -60,8 +69,9 @@ from .hf import (
     token_logprobs,
 )
 
-if TYPE_CHECKING:  # the protocol lives with the tools (groupwise.tools.environment)
+if TYPE_CHECKING:  # hints only (the environment protocol lives with the tools)
     from ..tools import Environment
+    from .vllm import VLLMEngine
 
 _SENTINEL = "\x00GROUPWISE-TURN\x00"
 
@@ -183,6 +193,83 @@ class _StopMatcher:
         return any(s in text for s in self.stops)
 
 
+class _Conversations:
+    """One conversation per row (``counts[p]`` rows for prompt ``p``; ``envs`` one per row,
+    already reset) and the two steps every way of writing turns shares, so each ends a turn at
+    the same token: :meth:`write` appends a token the policy wrote, :meth:`end_turn` hands the
+    turn to the environment and inserts its reply."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_token_ids: list[list[int]],
+        counts: list[int],
+        envs: list[Environment],
+        render: TurnRenderer,
+        limits: TurnLimits,
+        budget: int,
+        eos: set[int],
+        stop: _StopMatcher,
+    ) -> None:
+        if len(counts) != len(prompt_token_ids) or any(c < 1 for c in counts):
+            raise ValueError(f"need one count >= 1 per prompt, got {counts}")
+        self.row_prompt = [p for p, c in enumerate(counts) for _ in range(c)]
+        self.convs = [_Conversation(env) for env in envs]
+        if len(self.convs) != len(self.row_prompt):
+            raise ValueError(
+                f"{len(self.convs)} environments for {len(self.row_prompt)} conversations"
+            )
+        self.tokenizer, self.render, self.limits = tokenizer, render, limits
+        self.budget, self.eos, self.stop = budget, eos, stop
+        self.timing = {"env_s": 0.0, "insert_s": 0.0}
+
+    def end_turn(self, r: int, reason: str) -> None:
+        """The turn of row ``r`` ended (eos | stop | budget): record it, ask the environment."""
+        c, tokenizer, limits = self.convs[r], self.tokenizer, self.limits
+        c.turns += 1
+        text = tokenizer.decode(c.tokens[c.turn_start :], skip_special_tokens=True)
+        c.messages.append(assistant_message(text))  # tool calls parsed, as TRL's rewards get
+        if reason == "budget":
+            c.finished = c.truncated = True
+            return
+        start = time.perf_counter()
+        step = c.env.step(text)
+        self.timing["env_s"] += time.perf_counter() - start
+        if step.done or c.turns >= limits.max_turns:
+            c.finished = True
+            return
+        shown = [_cut(m, tokenizer, limits.max_observation_tokens) for m in step.messages]
+        text = self.render(shown, reason == "eos")
+        inserted = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(c.tokens) + len(inserted) >= self.budget:  # no room left to answer
+            c.finished = c.truncated = True
+            return
+        # The conversation keeps a list a tool returned as is (TRL's rewards read it) unless
+        # it was cut; everything else as shown.
+        c.messages.extend(_kept(m, s) for m, s in zip(step.messages, shown, strict=True))
+        # The turn's last token was sampled but not fed yet: it goes in first.
+        c.pending = [*c.tokens[-1:], *inserted]
+        c.tokens.extend(inserted)
+        c.trained.extend([0] * len(inserted))
+        c.logps.extend([0.0] * len(inserted))
+        c.turn_start = len(c.tokens)
+
+    def write(self, r: int, token: int, logp: float) -> bool:
+        """Append the policy's ``token`` to row ``r``; True when it ended the turn."""
+        c = self.convs[r]
+        c.append(token, logp)
+        if token in self.eos:
+            reason = "eos"
+        elif self.stop(c.tokens[c.turn_start :]):
+            reason = "stop"
+        elif len(c.tokens) >= self.budget:
+            reason = "budget"
+        else:
+            return False
+        self.end_turn(r, reason)
+        return True
+
+
 @torch.no_grad()
 def converse(
     model: PreTrainedModel,
@@ -202,65 +289,15 @@ def converse(
     """Run one conversation per row (``counts[p]`` rows for prompt ``p``; ``envs`` one per row,
     already reset). ``params.max_completion_length`` bounds every conversation's tokens after
     the prompt. Returns the rollout and timing (seconds in the environments, in inserting)."""
-    n_prompts = len(prompt_token_ids)
-    if len(counts) != n_prompts or any(c < 1 for c in counts):
-        raise ValueError(f"need one count >= 1 per prompt, got {counts}")
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     eos = set(eos_token_ids(model, tokenizer))
     budget = params.max_completion_length
     stop = stop_matcher or _StopMatcher(tokenizer, limits.stop_strings)
-    timing = {"env_s": 0.0, "insert_s": 0.0}
-
-    row_prompt = [p for p, c in enumerate(counts) for _ in range(c)]
-    convs = [_Conversation(env) for env in envs]
-    if len(convs) != len(row_prompt):
-        raise ValueError(f"{len(convs)} environments for {len(row_prompt)} conversations")
-
-    def end_turn(r: int, reason: str) -> None:
-        """The turn of row ``r`` ended (eos | stop | budget): record it, ask the environment."""
-        c = convs[r]
-        c.turns += 1
-        text = tokenizer.decode(c.tokens[c.turn_start :], skip_special_tokens=True)
-        c.messages.append(assistant_message(text))  # tool calls parsed, as TRL's rewards get
-        if reason == "budget":
-            c.finished = c.truncated = True
-            return
-        start = time.perf_counter()
-        step = c.env.step(text)
-        timing["env_s"] += time.perf_counter() - start
-        if step.done or c.turns >= limits.max_turns:
-            c.finished = True
-            return
-        shown = [_cut(m, tokenizer, limits.max_observation_tokens) for m in step.messages]
-        inserted = tokenizer(render(shown, reason == "eos"), add_special_tokens=False)["input_ids"]
-        if len(c.tokens) + len(inserted) >= budget:  # no room left to answer
-            c.finished = c.truncated = True
-            return
-        # The conversation keeps a list a tool returned as is (TRL's rewards read it) unless
-        # it was cut; everything else as shown.
-        c.messages.extend(_kept(m, s) for m, s in zip(step.messages, shown, strict=True))
-        # The turn's last token was sampled but not fed yet: it goes in first.
-        c.pending = [*c.tokens[-1:], *inserted]
-        c.tokens.extend(inserted)
-        c.trained.extend([0] * len(inserted))
-        c.logps.extend([0.0] * len(inserted))
-        c.turn_start = len(c.tokens)
-
-    def write(r: int, token: int, logp: float) -> bool:
-        """Append the policy's ``token`` to row ``r``; True when it ended the turn."""
-        c = convs[r]
-        c.append(token, logp)
-        if token in eos:
-            reason = "eos"
-        elif stop(c.tokens[c.turn_start :]):
-            reason = "stop"
-        elif len(c.tokens) >= budget:
-            reason = "budget"
-        else:
-            return False
-        end_turn(r, reason)
-        return True
+    talk = _Conversations(tokenizer, prompt_token_ids, counts, envs, render, limits, budget, eos,
+                          stop)  # fmt: skip
+    convs, row_prompt, timing = talk.convs, talk.row_prompt, talk.timing
+    write, end_turn = talk.write, talk.end_turn
 
     prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
@@ -343,6 +380,56 @@ def converse(
     finally:
         model.train(was_training)
     return _assemble(convs, row_prompt, prompt_ids, prompt_mask, pad_id, return_logprobs), timing
+
+
+def converse_by_turns(
+    engine: VLLMEngine,
+    prompt_token_ids: list[list[int]],
+    counts: list[int],
+    envs: list[Environment],
+    render: TurnRenderer,
+    params: SamplingParams,
+    limits: TurnLimits,
+    generator: torch.Generator | None = None,
+    *,
+    stop_matcher: _StopMatcher | None = None,
+) -> tuple[Rollout, dict[str, float]]:
+    """:func:`converse` on the vLLM engine (see the module docstring): each turn is one
+    :meth:`~groupwise.rollout.vllm.VLLMEngine.continue_turns` call on the conversations still
+    going. ``generator`` (evaluation) seeds every row's turn; without one vLLM samples from its
+    own random state."""
+    tokenizer = engine.tokenizer
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    budget = params.max_completion_length
+    stop = stop_matcher or _StopMatcher(tokenizer, limits.stop_strings)
+    eos = set(engine.eos_token_ids)
+    talk = _Conversations(tokenizer, prompt_token_ids, counts, envs, render, limits, budget, eos,
+                          stop)  # fmt: skip
+    while rows := [r for r, c in enumerate(talk.convs) if not c.finished]:
+        # Each conversation re-encoded from its prompt: vLLM's prefix cache holds the KV of
+        # the conversation's earlier requests, so mostly the inserted reply is encoded.
+        sequences = [prompt_token_ids[talk.row_prompt[r]] + talk.convs[r].tokens for r in rows]
+        budgets = [budget - len(talk.convs[r].tokens) for r in rows]
+        seeds: list[int | None] = [None] * len(rows)
+        if generator is not None:
+            drawn = torch.randint(
+                0, 2**31 - 1, (len(rows),), generator=generator, device=generator.device
+            )
+            seeds = [int(s) for s in drawn.tolist()]
+        turns = engine.continue_turns(sequences, budgets, params, stop.stops, seeds)
+        for r, (tokens, logps, _) in zip(rows, turns, strict=True):
+            # The HF engine's checks end the turn, so both engines end it at the same token;
+            # what vLLM wrote after that is dropped.
+            for token, logp in zip(tokens, logps, strict=True):
+                if talk.write(r, token, logp):
+                    break
+            else:  # vLLM ended the turn short of EOS, a stop string and the budget
+                talk.end_turn(r, "stop")
+    prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)
+    device = engine.device
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    rollout = _assemble(talk.convs, talk.row_prompt, prompt_ids, prompt_mask, pad_id, True)
+    return rollout, talk.timing
 
 
 def _prefill(
@@ -455,14 +542,15 @@ def _assemble(
 class MultiTurnEngine(Engine):
     """:class:`~groupwise.rollout.base.RolloutEngine` that runs conversations: it wraps the
     token engine (:class:`~groupwise.rollout.hf.HFEngine`: its model, numerics, weights and
-    generator) and builds one environment per conversation with ``make_env()``, reset from the
+    generator; or :class:`~groupwise.rollout.vllm.VLLMEngine`, which writes each turn whole)
+    and builds one environment per conversation with ``make_env()``, reset from the
     conversation's dataset row. ``tools`` are the tool schemas the prompts show the model (None:
     none), with their worked examples when ``examples`` (the run's ``tool_examples``). A
     ``generate`` the user replaced on the model writes the turns (see the module docstring)."""
 
     def __init__(
         self,
-        engine: HFEngine,
+        engine: HFEngine | VLLMEngine,
         make_env: Callable[[], Environment],
         limits: TurnLimits,
         *,
@@ -522,21 +610,29 @@ class MultiTurnEngine(Engine):
             rows is None or is_conversational(rows[0]["prompt"]),
             self.template_kwargs,
         )
-        with engine.numerics(), engine.weights():
-            rollout, self.timing = converse(
-                engine.model,
-                engine.tokenizer,
-                [list(p) for p in prompt_ids] if own_prompts is None else own_prompts,
-                counts if own_prompts is None else [1] * len(own_prompts),
-                envs,
-                render,
-                params,
-                self.limits,
-                generator,
-                return_logprobs=engine.records_logprobs,
-                reencode=self.reencode,
+        prompts = [list(p) for p in prompt_ids] if own_prompts is None else own_prompts
+        rollouts = counts if own_prompts is None else [1] * len(own_prompts)
+        if isinstance(engine, HFEngine):
+            with engine.numerics(), engine.weights():
+                rollout, self.timing = converse(
+                    engine.model,
+                    engine.tokenizer,
+                    prompts,
+                    rollouts,
+                    envs,
+                    render,
+                    params,
+                    self.limits,
+                    generator,
+                    return_logprobs=engine.records_logprobs,
+                    reencode=self.reencode,
+                    stop_matcher=self.stop,
+                )
+        else:  # vLLM writes each turn; it holds its own copy of the weights
+            rollout, self.timing = converse_by_turns(
+                engine, prompts, rollouts, envs, render, params, self.limits, generator,
                 stop_matcher=self.stop,
-            )
+            )  # fmt: skip
         if own_prompts is not None:
             rollout = share_group_prompts(rollout, own_prompts, counts, engine.tokenizer)
         return rollout

@@ -106,6 +106,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,56 @@ def refresh_tied_lm_head(model: torch.nn.Module) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
+# Completions -> Rollout (shared with the server engine, groupwise.rollout.vllm_server)
+
+
+@dataclass
+class Completion:
+    """One sampled completion as vLLM returns it: its token ids, the log-prob of each as
+    sampled (processed log-probs) and whether it stopped for length."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    truncated: bool
+
+
+def completions_rollout(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[list[int]],
+    groups: list[list[Completion]],
+    device: torch.device,
+) -> Rollout:
+    """The :class:`Rollout` of each prompt's completions (``groups[p]``, in group order), filled
+    exactly as :func:`groupwise.rollout.hf.generate` fills it: left-padded prompts,
+    right-padded completions whose mask includes the EOS token, the sampled log-probs."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    rows = [(p, c) for p, group in enumerate(groups) for c in group]
+    width = max(max((len(c.token_ids) for _, c in rows), default=0), 1)
+    n = len(rows)
+    completion_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    completion_mask = torch.zeros((n, width), dtype=torch.long)
+    sampling_logprobs = torch.zeros((n, width), dtype=torch.float32)
+    for i, (_, c) in enumerate(rows):
+        if len(c.logprobs) != len(c.token_ids):
+            raise RuntimeError("vLLM returned no log-prob for some sampled token")
+        k = len(c.token_ids)
+        completion_ids[i, :k] = torch.tensor(c.token_ids, dtype=torch.long)
+        completion_mask[i, :k] = 1
+        sampling_logprobs[i, :k] = torch.tensor(c.logprobs, dtype=torch.float32)
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    return Rollout(
+        prompt_ids=prompt_ids.to(device),
+        prompt_mask=prompt_mask.to(device),
+        completion_ids=completion_ids.to(device),
+        completion_mask=completion_mask.to(device),
+        truncated=torch.tensor([c.truncated for _, c in rows], dtype=torch.bool, device=device),
+        group_ids=torch.tensor([p for p, _ in rows], dtype=torch.long, device=device),
+        texts=tokenizer.batch_decode([c.token_ids for _, c in rows], skip_special_tokens=True),
+        sampling_logprobs=sampling_logprobs.to(device),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
 # The engine
 
 
@@ -243,9 +294,11 @@ class VLLMEngine(Engine):
         dtype: torch.dtype,
         sleep_mode: bool,
         max_model_len: int | None,
+        generator: torch.Generator | None = None,
         weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     ) -> None:
         self.llm, self.tokenizer, self.params = llm, tokenizer, params
+        self.generator = generator  # seeds every request (None: vLLM's own random state)
         self.max_model_len = max_model_len  # vLLM's context length (None: not known here)
         self.eos_token_ids = sorted(int(i) for i in eos_token_ids)
         self.device, self.dtype = device, dtype
@@ -302,9 +355,13 @@ class VLLMEngine(Engine):
     def sample(self, request: Request) -> Rollout:
         """Completions for every prompt (see :class:`~groupwise.rollout.base.RolloutEngine`).
 
-        Sampling uses vLLM's own random state (seeded per rank at construction), which keeps its
-        fast sampling kernels; an explicit ``generator`` (evaluation) seeds each request from it
-        instead, so such calls are reproducible. ``rows`` are not needed."""
+        Each request (one prompt's rollouts) gets a seed drawn from the generator (the run's
+        sampling generator, or the call's own): a seeded run samples the same completions again,
+        a resumed one continues the same stream (the generator is in every checkpoint), and the
+        server engine given the same generator samples the same ones. vLLM's V2 model runner
+        samples every request with its own seed anyway; its V1 runner samples seeded requests
+        one by one in torch instead of its FlashInfer kernel (not measured on a GPU here).
+        Without a generator vLLM's own random state is used. ``rows`` are not needed."""
         prompts, counts = request.prompt_ids, request.counts
         params, generator = request.params, request.generator
         seeds: list[int | None] = [None] * len(prompts)
@@ -337,51 +394,62 @@ class VLLMEngine(Engine):
         each request holds one (greedy) completion, repeated ``count`` times."""
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        completions: list[list[int]] = []
-        logprobs: list[list[float]] = []
-        truncated: list[bool] = []
-        group_ids: list[int] = []
+        groups = []
         for p, (request, count) in enumerate(zip(outputs, counts, strict=True)):
             asked = 1 if repeat else count
             if len(request.outputs) != asked:
                 raise RuntimeError(
                     f"vLLM returned {len(request.outputs)} completions for prompt {p}, not {asked}"
                 )
-            for completion in list(request.outputs) * (count if repeat else 1):
+            group = []
+            for completion in request.outputs:
                 ids = [int(t) for t in completion.token_ids]
                 if completion.logprobs is None or len(completion.logprobs) != len(ids):
                     raise RuntimeError("vLLM returned no log-prob for some sampled token")
-                completions.append(ids)
-                logprobs.append(
-                    [
-                        float(step[t].logprob)
-                        for step, t in zip(completion.logprobs, ids, strict=True)
-                    ]
-                )
-                truncated.append(completion.finish_reason == "length")
-                group_ids.append(p)
-        width = max(max((len(c) for c in completions), default=0), 1)
-        n = len(completions)
-        completion_ids = torch.full((n, width), pad_id, dtype=torch.long)
-        completion_mask = torch.zeros((n, width), dtype=torch.long)
-        sampling_logprobs = torch.zeros((n, width), dtype=torch.float32)
-        for i, (ids, logps) in enumerate(zip(completions, logprobs, strict=True)):
-            completion_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            completion_mask[i, : len(ids)] = 1
-            sampling_logprobs[i, : len(ids)] = torch.tensor(logps, dtype=torch.float32)
-        prompt_ids, prompt_mask = left_pad(prompts, pad_id)
-        device = self.device
-        return Rollout(
-            prompt_ids=prompt_ids.to(device),
-            prompt_mask=prompt_mask.to(device),
-            completion_ids=completion_ids.to(device),
-            completion_mask=completion_mask.to(device),
-            truncated=torch.tensor(truncated, dtype=torch.bool, device=device),
-            group_ids=torch.tensor(group_ids, dtype=torch.long, device=device),
-            texts=self.tokenizer.batch_decode(completions, skip_special_tokens=True),
-            sampling_logprobs=sampling_logprobs.to(device),
-        )
+                steps = zip(completion.logprobs, ids, strict=True)
+                logps = [float(step[t].logprob) for step, t in steps]
+                group.append(Completion(ids, logps, completion.finish_reason == "length"))
+            groups.append(group * (count if repeat else 1))
+        return completions_rollout(self.tokenizer, prompts, groups, self.device)
+
+    def continue_turns(
+        self,
+        sequences: list[list[int]],
+        budgets: list[int],
+        params: SamplingParams,
+        stop_strings: Sequence[str],
+        seeds: list[int | None],
+    ) -> list[tuple[list[int], list[float], str]]:
+        """One turn of each conversation (:func:`groupwise.rollout.multiturn.converse_by_turns`):
+        ``sequences[i]`` (prompt and conversation so far) continued by at most ``budgets[i]``
+        tokens, stopping at EOS or after a stop string (kept in the output). Returns each
+        turn's token ids, their sampled log-probs and vLLM's ``finish_reason``."""
+        sampling = []
+        for budget, seed in zip(budgets, seeds, strict=True):
+            turn = copy.copy(self.sampling_params(params, 1, seed))
+            turn.max_tokens = budget
+            if stop_strings:  # vLLM matches stop strings on the text: it must detokenise
+                turn.stop, turn.include_stop_str_in_output = list(stop_strings), True
+                turn.detokenize = True
+            sampling.append(turn)
+        requests = [{"prompt_token_ids": s} for s in sequences]
+        self.wake()
+        try:
+            outputs = self.llm.generate(requests, sampling_params=sampling, use_tqdm=False)
+        finally:
+            self.sleep()
+        if len(outputs) != len(sequences):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(sequences)} turns")
+        turns = []
+        for request in outputs:
+            completion = request.outputs[0]
+            ids = [int(t) for t in completion.token_ids]
+            if completion.logprobs is None or len(completion.logprobs) != len(ids):
+                raise RuntimeError("vLLM returned no log-prob for some sampled token")
+            steps = zip(completion.logprobs, ids, strict=True)
+            logps = [float(step[t].logprob) for step, t in steps]
+            turns.append((ids, logps, str(completion.finish_reason)))
+        return turns
 
     # -- weights ----------------------------------------------------------------------------------
     def vllm_worker(self) -> Any | None:
@@ -609,6 +677,7 @@ def build_vllm_engine(
     max_model_len: int | None,
     enable_prefix_caching: bool,
     enable_sleep_mode: bool,
+    generator: torch.Generator | None = None,
     weights: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> VLLMEngine:
     """A colocated ``vllm.LLM`` for ``model`` (the policy) and the engine around it, with the
@@ -680,6 +749,7 @@ def build_vllm_engine(
         device=device,
         dtype=dtype,
         sleep_mode=enable_sleep_mode,
+        generator=generator,
         weights=weights,
         max_model_len=max_model_len or position_limit(unwrap(model).config),
     )

@@ -111,6 +111,12 @@ def _plan(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter, torch.n
     return plan
 
 
+def checkpoint_shapes(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    """``(checkpoint name, full shape)`` of every tensor :func:`checkpoint_weights` yields, in
+    its order, read without gathering anything (an FSDP2 shard's ``shape`` is the full one)."""
+    return [(target, tuple(param.shape)) for target, param, _ in _plan(model)]
+
+
 def unties_embeddings(model: torch.nn.Module) -> bool:
     """Whether the policy's LM head computes with other weights than its input embedding
     although its config ties them (a head trained apart, or LoRA on one of the two): an engine

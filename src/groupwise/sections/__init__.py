@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from ..errors import ConfigError
 from .base import Section, world_size_from_env
 from .curriculum import CurriculumSection, GDROFields, GroupSizeFields, SelectFields
-from .generation import GENERATION_ENGINES, STATIC_MULTI_TURN, VLLM_MULTI_TURN, GenerationOptions
+from .generation import GENERATION_ENGINES, STATIC_MULTI_TURN, GenerationOptions
 from .inputs import DataOptions, ModelOptions, RewardOptions, ToolOptions
 from .run import (
     EvaluationOptions,
@@ -52,7 +52,6 @@ __all__ = [
     "PPO_MULTI_TURN",
     "SECTION_TYPES",
     "STATIC_MULTI_TURN",
-    "VLLM_MULTI_TURN",
     "AdvantageOptions",
     "AlgorithmOptions",
     "BatchOptions",
@@ -168,8 +167,12 @@ def check_across(s: Sections) -> None:
     multi_turn = s.tools.multi_turn
     if s.generation.generation_engine == "static" and multi_turn:
         raise ConfigError(STATIC_MULTI_TURN)
-    if s.generation.generation_engine == "vllm" and multi_turn:
-        raise ConfigError(VLLM_MULTI_TURN)
+    if s.generation.generation_engine == "vllm" and s.generation.vllm_mode == "server":
+        if multi_turn:
+            raise ConfigError(
+                "tools and environments (multi-turn rollouts) run on the colocated vLLM engine "
+                "only, not with vllm_mode: server; use vllm_mode: colocate"
+            )
     if s.generation.generation_kwargs and multi_turn:
         raise ConfigError(
             f"generation_kwargs ({', '.join(sorted(s.generation.generation_kwargs))}) are not "

@@ -20,15 +20,12 @@ GENERATION_ENGINE_CHOICES: tuple[str, ...] = (*GENERATION_ENGINES, "auto")
 
 STATIC_MULTI_TURN = (
     "generation_engine=static does not run tools or environments (multi-turn rollouts continue "
-    "from the HF engine's KV cache); use generation_engine: hf with tools / environment"
+    "from the HF engine's KV cache, or run turn by turn on vLLM); use generation_engine: hf "
+    "or vllm with tools / environment"
 )
 # vLLM's SamplingParams (vllm/sampling_params.py, 0.33) silently raises a temperature in (0, 0.01)
 # to 0.01 and refuses one above 2; rollout/vllm.py checks each request the same way.
 VLLM_TEMPERATURES = (0.01, 2.0)
-VLLM_MULTI_TURN = (
-    "generation_engine=vllm does not run tools or environments (multi-turn rollouts continue "
-    "from the HF engine's KV cache); use generation_engine: hf with tools / environment"
-)
 
 
 @dataclass(frozen=True)
@@ -50,6 +47,11 @@ class GenerationOptions(Section):
     static_eos_check_every: int
     static_cuda_graphs: bool | None
     vllm_mode: str
+    vllm_server_base_url: str | None
+    vllm_server_host: str
+    vllm_server_port: int
+    vllm_server_timeout: float
+    vllm_group_port: int
     vllm_gpu_memory_utilization: float
     vllm_max_model_length: int | None
     vllm_enable_sleep_mode: bool
@@ -79,16 +81,15 @@ class GenerationOptions(Section):
         choice(self, "vllm_mode", ("colocate", "server"))
         at_least(self, 1, "vllm_max_model_length", optional=True)
         at_least(self, 1, "vllm_tensor_parallel_size", "static_eos_check_every")
+        require(
+            self,
+            ("vllm_server_port", 0 < self.vllm_server_port < 65536, "a TCP port (1-65535)"),
+            ("vllm_group_port", 0 < self.vllm_group_port < 65536, "a TCP port (1-65535)"),
+            ("vllm_server_timeout", self.vllm_server_timeout > 0, "> 0 (seconds)"),
+        )
         at_least(self, 0, "static_compile_min_steps")
         if self.generation_engine != "vllm":
             return
-        if self.vllm_mode == "server":
-            raise ConfigError(
-                "vllm_mode=server is not supported: groupwise runs vLLM colocated in the "
-                "training process (vllm_mode: colocate), where weights are pushed in memory "
-                "after every step; a separate vLLM server and its weight-transfer channel are "
-                "not implemented"
-            )
         low, high = VLLM_TEMPERATURES
         if not low <= self.temperature <= high:
             raise ConfigError(
@@ -97,7 +98,7 @@ class GenerationOptions(Section):
                 "to 0.01, so rollouts would not follow the configured temperature, and refuses "
                 "a higher one); use generation_engine: hf for it"
             )
-        if self.vllm_tensor_parallel_size != 1:
+        if self.vllm_tensor_parallel_size != 1 and self.vllm_mode == "colocate":
             raise ConfigError(
                 f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size} is not supported: "
                 "each rank runs its own colocated vLLM holding the whole model (tensor parallel "

@@ -26,7 +26,7 @@ from transformers import TrainerControl
 
 from ..config.grpo_config import GRPOConfig
 from ..config.trl_parity import differences_in_effect
-from ..errors import OutputDirError, option
+from ..errors import GenerationServerError, OutputDirError, option
 from ..report.record import record_run_end, record_run_start
 from ..runtime.distributed import any_rank, barrier
 from ..wiring.run import Run
@@ -179,9 +179,7 @@ class TrainingLoop:
         started, first_step = time.perf_counter(), calls.global_step()
         earlier: list[str] = []  # what an earlier run left in output_dir
         if first_step == 0 and not records.started:  # not a continuation
-            check_output_dir(
-                output_dir, args.resume_from_checkpoint, args.overwrite_output_dir
-            )
+            check_output_dir(output_dir, args.resume_from_checkpoint, args.overwrite_output_dir)
             earlier = earlier_run(output_dir)
         barrier(dist)  # every rank looked before rank 0 writes anything
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -293,13 +291,25 @@ class TrainingLoop:
 
     def _step(self, before: int) -> dict[str, float]:
         """One step. Out of memory, it raises what the trainer makes of the error (the phase,
-        the memory plan, the settings that fit); nothing more is saved on the way out, so the
-        last checkpoint stays the run's last good state."""
+        the memory plan, the settings that fit); when the generation server stops answering, it
+        names the step and the checkpoint to resume from. Nothing more is saved on the way out,
+        so the last checkpoint stays the run's last good state."""
         try:
             return self.calls.step()
         except torch.OutOfMemoryError as err:
             checkpoint = latest_checkpoint(self.output_dir)
             raise self.calls.out_of_memory(err, before + 1, checkpoint) from err
+        except GenerationServerError as err:
+            # The step's state is the server's as much as the trainer's: nothing is saved now.
+            checkpoint = latest_checkpoint(self.output_dir)
+            if checkpoint is None:
+                resume = "no checkpoint was saved yet (save_steps sets how often one is)"
+            else:
+                flag = option(
+                    "--resume " + str(checkpoint), f'resume_from_checkpoint="{checkpoint}"'
+                )
+                resume = f"once it is back, resume from the last checkpoint: {flag}"
+            raise GenerationServerError(f"step {before + 1}: {err}; {resume}") from None
 
     def _watch(self, step: int, logs: dict[str, float], bar: tqdm) -> None:
         """The failure monitor's warnings; after max_bad_steps NaN/inf steps in a row, save and
@@ -358,9 +368,7 @@ class TrainingLoop:
         yet logged into this row), it also carries the final step's metrics:
         ``log_history[-1]["reward"]`` works."""
         step, history = self.calls.global_step(), self.records.history
-        final = next(
-            (r for r in reversed(history) if r.get("step") == step and "loss" in r), {}
-        )
+        final = next((r for r in reversed(history) if r.get("step") == step and "loss" in r), {})
         row = {**(final if ran else {}), **metrics, "step": step}
         self.records.summaries.append((len(history), row))
         self.calls.callback("on_log", logs=dict(row))

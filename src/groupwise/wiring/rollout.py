@@ -20,7 +20,7 @@ from ..data.prompts import prompt_text
 from ..errors import ConfigError
 from ..imports import import_callable, is_import_spec
 from ..policy.policy import Policy
-from ..rollout import HFEngine, RolloutEngine, SamplingParams, eos_token_ids
+from ..rollout import Engine, HFEngine, RolloutEngine, SamplingParams, eos_token_ids
 from ..rollout.multiturn import MultiTurnEngine, TurnLimits
 from ..runtime.precision import Precision
 from ..sections import (
@@ -32,7 +32,7 @@ from ..sections import (
     SectionGroup,
     ToolOptions,
 )
-from ..sections.generation import STATIC_MULTI_TURN, VLLM_MULTI_TURN, resolve_generation_engine
+from ..sections.generation import STATIC_MULTI_TURN, resolve_generation_engine
 from ..tools import ENVIRONMENTS, Environment, ToolEnvironment, resolve_tools
 from ..tools.calls import TOOL_CALL_CLOSE
 from ..tools.environment import (
@@ -249,7 +249,12 @@ def build_engine(
         check_multi_turn(generation)
     engine: RolloutEngine
     if generation.generation_engine == "vllm":
-        engine = build_vllm(policy, tokenizer, options)
+        engine = with_interaction(
+            build_vllm(policy, tokenizer, options, generator),
+            options.tools,
+            options.data.chat_template_kwargs,
+            interaction,
+        )
     elif generation.generation_engine == "static":
         engine = build_static(policy, tokenizer, options, generator, precision)
     else:
@@ -310,8 +315,6 @@ def check_multi_turn(generation: GenerationOptions) -> None:
             "to stop at tool calls and insert their replies, which transformers' generate() does "
             "not do"
         )
-    if generation.generation_engine == "vllm":
-        raise ConfigError(VLLM_MULTI_TURN)
     if generation.generation_engine == "static":
         raise ConfigError(STATIC_MULTI_TURN)
 
@@ -371,13 +374,40 @@ def build_static(
 
 
 def build_vllm(
-    policy: Policy, tokenizer: PreTrainedTokenizerBase, options: EngineOptions
-) -> RolloutEngine:
-    """The colocated vLLM engine for the policy (its weights pushed once), from the ``vllm_*``
-    options. vLLM's context length defaults to the longest prompt plus the longest completion."""
+    policy: Policy,
+    tokenizer: PreTrainedTokenizerBase,
+    options: EngineOptions,
+    generator: torch.Generator,
+) -> Engine:
+    """The vLLM engine for the policy (its weights pushed once), from the ``vllm_*`` options:
+    colocated (``vllm_mode: colocate``), or on a vLLM server (``server``). Both seed every
+    request from the run's sampling ``generator``. vLLM's context length defaults to the
+    longest prompt plus the longest completion (a server's is its own)."""
+    generation, max_prompt_length = options.generation, options.data.max_prompt_length
+    if generation.vllm_mode == "server":
+        from ..rollout.vllm_server import connect_vllm_server, server_url
+        from ..runtime.distributed import barrier
+
+        return connect_vllm_server(
+            policy.model,
+            tokenizer,
+            sampling_params(generation),
+            eos_token_ids(policy.model, tokenizer),
+            device=policy.device,
+            generator=generator,
+            base_url=server_url(
+                generation.vllm_server_base_url,
+                generation.vllm_server_host,
+                generation.vllm_server_port,
+            ),
+            timeout=generation.vllm_server_timeout,
+            group_port=generation.vllm_group_port,
+            rank=policy.dist.rank,
+            barrier=functools.partial(barrier, policy.dist),
+            weights=policy.full_weights,
+        )
     from ..rollout.vllm import build_vllm_engine
 
-    generation, max_prompt_length = options.generation, options.data.max_prompt_length
     max_len = generation.vllm_max_model_length
     if max_len is not None and max_prompt_length is not None and max_len <= max_prompt_length:
         # vLLM refuses a prompt as long as its context, in the middle of generate().
@@ -396,6 +426,7 @@ def build_vllm(
         device=policy.device,
         weights_dtype=policy.precision.weights,
         seed=options.runtime.seed,
+        generator=generator,
         gpu_memory_utilization=generation.vllm_gpu_memory_utilization,
         max_model_len=max_len,
         enable_prefix_caching=generation.vllm_enable_prefix_caching,
@@ -405,13 +436,13 @@ def build_vllm(
 
 
 def with_interaction(
-    engine: HFEngine,
+    engine: Engine,
     tools: ToolOptions,
     chat_template_kwargs: Mapping[str, Any] | None,
     interaction: Interaction | None,
 ) -> RolloutEngine:
-    """``engine`` itself (single-turn), or the multi-turn engine around it, within the ``tools``
-    section's limits."""
+    """``engine`` itself (single-turn), or the multi-turn engine around it (the HF or the vLLM
+    engine), within the ``tools`` section's limits."""
     if interaction is None:
         return engine
     limits = TurnLimits(tools.max_turns, tools.max_tool_output_tokens, interaction.stop_strings)
