@@ -556,8 +556,9 @@ def measure_one(work: Path, results: Path, setup: Setup, seed: int, steps: int) 
 def phase_times(work: Path, results: Path, setup: Setup, seed: int, steps: int,
                 arms: tuple[str, ...] = tuple(ARMS)) -> list[dict]:  # fmt: skip
     """Where an arm's training time goes: ``steps`` training steps per arm on seed ``seed``'s
-    pool (no evaluation), one after the other in this process, and the seconds of generation
-    and of the policy update per 1,000 generated tokens over the steps after the first."""
+    pool (no evaluation), one after the other in this process, and the seconds of each phase
+    (generation, scoring, update, the curriculum's planning, the whole step) per 1,000
+    generated tokens over the steps after the first."""
     model_path, meta = warm_start(work, results, setup)
 
     class Steps(r8.StepLogs):
@@ -580,8 +581,8 @@ def phase_times(work: Path, results: Path, setup: Setup, seed: int, steps: int,
         tokens = sum(r["compute/generated_tokens"] for r in timed)
         record = {"arm": arm, "seed": seed, "steps": len(timed), "tokens": tokens,
                   "threads": int(torch.get_num_threads())}  # fmt: skip
-        for phase in ("generation", "update", "step"):
-            seconds = sum(r[f"time/{phase}"] for r in timed)
+        for phase in ("generation", "scoring", "update", "planning", "step"):
+            seconds = sum(r.get(f"time/{phase}", 0.0) for r in timed)
             record[f"{phase}_s_per_1k_tokens"] = 1000 * seconds / tokens
         print(json.dumps(record), flush=True)
         out.append(record)

@@ -445,3 +445,68 @@ def test_returned_cache_reads_either_output_name():
     assert returned_cache(SimpleNamespace(past_key_values="old")) == "old"
     assert returned_cache(SimpleNamespace(cache=None, past_key_values="old")) == "old"
     assert returned_cache(SimpleNamespace(logits=1)) is None
+
+
+# --- Unequal groups (a curriculum's rollout counts): each prompt encoded once, its KV repeated
+# for its own rows.
+
+
+@pytest.mark.parametrize("impl", ["chunked", "checkpoint", "naive"])
+def test_unequal_groups_share_their_prompts_with_the_unshared_values_and_gradients(
+    tiny_model, impl
+):
+    prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()  # 2 prompts, 6 rows
+    counts = [2, 4]  # prompt 0 answers rows 0-1, prompt 1 rows 2-5
+    rows = torch.tensor([0, 0, 1, 1, 1, 1])
+    weights = torch.randn(completion_ids.shape)
+
+    def run(shared: bool):
+        tiny_model.zero_grad()
+        logp, entropy = completion_logprobs(
+            tiny_model,
+            prompt_ids if shared else prompt_ids[rows],
+            prompt_mask if shared else prompt_mask[rows],
+            completion_ids,
+            completion_mask,
+            temperature=0.7,
+            chunk_size=4,
+            group_size=counts if shared else 1,
+            impl=impl,
+            entropy_grad=True,
+        )
+        ((logp + 0.1 * entropy) * weights).sum().backward()
+        return logp.detach(), entropy.detach(), [p.grad.clone() for p in tiny_model.parameters()]
+
+    shared, unshared = run(True), run(False)
+    expected = full_logits_logprobs(
+        tiny_model, prompt_ids[rows], prompt_mask[rows], completion_ids, completion_mask, 0.7
+    )
+    torch.testing.assert_close(shared[0], expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared[0], unshared[0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(shared[1], unshared[1], atol=1e-6, rtol=1e-6)
+    for a, b in zip(shared[2], unshared[2], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_unequal_groups_encode_each_prompt_once(tiny_model):
+    """The decoder sees the two prompts once (a batch of 2), then the 6 completions."""
+    prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
+    batches = []
+    hook = tiny_model.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: batches.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        completion_logprobs(
+            tiny_model, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size=[2, 4]
+        )
+    finally:
+        hook.remove()
+    assert [tuple(b) for b in batches] == [(2, 5), (6, 5)]  # prompts once; completions[:, :-1]
+
+
+def test_group_counts_must_cover_the_completions(tiny_model):
+    prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
+    with pytest.raises(ValueError, match=r"2 prompts with group_size \[2, 3\] != 6 completions"):
+        completion_logprobs(
+            tiny_model, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size=[2, 3]
+        )

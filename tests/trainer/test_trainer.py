@@ -226,6 +226,7 @@ def test_metrics_logged_and_model_saved(tmp_path):
         "time/generation",
         "time/scoring",
         "time/update",
+        "time/planning",
         "tokens_per_second",
         "perf/total_num_tokens",
         "perf/throughput",

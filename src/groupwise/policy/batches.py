@@ -135,14 +135,24 @@ def trimmed_completions(
 
 
 def micro_batch_rows(
-    lengths: torch.Tensor, size: int, group_size: int | None, *, by_length: bool = True
+    lengths: torch.Tensor,
+    size: int,
+    group_size: int | None,
+    *,
+    by_length: bool = True,
+    group_ids: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """Split the rows of a rollout into micro-batches of at most ``size`` rows (LongTensors of
     row indices), laid out so that each can share its prompt forward (see :func:`prompt_blocks`).
 
     With uniform groups of ``group_size`` rows (rows of a group contiguous): if ``size`` is a
     multiple of it, micro-batches hold whole groups; if it divides it, each micro-batch holds
-    ``size`` rows of one group (with ``by_length``, a group's longest rows go together). Else
+    ``size`` rows of one group (with ``by_length``, a group's longest rows go together).
+    Otherwise, given each row's group (``group_ids``; groups of any sizes, e.g. a curriculum's
+    rollout counts), the rows are laid out group after group and cut every ``size`` rows: a
+    micro-batch holds whole groups and at most two pieces of groups, each piece contiguous, so
+    every prompt in it is encoded once; with ``by_length`` groups go longest first (a group
+    counts as its longest completion) and a group's longest rows first. Without ``group_ids``
     the units are single rows. With ``by_length`` the units are ordered longest first (a unit
     counts as its longest completion; stable for ties), so each micro-batch pads to a similar
     width. A single micro-batch keeps the rollout's order. Every row appears exactly once.
@@ -160,6 +170,8 @@ def micro_batch_rows(
             within = torch.sort(lengths.view(-1, group_size), dim=1, descending=True, stable=True)
             units = units.gather(1, within.indices)
         units = units.reshape(-1, size)  # pieces of one group
+    elif group_ids is not None:
+        return list(group_order(lengths, group_ids, by_length).split(size))
     else:
         units = rows.view(-1, 1)
     if by_length:
@@ -168,22 +180,35 @@ def micro_batch_rows(
     return list(units.reshape(-1).split(size))
 
 
-def prompt_blocks(row_groups: torch.Tensor, group_size: int) -> tuple[torch.Tensor, int] | None:
-    """How a micro-batch can share its prompt forward: ``(prompts, block)`` when its rows form
-    consecutive blocks of ``block`` rows answering the same prompt (row r answers
-    ``prompts[r // block]``, the layout ``completion_logprobs(group_size=block)`` takes), else
-    None. ``row_groups``: the prompt (group) index of each row. Tried: every row one prompt
-    (block = all rows), then blocks of ``group_size``."""
-    n_rows = int(row_groups.numel())
-    if n_rows == 0:
+def group_order(lengths: torch.Tensor, group_ids: torch.Tensor, by_length: bool) -> torch.Tensor:
+    """The rows group after group (groups of any sizes, each group's rows contiguous in
+    ``group_ids``): with ``by_length``, groups by their longest completion and each group's rows
+    by length, longest first (stable for ties); else in rollout order."""
+    if not by_length:
+        return torch.arange(int(lengths.numel()))
+    groups = torch.unique_consecutive(group_ids)
+    if groups.unique().numel() != groups.numel():
+        raise ValueError("the rows of each group must be contiguous")
+    longest = torch.stack([lengths[group_ids == g].max() for g in groups.tolist()])
+    pieces = []
+    for g in groups[torch.sort(longest, descending=True, stable=True).indices].tolist():
+        members = torch.nonzero(group_ids == g).flatten()
+        within = torch.sort(lengths[members], descending=True, stable=True).indices
+        pieces.append(members[within])
+    return torch.cat(pieces)
+
+
+def prompt_blocks(row_groups: torch.Tensor) -> tuple[torch.Tensor, list[int]] | None:
+    """How a micro-batch can share its prompt forward: ``(prompts, counts)`` when its rows form
+    consecutive runs, one per prompt (``counts[i]`` rows answer ``prompts[i]``, the layout
+    ``completion_logprobs(group_size=counts)`` takes), else None: no prompt has two rows, or a
+    prompt's rows are not together. ``row_groups``: the prompt (group) index of each row."""
+    if row_groups.numel() == 0:
         return None
-    if bool((row_groups == row_groups[0]).all()):
-        return row_groups[:1], n_rows
-    if n_rows % group_size == 0:
-        blocks = row_groups.view(-1, group_size)
-        if bool((blocks == blocks[:, :1]).all()):
-            return blocks[:, 0], group_size
-    return None
+    prompts, counts = torch.unique_consecutive(row_groups, return_counts=True)
+    if prompts.numel() == row_groups.numel() or prompts.unique().numel() != prompts.numel():
+        return None
+    return prompts, counts.tolist()
 
 
 def scatter_rows(

@@ -40,6 +40,8 @@ gradient contributions through ``repeat_interleave``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
@@ -298,7 +300,7 @@ def completion_logprobs(
     *,
     temperature: float = 1.0,
     chunk_size: int = 512,
-    group_size: int = 1,
+    group_size: int | Sequence[int] = 1,
     impl: str = "chunked",
     entropy_grad: bool = False,
     padding_free: bool = False,
@@ -306,10 +308,12 @@ def completion_logprobs(
     """Log-probs [N, T] of ``completion_ids`` under ``model`` (0 at masked positions) and the
     per-token entropy [N, T] (0 at masked positions; detached unless ``entropy_grad``).
 
-    prompt_ids/prompt_mask: [N / group_size, Lp], left-padded; row r of the completions belongs
-    to prompt r // group_size. completion_ids/mask: [N, T], right-padded. Logits are divided by
-    ``temperature`` so the log-probs are those of the sampling distribution (as TRL does).
-    ``impl`` picks how the LM head and log-softmax run (module docstring): ``"chunked"``
+    prompt_ids/prompt_mask: [P, Lp], left-padded; ``group_size`` rows of the completions per
+    prompt, in prompt order (an int: every prompt's; a sequence: prompt i's own count, the
+    unequal groups of a curriculum), so each prompt is encoded once and its KV cache and last
+    hidden state are repeated for its rows. completion_ids/mask: [N, T], right-padded. Logits
+    are divided by ``temperature`` so the log-probs are those of the sampling distribution (as
+    TRL does). ``impl`` picks how the LM head and log-softmax run (module docstring): ``"chunked"``
     (custom autograd function, default), ``"checkpoint"`` or ``"naive"`` (full logits).
     Results are fp32 (fp64 for an fp64 model). ``padding_free``: one forward over the
     sequences packed without padding (policy/packing.py; the same values), except for models
@@ -318,10 +322,15 @@ def completion_logprobs(
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     n_rows, width = completion_ids.shape
-    if prompt_ids.shape[0] * group_size != n_rows:
+    counts = [group_size] * prompt_ids.shape[0] if isinstance(group_size, int) else list(group_size)
+    if len(counts) != prompt_ids.shape[0] or sum(counts) != n_rows or min(counts, default=1) < 1:
         raise ValueError(
-            f"{prompt_ids.shape[0]} prompts x group_size {group_size} != {n_rows} completions"
+            f"{prompt_ids.shape[0]} prompts with group_size {group_size} != {n_rows} completions"
         )
+    # Row r's prompt: one index per row (repeat_interleave with a count per prompt).
+    repeats = torch.tensor(counts, device=prompt_ids.device)
+    row_prompt = torch.repeat_interleave(torch.arange(len(counts), device=repeats.device), repeats)
+    shared = max(counts, default=1) > 1
     prompt_ids, prompt_mask = _trim_left(prompt_ids, prompt_mask)
     decoder = model.get_decoder()
     lm_head = model.get_output_embeddings()
@@ -330,20 +339,20 @@ def completion_logprobs(
     prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
 
     cache = DynamicCache(config=model.config)
-    if group_size > 1 and has_recurrent_state(cache):
+    if shared and has_recurrent_state(cache):
         # A recurrent (Mamba) state cannot be shared by repeating it and then continued with
         # gradients through it as a KV cache is: each row encodes its own prompt.
-        prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0)
-        prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
-        group_size = 1
+        prompt_ids, prompt_mask = prompt_ids[row_prompt], prompt_mask[row_prompt]
+        prompt_pos, shared = prompt_pos[row_prompt], False
+        row_prompt = torch.arange(n_rows, device=prompt_ids.device)
     select = completion_mask.bool()
     packed = padding_free and not has_recurrent_state(cache)
     if packed:
         # Each row its own prompt again: packing runs every prompt token once per sequence.
         rows_hidden = _packed_hidden(
             decoder,
-            prompt_ids.repeat_interleave(group_size, dim=0),
-            prompt_mask.repeat_interleave(group_size, dim=0),
+            prompt_ids[row_prompt],
+            prompt_mask[row_prompt],
             completion_ids,
             completion_mask,
             one_row=is_flash(model),
@@ -352,9 +361,9 @@ def completion_logprobs(
         if impl == "naive":
             hidden = rows_hidden.new_zeros((n_rows, width, rows_hidden.shape[-1]))
             hidden = hidden.masked_scatter(select[..., None], rows_hidden)
-    elif group_size == 1:
-        ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+    elif not shared:
+        ids = torch.cat([prompt_ids[row_prompt], completion_ids], dim=1)
+        mask = torch.cat([prompt_mask[row_prompt], completion_mask.to(prompt_mask.dtype)], dim=1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         hidden = decoder(
             input_ids=ids, attention_mask=mask, position_ids=positions
@@ -374,11 +383,11 @@ def completion_logprobs(
         if cache is None or cache.get_seq_length() != prompt_len:
             # e.g. gradient checkpointing in training mode makes transformers drop the cache.
             raise RuntimeError("the decoder returned no prompt KV cache; use group_size=1")
-        cache.batch_repeat_interleave(group_size)
-        last_prompt_hidden = out.last_hidden_state[:, -1:].repeat_interleave(group_size, dim=0)
+        cache.batch_select_indices(row_prompt)  # each prompt's KV, once per row of its own
+        last_prompt_hidden = out.last_hidden_state[row_prompt, -1:]
         comp_mask = completion_mask.to(prompt_mask.dtype)
-        mask = torch.cat([prompt_mask.repeat_interleave(group_size, dim=0), comp_mask], dim=1)
-        start = prompt_pos[:, -1:].repeat_interleave(group_size, dim=0) + 1
+        mask = torch.cat([prompt_mask[row_prompt], comp_mask], dim=1)
+        start = prompt_pos[row_prompt, -1:] + 1
         positions = start + torch.arange(width, device=start.device)[None, :]
         if width > 1:
             comp_hidden = decoder(

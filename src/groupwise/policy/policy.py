@@ -169,8 +169,11 @@ class Policy:
                 model,
                 device,
                 offload=options.reference.ref_model_offload,
-                shard=functools.partial(shard_fsdp, ctx=dist, device=device,
-                                        bf16_compute=self.precision.autocast) if fsdp else None,
+                shard=functools.partial(
+                    shard_fsdp, ctx=dist, device=device, bf16_compute=self.precision.autocast
+                )
+                if fsdp
+                else None,
                 gather=fsdp_full_weights if fsdp else None,
             )
         # FSDP shards the model in place (its parameters become DTensor shards), so the
@@ -232,10 +235,10 @@ class Policy:
         per micro-batch); the results are padded back to the rollout's width T with zeros."""
         model = self.model if model is None else model
         completion_ids, completion_mask, width = trimmed_completions(rollout, rows)
-        # Share the prompt forward across the rows of a prompt: whole groups, or a micro-batch
-        # that holds part of one group (micro_batch_rows lays them out so).
+        # Share the prompt forward across the rows of a prompt: whole groups of any sizes, or
+        # pieces of them (micro_batch_rows lays each prompt's rows out together).
         runtime = self.options.runtime
-        blocks = prompt_blocks(rollout.host_group_ids[rows], self.options.batch.num_generations)
+        blocks = prompt_blocks(rollout.host_group_ids[rows])
         share = blocks is not None and not runtime.gradient_checkpointing
         policy_grad = model is self.model and torch.is_grad_enabled()
         if policy_grad and self.network.sharded:
@@ -243,13 +246,13 @@ class Policy:
             # (prompt, then completions; one when width is 1): every rank must take the same
             # path for this micro-batch (ranks run equally many, see prepare's padding).
             share = not any_rank(not (share and width > 1), self.dist)
+        group_size: int | list[int] = 1
         if share:
             prompts, group_size = blocks
             prompt_ids, prompt_mask = rollout.prompt_ids[prompts], rollout.prompt_mask[prompts]
         else:
             index = rollout.group_ids[rows]
             prompt_ids, prompt_mask = rollout.prompt_ids[index], rollout.prompt_mask[index]
-            group_size = 1
         # The policy's forward with gradients goes through the DDP / FSDP wrapper when data
         # parallel; without gradients, FSDP gathers the full weights around the plain call.
         wrapper = self.network.wrapper

@@ -75,8 +75,9 @@ def learn(
 
 
 def micro_batches_of(options: PolicyOptions, rollout: Rollout) -> list[Tensor]:
-    """Row-index micro-batches of ``per_device_train_batch_size`` rows (whole groups when
-    the groups are uniform and fit, sorted by length with ``group_by_length``)."""
+    """Row-index micro-batches of ``per_device_train_batch_size`` rows, laid out so that each
+    encodes a prompt once (whole groups, or pieces of groups, also when the groups' sizes
+    differ), sorted by length with ``group_by_length``."""
     batch = options.batch
     group = batch.num_generations
     sizes = torch.bincount(rollout.host_group_ids)
@@ -86,6 +87,7 @@ def micro_batches_of(options: PolicyOptions, rollout: Rollout) -> list[Tensor]:
         batch.per_device_train_batch_size,
         group if uniform else None,
         by_length=options.runtime.group_by_length,
+        group_ids=rollout.host_group_ids,
     )
 
 

@@ -191,6 +191,7 @@ FIGURES: tuple[FigureSpec, ...] = (
                     Series("time/generation", "generation"),
                     Series("time/scoring", "scoring"),
                     Series("time/update", "update"),
+                    Series("time/planning", "planning"),
                     Series("time/step", "whole step"),
                 ),
                 "stack",

@@ -60,6 +60,7 @@ def grpo_step(run: Run[GRPOParts], timer: PhaseTimer, steps: int | None = None) 
         rollout, scores.correctness, scores.rewards, stats.sequence_loss, stats.skipped
     )
     curriculum_logs = run.curriculum.observe(plan, outcome)
+    timer.mark("planning")
     return StepResult(batch.rows, plan, rollout, scores, advantages, stats,
                       extra=(curriculum_logs, logs), dropped=parts.dynamic.logs)  # fmt: skip
 
@@ -83,6 +84,7 @@ def draw(run: Run[GRPOParts], timer: PhaseTimer) -> Draw:
     curriculum, top_up = run.curriculum, run.algorithm.top_up
     batch = run.prompts.next(curriculum)  # q ~ D (the curriculum may choose among more)
     plan = curriculum.plan(batch)  # n_q rollouts, weight w_q (GDRO eqs. 16, 19-21)
+    timer.mark("planning")
 
     def roll(prompt_ids: list, counts: list[int], rows: list) -> tuple[Rollout, Scores]:
         # o_i ~ pi_old(.|q); the rows reset a multi-turn engine's environments

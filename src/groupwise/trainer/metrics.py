@@ -253,6 +253,7 @@ class StepMetrics:
             "time/generation": generation,
             "time/scoring": timer.phases.get("scoring", 0.0),
             "time/update": timer.phases.get("update", 0.0),
+            "time/planning": timer.phases.get("planning", 0.0),
             "time/step": timer.total,
             "tokens_per_second": gen_tokens / timer.total,
             "generation_tokens_per_second": gen_tokens / max(generation, 1e-9),
