@@ -327,10 +327,19 @@ def completion_logprobs(
         raise ValueError(
             f"{prompt_ids.shape[0]} prompts with group_size {group_size} != {n_rows} completions"
         )
-    # Row r's prompt: one index per row (repeat_interleave with a count per prompt).
-    repeats = torch.tensor(counts, device=prompt_ids.device)
-    row_prompt = torch.repeat_interleave(torch.arange(len(counts), device=repeats.device), repeats)
     shared = max(counts, default=1) > 1
+    row_prompt = None  # row r's prompt, for unequal counts (output_size: no sync on CUDA)
+    if len(set(counts)) > 1:
+        repeats = torch.tensor(counts, device=prompt_ids.device)
+        prompts = torch.arange(len(counts), device=repeats.device)
+        row_prompt = torch.repeat_interleave(prompts, repeats, output_size=n_rows)
+
+    def per_row(t: torch.Tensor) -> torch.Tensor:
+        """A per-prompt tensor (dim 0) once per row of its prompt."""
+        if row_prompt is not None:
+            return t[row_prompt]
+        return t if not counts or counts[0] == 1 else t.repeat_interleave(counts[0], dim=0)
+
     prompt_ids, prompt_mask = _trim_left(prompt_ids, prompt_mask)
     decoder = model.get_decoder()
     lm_head = model.get_output_embeddings()
@@ -342,17 +351,17 @@ def completion_logprobs(
     if shared and has_recurrent_state(cache):
         # A recurrent (Mamba) state cannot be shared by repeating it and then continued with
         # gradients through it as a KV cache is: each row encodes its own prompt.
-        prompt_ids, prompt_mask = prompt_ids[row_prompt], prompt_mask[row_prompt]
-        prompt_pos, shared = prompt_pos[row_prompt], False
-        row_prompt = torch.arange(n_rows, device=prompt_ids.device)
+        prompt_ids, prompt_mask = per_row(prompt_ids), per_row(prompt_mask)
+        prompt_pos = per_row(prompt_pos)
+        counts, row_prompt, shared = [1] * n_rows, None, False
     select = completion_mask.bool()
     packed = padding_free and not has_recurrent_state(cache)
     if packed:
         # Each row its own prompt again: packing runs every prompt token once per sequence.
         rows_hidden = _packed_hidden(
             decoder,
-            prompt_ids[row_prompt],
-            prompt_mask[row_prompt],
+            per_row(prompt_ids),
+            per_row(prompt_mask),
             completion_ids,
             completion_mask,
             one_row=is_flash(model),
@@ -362,8 +371,8 @@ def completion_logprobs(
             hidden = rows_hidden.new_zeros((n_rows, width, rows_hidden.shape[-1]))
             hidden = hidden.masked_scatter(select[..., None], rows_hidden)
     elif not shared:
-        ids = torch.cat([prompt_ids[row_prompt], completion_ids], dim=1)
-        mask = torch.cat([prompt_mask[row_prompt], completion_mask.to(prompt_mask.dtype)], dim=1)
+        ids = torch.cat([per_row(prompt_ids), completion_ids], dim=1)
+        mask = torch.cat([per_row(prompt_mask), completion_mask.to(prompt_mask.dtype)], dim=1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         hidden = decoder(
             input_ids=ids, attention_mask=mask, position_ids=positions
@@ -383,11 +392,15 @@ def completion_logprobs(
         if cache is None or cache.get_seq_length() != prompt_len:
             # e.g. gradient checkpointing in training mode makes transformers drop the cache.
             raise RuntimeError("the decoder returned no prompt KV cache; use group_size=1")
-        cache.batch_select_indices(row_prompt)  # each prompt's KV, once per row of its own
-        last_prompt_hidden = out.last_hidden_state[row_prompt, -1:]
+        # Each prompt's KV, once per row of its own.
+        if row_prompt is None:
+            cache.batch_repeat_interleave(counts[0])
+        else:
+            cache.batch_select_indices(row_prompt)
+        last_prompt_hidden = per_row(out.last_hidden_state[:, -1:])
         comp_mask = completion_mask.to(prompt_mask.dtype)
-        mask = torch.cat([prompt_mask[row_prompt], comp_mask], dim=1)
-        start = prompt_pos[row_prompt, -1:] + 1
+        mask = torch.cat([per_row(prompt_mask), comp_mask], dim=1)
+        start = per_row(prompt_pos[:, -1:]) + 1
         positions = start + torch.arange(width, device=start.device)[None, :]
         if width > 1:
             comp_hidden = decoder(
