@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast test-vllm lint browser docs bench bench-speed bench-roofline bench-memory bench-packing bench-curriculum bench-curriculum-tiny bench-curriculum-e9-freeze bench-curriculum-e9-pilot bench-curriculum-e9-measure bench-curriculum-e9 bench-curriculum-e9-report bench-curriculum-e9-phases trl-suite trl-scripts clean
+.PHONY: setup demo test test-fast test-vllm lint browser docs bench bench-speed bench-roofline bench-memory bench-packing bench-curriculum bench-curriculum-tiny bench-curriculum-e9-freeze bench-curriculum-e9-pilot bench-curriculum-e9-measure bench-curriculum-e9 bench-curriculum-e9-report bench-curriculum-e9-phases bench-curriculum-e9-retime trl-suite trl-scripts clean
 
 # Exact versions of everything setup installs (pyproject.toml declares ranges).
 CONSTRAINTS := constraints/cpu.txt
@@ -152,6 +152,11 @@ bench-curriculum-e9-report: setup
 	$(PY) benchmarks/curriculum_e9.py report --results $(E9_RESULTS)
 bench-curriculum-e9-phases: setup
 	$(PY) benchmarks/curriculum_e9.py phases --results $(E9_RESULTS) --work $(E9_WORK)
+# E9's three arms re-timed as whole runs (benchmarks/curriculum_e9_retime.py; resumable;
+# alone on the machine: two one-thread workers).
+bench-curriculum-e9-retime: setup
+	PYTHONPATH=src $(PY) benchmarks/curriculum_e9_retime.py run --work $(E9_WORK)
+	PYTHONPATH=src $(PY) benchmarks/curriculum_e9_retime.py report
 
 # Uniform, dynamic sampling, Prompt-GDRO, Rollout-GDRO and select on a small warm-started
 # random Llama, 3 seeds (about 12 minutes on 2 cores).

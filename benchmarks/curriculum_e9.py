@@ -94,6 +94,8 @@ ARMS: dict[str, dict[str, Any]] = {
     "rollout_gdro_level": {"curriculum": "rollout_gdro", "gdro_unseen": "difficulty"},
 }
 CURRICULA = ("select", "rollout_gdro_level")
+# A step's phases, as the trainer logs them (time/<phase>); "step" is the whole step.
+PHASES = ("generation", "scoring", "update", "planning", "step")
 # Go/no-go of the pilot.
 ONE_DIGIT_MIN, FOUR_DIGIT_MAX, TWO_DIGIT_RANGE, CEILING_MIN = 0.9, 0.02, (0.15, 0.45), 3.0
 RISE_MIN, FOUR_DIGIT_RUN_MAX = 0.10, 0.05
@@ -285,10 +287,12 @@ class SampledBudget(r8.StepLogs):
     two-digit set once at temperature 1; at the budget also greedy two-digit and sampled
     four-digit. Records each step's groups as [digits, rollouts, correct]."""
 
-    def __init__(self, budget: int, sets: dict[str, list[dict]], setup: Setup) -> None:
+    def __init__(self, budget: int, sets: dict[str, list[dict]], setup: Setup,
+                 evaluate: bool = True) -> None:  # fmt: skip
         super().__init__()
-        self.budget, self.sets, self.setup = budget, sets, setup
-        self.marks = list(MARKS)
+        self.budget, self.sets, self.setup, self.evaluate = budget, sets, setup, evaluate
+        self.marks = list(MARKS) if evaluate else []
+        self.phases: list[list[float]] = []
         self.points: list[dict] = []
         self.final: dict[str, list[int]] = {}
         self.groups: list[list[list[int]]] = []
@@ -302,8 +306,13 @@ class SampledBudget(r8.StepLogs):
             return
         self.last = dict(logs)
         self.step_seconds += logs.get("time/step", 0.0)
+        self.phases.append([logs.get("compute/generated_tokens", 0.0)] + [
+            round(logs.get(f"time/{phase}", 0.0), 4) for phase in PHASES])
         self.groups.append(self.step_groups())
         tokens = logs["compute/generated_tokens_total"]
+        if not self.evaluate:  # a timing run: to the budget, no evaluation
+            control.should_training_stop = tokens >= self.budget
+            return
         engine, tokenizer = self.trainer.engine, self.trainer.tokenizer
         while self.marks and tokens >= self.marks[0] * self.budget:
             mark = self.marks.pop(0)
@@ -332,10 +341,13 @@ def run_options(arm: str, seed: int, setup: Setup, output_dir: str, **extra: Any
                             "seed": seed, "output_dir": output_dir, **extra})  # fmt: skip
 
 
-def run_arm(arm: str, seed: int, model_path: str, meta: dict, setup: Setup, code: dict) -> dict:
-    """One run of ``arm`` on seed ``seed``'s pool, to the budget."""
+def run_arm(arm: str, seed: int, model_path: str, meta: dict, setup: Setup, code: dict,
+            evaluate: bool = True) -> dict:  # fmt: skip
+    """One run of ``arm`` on seed ``seed``'s pool, to the budget (``evaluate`` false: no
+    evaluation, for timing). ``phases``: each step's generated tokens and the seconds of each
+    of ``PHASES``."""
     budget = budget_of(meta, setup)
-    callback = SampledBudget(budget, eval_sets(setup), setup)
+    callback = SampledBudget(budget, eval_sets(setup), setup, evaluate)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         trainer = GRPOTrainer(model_path, ["accuracy"], pool_rows(seed, setup),
@@ -357,6 +369,7 @@ def run_arm(arm: str, seed: int, model_path: str, meta: dict, setup: Setup, code
         "wall_seconds": round(time.perf_counter() - start, 1),
         "threads": int(torch.get_num_threads()),
         "points": callback.points, **callback.final, "groups": callback.groups,
+        "phase_names": ["tokens", *PHASES], "phases": callback.phases,
     }  # fmt: skip
 
 
@@ -581,7 +594,7 @@ def phase_times(work: Path, results: Path, setup: Setup, seed: int, steps: int,
         tokens = sum(r["compute/generated_tokens"] for r in timed)
         record = {"arm": arm, "seed": seed, "steps": len(timed), "tokens": tokens,
                   "threads": int(torch.get_num_threads())}  # fmt: skip
-        for phase in ("generation", "scoring", "update", "planning", "step"):
+        for phase in PHASES:
             seconds = sum(r.get(f"time/{phase}", 0.0) for r in timed)
             record[f"{phase}_s_per_1k_tokens"] = 1000 * seconds / tokens
         print(json.dumps(record), flush=True)
