@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast test-vllm lint browser docs bench bench-speed bench-roofline bench-memory bench-packing bench-curriculum bench-curriculum-tiny bench-curriculum-e9-freeze bench-curriculum-e9-pilot bench-curriculum-e9-measure bench-curriculum-e9 bench-curriculum-e9-report bench-curriculum-e9-phases bench-curriculum-e9-retime trl-suite trl-scripts clean
+.PHONY: setup demo test test-fast test-vllm lint browser docs bench bench-speed bench-roofline bench-memory bench-packing bench-curriculum bench-curriculum-tiny bench-curriculum-e9-freeze bench-curriculum-e9-pilot bench-curriculum-e9-measure bench-curriculum-e9 bench-curriculum-e9-report bench-curriculum-e9-phases bench-curriculum-e9-retime bench-curriculum-e10-freeze bench-curriculum-e10 bench-curriculum-e10-report trl-suite trl-scripts clean
 
 # Exact versions of everything setup installs (pyproject.toml declares ranges).
 CONSTRAINTS := constraints/cpu.txt
@@ -157,6 +157,19 @@ bench-curriculum-e9-phases: setup
 bench-curriculum-e9-retime: setup
 	PYTHONPATH=src $(PY) benchmarks/curriculum_e9_retime.py run --work $(E9_WORK)
 	PYTHONPATH=src $(PY) benchmarks/curriculum_e9_retime.py report
+
+# The curricula against the baselines a practitioner tries first, and with difficulty learned
+# rather than read (benchmarks/curriculum_e10.py; docs/benchmarks.md): two parts, looks at 3 and
+# 5 seeds, two one-thread workers alone on the machine, from a frozen git worktree of this
+# commit (E10_TREE), results in benchmarks/results_curriculum/e10/ (resumable).
+E10_TREE ?= runs/e10-code
+E10_RESULTS := $(CURDIR)/benchmarks/results_curriculum/e10
+bench-curriculum-e10-freeze: setup
+	$(PY) benchmarks/curriculum_e10.py freeze --tree $(E10_TREE) --results $(E10_RESULTS)
+bench-curriculum-e10: bench-curriculum-e10-freeze
+	cd $(E10_TREE) && PYTHONPATH=src $(abspath $(PY)) benchmarks/curriculum_e10.py run --results $(E10_RESULTS) --work $(E9_WORK) --jobs 2
+bench-curriculum-e10-report: setup
+	$(PY) benchmarks/curriculum_e10.py report --results $(E10_RESULTS)
 
 # Uniform, dynamic sampling, Prompt-GDRO, Rollout-GDRO and select on a small warm-started
 # random Llama, 3 seeds (about 12 minutes on 2 cores).

@@ -288,10 +288,10 @@ class SampledBudget(r8.StepLogs):
     four-digit. Records each step's groups as [digits, rollouts, correct]."""
 
     def __init__(self, budget: int, sets: dict[str, list[dict]], setup: Setup,
-                 evaluate: bool = True) -> None:  # fmt: skip
+                 evaluate: bool = True, marks: tuple[float, ...] = MARKS) -> None:  # fmt: skip
         super().__init__()
         self.budget, self.sets, self.setup, self.evaluate = budget, sets, setup, evaluate
-        self.marks = list(MARKS) if evaluate else []
+        self.marks = list(marks) if evaluate else []
         self.phases: list[list[float]] = []
         self.points: list[dict] = []
         self.final: dict[str, list[int]] = {}
@@ -320,19 +320,25 @@ class SampledBudget(r8.StepLogs):
             sampled = sampled_correct(engine, tokenizer, self.sets["two"], EVAL_SEED + k,
                                       self.setup)  # fmt: skip
             self.points.append({"mark": mark, "tokens": tokens, "step": state.global_step,
+                                "seconds": round(self.step_seconds, 2),
                                 "sampled": sampled})  # fmt: skip
             print(f"  {mark:.1f} B: step {state.global_step}, sampled 2-digit "
                   f"{np.mean(sampled):.3f}", flush=True)  # fmt: skip
             self.trainer.model.train()
         if not self.marks:
             if not self.final:
-                self.final = {
-                    "greedy_two": greedy_correct(engine, tokenizer, self.sets["two"], self.setup),
-                    "sampled_four": sampled_correct(engine, tokenizer, self.sets["four"],
-                                                    EVAL_SEED + 100, self.setup),  # fmt: skip
-                }
+                self.final = self.final_evaluations(engine, tokenizer)
             self.trainer.model.train()
             control.should_training_stop = True
+
+
+    def final_evaluations(self, engine, tokenizer) -> dict[str, list[int]]:
+        """At the budget: greedy two-digit and sampled four-digit."""
+        return {
+            "greedy_two": greedy_correct(engine, tokenizer, self.sets["two"], self.setup),
+            "sampled_four": sampled_correct(engine, tokenizer, self.sets["four"],
+                                            EVAL_SEED + 100, self.setup),  # fmt: skip
+        }
 
 
 def run_options(arm: str, seed: int, setup: Setup, output_dir: str, **extra: Any) -> Any:
