@@ -23,7 +23,9 @@ Design, frozen in this file and in ``curriculum_e10_analysis.py`` before any run
   ``steps_per_generation`` 4 (the source's four optimizer steps per generation, which Prompt-GDRO's
   ``pg_loss`` signal needs). Arms, on the pool **without** its ``difficulty`` column:
   ``uniform``, ``prompt_gdro``, ``rollout_gdro`` and ``select`` at their defaults (the source's
-  for the two GDROs); on the pool with the labels of a seeded 30% of rows permuted among them:
+  for the two GDROs; ``select``'s 64 candidates a generation are capped at the 32-prompt pool,
+  so it ranks the whole pool); on the pool with the labels of a seeded 30% of rows permuted
+  among them (about 20% end with a wrong level: same-level swaps and fixed points):
   ``select_shuffled`` and ``rollout_gdro_level_shuffled`` (``gdro_unseen: difficulty``).
   Hypotheses: each of the five against ``uniform``.
 - **Evaluation** (both parts). At every fifth of the budget: the fixed 128 held-out two-digit
@@ -36,24 +38,26 @@ Design, frozen in this file and in ``curriculum_e10_analysis.py`` before any run
   repeated intervals, bias-adjusted estimates, secondaries).
 - **Seeds and looks, sized by cost.** Looks after 3 and 5 seeds per arm. ``run`` goes block by
   block (seeds 1-3, then 4-5); before a block it analyses what is in and runs only the arms some
-  undecided hypothesis still needs (a baseline runs while any hypothesis against it is
-  undecided). A run costs about 17 one-thread minutes (8-9 of training at half E9's budget,
-  8-9 of evaluation), so the 10 arms cost about 8.5 CPU-hours to the first look and 14 at most.
-  Power, from E9's per-seed sd of the paired difference (0.06), by simulation of the paired t
-  with these looks, boundaries and futility: at a hypothesis' first Holm level (0.025/4 in
-  "labelled", 0.025/5 in "learned") a true +0.085 (E9's ``select``) is found with probability
+  undecided hypothesis still needs (a pair of arms runs while its token or its wall-clock
+  hypothesis is undecided). A run costs about 17 one-thread minutes (8-9 of training at half
+  E9's budget, 8-9 of evaluation), so the 10 arms cost about 8.5 CPU-hours to the first look and
+  14 at most. Power, from E9's per-seed sd of the paired difference (0.06), by simulation of the
+  paired t with these looks, boundaries and futility: at a hypothesis' first Holm level (0.025/4
+  in "labelled", 0.025/5 in "learned") a true +0.085 (E9's ``select``) is found with probability
   about 0.3, +0.12 about 0.6, +0.15 about 0.8; at 0.0125, 0.5 / 0.8 / 0.9. The budget buys a
-  decision on large effects only; the intervals say how large an effect the data leave open.
-  The first look's efficacy boundaries on t with 2 degrees of freedom are 20-41: it acts
-  through futility.
+  decision on large effects only; the intervals say how large an effect the data leave open. The
+  first look's efficacy boundaries on t with 2 degrees of freedom are 20-41: it acts through
+  futility.
 - **Why half E9's budget.** In E9 the arms separated early: ``select`` was ahead at every
   evaluation, Rollout-GDRO's lead was largest over 0.3-0.7 of the budget, and uniform's rise was
   over within its first 10-30%; and the cost per run is what bounds the seeds.
 - **Protocol.** Two worker processes of one thread each, nothing else on the machine; the
-  block's (part, seed) units are dealt to the workers in turn, each unit's arms in an order
-  rotated by seed. The code is frozen (``freeze``: a git worktree of the commit, recorded in
-  ``frozen.json``); ``run`` refuses other code. ``runs.jsonl`` gets one line per finished run,
-  appended as it finishes; a rerun skips what is done.
+  block's runs, seed by seed and part by part, each (part, seed)'s arms in an order rotated by
+  seed, are dealt to the workers in turn (so both are busy until the block's last run or two,
+  and the arms of a pair run at about the same time). The code is frozen (``freeze``: a git
+  worktree of the commit, recorded in ``frozen.json``); ``run`` refuses other code.
+  ``runs.jsonl`` gets one line per finished run, appended as it finishes; a rerun skips what is
+  done.
 
 Results: ``benchmarks/results_curriculum/e10/``. Weights go to ``--work``.
 
@@ -233,20 +237,14 @@ class Budget(e9.SampledBudget):
     def __init__(self, budget: int, setup: Setup, seed: int) -> None:
         super().__init__(budget, e9.eval_sets(setup.e9), setup.e9, marks=MARKS)
         self.e10, self.seed = setup, seed
-        self.seen_batch: Any = None
 
     def final_evaluations(self, engine, tokenizer) -> dict[str, list[int]]:
         return final_evaluations(engine, tokenizer, self.e10, self.seed)
 
     def step_groups(self) -> list[list[int]]:
-        """The groups generated for this step as [digits, rollouts, correct], the digits read
-        from the problem (an arm may see no label, or a shuffled one); none on the steps after
-        the first of a generation (``steps_per_generation``)."""
-        batch = self.trainer.records.last_batch
-        if batch is self.seen_batch:
-            return []
-        self.seen_batch = batch
-        rows, _, rewards, _, _, group_ids, _ = batch
+        """The last generation's groups as [digits, rollouts, correct], the digits read from
+        the problem (an arm may see no label, or a shuffled one)."""
+        rows, _, rewards, _, _, group_ids, _ = self.trainer.records.last_batch
         groups = []
         for g, row in enumerate(rows):
             member = group_ids == g
@@ -345,9 +343,9 @@ def command_run(work: Path, results: Path, setup: Setup, jobs: int, unfrozen: bo
         if jobs <= 1:
             command_run(work, results, setup, 1, unfrozen, [u for g in groups for u in g])
             continue
-        procs = []
+        procs, flat = [], [u for g in groups for u in g]
         for j in range(jobs):
-            mine = [u for g in groups[j::jobs] for u in g]
+            mine = flat[j::jobs]  # dealt in turn: both workers busy to the block's last run
             if mine:
                 cmd = [sys.executable, str(Path(__file__).resolve()), "run", "--work", str(work),
                        "--results", str(results),

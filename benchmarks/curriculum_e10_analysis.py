@@ -2,14 +2,15 @@
 before any of its runs: endpoints, the group-sequential graphical test, the estimates.
 Plain numpy and scipy (``curriculum_e10_stats.py`` holds the sequential statistics).
 
-- **Primary endpoint, tokens (per run).** E9's: the sampled two-digit accuracy averaged over
-  the generated-token budget (trapezoid over (tokens, accuracy) from the warm start's point at 0
-  to the last evaluation, divided by its tokens).
+- **Primary endpoint, tokens (per run).** The sampled two-digit accuracy averaged over the
+  generated-token budget: trapezoid over (tokens, accuracy) from the warm start's point at 0,
+  cut at the budget (:func:`token_endpoint`; E9 averaged to each run's last evaluation, which a
+  generation of four optimizer steps or DAPO's extra draws can overshoot by a large share).
 - **Primary endpoint, wall-clock (per pair).** The sampled two-digit accuracy averaged over the
   baseline run's training time: each run's curve drawn against its own cumulative training
   seconds (evaluation excluded), from the warm start's point at 0 to the baseline's total; a
   curve that ends sooner holds its last value, one that ends later is cut (linear
-  interpolation) (:func:`time_average`). Each hypothesis is tested on both endpoints: the token
+  interpolation) (:func:`average_over`). Each hypothesis is tested on both endpoints: the token
   hypothesis first; its wall-clock twin inherits its level when it is rejected (a fixed
   sequence inside the graph), so the two share the family's error rate.
 - **Comparisons.** Per part, each hypothesis (curriculum, baseline) is a paired t test of the
@@ -22,9 +23,10 @@ Plain numpy and scipy (``curriculum_e10_stats.py`` holds the sequential statisti
   token hypothesis with t below ``FUTILITY_T`` (0.5) stops.
 - **Multiplicity.** Familywise one-sided ``ALPHA`` (0.025) per part over its token and
   wall-clock hypotheses, by the graphical procedure (Bretz et al. 2009) in its group-sequential
-  form (Maurer and Bretz 2013): the token hypotheses share the level equally (Holm); a rejected
-  token hypothesis passes its level to its wall-clock twin; a rejected wall-clock hypothesis
-  passes its level to the other token hypotheses equally.
+  form (Maurer and Bretz 2013): the token hypotheses start with equal shares of the level (as
+  Holm's); a rejected token hypothesis passes its share to its wall-clock twin, and a rejected
+  wall-clock hypothesis passes its share to the other token hypotheses equally (so a share
+  reaches another curriculum only once both endpoints of a pair are rejected).
 - **Reported per hypothesis**, whichever way it falls: the naive mean difference and 95% t
   interval; the repeated confidence interval at the hypothesis' final level (valid at any
   look); the stage-wise-ordering p-value and the median-unbiased estimate (the naive mean is
@@ -41,7 +43,7 @@ from collections.abc import Sequence
 
 import curriculum_e10_stats as seq
 import numpy as np
-from curriculum_e9_analysis import budget_average, paired_t
+from curriculum_e9_analysis import paired_t
 
 LOOKS = (3, 5)  # seeds per arm at each look
 ALPHA = 0.025  # familywise, one-sided, per part
@@ -51,15 +53,18 @@ ENDPOINTS = ("tokens", "wall")
 
 
 def token_endpoint(run: dict, warm_accuracy: float) -> float:
-    """The sampled two-digit accuracy averaged over the run's generated tokens."""
-    return budget_average([0.0] + [p["tokens"] for p in run["points"]],
-                          [warm_accuracy] + [float(np.mean(p["sampled"])) for p in
-                                             run["points"]])  # fmt: skip
+    """The sampled two-digit accuracy averaged over the token budget: the curve against
+    generated tokens, cut at the budget (a run's last generation, or DAPO's last draws, may
+    overshoot it), so every arm is averaged over the same tokens."""
+    return average_over([0.0] + [p["tokens"] for p in run["points"]],
+                        [warm_accuracy] + [float(np.mean(p["sampled"])) for p in run["points"]],
+                        run["budget"])  # fmt: skip
 
 
-def time_average(seconds: Sequence[float], accuracy: Sequence[float], horizon: float) -> float:
-    """Accuracy averaged over [0, horizon] seconds: the trapezoid area of the curve, held at its
-    last value past its end, cut at ``horizon`` (linear interpolation), over ``horizon``."""
+def average_over(seconds: Sequence[float], accuracy: Sequence[float], horizon: float) -> float:
+    """Accuracy averaged over [0, horizon] (seconds or tokens): the trapezoid area of the curve,
+    held at its last value past its end, cut at ``horizon`` (linear interpolation), over
+    ``horizon``."""
     t, a = np.asarray(seconds, float), np.asarray(accuracy, float)
     if horizon <= 0 or t[0] != 0.0 or np.any(np.diff(t) < 0):
         raise ValueError(f"need seconds non-decreasing from 0 and a positive horizon, got "
@@ -74,7 +79,7 @@ def time_average(seconds: Sequence[float], accuracy: Sequence[float], horizon: f
 
 def wall_endpoint(run: dict, warm_accuracy: float, horizon: float) -> float:
     """The run's sampled two-digit accuracy averaged over ``horizon`` training seconds."""
-    return time_average([0.0] + [p["seconds"] for p in run["points"]],
+    return average_over([0.0] + [p["seconds"] for p in run["points"]],
                         [warm_accuracy] + [float(np.mean(p["sampled"])) for p in run["points"]],
                         horizon)  # fmt: skip
 
@@ -194,19 +199,24 @@ def describe(tests: list[dict], decided: seq.HypothesisResult, fractions: Sequen
            "rejected_at_look": decided.look, "futility_at_look": futile_at}  # fmt: skip
     if level <= 0:  # a wall-clock twin whose token hypothesis was not rejected: never tested
         return out
-    # Stopped at a crossing: the estimates are those of the look it crossed at.
+    # The estimates at the look it crossed at (stopping there is what biases the naive mean),
+    # else at its last look; the repeated interval is also given at the last look (valid too).
     at = decided.look or k
     test = tests[at - 1]
     z_bounds = list(decided.z_bounds)
-    out["t_boundaries"] = seq.t_boundaries(z_bounds, [n - 1 for n in looks])
+    t_bounds = seq.t_boundaries(z_bounds, [n - 1 for n in looks])
+    out["t_boundaries"] = t_bounds
     out["spent_alpha"] = seq.spent_alpha(fractions, level)
-    out["repeated_ci"] = list(seq.repeated_ci(test["mean"], test["se"],
-                                              out["t_boundaries"][at - 1]))  # fmt: skip
+    est: dict = {"look": at, "seeds": test["n"], "mean": test["mean"], "t": test["t"],
+                 "boundary": t_bounds[at - 1],
+                 "repeated_ci": list(seq.repeated_ci(test["mean"], test["se"], t_bounds[at - 1]))}
     if test["se"] > 0:
         z_obs = seq.t_to_z(test["t"], test["df"])
-        out["stagewise_p"] = seq.stagewise_p_value(at, z_obs, z_bounds, fractions)
-        out["median_unbiased"] = seq.mean_difference_estimate(
+        est["stagewise_p"] = seq.stagewise_p_value(at, z_obs, z_bounds, fractions)
+        est["median_unbiased"] = seq.mean_difference_estimate(
             at, test["mean"], test["sd"], test["n"], z_bounds, fractions, test["df"])
+    out["estimates"] = est
+    out["repeated_ci_last"] = list(seq.repeated_ci(last["mean"], last["se"], t_bounds[k - 1]))
     return out
 
 
@@ -256,12 +266,14 @@ def design(sd: float, levels: Sequence[float], deltas: Sequence[float],
 
 
 def arms_needed(state: dict, hypotheses: dict[str, Sequence[tuple[str, str]]]) -> dict:
-    """Per part, the arms some token hypothesis still in play needs (both of its arms)."""
+    """Per part, the arms of every (curriculum, baseline) pair whose token or wall-clock
+    hypothesis is still in play."""
     out: dict[str, set[str]] = {}
     for part, hyps in hypotheses.items():
         found = state.get("parts", {}).get(part, {}).get("hypotheses", {})
         out[part] = {arm for h in hyps
-                     if found.get(name(h, "tokens"), {}).get("state", CONTINUE) == CONTINUE
+                     if any(found.get(name(h, e), {}).get("state", CONTINUE) == CONTINUE
+                            for e in ENDPOINTS)
                      for arm in h}  # fmt: skip
     return out
 
@@ -276,11 +288,14 @@ def summary(out: dict) -> list[str]:
                 n = h["naive"]
                 line += (f" after {h['seeds']} seeds: {n['mean']:+.4f} (95% {n['low']:+.4f}, "
                          f"{n['high']:+.4f}), t {n['t']:.2f}")  # fmt: skip
-                if "repeated_ci" in h:
-                    lo, hi = h["repeated_ci"]
-                    line += (f"; level {h['level']:.4f}, boundary "
-                             f"{h['t_boundaries'][h['looks'] - 1]:.2f}, repeated CI "
-                             f"({lo:+.4f}, {hi:+.4f}), median-unbiased "
-                             f"{h['median_unbiased']:+.4f}")  # fmt: skip
+                e = h.get("estimates")
+                if e:
+                    lo, hi = e["repeated_ci"]
+                    line += (f"; level {h['level']:.4f}; at look {e['look']} ({e['seeds']} seeds):"
+                             f" t {e['t']:.2f} against {e['boundary']:.2f}, repeated CI "
+                             f"({lo:+.4f}, {hi:+.4f})")  # fmt: skip
+                    if "median_unbiased" in e:
+                        line += (f", stage-wise p {e['stagewise_p']:.4f}, median-unbiased "
+                                 f"{e['median_unbiased']:+.4f}")  # fmt: skip
             lines.append(line)
     return lines

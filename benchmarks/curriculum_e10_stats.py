@@ -303,8 +303,11 @@ def graphical_sequential_test(
         hit = None
         for name in w:
             level = min(w[name], 1.0) * alpha
+            if level <= 0:  # no level: not tested (an infinite t must not meet an infinite bound)
+                continue
             tb = t_boundaries(bounds_at(level)[: len(t_paths[name])], dfs_paths[name])
-            looks = [k for k, (t, b) in enumerate(zip(t_paths[name], tb, strict=True)) if t >= b]
+            looks = [k for k, (t, b) in enumerate(zip(t_paths[name], tb, strict=True))
+                     if math.isfinite(b) and t >= b]  # fmt: skip
             if looks:
                 hit = name
                 done[name] = (looks[0] + 1, level)

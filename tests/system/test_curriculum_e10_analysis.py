@@ -25,20 +25,20 @@ def an() -> ModuleType:
     return module
 
 
-def test_time_average_by_hand(an: ModuleType) -> None:
+def test_average_over_by_hand(an: ModuleType) -> None:
     seconds, acc = [0, 10, 20], [0.2, 0.4, 0.6]
-    assert an.time_average(seconds, acc, 20) == pytest.approx((3 + 5) / 20)
+    assert an.average_over(seconds, acc, 20) == pytest.approx((3 + 5) / 20)
     # Past its end the curve holds its last value; before, it is cut at the horizon.
-    assert an.time_average(seconds, acc, 30) == pytest.approx((3 + 5 + 6) / 30)
-    assert an.time_average(seconds, acc, 15) == pytest.approx((3 + 0.45 * 5) / 15)
+    assert an.average_over(seconds, acc, 30) == pytest.approx((3 + 5 + 6) / 30)
+    assert an.average_over(seconds, acc, 15) == pytest.approx((3 + 0.45 * 5) / 15)
     with pytest.raises(ValueError, match="positive horizon"):
-        an.time_average(seconds, acc, 0)
+        an.average_over(seconds, acc, 0)
 
 
 def run(arm: str, seed: int, accuracy: float, seconds: float = 20.0) -> dict:
     ones = round(accuracy * 100)
     sampled = [1] * ones + [0] * (100 - ones)
-    return {"part": "p", "arm": arm, "seed": seed, "step_seconds": seconds,
+    return {"part": "p", "arm": arm, "seed": seed, "step_seconds": seconds, "budget": 200,
             "points": [{"tokens": 100, "seconds": seconds / 2, "sampled": sampled},
                        {"tokens": 200, "seconds": seconds, "sampled": sampled}],
             "greedy_two": sampled, "pass_counts": [8 * ones // 100] * 4,
@@ -49,6 +49,8 @@ def test_endpoints_by_hand(an: ModuleType) -> None:
     r = run("c", 1, 0.5, seconds=40)
     # Tokens: from the warm 0.3 at 0 to 0.5 at 100, then 0.5: (40 + 50) / 200.
     assert an.token_endpoint(r, 0.3) == pytest.approx(0.45)
+    # Cut at the budget: a run that overshoots is averaged over the same tokens as the others.
+    assert an.token_endpoint({**r, "budget": 150}, 0.3) == pytest.approx((40 + 25) / 150)
     # Wall-clock over a baseline's 80 s: 0.3 -> 0.5 over 20 s, 0.5 for the other 60 s.
     assert an.wall_endpoint(r, 0.3, 80) == pytest.approx((8 + 30) / 80)
     base = {1: run("b", 1, 0.4, seconds=80)}
@@ -82,7 +84,8 @@ def test_decisions_on_made_up_runs(an: ModuleType) -> None:
     strong = h[an.name(hyps[0], "tokens")]
     assert strong["state"] == an.PAYS and strong["rejected_at_look"] == 1
     assert strong["level"] == pytest.approx(0.025 / 3)
-    lo, hi = strong["repeated_ci"]
+    lo, hi = strong["estimates"]["repeated_ci"]
+    assert strong["estimates"]["look"] == 1
     assert lo < strong["naive"]["mean"] < hi and hi - lo > strong["naive"]["high"] - strong[
         "naive"]["low"]  # wider than the naive interval at the look  # fmt: skip
     assert sum(strong["spent_alpha"]) == pytest.approx(0.025 / 3)
@@ -111,8 +114,8 @@ def test_a_stop_at_a_boundary_is_shrunk(an: ModuleType) -> None:
     out = an.analyse_part(runs, 0.3, [("c", "base")])
     h = out["hypotheses"][an.name(("c", "base"), "tokens")]
     assert h["looks"] == 2 and h["state"] == an.PAYS and h["rejected_at_look"] == 2
-    assert h["median_unbiased"] < h["naive"]["mean"]
-    assert h["stagewise_p"] < 0.025
+    assert h["estimates"]["median_unbiased"] < h["naive"]["mean"]
+    assert h["estimates"]["stagewise_p"] < 0.025
 
 
 def test_e9_reread_first_crossing_by_hand() -> None:
@@ -136,3 +139,23 @@ def test_power_is_the_level_under_no_effect_and_grows(an: ModuleType) -> None:
     out = an.design(0.06, [0.0125], [0.1])
     assert sum(out["0.01250"]["spent_alpha"]) == pytest.approx(0.0125)
     assert out["0.01250"]["t"][0] > out["0.01250"]["t"][1]
+
+
+def test_a_pair_runs_while_either_endpoint_is_undecided(an: ModuleType) -> None:
+    h = ("c", "b")
+    state = {"parts": {"p": {"hypotheses": {an.name(h, "tokens"): {"state": an.PAYS},
+                                            an.name(h, "wall"): {"state": an.CONTINUE}}}}}
+    assert an.arms_needed(state, {"p": [h]}) == {"p": {"c", "b"}}
+    state["parts"]["p"]["hypotheses"][an.name(h, "wall")]["state"] = an.NOT_SHOWN
+    assert an.arms_needed(state, {"p": [h]}) == {"p": set()}
+
+
+def test_no_level_means_no_test_even_for_an_infinite_t(an: ModuleType) -> None:
+    # All differences equal and positive give t = inf; a hypothesis with no level yet (a
+    # wall-clock twin whose token hypothesis stands) must still not be rejected.
+    weights, transitions = an.graph([("c", "b")])
+    tok, wall = an.name(("c", "b"), "tokens"), an.name(("c", "b"), "wall")
+    out = an.seq.graphical_sequential_test({tok: [0.1], wall: [float("inf")]},
+                                           {tok: [2], wall: [2]}, weights, transitions,
+                                           0.025, [0.6, 1.0])  # fmt: skip
+    assert not out[tok].rejected and not out[wall].rejected and out[wall].local_alpha == 0
