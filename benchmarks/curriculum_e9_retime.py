@@ -126,6 +126,16 @@ def seconds_per_1k(record: dict, phase: str = "step") -> float:
     return 1000.0 * sum(step[column] for step in record["phases"]) / tokens
 
 
+def seconds_per_rollout(record: dict) -> float:
+    """Training-step seconds per generated completion."""
+    return record["step_seconds"] / record["rollouts"]
+
+
+def completion_length(record: dict) -> float:
+    """Mean generated tokens per completion."""
+    return record["tokens"] / record["rollouts"]
+
+
 def equal_group_share(record: dict, size: int) -> float:
     """The share of a run's steps whose groups all hold ``size`` rollouts."""
     steps = record["groups"]
@@ -160,6 +170,10 @@ def analyse(runs: list[dict], size: int) -> dict:
                    for p in e9.PHASES},
                 "equal_group_share": float(np.mean([equal_group_share(r, size)
                                                     for r in records.values()])),
+                "completion_length": float(np.mean([completion_length(r)
+                                                    for r in records.values()])),
+                "step_s_per_rollout": float(np.mean([seconds_per_rollout(r)
+                                                     for r in records.values()])),
             }  # fmt: skip
     uniform = by_arm["uniform"]
     for arm in e9.CURRICULA:
@@ -170,6 +184,9 @@ def analyse(runs: list[dict], size: int) -> dict:
                                     [seconds_per_1k(uniform[s], phase) for s in seeds])
                 for phase in ("step", "generation", "update")
             }  # fmt: skip
+            out["ratios"][arm]["step_per_rollout"] = paired_ratio(
+                [seconds_per_rollout(by_arm[arm][s]) for s in seeds],
+                [seconds_per_rollout(uniform[s]) for s in seeds])
     return out
 
 
@@ -180,14 +197,16 @@ def report(results: Path) -> dict:
     for arm, a in out["arms"].items():
         print(f"{arm} (seeds {a['seeds']}): " + ", ".join(
             f"{p} {a[f'{p}_s_per_1k_tokens']:.2f}" for p in e9.PHASES)
-            + f" s per 1k tokens; steps with all groups of {size}: "
+            + f" s per 1k tokens; {a['step_s_per_rollout']:.3f} s per completion of "
+              f"{a['completion_length']:.1f} tokens; steps with all groups of {size}: "
               f"{a['equal_group_share']:.0%}", flush=True)  # fmt: skip
     for arm, r in out["ratios"].items():
         step = r["step"]
         interval = f" (95% {step['low']:.2f}-{step['high']:.2f})" if "low" in step else ""
         print(f"{arm} / uniform, step time per token: {step['ratio']:.2f}x{interval} over "
               f"{step['seeds']} seeds; generation {r['generation']['ratio']:.2f}x, update "
-              f"{r['update']['ratio']:.2f}x", flush=True)  # fmt: skip
+              f"{r['update']['ratio']:.2f}x; step time per completion "
+              f"{r['step_per_rollout']['ratio']:.2f}x", flush=True)  # fmt: skip
     return out
 
 

@@ -35,7 +35,9 @@ def test_units_rotate_the_arms_seed_by_seed(retime: ModuleType) -> None:
 def record(arm: str, seed: int, steps: list[list[float]], groups=None) -> dict:
     return {"arm": arm, "seed": seed, "phase_names": ["tokens", "generation", "scoring",
             "update", "planning", "step"], "phases": steps,
-            "groups": groups or [[[2, 4, 1]] * 4]}  # fmt: skip
+            "groups": groups or [[[2, 4, 1]] * 4], "rollouts": 16 * len(steps),
+            "tokens": sum(s[0] for s in steps),
+            "step_seconds": sum(s[-1] for s in steps)}  # fmt: skip
 
 
 def test_seconds_per_token_ratio_and_equal_groups_by_hand(retime: ModuleType) -> None:
@@ -58,6 +60,11 @@ def test_seconds_per_token_ratio_and_equal_groups_by_hand(retime: ModuleType) ->
     assert step["high"] == pytest.approx(math.sqrt(1.8) * math.exp(half))
     assert out["arms"]["uniform"]["step_s_per_1k_tokens"] == pytest.approx((20.0 + 10.0) / 2)
     assert "rollout_gdro_level" not in out["ratios"]
+    # Per completion (16 a step): uniform seed 1 40 s / 32, select seed 1 30 s / 16.
+    assert out["ratios"]["select"]["step_per_rollout"]["per_seed"][0] == pytest.approx(
+        (30 / 16) / (40 / 32))
+    assert out["arms"]["uniform"]["completion_length"] == pytest.approx((2000 / 32 + 1000 / 16)
+                                                                        / 2)
 
 
 def test_tiny_runs_every_arm_resumes_and_reports(retime: ModuleType, tmp_path) -> None:
