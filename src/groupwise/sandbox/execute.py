@@ -6,18 +6,24 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import logging
 import math
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from typing import Any
 
+from . import seccomp
 from .info import CLONE_NEWNET, MAX_FILE_BYTES, MAX_OPEN_FILES, SandboxInfo, SandboxUnavailableError
-from .process import Output, spawn, user_task_count, workdir
+from .process import Launch, Output, spawn_many, user_task_count, workdir
 from .uids import shared_pool
 
 # Tests as the launcher takes them: ("asserts", ((kind, source), ...)) with kind "test" or
 # "setup", or ("io", ((stdin, expected_stdout), ...)).
+logger = logging.getLogger("groupwise.sandbox")
+
 ParsedTests = tuple[str, tuple[tuple[str, str], ...]]
 
 
@@ -62,6 +68,83 @@ def check_limits(
         raise ValueError(f"max_processes must be >= 1, got {max_processes}")
 
 
+@functools.cache
+def seccomp_program() -> bytes | None:
+    """This machine's seccomp filter (None on an architecture without one: logged once)."""
+    try:
+        return seccomp.build_filter()
+    except ValueError as exc:
+        logger.warning("no seccomp filter in the code sandbox: %s", exc)
+        return None
+
+
+def _rlimits(info: SandboxInfo, deadline: float, memory_mb: float, max_processes: int) -> list:
+    remaining = max(deadline - time.monotonic(), 0.001)
+    cpu = max(1, math.ceil(remaining))
+    memory = int(memory_mb * 1024 * 1024)
+    if info.root:
+        nproc = max_processes
+    else:  # RLIMIT_NPROC counts every task of the user, the trainer's threads included
+        nproc = user_task_count(os.getuid()) + max_processes + 3
+    return [
+        ("RLIMIT_CPU", cpu, cpu + 1),
+        ("RLIMIT_AS", memory, memory),
+        ("RLIMIT_NPROC", nproc, nproc),
+        ("RLIMIT_FSIZE", MAX_FILE_BYTES, MAX_FILE_BYTES),
+        ("RLIMIT_NOFILE", MAX_OPEN_FILES, MAX_OPEN_FILES),
+        ("RLIMIT_CORE", 0, 0),
+    ]
+
+
+@contextlib.contextmanager
+def _slot(info: SandboxInfo) -> Iterator[tuple[int | None, str]]:
+    """A leased sandbox uid (root) and a fresh working directory for one launcher process."""
+    if info.root:
+        pool = shared_pool()
+        if pool is None:
+            raise SandboxUnavailableError("the sandbox uid pool is not initialised")
+        lease: contextlib.AbstractContextManager[int | None] = pool.lease()
+    else:
+        lease = contextlib.nullcontext(None)
+    with lease as uid, workdir(uid) as path:
+        yield uid, path
+
+
+def _launch(info: SandboxInfo, job: dict[str, Any], nonce: str, uid: int | None, path: str,
+            rlimits: list, pass_fds: tuple[int, ...] = ()) -> Launch:  # fmt: skip
+    payload = {
+        **job,
+        "nonce": nonce,
+        "flags": info.unshare_flags,
+        "masks": list(info.masked_dirs),
+        "root_paths": list(info.root_paths),
+        "workdir": path,
+        "disk_bytes": MAX_FILE_BYTES,
+        "uid": uid,
+        "rlimits": rlimits,
+        "block_network": not info.unshare_flags & CLONE_NEWNET,
+        "seccomp": seccomp_program(),
+    }
+    # Without a PID namespace, processes that left the process group are hunted down: by uid
+    # when we run as root, else by the tag on their command line (best effort). With one, the
+    # uid is still checked after a kill: the namespace dies asynchronously.
+    return Launch(
+        payload,
+        path,
+        pass_fds,
+        sweep_uid=uid,
+        sweep_tagged=uid is None and not info.pid_namespace,
+        sweep_only_if_killed=info.pid_namespace,
+    )
+
+
+def _ready(out: Output, nonce: str) -> tuple[bool, str]:
+    marker = f"{nonce} READY\n".encode()
+    ready = out.stderr.startswith(marker)
+    stderr = out.stderr[len(marker) :] if ready else out.stderr
+    return ready, stderr.decode("utf-8", "replace")
+
+
 def sandbox_once(
     info: SandboxInfo,
     job: dict[str, Any],
@@ -73,58 +156,13 @@ def sandbox_once(
 ) -> tuple[Output, bool, str, str]:
     """Run one sandbox process; (output, ready, stderr text without the marker, nonce)."""
     nonce = secrets.token_hex(16)
-    remaining = max(deadline - time.monotonic(), 0.001)
-    cpu = max(1, math.ceil(remaining))
-    memory = int(memory_mb * 1024 * 1024)
-    if info.root:
-        nproc = max_processes
-    else:  # RLIMIT_NPROC counts every task of the user, the trainer's threads included
-        nproc = user_task_count(os.getuid()) + max_processes + 3
-    rlimits = [
-        ("RLIMIT_CPU", cpu, cpu + 1),
-        ("RLIMIT_AS", memory, memory),
-        ("RLIMIT_NPROC", nproc, nproc),
-        ("RLIMIT_FSIZE", MAX_FILE_BYTES, MAX_FILE_BYTES),
-        ("RLIMIT_NOFILE", MAX_OPEN_FILES, MAX_OPEN_FILES),
-        ("RLIMIT_CORE", 0, 0),
-    ]
-    if info.root:
-        pool = shared_pool()
-        if pool is None:
-            raise SandboxUnavailableError("the sandbox uid pool is not initialised")
-        lease: contextlib.AbstractContextManager[int | None] = pool.lease()
-    else:
-        lease = contextlib.nullcontext(None)
-    with lease as uid, workdir(uid) as path:
-        payload = {
-            **job,
-            "nonce": nonce,
-            "flags": info.unshare_flags,
-            "masks": list(info.masked_dirs),
-            "workdir": path,
-            "disk_bytes": MAX_FILE_BYTES,
-            "uid": uid,
-            "rlimits": rlimits,
-            "block_network": not info.unshare_flags & CLONE_NEWNET,
-        }
-        # Without a PID namespace, processes that left the process group are hunted down: by
-        # uid when we run as root, else by the tag on their command line (best effort). With
-        # one, the uid is still checked after a kill: the namespace dies asynchronously.
-        assert info.python is not None
-        out = spawn(
-            info.python,
-            payload,
-            path,
-            deadline=deadline,
-            limit=max_output_bytes,
-            sweep_uid=uid,
-            sweep_tagged=uid is None and not info.pid_namespace,
-            sweep_only_if_killed=info.pid_namespace,
-        )
-    marker = f"{nonce} READY\n".encode()
-    ready = out.stderr.startswith(marker)
-    stderr = out.stderr[len(marker) :] if ready else out.stderr
-    return out, ready, stderr.decode("utf-8", "replace"), nonce
+    rlimits = _rlimits(info, deadline, memory_mb, max_processes)
+    assert info.python is not None
+    with _slot(info) as (uid, path):
+        launch = _launch(info, job, nonce, uid, path, rlimits)
+        out = spawn_many(info.python, [launch], deadline=deadline, limit=max_output_bytes)[0]
+    ready, stderr = _ready(out, nonce)
+    return out, ready, stderr, nonce
 
 
 def _last_line(text: str) -> str:
@@ -158,11 +196,41 @@ def normalise_output(text: str) -> list[str]:
 def _run_asserts(
     code: str, items: tuple[tuple[str, str], ...], info: SandboxInfo, deadline: float, **limits
 ) -> SandboxResult:
+    """The solution serves calls in one sandbox; the tests run in another (the judge) and
+    report their verdicts. The tests never enter the solution's sandbox."""
     total = sum(1 for kind, _ in items if kind == "test")
-    job = {"mode": "asserts", "code": code, "tests": [list(item) for item in items]}
-    out, ready, stderr, nonce = sandbox_once(info, job, deadline=deadline, **limits)
-    if not ready:
-        return SandboxResult(0, total, setup_failed=True, error=setup_error(out, stderr))
+    nonces = secrets.token_hex(16), secrets.token_hex(16)
+    rlimits = _rlimits(info, deadline, limits["memory_mb"], limits["max_processes"])
+    to_solution, to_judge = os.pipe(), os.pipe()  # (read end, write end) each
+    assert info.python is not None
+    handed = False  # spawn_many closes the trainer's ends; closing them twice could close
+    try:  # descriptors another thread has just been given the same numbers for
+        with _slot(info) as (solution_uid, solution_dir), _slot(info) as (judge_uid, judge_dir):
+            server = _launch(
+                info,
+                {"mode": "serve", "code": code, "rpc_in": to_solution[0], "rpc_out": to_judge[1]},
+                nonces[0], solution_uid, solution_dir, rlimits, (to_solution[0], to_judge[1]),
+            )  # fmt: skip
+            judge = _launch(
+                info,
+                {"mode": "judge", "tests": [list(item) for item in items],
+                 "rpc_in": to_judge[0], "rpc_out": to_solution[1]},
+                nonces[1], judge_uid, judge_dir, rlimits, (to_judge[0], to_solution[1]),
+            )  # fmt: skip
+            handed = True
+            solution_out, out = spawn_many(
+                info.python, [server, judge], deadline=deadline, limit=limits["max_output_bytes"]
+            )
+    finally:
+        if not handed:
+            for fd in (*to_solution, *to_judge):
+                os.close(fd)
+    solution_ready, solution_stderr = _ready(solution_out, nonces[0])
+    ready, stderr = _ready(out, nonces[1])
+    if not (solution_ready and ready):
+        failed, why = (out, stderr) if not ready else (solution_out, solution_stderr)
+        return SandboxResult(0, total, setup_failed=True, error=setup_error(failed, why))
+    nonce = nonces[1]
     verdicts: dict[int, bool] = {}
     failures: dict[int, str] = {}
     setup_errors: list[str] = []

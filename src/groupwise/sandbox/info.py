@@ -31,6 +31,7 @@ class SandboxInfo:
     uids: tuple[int, ...] = ()
     unshare_flags: int = 0  # CLONE_NEW* flags used for every run
     masked_dirs: tuple[str, ...] = ()  # world-writable dirs hidden behind private tmpfs
+    root_paths: tuple[str, ...] = ()  # the interpreter's files: all the sandbox may read
     error: str | None = None  # set when no sandbox is available
 
     def summary(self) -> str:

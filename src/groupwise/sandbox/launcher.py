@@ -2,11 +2,12 @@
 
 :func:`groupwise.sandbox.process.spawn` starts it as ``python -I -S launcher.py TAG`` in a fresh
 working directory holding ``.payload``, a marshal-encoded dict that says what to do: probe which
-namespaces work (``probe``), or build the sandbox, drop privileges and run the solution, either
-once per stdin case (``mode: io``) or with assert tests reported on a side channel
-(``mode: asserts``). It starts with the trainer's privileges, so it is trusted code: it reads and
-deletes the payload, builds the sandbox, and imports everything it needs before the solution
-runs. What each step defends against: docs/sandbox.md.
+namespaces work and which files the interpreter needs (``probe``), or build the sandbox, drop
+privileges and run what ``harness.py`` says for the mode: a program as ``__main__`` (``io``), a
+solution answering calls (``serve``) or the tests calling it (``judge``). It starts with the
+trainer's privileges, so it is trusted code: it reads and deletes the payload, loads
+``harness.py`` and ``confine.py`` from its own directory, builds the sandbox, and imports
+everything it needs before the solution runs. What each step defends against: docs/sandbox.md.
 
 It runs on the sandbox interpreter, which may be the system's ``python3`` rather than the
 trainer's, so it uses the standard library only, no syntax newer than CPython 3.6, and nothing
@@ -22,10 +23,15 @@ NEWNS, NEWIPC, NEWUSER, NEWPID, NEWNET = 0x20000, 0x8000000, 0x10000000, 0x20000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 262144
 MS_KEEP = 2 | 4 | 8 | 1024 | 2048 | 4096
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
+MNT_DETACH = 2
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 SETUP_FAILED = 125
+WORKDIR = "/sandbox"  # the working directory inside an allowlisted root
 
 libc = None  # loaded by main(): importing this module has no side effects
+confine = None  # confine.py, loaded by main()
+host_proc = None  # a descriptor of the host's /proc kept across pivot_root (the supervisor's)
 
 
 def load_libc():
@@ -37,6 +43,17 @@ def load_libc():
     libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
                            ctypes.c_ulong]
     libc.capset.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+def load_sibling(name):
+    """A module of this directory, loaded by path (the package is not importable here)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+    spec = importlib.util.spec_from_file_location("groupwise_sandbox_" + name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def check(ret, what):
@@ -86,26 +103,6 @@ def map_user(cfg):
             os.close(fd)
 
 
-def mountpoints():
-    points = []
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            point = line.split()[4].decode("utf-8", "surrogateescape")
-            for code in ("\\040", "\\011", "\\012", "\\134"):
-                point = point.replace(code, chr(int(code[1:], 8)))
-            points.append(point)
-    return points
-
-
-def make_readonly():
-    for point in mountpoints():
-        try:
-            keep = os.statvfs(point).f_flag & MS_KEEP
-            mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep)
-        except OSError:
-            pass  # unreachable or locked mount: its permissions still apply
-
-
 def probe(cfg):
     ok = []
     for name, flags in cfg["candidates"]:
@@ -135,6 +132,65 @@ def probe(cfg):
     version = ".".join(str(part) for part in sys.version_info[:3])
     found = ",".join(ok) or "-"
     os.write(1, f"{cfg['nonce']} PROBE {found} {version}\n".encode())
+    import json
+    os.write(1, f"{cfg['nonce']} PATHS {json.dumps(interpreter_paths())}\n".encode())
+
+
+def interpreter_paths():
+    """What this interpreter needs to run any standard library module: its executable, its
+    standard library (``site-packages`` and ``dist-packages`` are masked later), and the
+    directories of every shared library mapped once each ``lib-dynload`` module is imported."""
+    import importlib
+    import sysconfig
+    paths = [os.path.realpath(sys.executable)]
+    stdlib = [os.path.realpath(sysconfig.get_paths()[key]) for key in ("stdlib", "platstdlib")]
+    dynload = os.path.join(stdlib[-1], "lib-dynload")
+    paths += stdlib
+    if os.path.isdir(dynload):
+        paths.append(os.path.realpath(dynload))
+        for name in sorted(os.listdir(dynload)):
+            module = name.split(".")[0]
+            if name.endswith(".so") and module not in ("_tkinter", "_test", "xxlimited"):
+                try:
+                    importlib.import_module(module)
+                except BaseException:
+                    pass
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5].startswith("/") and ".so" in fields[5]:
+                paths.append(os.path.dirname(os.path.realpath(fields[5])))
+    if os.path.exists("/etc/ld.so.cache"):
+        paths.append("/etc/ld.so.cache")
+    loader = elf_interpreter(paths[0])
+    if loader:
+        paths.append(loader)  # as the executable names it: the symlinks on the way are mirrored
+    kept = []
+    for path in sorted(set(paths), key=len):
+        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+def elf_interpreter(path):
+    """The dynamic loader a 64-bit ELF executable names (PT_INTERP), or None."""
+    import struct
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2:
+            return None
+        order = "<" if head[5] == 1 else ">"
+        phoff = struct.unpack(order + "Q", head[32:40])[0]
+        size, count = struct.unpack(order + "HH", head[54:58])
+        for i in range(count):
+            f.seek(phoff + i * size)
+            header = f.read(size)
+            if struct.unpack(order + "I", header[:4])[0] == 3:  # PT_INTERP
+                offset, length = struct.unpack(order + "Q", header[8:16])[0], struct.unpack(
+                    order + "Q", header[32:40])[0]
+                f.seek(offset)
+                return f.read(length).rstrip(b"\0").decode("utf-8", "replace") or None
+    return None
 
 
 def setup(cfg):
@@ -145,17 +201,97 @@ def setup(cfg):
         map_user(cfg)
     if flags & NEWNS:
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
-        make_readonly()
-        for path in cfg["masks"]:
-            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=16m")
-        work = cfg["workdir"]
-        if not os.path.isdir(work):
-            os.makedirs(work, 0o700)
-        opts = f"mode=0700,size={cfg['disk_bytes'] // 1024}k"
-        if cfg["uid"] is not None:
-            opts += f",uid={cfg['uid']},gid={cfg['uid']}"
-        mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts)
-        os.chdir(work)
+        build_root(cfg)
+
+
+def mirror(path, root, depth=0):
+    """Create under ``root`` each symlink met on the way to ``path``; return its real path."""
+    if depth > 40:
+        raise OSError(40, f"too many symlinks resolving {path}")
+    current = "/"
+    parts = [part for part in path.split("/") if part]
+    for i, part in enumerate(parts):
+        host = os.path.join(current, part)
+        if os.path.islink(host):
+            target = os.readlink(host)
+            link = root + host
+            if not os.path.lexists(link):
+                os.makedirs(os.path.dirname(link), exist_ok=True)
+                os.symlink(target, link)
+            resolved = os.path.normpath(os.path.join(current, target))
+            rest = "/".join(parts[i + 1:])
+            return mirror(os.path.join(resolved, rest) if rest else resolved, root, depth + 1)
+        current = host
+    return current
+
+
+def bind(source, target, extra=0):
+    """A read-only bind of ``source`` at ``target`` (flags the kernel locked are kept)."""
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if not os.path.exists(target):
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT, 0o644))
+    mount(source, target, None, MS_BIND | MS_REC)
+    keep = os.statvfs(target).f_flag & MS_KEEP
+    mount(None, target, None, MS_REMOUNT | MS_BIND | keep | extra | MS_NOSUID)
+
+
+def build_root(cfg):
+    """The sandbox's whole filesystem: a tmpfs holding read-only binds of the interpreter's own
+    files (with ``site-packages`` and ``dist-packages`` masked), the harmless device nodes,
+    private ``/tmp``-like dirs and the working directory; ``pivot_root`` into it and detach the
+    host's tree. Nothing else of the host (datasets, package data, home directories, sockets,
+    device nodes) exists in it."""
+    root = cfg["workdir"]  # the host's fresh working directory: the payload is already read
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m,nr_inodes=4096")
+    for path in cfg["root_paths"]:
+        if not os.path.exists(path):
+            continue
+        real = mirror(path, root)
+        bind(real, root + real, MS_RDONLY | MS_NODEV)
+        if os.path.isdir(real):
+            for top, dirs, _ in os.walk(real):
+                if top.count("/") - real.count("/") >= 2:
+                    dirs[:] = []
+                for name in list(dirs):
+                    if name in ("site-packages", "dist-packages"):
+                        dirs.remove(name)
+                        mount("tmpfs", root + os.path.join(top, name), "tmpfs",
+                              MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=8")
+    os.makedirs(root + "/dev", exist_ok=True)
+    for name in ("null", "zero", "full", "random", "urandom"):
+        if os.path.exists("/dev/" + name):
+            bind("/dev/" + name, root + "/dev/" + name)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, root + "/dev/" + name)
+    private = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    for path in ("/tmp", "/var/tmp", "/dev/shm"):
+        os.makedirs(root + path, exist_ok=True)
+        mount("tmpfs", root + path, "tmpfs", private, "mode=1777,size=16m,nr_inodes=4096")
+    os.makedirs(root + "/proc", exist_ok=True)
+    work = root + WORKDIR
+    os.makedirs(work)
+    opts = f"mode=0700,size={cfg['disk_bytes'] // 1024}k,nr_inodes=16384"
+    if cfg["uid"] is not None:
+        opts += f",uid={cfg['uid']},gid={cfg['uid']}"
+    mount("tmpfs", work, "tmpfs", private, opts)
+    global host_proc
+    host_proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)  # the supervisor's, not the worker's
+    os.chdir(root)
+    os.mkdir(".old")
+    import platform
+    number = SYS_PIVOT_ROOT.get(platform.machine())
+    if number is None:
+        raise OSError(38, f"pivot_root: unknown architecture {platform.machine()}")
+    check(libc.syscall(number, b".", b".old"), "pivot_root")
+    os.chdir("/")
+    check(libc.umount2(b"/.old", MNT_DETACH), "umount2(/.old)")
+    os.rmdir("/.old")
+    mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(WORKDIR)
 
 
 def start_pid_namespace(cfg):
@@ -183,6 +319,7 @@ def start_pid_namespace(cfg):
     if worker == 0:
         os.close(alive_r)
         return
+    prctl(PR_SET_DUMPABLE, 0)  # the solution keeps away from its init's memory
     while True:  # init: reap everything, exit with the worker's status (kills the rest)
         try:
             pid, status = os.wait()
@@ -190,6 +327,59 @@ def start_pid_namespace(cfg):
             os._exit(SETUP_FAILED)
         if pid == worker:
             os._exit(exit_code(status))
+
+
+def supervise():
+    """Without a PID namespace: fork the worker and stay its subreaper, so every process the
+    solution leaves (also one that called ``setsid``) is re-parented here, killed once the
+    worker ends, and reaped: none is left as a zombie holding a sandbox uid. Returns in the
+    worker."""
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    proc = host_proc if host_proc is not None else os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+    worker = os.fork()
+    if worker == 0:
+        if proc != host_proc:
+            os.close(proc)
+        return
+    prctl(PR_SET_DUMPABLE, 0)
+    code = SETUP_FAILED
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        if pid == worker:
+            code = exit_code(status)
+            break
+    me = str(os.getpid())
+    while True:  # kill the children until none is left (orphans keep arriving here)
+        children = []
+        for entry in os.listdir(proc):
+            if entry.isdigit():
+                try:
+                    fd = os.open(entry + "/stat", os.O_RDONLY, dir_fd=proc)
+                    try:
+                        fields = os.read(fd, 4096).rsplit(b")", 1)[1].split()
+                    finally:
+                        os.close(fd)
+                except OSError:
+                    continue
+                if fields[1].decode() == me:
+                    children.append(int(entry))
+        for pid in children:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            break
+        if not children:
+            import time
+            time.sleep(0.005)
+    os._exit(code)
 
 
 def drop_capabilities():
@@ -222,9 +412,27 @@ def drop_privileges(cfg):
             raise RuntimeError("could regain root after dropping it")
     elif cfg["flags"] & NEWUSER:
         drop_capabilities()  # those of the user namespace: no mount, no namespace tricks
+    confine.join_new_session_keyring()  # the trainer's session keyring is out of reach
     prctl(PR_SET_NO_NEW_PRIVS, 1)
-    prctl(PR_SET_DUMPABLE, 1)
+    prctl(PR_SET_DUMPABLE, 0 if cfg["mode"] == "judge" else 1)
     prctl(PR_SET_PDEATHSIG, 9)  # cleared by the uid change
+    read_only, read_write = landlock_paths(cfg)
+    confine.restrict_filesystem(read_only, read_write)
+    if cfg.get("seccomp"):
+        confine.install_seccomp(cfg["seccomp"])  # last: it denies what the steps above use
+
+
+def landlock_paths(cfg):
+    """Where the solution may read (the interpreter's files, harmless device nodes) and write
+    (its working directory; the private /tmp-like dirs of an allowlisted root)."""
+    devices = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"]
+    read_only = list(cfg["root_paths"]) + devices
+    read_write = ["/dev/null", os.getcwd()]
+    if cfg["flags"] & NEWNS:
+        read_write += ["/tmp", "/var/tmp", "/dev/shm"]
+        if cfg["flags"] & NEWPID:
+            read_only.append("/proc")  # this namespace's own
+    return read_only, read_write
 
 
 def block_network():
@@ -265,81 +473,8 @@ def set_stdin(cfg):
     os.close(fd)
 
 
-def describe(exc):
-    try:
-        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    except BaseException:
-        text = "exception"
-    return " ".join(text.split())[:300]
-
-
-def run_asserts(cfg):
-    nonce, me, write = cfg["nonce"], os.getpid(), os.write
-    results = os.dup(1)
-    os.dup2(2, 1)  # the solution's stdout goes to stderr; fd `results` is the harness's
-
-    def emit(line):
-        if os.getpid() == me:  # a forked copy of the harness must not report
-            try:
-                write(results, f"{nonce} {line}\n".encode("utf-8", "replace"))
-            except OSError:
-                pass
-
-    import builtins
-    module = type(sys)("solution")
-    module.__file__ = "solution.py"
-    module.__builtins__ = builtins
-    sys.modules["solution"] = module
-    namespace = module.__dict__
-    run = exec
-    compile_ = compile
-    try:
-        run(compile_(cfg["code"], "solution.py", "exec", dont_inherit=True, optimize=0), namespace)
-    except BaseException as exc:
-        emit("SETUP " + describe(exc))
-    index = 0
-    for kind, source in cfg["tests"]:
-        name = f"<test {index}>" if kind == "test" else "<setup>"
-        try:
-            run(compile_(source, name, "exec", dont_inherit=True, optimize=0), namespace)
-        except BaseException as exc:
-            emit((f"{index} F " if kind == "test" else "SETUP ") + describe(exc))
-        else:
-            if kind == "test":
-                emit(f"{index} P")
-        if kind == "test":
-            index += 1
-    emit("DONE")
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    os._exit(0)
-
-
-def run_io(cfg):
-    import builtins
-    sys.argv = ["solution.py"]
-    module = type(sys)("__main__")
-    module.__file__ = "solution.py"
-    module.__builtins__ = builtins
-    sys.modules["__main__"] = module
-    namespace = module.__dict__
-    status = 0
-    try:
-        exec(compile(cfg["code"], "solution.py", "exec", dont_inherit=True, optimize=0), namespace)
-    except SystemExit as exc:
-        status = exc.code
-    except BaseException as exc:
-        import traceback
-        # From the solution's frames on: the launcher's frame (and its path) is not the program's.
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
-        status = 1
-    sys.exit(status)  # normal interpreter shutdown: joins threads, flushes stdout
-
-
 def main():
+    global confine
     try:
         load_libc()
         with open(".payload", "rb") as f:
@@ -351,9 +486,15 @@ def main():
         if cfg.get("probe"):
             probe(cfg)
             os._exit(0)
+        harness = load_sibling("harness")
+        confine = load_sibling("confine")
         setup(cfg)
         if cfg["flags"] & NEWPID:
             start_pid_namespace(cfg)
+        else:
+            supervise()
+        if host_proc is not None:
+            os.close(host_proc)
         set_stdin(cfg)
         if cfg["block_network"]:
             block_network()  # imports socket while the stdlib is surely readable
@@ -361,10 +502,7 @@ def main():
         os.write(2, f"{cfg['nonce']} READY\n".encode())
     except BaseException as exc:
         fail(f"{type(exc).__name__}: {exc}")
-    if cfg["mode"] == "io":
-        run_io(cfg)
-    else:
-        run_asserts(cfg)
+    {"io": harness.run_io, "serve": harness.serve, "judge": harness.judge}[cfg["mode"]](cfg)
 
 
 if __name__ == "__main__":

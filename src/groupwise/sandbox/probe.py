@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -68,8 +69,9 @@ def _masked_dirs() -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def _probe_namespaces(python: str, root: bool) -> tuple[int, str] | None:
-    """(CLONE flags to use, interpreter version), or None if the interpreter does not run."""
+def _probe_namespaces(python: str, root: bool) -> tuple[int, str, tuple[str, ...]] | None:
+    """(CLONE flags to use, interpreter version, the files the interpreter needs), or None if
+    the interpreter does not run."""
     if root:
         candidates = [
             ("net", CLONE_NEWNET),
@@ -90,6 +92,12 @@ def _probe_namespaces(python: str, root: bool) -> tuple[int, str] | None:
     with workdir(None) as path:
         payload["workdir"] = path
         out = spawn(python, payload, path, deadline=time.monotonic() + 20.0, limit=65536)
+    paths: tuple[str, ...] = ()
+    for line in out.stdout.decode("utf-8", "replace").splitlines():
+        head, _, rest = line.partition(" PATHS ")
+        if head == nonce:
+            found = json.loads(rest)
+            paths = tuple(p for p in found if isinstance(p, str) and p.startswith("/"))
     for line in out.stdout.decode("utf-8", "replace").splitlines():
         parts = line.split()
         if len(parts) == 4 and parts[0] == nonce and parts[1] == "PROBE":
@@ -97,14 +105,14 @@ def _probe_namespaces(python: str, root: bool) -> tuple[int, str] | None:
             names = {name: flag for name, flag in candidates}
             if not root:
                 if "user" not in ok:
-                    return 0, parts[3]
+                    return 0, parts[3], paths
                 names = {k: v & ~CLONE_NEWUSER for k, v in names.items()}
                 flags = CLONE_NEWUSER
             else:
                 flags = 0
             for name in ok & set(names):
                 flags |= names[name]
-            return flags, parts[3]
+            return flags, parts[3], paths
     return None
 
 
@@ -121,7 +129,7 @@ def _detect() -> SandboxInfo:
         if probed is None:
             errors.append(f"{python}: does not start")
             continue
-        flags, version = probed
+        flags, version, paths = probed
         if root:
             init_pool(uids)
         # A layer the probe accepted may still fail in the full setup: drop mount, then all.
@@ -134,6 +142,7 @@ def _detect() -> SandboxInfo:
                 uids=uids,
                 unshare_flags=attempt,
                 masked_dirs=_masked_dirs() if attempt & CLONE_NEWNS else (),
+                root_paths=paths,
             )
             check = run_parsed(
                 "import json, math, collections, re, itertools\nvalue = json.loads('[1, 2]')",

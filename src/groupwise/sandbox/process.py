@@ -154,6 +154,19 @@ def kill_tagged(tag: str) -> None:
     _kill_until_gone(find)
 
 
+@dataclasses.dataclass
+class Launch:
+    """One launcher process to start: its payload, working directory, the pipe ends it inherits
+    (``pass_fds``) and what to sweep after it (see :func:`spawn`)."""
+
+    payload: dict[str, Any]
+    workdir: str
+    pass_fds: tuple[int, ...] = ()
+    sweep_uid: int | None = None
+    sweep_tagged: bool = False
+    sweep_only_if_killed: bool = False
+
+
 def spawn(
     python: str,
     payload: dict[str, Any],
@@ -171,36 +184,76 @@ def spawn(
     uid (always, or with ``sweep_only_if_killed`` only after a kill), ``sweep_tagged`` every
     process of ours whose command line carries the run's tag.
     """
-    payload.update(parent=os.getpid(), euid=os.geteuid(), egid=os.getegid())
-    data = marshal.dumps(payload, 4)
+    launch = Launch(payload, workdir, (), sweep_uid, sweep_tagged, sweep_only_if_killed)
+    return spawn_many(python, [launch], deadline=deadline, limit=limit)[0]
+
+
+def _write_payload(launch: Launch) -> None:
+    launch.payload.update(parent=os.getpid(), euid=os.geteuid(), egid=os.getegid())
+    data = marshal.dumps(launch.payload, 4)
     fd = os.open(
-        os.path.join(workdir, ".payload"),
+        os.path.join(launch.workdir, ".payload"),
         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
         0o600,
     )
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-    tag = f"{TAG_PREFIX}{secrets.token_hex(8)}"  # marks the run's processes, not secret
+
+
+def spawn_many(
+    python: str, launches: list[Launch], *, deadline: float, limit: int
+) -> list[Output]:
+    """Start one launcher per ``launches`` item; read each one's stdout and stderr (at most
+    ``limit`` bytes a process) until all have closed them or ``deadline`` passes. A timeout or
+    an overflow in one process kills all of them: they are one run. The trainer's copies of
+    the ``pass_fds`` are closed once every process has started, so a pipe between two of them
+    reports end of file when either side exits."""
+    procs: list[subprocess.Popen | None] = []
+    tags: list[str] = []
+    errors: list[bytes] = []
     try:
-        proc = subprocess.Popen(
-            [python, "-I", "-S", LAUNCHER, tag],
-            cwd=workdir,
-            env={"PATH": SANDBOX_PATH},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
-    except OSError as exc:
-        message = f"cannot start {python}: {exc}".encode()
-        return Output(b"", message, None, timed_out=False, truncated=False)
-    assert proc.stdout is not None and proc.stderr is not None
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    buffers = {out_fd: bytearray(), err_fd: bytearray()}
-    total = 0
+        for launch in launches:
+            _write_payload(launch)
+        for launch in launches:
+            tag = f"{TAG_PREFIX}{secrets.token_hex(8)}"  # marks the run's processes, not secret
+            tags.append(tag)
+            try:
+                procs.append(
+                    subprocess.Popen(
+                        [python, "-I", "-S", LAUNCHER, tag],
+                        cwd=launch.workdir,
+                        env={"PATH": SANDBOX_PATH},
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        start_new_session=True,
+                        close_fds=True,
+                        pass_fds=launch.pass_fds,
+                    )
+                )
+                errors.append(b"")
+            except OSError as exc:
+                procs.append(None)
+                errors.append(f"cannot start {python}: {exc}".encode())
+    finally:
+        for launch in launches:
+            for fd in launch.pass_fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+    started = [p for p in procs if p is not None]
+    buffers: dict[int, bytearray] = {}
+    owner: dict[int, int] = {}
+    totals = [0] * len(procs)
     timed_out = truncated = False
-    exited_at: float | None = None
+    exited_at: dict[int, float] = {}
+    streams: dict[int, tuple[int, int]] = {}
+    for i, proc in enumerate(procs):
+        if proc is not None:
+            assert proc.stdout is not None and proc.stderr is not None
+            streams[i] = (proc.stdout.fileno(), proc.stderr.fileno())
+            for fileno in streams[i]:
+                buffers[fileno] = bytearray()
+                owner[fileno] = i
     try:
         with selectors.DefaultSelector() as selector:
             for fileno in buffers:
@@ -216,32 +269,52 @@ def spawn(
                     if not chunk:
                         selector.unregister(key.fd)
                         continue
-                    buffers[key.fd] += chunk[: max(limit - total, 0)]
-                    total += len(chunk)
-                if total > limit:
+                    i = owner[key.fd]
+                    buffers[key.fd] += chunk[: max(limit - totals[i], 0)]
+                    totals[i] += len(chunk)
+                if any(total > limit for total in totals):
                     truncated = True
                     break
-                if not events and _exited(proc.pid):
-                    # The launcher is gone but something still holds the pipes open.
-                    if exited_at is None:
-                        exited_at = now
-                        kill_group(proc.pid)
-                    elif now - exited_at > 0.5:
-                        break
+                if events:
+                    continue
+                open_owners = {owner[fd] for fd in selector.get_map()}
+                for i in open_owners:
+                    proc = procs[i]
+                    if proc is not None and _exited(proc.pid):
+                        # The launcher is gone but something still holds its pipes open.
+                        if i not in exited_at:
+                            exited_at[i] = now
+                            kill_group(proc.pid)
+                        elif now - exited_at[i] > 0.5:
+                            for fd in [fd for fd in selector.get_map() if owner[fd] == i]:
+                                selector.unregister(fd)
     finally:
-        kill_group(proc.pid)  # the leader is not reaped yet, so its pgid cannot be reused
-        proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
-        killed = timed_out or truncated or exited_at is not None
-        if sweep_uid is not None and (killed or not sweep_only_if_killed):
-            kill_uid(sweep_uid)  # also waits for processes still dying from the kill
-        if sweep_tagged:
-            kill_tagged(tag)
-    return Output(
-        stdout=bytes(buffers[out_fd]),
-        stderr=bytes(buffers[err_fd]),
-        returncode=proc.returncode,
-        timed_out=timed_out,
-        truncated=truncated,
-    )
+        killed = timed_out or truncated or bool(exited_at)
+        for proc in started:
+            kill_group(proc.pid)  # the leader is not reaped yet, so its pgid cannot be reused
+        for proc in started:
+            proc.wait()
+            assert proc.stdout is not None and proc.stderr is not None
+            proc.stdout.close()
+            proc.stderr.close()
+        for launch, tag in zip(launches, tags, strict=False):
+            if launch.sweep_uid is not None and (killed or not launch.sweep_only_if_killed):
+                kill_uid(launch.sweep_uid)  # also waits for processes still dying from the kill
+            if launch.sweep_tagged:
+                kill_tagged(tag)
+    outputs = []
+    for i, proc in enumerate(procs):
+        if proc is None:
+            outputs.append(Output(b"", errors[i], None, timed_out=False, truncated=False))
+            continue
+        out_fd, err_fd = streams[i]
+        outputs.append(
+            Output(
+                stdout=bytes(buffers[out_fd]),
+                stderr=bytes(buffers[err_fd]),
+                returncode=proc.returncode,
+                timed_out=timed_out,
+                truncated=truncated,
+            )
+        )
+    return outputs

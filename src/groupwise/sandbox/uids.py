@@ -20,6 +20,11 @@ logger = logging.getLogger("groupwise.sandbox")
 
 UID_POOL_SIZE = 64
 DEFAULT_UID_BASE = 59000
+LEASE_DEADLINE_S = 30.0
+
+
+class UidPoolExhaustedError(RuntimeError):
+    """No sandbox uid came free before the lease deadline."""
 
 
 def candidate_uids() -> tuple[int, ...]:
@@ -51,10 +56,11 @@ def candidate_uids() -> tuple[int, ...]:
 class UidPool:
     """Leases dedicated sandbox uids, one per concurrent run, across threads and processes."""
 
-    def __init__(self, uids: Sequence[int]) -> None:
+    def __init__(self, uids: Sequence[int], deadline_s: float = LEASE_DEADLINE_S) -> None:
         if not uids:
             raise ValueError("a sandbox uid pool needs at least one uid")
         self.uids = list(uids)
+        self.deadline_s = deadline_s
         self.lock_dir = self._lock_dir()
 
     @staticmethod
@@ -72,10 +78,16 @@ class UidPool:
     def lease(self) -> Iterator[int]:
         """A uid no other run holds and no task owns. RLIMIT_NPROC counts every task of the uid,
         zombies included: the processes of an earlier run that still wait to be reaped (by the
-        host's init, after a kill) would take the new run's process slots."""
+        host's init, after a kill) would take the new run's process slots.
+
+        Raises :class:`UidPoolExhaustedError` after ``deadline_s`` without a free uid (the
+        caller reports a sandbox that failed to start) instead of waiting for ever: uids held
+        by zombies stay held until the host's init reaps them, which an init that does not
+        reap (a container without ``--init``) never does."""
         start = secrets.randbelow(len(self.uids))
         order = self.uids[start:] + self.uids[:start]
         warned = False
+        give_up = time.monotonic() + self.deadline_s
         while True:
             leftovers = False
             for uid in order:
@@ -99,6 +111,13 @@ class UidPool:
                 logger.warning("every sandbox uid is leased or still owns a process (a leftover "
                                "of an earlier run); waiting for one")  # fmt: skip
                 warned = True
+            if time.monotonic() >= give_up:
+                held = sorted({u for u in process_uids().values() if u in self.uids})
+                raise UidPoolExhaustedError(
+                    f"no sandbox uid came free in {self.deadline_s:g} s: {len(self.uids)} uids, "
+                    f"{len(held)} still owning a process (zombies wait for the host's init to "
+                    "reap them; in a container, run it with an init such as `docker run --init`)"
+                )
             time.sleep(0.01)
 
 
