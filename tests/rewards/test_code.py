@@ -346,10 +346,14 @@ def test_sandbox_environment_and_limits(info):
 
 def test_working_directory_is_fresh_and_removed(info):
     before = set(os.listdir(tempfile.gettempdir()))
-    code = "import os\nopen('left.txt', 'w').write('x')\ndef listing():\n    return os.listdir('.')\n"
+    code = (
+        "import os\nopen('left.txt', 'w').write('x')\ndef listing():\n    return os.listdir('.')\n"
+    )
     first = run_tests(code, ["assert listing() == ['left.txt']"])
     assert first.passed == 1, first.error
-    second = run_tests("import os\ndef listing():\n    return os.listdir('.')\n", ["assert listing() == []"])
+    second = run_tests(
+        "import os\ndef listing():\n    return os.listdir('.')\n", ["assert listing() == []"]
+    )
     assert second.passed == 1, second.error
     left = {n for n in set(os.listdir(tempfile.gettempdir())) - before if "groupwise-sandbox-" in n}
     assert not {n for n in left if not n.startswith("groupwise-sandbox-locks")}
@@ -384,7 +388,9 @@ def test_printed_results_cannot_be_forged(info, pid_namespace):
     early_exit = run_with(used, "import os\n", ["assert True", "os._exit(0)", "assert True"])
     assert (early_exit.passed, early_exit.total) == (1, 3)
     assert "died" in early_exit.error
-    solution_exit = run_with(used, "LAST_FD = 1\n" + code, ["assert quit() is None", "assert False"])
+    solution_exit = run_with(
+        used, "LAST_FD = 1\n" + code, ["assert quit() is None", "assert False"]
+    )
     assert (solution_exit.passed, solution_exit.total) == (0, 2)
     assert "died" in solution_exit.error
 

@@ -21,7 +21,7 @@ from groupwise.sandbox.cgroup import CgroupFs, CgroupSupport, SandboxCgroup
 
 MB = 2**20
 
-# --- real cgroups on this host --------------------------------------------------------------------
+# --- real cgroups on this host -------------------------------------------------------------------
 
 # The child joins the group itself, first thing, as the launcher will.
 JOIN = """\
@@ -312,7 +312,7 @@ def test_cleanup_stale_removes_groups_of_a_dead_trainer(support):
         mine.remove()
 
 
-# --- fake cgroup v2 tree ----------------------------------------------------------------------------
+# --- fake cgroup v2 tree -------------------------------------------------------------------------
 
 OWN = "user.slice/user-1000.slice/user@1000.service/app.slice/trainer.scope"
 PID = 4242
@@ -589,7 +589,7 @@ def test_v2_cleanup_stale(fake):
     assert left == sorted([f"run-{os.getpid()}-abc123", "run-1-abc123", "other"])  # pid 1 lives
 
 
-# --- fake cgroup v1 tree and parsing ---------------------------------------------------------------
+# --- fake cgroup v1 tree and parsing -------------------------------------------------------------
 
 
 class FakeCgroup1(CgroupFs):

@@ -585,8 +585,9 @@ class SandboxCgroup:
     def remove(self) -> bool:
         """Kill what is left, wait until the group is empty and delete it; never raises.
 
-        Blocks at most about 3.5 s (kill rounds, waiting for exits, rmdir retries); normally a
-        few milliseconds. Returns whether every directory is gone.
+        Blocks at most about 4.5 s (0.5 s of kill rounds, 2 s waiting for exits, 1 s of rmdir
+        retries that may kill again), only with processes stuck in the kernel; normally ~10 ms.
+        Returns whether every directory is gone.
         """
         try:
             self.kill()
@@ -594,8 +595,9 @@ class SandboxCgroup:
             while self.pids() and time.monotonic() < deadline:
                 time.sleep(0.01)
             left = []
+            rmdir_deadline = time.monotonic() + _RMDIR_WAIT_S  # one budget for every directory
             for directory in self.directories:
-                if not self._rmdir(directory):
+                if not self._rmdir(directory, rmdir_deadline):
                     left.append(directory)
         except Exception as exc:  # cleanup must never take the trainer down
             logger.warning("cannot remove the sandbox cgroup %s: %s", self.name, exc)
@@ -609,8 +611,7 @@ class SandboxCgroup:
             )
         return not left
 
-    def _rmdir(self, directory: str) -> bool:
-        deadline = time.monotonic() + _RMDIR_WAIT_S
+    def _rmdir(self, directory: str, deadline: float) -> bool:
         while True:
             try:
                 self._fs.rmdir(directory)

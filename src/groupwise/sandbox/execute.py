@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from . import seccomp
+from . import cgroup, seccomp
 from .info import CLONE_NEWNET, MAX_FILE_BYTES, MAX_OPEN_FILES, SandboxInfo, SandboxUnavailableError
 from .process import Launch, Output, spawn_many, user_task_count, workdir
-from .uids import shared_pool
+from .uids import UidPoolExhaustedError, shared_pool
 
 # Tests as the launcher takes them: ("asserts", ((kind, source), ...)) with kind "test" or
 # "setup", or ("io", ((stdin, expected_stdout), ...)).
@@ -96,9 +96,28 @@ def _rlimits(info: SandboxInfo, deadline: float, memory_mb: float, max_processes
     ]
 
 
+@functools.cache
+def cgroup_support() -> cgroup.CgroupSupport:
+    """Whether this host gives each sandbox its own cgroup (detected once; stale groups of
+    crashed trainers removed)."""
+    support = cgroup.detect()
+    if support.available:
+        cgroup.cleanup_stale(support)
+    return support
+
+
+@dataclasses.dataclass
+class Slot:
+    """What one launcher process holds: a leased uid (root), a fresh working directory and,
+    where the host allows, its own cgroup (memory with kernel memory, processes, one CPU)."""
+
+    uid: int | None
+    path: str
+    group: cgroup.SandboxCgroup | None
+
+
 @contextlib.contextmanager
-def _slot(info: SandboxInfo) -> Iterator[tuple[int | None, str]]:
-    """A leased sandbox uid (root) and a fresh working directory for one launcher process."""
+def _slot(info: SandboxInfo, memory_mb: float, max_processes: int) -> Iterator[Slot]:
     if info.root:
         pool = shared_pool()
         if pool is None:
@@ -106,12 +125,25 @@ def _slot(info: SandboxInfo) -> Iterator[tuple[int | None, str]]:
         lease: contextlib.AbstractContextManager[int | None] = pool.lease()
     else:
         lease = contextlib.nullcontext(None)
-    with lease as uid, workdir(uid) as path:
-        yield uid, path
+    support = cgroup_support()
+    with contextlib.ExitStack() as stack:
+        uid = stack.enter_context(lease)
+        path = stack.enter_context(workdir(uid))
+        group = None
+        if support.available:
+            try:
+                group = cgroup.SandboxCgroup.create(
+                    support, memory_bytes=int(memory_mb * 2**20), max_processes=max_processes + 2
+                )  # +2: the supervisor or the namespace's init, and the worker
+            except cgroup.CgroupError as exc:
+                raise SandboxUnavailableError(f"cannot create the sandbox's cgroup: {exc}") from exc
+            stack.callback(group.remove)
+        yield Slot(uid, path, group)
 
 
-def _launch(info: SandboxInfo, job: dict[str, Any], nonce: str, uid: int | None, path: str,
-            rlimits: list, pass_fds: tuple[int, ...] = ()) -> Launch:  # fmt: skip
+def _launch(info: SandboxInfo, job: dict[str, Any], nonce: str, slot: Slot, rlimits: list,
+            pass_fds: tuple[int, ...] = ()) -> Launch:  # fmt: skip
+    uid, path = slot.uid, slot.path
     payload = {
         **job,
         "nonce": nonce,
@@ -124,6 +156,7 @@ def _launch(info: SandboxInfo, job: dict[str, Any], nonce: str, uid: int | None,
         "rlimits": rlimits,
         "block_network": not info.unshare_flags & CLONE_NEWNET,
         "seccomp": seccomp_program(),
+        "cgroup_procs": list(slot.group.procs_files) if slot.group else [],
     }
     # Without a PID namespace, processes that left the process group are hunted down: by uid
     # when we run as root, else by the tag on their command line (best effort). With one, the
@@ -158,8 +191,8 @@ def sandbox_once(
     nonce = secrets.token_hex(16)
     rlimits = _rlimits(info, deadline, memory_mb, max_processes)
     assert info.python is not None
-    with _slot(info) as (uid, path):
-        launch = _launch(info, job, nonce, uid, path, rlimits)
+    with _slot(info, memory_mb, max_processes) as slot:
+        launch = _launch(info, job, nonce, slot, rlimits)
         out = spawn_many(info.python, [launch], deadline=deadline, limit=max_output_bytes)[0]
     ready, stderr = _ready(out, nonce)
     return out, ready, stderr, nonce
@@ -205,17 +238,20 @@ def _run_asserts(
     assert info.python is not None
     handed = False  # spawn_many closes the trainer's ends; closing them twice could close
     try:  # descriptors another thread has just been given the same numbers for
-        with _slot(info) as (solution_uid, solution_dir), _slot(info) as (judge_uid, judge_dir):
+        with (
+            _slot(info, limits["memory_mb"], limits["max_processes"]) as solution_slot,
+            _slot(info, limits["memory_mb"], limits["max_processes"]) as judge_slot,
+        ):
             server = _launch(
                 info,
                 {"mode": "serve", "code": code, "rpc_in": to_solution[0], "rpc_out": to_judge[1]},
-                nonces[0], solution_uid, solution_dir, rlimits, (to_solution[0], to_judge[1]),
+                nonces[0], solution_slot, rlimits, (to_solution[0], to_judge[1]),
             )  # fmt: skip
             judge = _launch(
                 info,
                 {"mode": "judge", "tests": [list(item) for item in items],
                  "rpc_in": to_judge[0], "rpc_out": to_solution[1]},
-                nonces[1], judge_uid, judge_dir, rlimits, (to_judge[0], to_solution[1]),
+                nonces[1], judge_slot, rlimits, (to_judge[0], to_solution[1]),
             )  # fmt: skip
             handed = True
             solution_out, out = spawn_many(
@@ -297,9 +333,7 @@ def _run_io(
             errors.append(f"case {i}: output limit of {limits['max_output_bytes']} bytes exceeded")
         elif out.returncode != 0:
             errors.append(f"case {i}: " + _died(out, stderr))
-        elif normalise_output(out.stdout.decode("utf-8", "replace")) == normalise_output(
-            expected
-        ):
+        elif normalise_output(out.stdout.decode("utf-8", "replace")) == normalise_output(expected):
             passed += 1
         else:
             errors.append(f"case {i}: wrong answer")
@@ -337,5 +371,9 @@ def run_parsed(
     }
     mode, items = parsed
     runner = _run_asserts if mode == "asserts" else _run_io
-    result = runner(code, items, info, start + timeout_s, **limits)
+    try:
+        result = runner(code, items, info, start + timeout_s, **limits)
+    except UidPoolExhaustedError as exc:
+        total = sum(1 for kind, _ in items if kind == "test") if mode == "asserts" else len(items)
+        result = SandboxResult(0, total, setup_failed=True, error=str(exc))
     return dataclasses.replace(result, duration_s=time.monotonic() - start)

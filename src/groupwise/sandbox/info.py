@@ -32,6 +32,7 @@ class SandboxInfo:
     unshare_flags: int = 0  # CLONE_NEW* flags used for every run
     masked_dirs: tuple[str, ...] = ()  # world-writable dirs hidden behind private tmpfs
     root_paths: tuple[str, ...] = ()  # the interpreter's files: all the sandbox may read
+    limits: str = ""  # which resource limits hold per sandbox (cgroup) or per process
     error: str | None = None  # set when no sandbox is available
 
     def summary(self) -> str:
@@ -48,7 +49,9 @@ class SandboxInfo:
         who = f"dedicated uids {self.uids[0]}.." if self.root and self.uids else "trainer's uid"
         return (
             f"python {self.python_version} ({self.python}); runs as {who}; "
-            f"namespaces: {', '.join(spaces)}; network: {self.network_isolation}"
+            f"namespaces: {', '.join(spaces)}; network: {self.network_isolation}; "
+            f"filesystem: {'allowlisted root' if self.mount_namespace else 'Landlock only'}; "
+            f"limits: {self.limits or 'per process'}"
         )
 
     @property

@@ -483,6 +483,9 @@ def main():
         prctl(PR_SET_PDEATHSIG, 9)
         if os.getppid() != cfg["parent"]:
             os._exit(SETUP_FAILED)
+        for path in cfg.get("cgroup_procs", ()):  # first: everything from here on is counted
+            with open(path, "w") as f:
+                f.write("0")
         if cfg.get("probe"):
             probe(cfg)
             os._exit(0)

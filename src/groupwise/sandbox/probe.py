@@ -13,7 +13,8 @@ import tempfile
 import threading
 import time
 
-from .execute import run_parsed
+from . import cgroup
+from .execute import cgroup_support, run_parsed
 from .info import (
     CLONE_NEWIPC,
     CLONE_NEWNET,
@@ -42,7 +43,24 @@ def sandbox_info() -> SandboxInfo:
                 logger.warning("code sandbox unavailable: %s", _info.error)
             else:
                 logger.info("code sandbox: %s", _info.summary())
+                for line in weaknesses(_info):
+                    logger.warning("code sandbox: %s", line)
         return _info
+
+
+def weaknesses(info: SandboxInfo) -> list[str]:
+    """What this machine's sandbox does not defend (docs/sandbox.md, by mode)."""
+    found = []
+    if not info.mount_namespace:
+        found.append(
+            "no mount namespace: the sandbox sees the host's filesystem, confined by Landlock "
+            "only where the kernel has it; its working directory is not size-capped as a whole"
+        )
+    if not info.pid_namespace and not info.root:
+        found.append("no PID namespace and not root: the solution can signal the trainer's uid")
+    if not info.limits.startswith("cgroup"):
+        found.append(f"memory and processes are limited per process only ({info.limits})")
+    return found
 
 
 def _python_candidates() -> list[str]:
@@ -143,6 +161,7 @@ def _detect() -> SandboxInfo:
                 unshare_flags=attempt,
                 masked_dirs=_masked_dirs() if attempt & CLONE_NEWNS else (),
                 root_paths=paths,
+                limits=cgroup.describe(cgroup_support()),
             )
             check = run_parsed(
                 "import json, math, collections, re, itertools\nvalue = json.loads('[1, 2]')",

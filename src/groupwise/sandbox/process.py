@@ -200,9 +200,7 @@ def _write_payload(launch: Launch) -> None:
         f.write(data)
 
 
-def spawn_many(
-    python: str, launches: list[Launch], *, deadline: float, limit: int
-) -> list[Output]:
+def spawn_many(python: str, launches: list[Launch], *, deadline: float, limit: int) -> list[Output]:
     """Start one launcher per ``launches`` item; read each one's stdout and stderr (at most
     ``limit`` bytes a process) until all have closed them or ``deadline`` passes. A timeout or
     an overflow in one process kills all of them: they are one run. The trainer's copies of

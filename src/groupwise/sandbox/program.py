@@ -9,6 +9,7 @@ import time
 from .execute import check_limits, sandbox_once, setup_error
 from .info import SandboxUnavailableError
 from .probe import sandbox_info
+from .uids import UidPoolExhaustedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,14 +47,17 @@ def run_program(
     if info.error or info.python is None:
         raise SandboxUnavailableError(f"no code sandbox on this machine: {info.error}")
     job = {"mode": "io", "code": code, "stdin": stdin}
-    out, ready, stderr, _ = sandbox_once(
-        info,
-        job,
-        deadline=time.monotonic() + timeout_s,
-        memory_mb=memory_mb,
-        max_output_bytes=max_output_bytes,
-        max_processes=max_processes,
-    )
+    try:
+        out, ready, stderr, _ = sandbox_once(
+            info,
+            job,
+            deadline=time.monotonic() + timeout_s,
+            memory_mb=memory_mb,
+            max_output_bytes=max_output_bytes,
+            max_processes=max_processes,
+        )
+    except UidPoolExhaustedError as exc:
+        return ProgramResult("", str(exc), "setup_failed", None)
     stdout = out.stdout.decode("utf-8", "replace")
     if not ready:
         return ProgramResult("", setup_error(out, stderr), "setup_failed", out.returncode)
