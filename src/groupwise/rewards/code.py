@@ -16,8 +16,11 @@ Tests (the ``tests`` column; ``tests_column`` renames it). Accepted forms, anyth
 ``ValueError``:
 
 - **assert tests** - the solution runs once as module ``solution`` (so an
-  ``if __name__ == "__main__":`` block does not run), then each test runs in the solution's
-  namespace in its own try/except; a test passes when it raises nothing.
+  ``if __name__ == "__main__":`` block does not run) in one sandbox; the tests run in another
+  (the judge), each in its own try/except, and pass when they raise nothing. In the judge the
+  solution's names forward calls to it and get back values (plain data, rebuilt in the judge;
+  other objects as handles that equal nothing of the judge's), so the tests and their expected
+  values never reach the solution (docs/sandbox.md).
 
   - a list of strings: each non-blank string is one test (a statement or a block of
     statements, e.g. ``"x = f(3)\\nassert x == 9"``);
@@ -50,11 +53,12 @@ remaining budget and those after it is spent fail); each sandbox process also ge
 (``RLIMIT_NPROC``), and ``max_output_bytes`` of stdout+stderr together: the trainer keeps at most
 that much and kills the sandbox as soon as it is exceeded.
 
-Sandbox (:mod:`groupwise.sandbox`, shared with the ``python`` tool): each test run starts a
-fresh interpreter in a child process, in its own namespaces where the kernel allows them, as a
-dedicated unprivileged uid when the trainer is root, with an empty environment, a private
-working directory and no network. What each layer defends against and its limits:
-docs/sandbox.md. If no sandbox can be built the reward raises
+Sandbox (:mod:`groupwise.sandbox`, shared with the ``python`` tool): each test run starts
+fresh interpreters in child processes, in their own namespaces where the kernel allows them, in
+a filesystem that holds only the interpreter's files, under a cgroup per sandbox where the host
+allows one, as dedicated unprivileged uids when the trainer is root, behind a seccomp filter,
+with an empty environment, a private working directory and no network. What each layer
+defends against and its limits: docs/sandbox.md. If no sandbox can be built the reward raises
 :class:`~groupwise.sandbox.SandboxUnavailableError` rather than run untrusted code unsandboxed; a
 sandbox that failed to start scores None, never 0, and the reward raises if that happens to every
 completion of a batch.

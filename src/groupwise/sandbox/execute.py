@@ -148,7 +148,6 @@ def _launch(info: SandboxInfo, job: dict[str, Any], nonce: str, slot: Slot, rlim
         **job,
         "nonce": nonce,
         "flags": info.unshare_flags,
-        "masks": list(info.masked_dirs),
         "root_paths": list(info.root_paths),
         "workdir": path,
         "disk_bytes": MAX_FILE_BYTES,

@@ -30,7 +30,6 @@ class SandboxInfo:
     root: bool = False  # trainer is root: children switch to a dedicated uid from `uids`
     uids: tuple[int, ...] = ()
     unshare_flags: int = 0  # CLONE_NEW* flags used for every run
-    masked_dirs: tuple[str, ...] = ()  # world-writable dirs hidden behind private tmpfs
     root_paths: tuple[str, ...] = ()  # the interpreter's files: all the sandbox may read
     limits: str = ""  # which resource limits hold per sandbox (cgroup) or per process
     error: str | None = None  # set when no sandbox is available

@@ -9,7 +9,6 @@ import os
 import secrets
 import shutil
 import sys
-import tempfile
 import threading
 import time
 
@@ -74,19 +73,6 @@ def _python_candidates() -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _masked_dirs() -> tuple[str, ...]:
-    found = []
-    for path in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", tempfile.gettempdir()):
-        real = os.path.realpath(path)
-        try:
-            st = os.stat(real)
-        except OSError:
-            continue
-        if os.path.isdir(real) and st.st_mode & 0o002 and real != "/":
-            found.append(real)
-    return tuple(dict.fromkeys(found))
-
-
 def _probe_namespaces(python: str, root: bool) -> tuple[int, str, tuple[str, ...]] | None:
     """(CLONE flags to use, interpreter version, the files the interpreter needs), or None if
     the interpreter does not run."""
@@ -134,7 +120,9 @@ def _probe_namespaces(python: str, root: bool) -> tuple[int, str, tuple[str, ...
     return None
 
 
-def _detect() -> SandboxInfo:
+def _detect(allowed_flags: int = -1) -> SandboxInfo:
+    """Detect the sandbox; ``allowed_flags`` masks the namespaces it may use (tests run the
+    modes of hosts that lack some)."""
     if not sys.platform.startswith("linux"):
         return SandboxInfo(error=f"the code sandbox needs Linux, not {sys.platform}")
     root = os.geteuid() == 0
@@ -148,6 +136,7 @@ def _detect() -> SandboxInfo:
             errors.append(f"{python}: does not start")
             continue
         flags, version, paths = probed
+        flags &= allowed_flags
         if root:
             init_pool(uids)
         # A layer the probe accepted may still fail in the full setup: drop mount, then all.
@@ -159,7 +148,6 @@ def _detect() -> SandboxInfo:
                 root=root,
                 uids=uids,
                 unshare_flags=attempt,
-                masked_dirs=_masked_dirs() if attempt & CLONE_NEWNS else (),
                 root_paths=paths,
                 limits=cgroup.describe(cgroup_support()),
             )
