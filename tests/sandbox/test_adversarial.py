@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from groupwise import sandbox
-from groupwise.sandbox import probe
 from groupwise.rewards.code import code_reward, make_code_reward, parse_tests
+from groupwise.sandbox import probe
 from groupwise.sandbox.confine import landlock_abi
 from groupwise.sandbox.process import process_uids
 from groupwise.tasks.python_tasks import load_problems
