@@ -84,6 +84,8 @@ def _rlimits(info: SandboxInfo, deadline: float, memory_mb: float, max_processes
     memory = int(memory_mb * 1024 * 1024)
     if info.root:
         nproc = max_processes
+    elif info.user_namespace:  # counted per user namespace: the launcher and its init count too
+        nproc = max_processes + 2
     else:  # RLIMIT_NPROC counts every task of the user, the trainer's threads included
         nproc = user_task_count(os.getuid()) + max_processes + 3
     return [

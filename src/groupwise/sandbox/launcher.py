@@ -272,6 +272,10 @@ def build_root(cfg):
         os.makedirs(root + path, exist_ok=True)
         mount("tmpfs", root + path, "tmpfs", private, "mode=1777,size=16m,nr_inodes=4096")
     os.makedirs(root + "/proc", exist_ok=True)
+    if cfg["flags"] & NEWUSER and cfg["flags"] & NEWPID:
+        # In a user namespace the kernel mounts a new procfs only where a full one is already
+        # visible: the host's stays under the namespace's own, which the init mounts on top.
+        mount("/proc", root + "/proc", None, MS_BIND | MS_REC)
     work = root + WORKDIR
     os.makedirs(work)
     opts = f"mode=0700,size={cfg['disk_bytes'] // 1024}k,nr_inodes=16384"
@@ -314,6 +318,7 @@ def start_pid_namespace(cfg):
         try:
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         except OSError:
+            libc.umount2(b"/proc", MNT_DETACH)  # never leave the host's in sight
             mount("tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=555")
     worker = os.fork()
     if worker == 0:
