@@ -25,7 +25,7 @@ import pytest
 
 from groupwise import sandbox
 from groupwise.rewards.code import code_reward, make_code_reward, parse_tests
-from groupwise.sandbox import probe
+from groupwise.sandbox import cgroup, execute, probe
 from groupwise.sandbox.confine import landlock_abi
 from groupwise.sandbox.process import process_uids
 from groupwise.tasks.python_tasks import load_problems
@@ -487,25 +487,33 @@ def test_processes_are_limited_per_sandbox(mode):
     assert result.passed == 2, result.error
 
 
-def test_one_completion_cannot_sink_its_siblings(info):
-    needs_cgroup(info)
+@pytest.mark.parametrize("groups", ["cgroup", "no-cgroup"])
+def test_one_completion_cannot_sink_its_siblings(info, groups, monkeypatch):
+    """30 busy processes in one completion: with a cgroup the scheduler shares CPU by sandbox;
+    without one, tests are timed by the CPU their own processes use, not by the wall clock."""
+    if groups == "cgroup":
+        needs_cgroup(info)
+    else:
+        off = cgroup.CgroupSupport(version=None, reason="turned off for this test")
+        monkeypatch.setattr(execute, "cgroup_support", lambda: off)
     saboteur = """
-        import os
+        import os, time
         for _ in range(30):
             if os.fork() == 0:
                 os.setsid()
                 while True:
                     pass
         def solve(x):
+            time.sleep(3)  # keeps its busy processes running while the siblings are judged
             return 0
     """
     honest = """
         def solve(x):
             total = 0
-            for i in range(300_000):
+            for i in range(5_000_000):
                 total += i % 7
             return 2 * x
     """
     completions = [fenced(saboteur)] + [fenced(honest)] * 3
-    reward = make_code_reward(timeout_s=4.0, max_workers=4, max_processes=40)
+    reward = make_code_reward(timeout_s=3.0, max_workers=4, max_processes=40)
     assert reward([""] * 4, completions, tests=[ASSERT] * 4) == [0.0, 1.0, 1.0, 1.0]

@@ -45,13 +45,15 @@ Tests (the ``tests`` column; ``tests_column`` renames it). Accepted forms, anyth
 - missing tests - ``None``, NaN, an empty or blank string, an empty list or dict: the reward is
   None for that row; :func:`run_tests` refuses them with ``ValueError``.
 
-Limits (per completion): ``timeout_s`` is the wall-clock budget for *all* of a completion's tests
-(the assert tests after one that hangs fail; stdin/stdout cases run one after the other on the
-remaining budget and those after it is spent fail); each sandbox process also gets
-``RLIMIT_CPU`` = ceil(remaining budget) s, ``RLIMIT_AS`` = ``memory_mb``, ``RLIMIT_FSIZE`` =
-64 MiB, ``RLIMIT_NOFILE`` = 256, no core dumps, at most ``max_processes`` processes/threads
-(``RLIMIT_NPROC``), and ``max_output_bytes`` of stdout+stderr together: the trainer keeps at most
-that much and kills the sandbox as soon as it is exceeded.
+Limits (per completion): ``timeout_s`` is the CPU-time budget for *all* of a completion's tests,
+its processes together, so a busy machine or a busy sibling does not fail it; a run that sleeps
+or blocks is stopped after three times that in wall-clock time (the assert tests after one that
+hangs fail; stdin/stdout cases run one after the other on the remaining budget and those after
+it is spent fail). Memory (``memory_mb``) and processes (``max_processes``) are limited per
+sandbox by a cgroup where the host allows one, and per process by rlimits in any case
+(``RLIMIT_AS``, ``RLIMIT_NPROC``, ``RLIMIT_CPU``; ``RLIMIT_FSIZE`` = 64 MiB, ``RLIMIT_NOFILE`` =
+256, no core dumps); the trainer keeps at most ``max_output_bytes`` of output and kills the
+sandbox as soon as it is exceeded.
 
 Sandbox (:mod:`groupwise.sandbox`, shared with the ``python`` tool): each test run starts
 fresh interpreters in child processes, in their own namespaces where the kernel allows them, in
@@ -236,8 +238,8 @@ def run_tests(
 ) -> SandboxResult:
     """Run ``code`` (plain source, no extraction) against ``tests`` in the sandbox.
 
-    ``tests`` takes any form of the module docstring; ``timeout_s`` is the wall-clock budget for
-    all of them. Raises ``ValueError`` for missing or malformed tests and
+    ``tests`` takes any form of the module docstring; ``timeout_s`` is the CPU-time budget for
+    all of them (with a wall-clock backstop of three times that). Raises ``ValueError`` for missing or malformed tests and
     :class:`SandboxUnavailableError` when this machine cannot sandbox code.
     """
     sandbox.check_limits(timeout_s, memory_mb, max_output_bytes, max_processes)

@@ -16,7 +16,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import cgroup, seccomp
-from .info import CLONE_NEWNET, MAX_FILE_BYTES, MAX_OPEN_FILES, SandboxInfo, SandboxUnavailableError
+from .info import (
+    CLONE_NEWNET,
+    MAX_FILE_BYTES,
+    MAX_OPEN_FILES,
+    WALL_CLOCK_FACTOR,
+    SandboxInfo,
+    SandboxUnavailableError,
+)
 from .process import Launch, Output, spawn_many, user_task_count, workdir
 from .uids import UidPoolExhaustedError, shared_pool
 
@@ -78,9 +85,8 @@ def seccomp_program() -> bytes | None:
         return None
 
 
-def _rlimits(info: SandboxInfo, deadline: float, memory_mb: float, max_processes: int) -> list:
-    remaining = max(deadline - time.monotonic(), 0.001)
-    cpu = max(1, math.ceil(remaining))
+def _rlimits(info: SandboxInfo, cpu_s: float, memory_mb: float, max_processes: int) -> list:
+    cpu = max(1, math.ceil(cpu_s))
     memory = int(memory_mb * 1024 * 1024)
     if info.root:
         nproc = max_processes
@@ -187,14 +193,19 @@ def sandbox_once(
     memory_mb: float,
     max_output_bytes: int,
     max_processes: int,
+    cpu_budget: float | None = None,
 ) -> tuple[Output, bool, str, str]:
-    """Run one sandbox process; (output, ready, stderr text without the marker, nonce)."""
+    """Run one sandbox process; (output, ready, stderr text without the marker, nonce).
+    Timed by wall clock up to ``deadline``, and also by CPU when ``cpu_budget`` is given."""
     nonce = secrets.token_hex(16)
-    rlimits = _rlimits(info, deadline, memory_mb, max_processes)
+    cpu = cpu_budget if cpu_budget is not None else deadline - time.monotonic()
+    rlimits = _rlimits(info, cpu, memory_mb, max_processes)
     assert info.python is not None
     with _slot(info, memory_mb, max_processes) as slot:
         launch = _launch(info, job, nonce, slot, rlimits)
-        out = spawn_many(info.python, [launch], deadline=deadline, limit=max_output_bytes)[0]
+        out = spawn_many(
+            info.python, [launch], deadline=deadline, limit=max_output_bytes, cpu_budget=cpu_budget
+        )[0]
     ready, stderr = _ready(out, nonce)
     return out, ready, stderr, nonce
 
@@ -228,13 +239,18 @@ def normalise_output(text: str) -> list[str]:
 
 
 def _run_asserts(
-    code: str, items: tuple[tuple[str, str], ...], info: SandboxInfo, deadline: float, **limits
+    code: str,
+    items: tuple[tuple[str, str], ...],
+    info: SandboxInfo,
+    deadline: float,
+    cpu_budget: float,
+    **limits,
 ) -> SandboxResult:
     """The solution serves calls in one sandbox; the tests run in another (the judge) and
     report their verdicts. The tests never enter the solution's sandbox."""
     total = sum(1 for kind, _ in items if kind == "test")
     nonces = secrets.token_hex(16), secrets.token_hex(16)
-    rlimits = _rlimits(info, deadline, limits["memory_mb"], limits["max_processes"])
+    rlimits = _rlimits(info, cpu_budget, limits["memory_mb"], limits["max_processes"])
     to_solution, to_judge = os.pipe(), os.pipe()  # (read end, write end) each
     assert info.python is not None
     handed = False  # spawn_many closes the trainer's ends; closing them twice could close
@@ -256,7 +272,11 @@ def _run_asserts(
             )  # fmt: skip
             handed = True
             solution_out, out = spawn_many(
-                info.python, [server, judge], deadline=deadline, limit=limits["max_output_bytes"]
+                info.python,
+                [server, judge],
+                deadline=deadline,
+                limit=limits["max_output_bytes"],
+                cpu_budget=cpu_budget,
             )
     finally:
         if not handed:
@@ -309,18 +329,27 @@ def _run_asserts(
 
 
 def _run_io(
-    code: str, cases: tuple[tuple[str, str], ...], info: SandboxInfo, deadline: float, **limits
+    code: str,
+    cases: tuple[tuple[str, str], ...],
+    info: SandboxInfo,
+    deadline: float,
+    cpu_budget: float,
+    **limits,
 ) -> SandboxResult:
     passed = 0
     errors: list[str] = []
     timed_out = truncated = False
+    cpu_used = 0.0  # as polled: a case shorter than a poll counts as free
     for i, (stdin, expected) in enumerate(cases):
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or cpu_used >= cpu_budget:
             timed_out = True
             errors.append(f"case {i}: timed out (budget spent)")
             break
         job = {"mode": "io", "code": code, "stdin": stdin}
-        out, ready, stderr, _ = sandbox_once(info, job, deadline=deadline, **limits)
+        out, ready, stderr, _ = sandbox_once(
+            info, job, deadline=deadline, cpu_budget=cpu_budget - cpu_used, **limits
+        )
+        cpu_used += out.cpu_s
         if not ready:
             return SandboxResult(
                 passed, len(cases), setup_failed=True, error=setup_error(out, stderr)
@@ -359,8 +388,10 @@ def run_parsed(
 ) -> SandboxResult:
     """Run ``code`` against already parsed tests in the sandbox ``info`` describes.
 
-    ``timeout_s`` is the wall-clock budget for all the tests. Raises
-    :class:`SandboxUnavailableError` when ``info`` says no sandbox can be built.
+    ``timeout_s`` is the CPU-time budget for all the tests, the processes of the run together;
+    the run is also stopped after ``WALL_CLOCK_FACTOR`` times that in wall-clock time (a run
+    that sleeps or blocks). Raises :class:`SandboxUnavailableError` when ``info`` says no
+    sandbox can be built.
     """
     if info.error or info.python is None:
         raise SandboxUnavailableError(f"no code sandbox on this machine: {info.error}")
@@ -373,7 +404,8 @@ def run_parsed(
     mode, items = parsed
     runner = _run_asserts if mode == "asserts" else _run_io
     try:
-        result = runner(code, items, info, start + timeout_s, **limits)
+        deadline = start + WALL_CLOCK_FACTOR * timeout_s
+        result = runner(code, items, info, deadline, timeout_s, **limits)
     except UidPoolExhaustedError as exc:
         total = sum(1 for kind, _ in items if kind == "test") if mode == "asserts" else len(items)
         result = SandboxResult(0, total, setup_failed=True, error=str(exc))

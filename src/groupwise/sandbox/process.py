@@ -96,6 +96,7 @@ class Output:
     returncode: int | None
     timed_out: bool
     truncated: bool
+    cpu_s: float = 0.0  # CPU seconds of the run as last measured (with a CPU budget only)
 
 
 def _exited(pid: int) -> bool:
@@ -200,12 +201,55 @@ def _write_payload(launch: Launch) -> None:
         f.write(data)
 
 
-def spawn_many(python: str, launches: list[Launch], *, deadline: float, limit: int) -> list[Output]:
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_cpu_seconds(roots: list[int]) -> float:
+    """CPU seconds used by the processes ``roots`` and their descendants, the reaped ones
+    included (their time is in their parents' ``cutime``/``cstime``). The launchers keep every
+    process of a run in their tree: a PID namespace's init or the supervisor (a subreaper)
+    adopts the orphans."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        pid = int(entry)
+        parent[pid] = int(fields[1])
+        ticks[pid] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    inside = set(roots)
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parent.items():
+            if ppid in inside and pid not in inside:
+                inside.add(pid)
+                changed = True
+    return sum(ticks.get(pid, 0) for pid in inside) / _TICKS
+
+
+def spawn_many(
+    python: str,
+    launches: list[Launch],
+    *,
+    deadline: float,
+    limit: int,
+    cpu_budget: float | None = None,
+) -> list[Output]:
     """Start one launcher per ``launches`` item; read each one's stdout and stderr (at most
     ``limit`` bytes a process) until all have closed them or ``deadline`` passes. A timeout or
     an overflow in one process kills all of them: they are one run. The trainer's copies of
     the ``pass_fds`` are closed once every process has started, so a pipe between two of them
-    reports end of file when either side exits."""
+    reports end of file when either side exits.
+
+    ``cpu_budget``: the run also times out once its processes together have used that many CPU
+    seconds; ``deadline`` is then the wall-clock backstop. Timed by CPU, a run slowed down by
+    a busy sibling still gets the computation it is owed."""
     procs: list[subprocess.Popen | None] = []
     tags: list[str] = []
     errors: list[bytes] = []
@@ -252,6 +296,9 @@ def spawn_many(python: str, launches: list[Launch], *, deadline: float, limit: i
             for fileno in streams[i]:
                 buffers[fileno] = bytearray()
                 owner[fileno] = i
+    next_cpu_check = time.monotonic() + 0.1
+    roots = [proc.pid for proc in started]
+    cpu_used = 0.0
     try:
         with selectors.DefaultSelector() as selector:
             for fileno in buffers:
@@ -261,7 +308,13 @@ def spawn_many(python: str, launches: list[Launch], *, deadline: float, limit: i
                 if now >= deadline:
                     timed_out = True
                     break
-                events = selector.select(timeout=min(deadline - now, 0.2))
+                if cpu_budget is not None and now >= next_cpu_check:
+                    next_cpu_check = now + 0.1
+                    cpu_used = tree_cpu_seconds(roots)
+                    if cpu_used > cpu_budget:
+                        timed_out = True
+                        break
+                events = selector.select(timeout=min(deadline - now, 0.1))
                 for key, _ in events:
                     chunk = os.read(key.fd, _READ_CHUNK)
                     if not chunk:
@@ -313,6 +366,7 @@ def spawn_many(python: str, launches: list[Launch], *, deadline: float, limit: i
                 returncode=proc.returncode,
                 timed_out=timed_out,
                 truncated=truncated,
+                cpu_s=cpu_used,
             )
         )
     return outputs
