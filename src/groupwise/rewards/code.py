@@ -239,8 +239,9 @@ def run_tests(
     """Run ``code`` (plain source, no extraction) against ``tests`` in the sandbox.
 
     ``tests`` takes any form of the module docstring; ``timeout_s`` is the CPU-time budget for
-    all of them (with a wall-clock backstop of three times that). Raises ``ValueError`` for missing or malformed tests and
-    :class:`SandboxUnavailableError` when this machine cannot sandbox code.
+    all of them (with a wall-clock backstop of three times that). Raises ``ValueError`` for
+    missing or malformed tests and :class:`SandboxUnavailableError` when this machine cannot
+    sandbox code.
     """
     sandbox.check_limits(timeout_s, memory_mb, max_output_bytes, max_processes)
     parsed = parse_tests(tests)
