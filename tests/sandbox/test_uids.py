@@ -7,7 +7,7 @@ import time
 import pytest
 
 from groupwise.sandbox.process import process_uids
-from groupwise.sandbox.uids import UidPool, candidate_uids
+from groupwise.sandbox.uids import UidPool, UidPoolExhaustedError, candidate_uids
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0,
@@ -47,3 +47,15 @@ def test_a_uid_that_still_owns_a_task_is_skipped_until_it_is_reaped():
         os.waitpid(pid, 0)
     assert a not in process_uids().values()
     assert a in leases(pool, 40)  # free again (missed with probability 2**-40)
+
+
+def test_a_lease_gives_up_at_its_deadline_instead_of_waiting_for_ever():
+    (uid,) = candidate_uids()[:1]
+    pool = UidPool([uid], deadline_s=0.3)
+    with pool.lease():
+        start = time.monotonic()
+        with pytest.raises(UidPoolExhaustedError, match="docker run --init"), pool.lease():
+            pass
+        assert 0.3 <= time.monotonic() - start < 2.0
+    with pool.lease() as again:  # free once released
+        assert again == uid

@@ -24,7 +24,7 @@ from .info import (
     SandboxInfo,
     SandboxUnavailableError,
 )
-from .process import Launch, Output, spawn_many, user_task_count, workdir
+from .process import Launch, Output, remove_files_of, spawn_many, user_task_count, workdir
 from .uids import UidPoolExhaustedError, shared_pool
 
 # Tests as the launcher takes them: ("asserts", ((kind, source), ...)) with kind "test" or
@@ -137,6 +137,8 @@ def _slot(info: SandboxInfo, memory_mb: float, max_processes: int) -> Iterator[S
     with contextlib.ExitStack() as stack:
         uid = stack.enter_context(lease)
         path = stack.enter_context(workdir(uid))
+        if uid is not None and not info.mount_namespace:
+            stack.callback(remove_files_of, uid)  # after the cgroup's removal: nothing runs
         group = None
         if support.available:
             try:
@@ -163,6 +165,7 @@ def _launch(info: SandboxInfo, job: dict[str, Any], nonce: str, slot: Slot, rlim
         "rlimits": rlimits,
         "block_network": not info.unshare_flags & CLONE_NEWNET,
         "seccomp": seccomp_program(),
+        "landlock": info.landlock,
         "cgroup_procs": list(slot.group.procs_files) if slot.group else [],
     }
     # Without a PID namespace, processes that left the process group are hunted down: by uid

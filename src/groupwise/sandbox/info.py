@@ -35,6 +35,7 @@ class SandboxInfo:
     unshare_flags: int = 0  # CLONE_NEW* flags used for every run
     root_paths: tuple[str, ...] = ()  # the interpreter's files: all the sandbox may read
     limits: str = ""  # which resource limits hold per sandbox (cgroup) or per process
+    landlock: int = 0  # the Landlock ABI the sandbox applies (0: none)
     error: str | None = None  # set when no sandbox is available
 
     def summary(self) -> str:
@@ -52,7 +53,7 @@ class SandboxInfo:
         return (
             f"python {self.python_version} ({self.python}); runs as {who}; "
             f"namespaces: {', '.join(spaces)}; network: {self.network_isolation}; "
-            f"filesystem: {'allowlisted root' if self.mount_namespace else 'Landlock only'}; "
+            f"filesystem: {self.filesystem}; "
             f"limits: {self.limits or 'per process'}"
         )
 
@@ -60,6 +61,13 @@ class SandboxInfo:
     def network_isolation(self) -> str:
         """'namespace' (no network at all) or 'socket-block' (Python sockets blocked only)."""
         return "namespace" if self.unshare_flags & CLONE_NEWNET else "socket-block"
+
+    @property
+    def filesystem(self) -> str:
+        """How the solution's view of the filesystem is restricted."""
+        layers = ["allowlisted root"] if self.mount_namespace else []
+        layers += [f"Landlock ABI {self.landlock}"] if self.landlock else []
+        return " + ".join(layers) or "file permissions only"
 
     @property
     def pid_namespace(self) -> bool:

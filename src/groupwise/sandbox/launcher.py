@@ -421,8 +421,9 @@ def drop_privileges(cfg):
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     prctl(PR_SET_DUMPABLE, 0 if cfg["mode"] == "judge" else 1)
     prctl(PR_SET_PDEATHSIG, 9)  # cleared by the uid change
-    read_only, read_write = landlock_paths(cfg)
-    confine.restrict_filesystem(read_only, read_write)
+    if cfg["landlock"]:
+        read_only, read_write = landlock_paths(cfg)
+        confine.restrict_filesystem(read_only, read_write)
     if cfg.get("seccomp"):
         confine.install_seccomp(cfg["seccomp"])  # last: it denies what the steps above use
 

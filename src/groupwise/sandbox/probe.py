@@ -13,6 +13,7 @@ import threading
 import time
 
 from . import cgroup
+from .confine import landlock_abi
 from .execute import cgroup_support, run_parsed
 from .info import (
     CLONE_NEWIPC,
@@ -52,8 +53,13 @@ def weaknesses(info: SandboxInfo) -> list[str]:
     found = []
     if not info.mount_namespace:
         found.append(
-            "no mount namespace: the sandbox sees the host's filesystem, confined by Landlock "
-            "only where the kernel has it; its working directory is not size-capped as a whole"
+            "no mount namespace: the working directory is not size-capped as a whole"
+            + (
+                ""
+                if info.landlock
+                else "; no Landlock either: the sandbox reads every file its uid may read "
+                "(datasets, answer keys, the project)"
+            )
         )
     if not info.pid_namespace and not info.root:
         found.append("no PID namespace and not root: the solution can signal the trainer's uid")
@@ -150,6 +156,7 @@ def _detect(allowed_flags: int = -1) -> SandboxInfo:
                 unshare_flags=attempt,
                 root_paths=paths,
                 limits=cgroup.describe(cgroup_support()),
+                landlock=landlock_abi(),
             )
             check = run_parsed(
                 "import json, math, collections, re, itertools\nvalue = json.loads('[1, 2]')",

@@ -13,6 +13,7 @@ import secrets
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -85,6 +86,34 @@ def _remove_tree(path: str) -> None:
                 with contextlib.suppress(OSError):
                     os.chmod(os.path.join(root, name), 0o700, follow_symlinks=False)
         shutil.rmtree(path, ignore_errors=True)
+
+
+WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def remove_files_of(uid: int, places: tuple[str, ...] = WORLD_WRITABLE, depth: int = 1) -> None:
+    """Remove what a sandbox uid left in the world-writable directories (and ``depth`` levels
+    down, in world-writable subdirectories such as ``/tmp/.X11-unix``), so that a later run
+    cannot read it. Needed only where the sandbox sees the host's filesystem."""
+    for place in places:
+        try:
+            entries = list(os.scandir(place))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if st.st_uid == uid:
+                if is_dir:
+                    _remove_tree(entry.path)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+            elif is_dir and st.st_mode & 0o002 and depth > 0:
+                remove_files_of(uid, (entry.path,), depth - 1)
 
 
 @dataclasses.dataclass
