@@ -533,3 +533,47 @@ def test_one_completion_cannot_sink_its_siblings(info, groups, monkeypatch):
     completions = [fenced(saboteur)] + [fenced(honest)] * 3
     reward = make_code_reward(timeout_s=3.0, max_workers=4, max_processes=40)
     assert reward([""] * 4, completions, tests=[ASSERT] * 4) == [0.0, 1.0, 1.0, 1.0]
+
+
+def test_the_working_directory_is_capped_as_a_whole(mode):
+    if not mode.mount_namespace:
+        pytest.skip("not defended without a mount namespace: the working directory is the host's")
+    code = """
+        import os
+        def fill():
+            written = 0
+            block = b"x" * 2**20
+            for n in range(6):
+                try:
+                    with open(f"f{n}", "wb") as f:
+                        for _ in range(60):
+                            f.write(block)
+                            written += 1
+                except OSError:
+                    break
+            return written
+    """
+    assert run(mode, code, ["assert 32 <= fill() <= 64"], memory_mb=512).passed == 1
+
+
+def test_the_python_tool_reaches_nothing_outside(info, tmp_path):
+    key = Path(sys.modules["groupwise.tasks.python_tasks"].__file__).with_name(
+        "python_problems.jsonl"
+    )
+    program = f"""
+        import os
+        for path in ({str(key)!r}, {str(REPO_ROOT / 'README.md')!r}, "/etc/passwd"):
+            try:
+                open(path).read(1)
+                print("read", path)
+            except OSError as exc:
+                print("refused", type(exc).__name__)
+        try:
+            print("root", len(os.listdir("/")))
+        except OSError:
+            print("root unreadable")
+    """
+    out = sandbox.run_program(textwrap.dedent(program))
+    assert out.status == "ok", out.stderr
+    assert "read" not in out.stdout.split()
+    assert out.stdout.count("refused") == 3
