@@ -11,8 +11,10 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import json
 import os
 import platform
+import shutil
 import socket
 import stat
 import sys
@@ -577,3 +579,113 @@ def test_the_python_tool_reaches_nothing_outside(info, tmp_path):
     assert out.status == "ok", out.stderr
     assert "read" not in out.stdout.split()
     assert out.stdout.count("refused") == 3
+
+
+# ------------------------------------------------------------------------------------------------
+# A trainer that is not root: the same attempts from a forked copy of this process that has
+# dropped to an ordinary uid (its own files, sockets and processes are then the trainer's)
+
+
+def as_ordinary_user(function) -> dict:
+    """Run ``function`` in a forked child switched to an unprivileged uid; its JSON result."""
+    if os.geteuid() != 0:
+        pytest.skip("the suite already runs as an ordinary user: the other tests cover it")
+    uid = 65534
+    home = Path(tempfile.mkdtemp())
+    os.chown(home, uid, uid)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.environ["HOME"] = str(home)
+            execute.cgroup_support.cache_clear()  # detected again, as this user
+            payload = json.dumps(function(home)).encode()
+            os.write(write, payload)
+            code = 0
+        except BaseException as exc:
+            os.write(write, json.dumps({"error": repr(exc)}).encode())
+        finally:
+            os._exit(code)
+    os.close(write)
+    chunks = []
+    while chunk := os.read(read, 65536):
+        chunks.append(chunk)
+    os.close(read)
+    os.waitpid(pid, 0)
+    shutil.rmtree(home, ignore_errors=True)
+    return json.loads(b"".join(chunks) or b"{}")
+
+
+def ordinary_user_attempts(home: Path) -> dict:
+    token = home / "token"
+    token.write_text("hf_secret")
+    token.chmod(0o600)
+    runtime = home / "run"
+    runtime.mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(runtime / "bus"))
+    listener.listen(1)
+    code = f"""
+        import os, socket, time
+        def token():
+            return open({str(token)!r}).read()
+        def connect():
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect({str(runtime / "bus")!r})
+            return True
+        def spawn(n):
+            pids = []
+            try:
+                for _ in range(n):
+                    pid = os.fork()
+                    if pid == 0:
+                        time.sleep(5)
+                        os._exit(0)
+                    pids.append(pid)
+            except OSError:
+                pass
+            for pid in pids:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            return len(pids)
+        def kill_parent():
+            os.kill(os.getppid(), 9)
+            return True
+    """
+    tests = [
+        "assert spawn(3) == 3",  # the control
+        "assert token() == 'hf_secret'",
+        "assert connect()",
+        "assert spawn(60) > 8",
+    ]
+    found = {}
+    for name, allowed in (("namespaces", -1), ("no-namespaces", 0)):
+        used = probe._detect(allowed_flags=allowed)
+        if used.error:
+            found[name] = {"error": used.error}
+            continue
+        result = run(used, code, tests, max_processes=8)
+        hack = run(used, textwrap.dedent(HACKS["returns an object whose __eq__ is always true"]),
+                   ASSERT)  # fmt: skip
+        found[name] = {"summary": used.summary(), "passed": result.passed, "error": result.error,
+                       "hack": hack.passed, "honest": run(used, HONEST, ASSERT).passed}  # fmt: skip
+    listener.close()
+    return found
+
+
+def test_a_trainer_that_is_not_root():
+    found = as_ordinary_user(ordinary_user_attempts)
+    assert "error" not in found or not isinstance(found["error"], str), found
+    for name, outcome in found.items():
+        if "summary" not in outcome:
+            continue  # the sandbox cannot be built in that mode here: nothing to defend
+        assert outcome["honest"] == 1, (name, outcome)
+        assert outcome["hack"] == 0, (name, outcome)
+        # Only the control passes: no 0600 file, no socket in a 0700 runtime dir, and the
+        # process limit holds although the trainer's uid already runs many tasks.
+        assert outcome["passed"] == 1, (name, outcome)

@@ -86,7 +86,9 @@ def seccomp_program() -> bytes | None:
 
 
 def _rlimits(info: SandboxInfo, cpu_s: float, memory_mb: float, max_processes: int) -> list:
-    cpu = max(1, math.ceil(cpu_s))
+    # A backstop a second past the budget: the trainer's count of the run's CPU stops it first,
+    # as a timeout, rather than a signal that reads as a crash.
+    cpu = max(1, math.ceil(cpu_s)) + 1
     memory = int(memory_mb * 1024 * 1024)
     if info.root:
         nproc = max_processes
