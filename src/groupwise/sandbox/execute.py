@@ -161,6 +161,7 @@ def _launch(info: SandboxInfo, job: dict[str, Any], nonce: str, slot: Slot, rlim
         "nonce": nonce,
         "flags": info.unshare_flags,
         "root_paths": list(info.root_paths),
+        "root_masks": list(info.root_masks),
         "workdir": path,
         "disk_bytes": MAX_FILE_BYTES,
         "uid": uid,

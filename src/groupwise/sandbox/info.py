@@ -34,6 +34,7 @@ class SandboxInfo:
     uids: tuple[int, ...] = ()
     unshare_flags: int = 0  # CLONE_NEW* flags used for every run
     root_paths: tuple[str, ...] = ()  # the interpreter's files: all the sandbox may read
+    root_masks: tuple[str, ...] = ()  # package directories among them, hidden
     limits: str = ""  # which resource limits hold per sandbox (cgroup) or per process
     landlock: int = 0  # the Landlock ABI the sandbox applies (0: none)
     error: str | None = None  # set when no sandbox is available

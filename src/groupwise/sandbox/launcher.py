@@ -133,7 +133,26 @@ def probe(cfg):
     found = ",".join(ok) or "-"
     os.write(1, f"{cfg['nonce']} PROBE {found} {version}\n".encode())
     import json
-    os.write(1, f"{cfg['nonce']} PATHS {json.dumps(interpreter_paths())}\n".encode())
+    paths = interpreter_paths()
+    found = {"paths": paths, "masks": package_dirs(paths)}
+    os.write(1, f"{cfg['nonce']} PATHS {json.dumps(found)}\n".encode())
+
+
+def package_dirs(paths):
+    """``site-packages`` and ``dist-packages`` directories up to two levels below ``paths``:
+    installed packages (groupwise's own data among them) are not the interpreter's."""
+    found = []
+    for path in paths:
+        if not os.path.isdir(path):
+            continue
+        for top, dirs, _ in os.walk(path):
+            if top.count("/") - path.count("/") >= 2:
+                dirs[:] = []
+            for name in list(dirs):
+                if name in ("site-packages", "dist-packages"):
+                    dirs.remove(name)
+                    found.append(os.path.join(top, name))
+    return found
 
 
 def interpreter_paths():
@@ -247,19 +266,13 @@ def build_root(cfg):
     root = cfg["workdir"]  # the host's fresh working directory: the payload is already read
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m,nr_inodes=4096")
     for path in cfg["root_paths"]:
-        if not os.path.exists(path):
-            continue
-        real = mirror(path, root)
-        bind(real, root + real, MS_RDONLY | MS_NODEV)
-        if os.path.isdir(real):
-            for top, dirs, _ in os.walk(real):
-                if top.count("/") - real.count("/") >= 2:
-                    dirs[:] = []
-                for name in list(dirs):
-                    if name in ("site-packages", "dist-packages"):
-                        dirs.remove(name)
-                        mount("tmpfs", root + os.path.join(top, name), "tmpfs",
-                              MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=8")
+        if os.path.exists(path):
+            real = mirror(path, root)
+            bind(real, root + real, MS_RDONLY | MS_NODEV)
+    for path in cfg["root_masks"]:  # found by the probe
+        if os.path.isdir(root + path):
+            mount("tmpfs", root + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  "size=4k,nr_inodes=8")
     os.makedirs(root + "/dev", exist_ok=True)
     for name in ("null", "zero", "full", "random", "urandom"):
         if os.path.exists("/dev/" + name):

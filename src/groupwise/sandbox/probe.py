@@ -79,9 +79,11 @@ def _python_candidates() -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _probe_namespaces(python: str, root: bool) -> tuple[int, str, tuple[str, ...]] | None:
-    """(CLONE flags to use, interpreter version, the files the interpreter needs), or None if
-    the interpreter does not run."""
+def _probe_namespaces(
+    python: str, root: bool
+) -> tuple[int, str, tuple[tuple[str, ...], tuple[str, ...]]] | None:
+    """(CLONE flags to use, interpreter version, (the files the interpreter needs, the package
+    directories among them to mask)), or None if the interpreter does not run."""
     if root:
         candidates = [
             ("net", CLONE_NEWNET),
@@ -102,12 +104,15 @@ def _probe_namespaces(python: str, root: bool) -> tuple[int, str, tuple[str, ...
     with workdir(None) as path:
         payload["workdir"] = path
         out = spawn(python, payload, path, deadline=time.monotonic() + 20.0, limit=65536)
-    paths: tuple[str, ...] = ()
+    paths: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
     for line in out.stdout.decode("utf-8", "replace").splitlines():
         head, _, rest = line.partition(" PATHS ")
         if head == nonce:
             found = json.loads(rest)
-            paths = tuple(p for p in found if isinstance(p, str) and p.startswith("/"))
+            paths = tuple(  # type: ignore[assignment]
+                tuple(p for p in found[key] if isinstance(p, str) and p.startswith("/"))
+                for key in ("paths", "masks")
+            )
     for line in out.stdout.decode("utf-8", "replace").splitlines():
         parts = line.split()
         if len(parts) == 4 and parts[0] == nonce and parts[1] == "PROBE":
@@ -154,7 +159,8 @@ def _detect(allowed_flags: int = -1) -> SandboxInfo:
                 root=root,
                 uids=uids,
                 unshare_flags=attempt,
-                root_paths=paths,
+                root_paths=paths[0],
+                root_masks=paths[1],
                 limits=cgroup.describe(cgroup_support()),
                 landlock=landlock_abi(),
             )
