@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -46,6 +47,21 @@ def sandbox_info() -> SandboxInfo:
                 for line in weaknesses(_info):
                     logger.warning("code sandbox: %s", line)
         return _info
+
+
+def refuse_trainer_files(info: SandboxInfo) -> SandboxInfo:
+    """A trainer that is not root, with neither a mount namespace nor Landlock, would run the
+    solution as itself with nothing between it and the trainer's files (tokens, keys, the
+    project): refused unless the user opts in."""
+    if info.root or info.mount_namespace or info.landlock or os.environ.get(WEAK_OPT_IN) == "1":
+        return info
+    return dataclasses.replace(
+        info,
+        error="no mount namespace and no Landlock for a trainer that is not root: the solution "
+        "would read and write everything the trainer's user can (access tokens, SSH keys, the "
+        "project). Enable unprivileged user namespaces or Landlock, run as root, or set "
+        f"{WEAK_OPT_IN}=1 to accept this",
+    )
 
 
 def weaknesses(info: SandboxInfo) -> list[str]:
@@ -131,9 +147,12 @@ def _probe_namespaces(
     return None
 
 
-def _detect(allowed_flags: int = -1) -> SandboxInfo:
-    """Detect the sandbox; ``allowed_flags`` masks the namespaces it may use (tests run the
-    modes of hosts that lack some)."""
+WEAK_OPT_IN = "GROUPWISE_SANDBOX_ALLOW_TRAINER_FILES"
+
+
+def _detect(allowed_flags: int = -1, landlock: bool = True) -> SandboxInfo:
+    """Detect the sandbox; ``allowed_flags`` masks the namespaces it may use and ``landlock``
+    turns Landlock off (tests run the modes of hosts that lack them)."""
     if not sys.platform.startswith("linux"):
         return SandboxInfo(error=f"the code sandbox needs Linux, not {sys.platform}")
     root = os.geteuid() == 0
@@ -162,7 +181,7 @@ def _detect(allowed_flags: int = -1) -> SandboxInfo:
                 root_paths=paths[0],
                 root_masks=paths[1],
                 limits=cgroup.describe(cgroup_support()),
-                landlock=landlock_abi(),
+                landlock=landlock_abi() if landlock else 0,
             )
             check = run_parsed(
                 "import json, math, collections, re, itertools\nvalue = json.loads('[1, 2]')",
@@ -174,6 +193,6 @@ def _detect(allowed_flags: int = -1) -> SandboxInfo:
                 max_processes=32,
             )
             if check.passed == 1:
-                return info
+                return refuse_trainer_files(info)
             errors.append(f"{python} (namespaces {attempt:#x}): {check.error}")
     return SandboxInfo(root=root, uids=uids, error="; ".join(errors) or "no Python interpreter")
