@@ -693,3 +693,36 @@ def test_a_trainer_that_is_not_root():
         # Only the control passes: no 0600 file, no socket in a 0700 runtime dir, and the
         # process limit holds although the trainer's uid already runs many tasks.
         assert outcome["passed"] == 1, (name, outcome)
+
+
+# ------------------------------------------------------------------------------------------------
+# The launcher and the harness run on any CPython from 3.6 on (the sandbox interpreter may be
+# the system's, not the trainer's)
+
+
+def interpreters() -> list[str]:
+    import glob
+
+    found = glob.glob("/root/.pyenv/versions/3.*/bin/python3.*[0-9]")
+    found += glob.glob("/usr/bin/python3.[0-9]*")
+    return sorted({os.path.realpath(p) for p in found if re_version(p)})
+
+
+def re_version(path: str) -> bool:
+    name = os.path.basename(path)
+    return name.startswith("python3.") and name[8:].isdigit() and int(name[8:]) >= 6
+
+
+@pytest.mark.parametrize("python", interpreters() or ["none"])
+def test_every_interpreter_from_3_6_on(python, monkeypatch):
+    if python == "none":
+        pytest.skip("no other CPython on this machine")
+    monkeypatch.setenv("GROUPWISE_SANDBOX_PYTHON", python)
+    used = probe._detect()
+    if used.error:
+        pytest.skip(f"{python} cannot host the sandbox here: {used.error}")
+    code = HACKS["returns an object whose __eq__ is always true"]
+    assert score(used, code, ASSERT) == 0.0
+    assert score(used, HONEST + "import collections\n", ASSERT) == 1.0
+    case = [{"input": "abc\n", "output": "cba\n"}]
+    assert score(used, "print(input()[::-1])\n", case) == 1.0

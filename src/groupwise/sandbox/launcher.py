@@ -299,10 +299,10 @@ def build_root(cfg):
     host_proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)  # the supervisor's, not the worker's
     os.chdir(root)
     os.mkdir(".old")
-    import platform
-    number = SYS_PIVOT_ROOT.get(platform.machine())
+    machine = os.uname().machine  # not platform: on 3.6 it forks `uname -p`, the PID ns's init
+    number = SYS_PIVOT_ROOT.get(machine)
     if number is None:
-        raise OSError(38, f"pivot_root: unknown architecture {platform.machine()}")
+        raise OSError(38, f"pivot_root: unknown architecture {machine}")
     check(libc.syscall(number, b".", b".old"), "pivot_root")
     os.chdir("/")
     check(libc.umount2(b"/.old", MNT_DETACH), "umount2(/.old)")
