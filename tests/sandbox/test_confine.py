@@ -339,3 +339,15 @@ def test_install_seccomp_names_the_step_the_kernel_refused():
     assert code == errno.EINVAL
     assert "PR_SET_SECCOMP" in message
     assert no_new_privs == 1  # set on the way, as the filter requires
+
+
+def test_a_keyctl_denied_by_a_filter_above_is_no_keyring_to_leave():
+    """Docker's default seccomp profile denies keyctl: joining gives 0 rather than failing the
+    sandbox, since nothing under that filter reaches a keyring."""
+    from groupwise.sandbox.seccomp import build_filter
+
+    def child():
+        confine.install_seccomp(build_filter())  # denies keyctl, as such a profile does
+        return confine.join_new_session_keyring()
+
+    assert in_child(child) == 0

@@ -151,8 +151,8 @@ def landlock_abi():
         return 0  # an architecture without a known syscall number
     if version < 0:
         err = ctypes.get_errno()
-        if err in (errno.ENOSYS, errno.EOPNOTSUPP):
-            return 0
+        if err in (errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
+            return 0  # EPERM: a container's seccomp profile denies it
         raise OSError(err, f"landlock_create_ruleset(VERSION): {os.strerror(err)}")
     return version
 
@@ -239,12 +239,14 @@ def restrict_filesystem(read_only, read_write):
 def join_new_session_keyring():
     """Replace the session keyring inherited from the trainer with a new, empty, anonymous one.
 
-    Returns the new keyring's serial, or 0 when the kernel has no keys support (ENOSYS).
+    Returns the new keyring's serial, or 0 when the kernel has no keys support (ENOSYS) or a
+    seccomp filter above this process denies keyctl (EPERM, as Docker's default profile does):
+    no process under that filter can reach a keyring, the solution included.
     """
     serial = _syscall("keyctl", KEYCTL_JOIN_SESSION_KEYRING, 0)
     if serial < 0:
         err = ctypes.get_errno()
-        if err == errno.ENOSYS:
+        if err in (errno.ENOSYS, errno.EPERM):
             return 0
         raise OSError(err, f"keyctl(KEYCTL_JOIN_SESSION_KEYRING): {os.strerror(err)}")
     return serial
