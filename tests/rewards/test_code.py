@@ -66,9 +66,18 @@ def run_with(used: sandbox.SandboxInfo, code: str, tests, timeout_s=5.0, **limit
     return sandbox.run_parsed(code, parse_tests(tests), used, timeout_s=timeout_s, **limits)
 
 
+@pytest.fixture(autouse=True)
+def own_tag(monkeypatch) -> str:
+    """A tag prefix of this test's own on its launchers' command lines: other tests run
+    sandboxes beside it, and only this test's leftovers are this test's to find."""
+    prefix = f"groupwise-sandbox-{uuid.uuid4().hex[:12]}-"
+    monkeypatch.setattr(sandbox.process, "TAG_PREFIX", prefix)
+    return prefix
+
+
 def sandbox_processes() -> list[int]:
-    """Pids of processes running the sandbox launcher (any uid, any leftover of a run)."""
-    marker = os.fsencode(sandbox.LAUNCHER)
+    """Pids of processes running a launcher this test started (any uid; zombies excluded)."""
+    marker = sandbox.process.TAG_PREFIX.encode()
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -81,20 +90,12 @@ def sandbox_processes() -> list[int]:
     return pids
 
 
-def sandbox_uid_processes(info: sandbox.SandboxInfo) -> list[int]:
-    if not info.root:
-        return []
-    owners = sandbox.process.process_uids(include_zombies=False)  # zombies wait for the host's init
-    return [pid for pid, uid in owners.items() if uid in info.uids]
-
-
 def assert_no_leftovers(info: sandbox.SandboxInfo) -> None:
-    """No sandbox process is left (polls briefly: a concurrent run elsewhere may be active)."""
+    """No process of this test's sandboxes is left (polls briefly: they die asynchronously)."""
     deadline = time.monotonic() + 3.0
-    while (sandbox_processes() or sandbox_uid_processes(info)) and time.monotonic() < deadline:
+    while sandbox_processes() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sandbox_processes() == []
-    assert sandbox_uid_processes(info) == []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -345,19 +346,21 @@ def test_sandbox_environment_and_limits(info):
     assert result.passed == result.total == len(checks), result.error
 
 
-def test_working_directory_is_fresh_and_removed(info):
-    before = set(os.listdir(tempfile.gettempdir()))
-    code = (
-        "import os\nopen('left.txt', 'w').write('x')\ndef listing():\n    return os.listdir('.')\n"
-    )
-    first = run_tests(code, ["assert listing() == ['left.txt']"])
-    assert first.passed == 1, first.error
-    second = run_tests(
-        "import os\ndef listing():\n    return os.listdir('.')\n", ["assert listing() == []"]
-    )
-    assert second.passed == 1, second.error
-    left = {n for n in set(os.listdir(tempfile.gettempdir())) - before if "groupwise-sandbox-" in n}
-    assert not {n for n in left if not n.startswith("groupwise-sandbox-locks")}
+def test_working_directory_is_fresh_and_removed(info, monkeypatch):
+    folder = Path(tempfile.mkdtemp(prefix="gw-test-"))  # this test's own: others run beside it
+    folder.chmod(0o711)
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    try:
+        code = "import os\nopen('left.txt', 'w').write('x')\n"
+        code += "def listing():\n    return os.listdir('.')\n"
+        first = run_tests(code, ["assert listing() == ['left.txt']"])
+        assert first.passed == 1, first.error
+        fresh = "import os\ndef listing():\n    return os.listdir('.')\n"
+        second = run_tests(fresh, ["assert listing() == []"])
+        assert second.passed == 1, second.error
+        assert os.listdir(folder) == []
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.parametrize("pid_namespace", [True, False])

@@ -16,10 +16,10 @@ import os
 import platform
 import shutil
 import socket
-import stat
 import sys
 import tempfile
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -412,27 +412,63 @@ def test_the_trainers_command_line_is_out_of_reach(mode):
 # No hang: children left behind are reaped, the uid pool never blocks for good
 
 
+def leftovers(marker: bytes, uids: tuple[int, ...]) -> list[int]:
+    """Live processes carrying ``marker`` in their environment, and zombies of ``uids``. Other
+    tests may run sandboxes at the same time: their zombies are reaped within moments, so the
+    caller polls."""
+    found = []
+    for pid, uid in process_uids().items():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                marked = marker in f.read()
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                zombie = f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+        except OSError:
+            continue
+        if marked or (zombie and uid in uids):
+            found.append(pid)
+    return found
+
+
 def test_children_left_running_never_exhaust_the_uid_pool(mode):
     if not mode.root:
         pytest.skip("the uid pool exists only for a root trainer")
-    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\n"
+    marker = uuid.uuid4().hex
+    # The child re-executes the interpreter with a marked environment, so that this test finds
+    # its own leftovers among the sandbox processes of tests running beside it.
+    code = textwrap.dedent(
+        f"""
+        import os, sys
+        if os.fork() == 0:
+            os.setsid()
+            os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(30)"],
+                      {{"GW_MARK": "{marker}"}})
+        """
+    )
     code += HONEST
     runs = len(mode.uids) + 4
     for _ in range(runs):
         assert score(mode, code, ASSERT, timeout_s=10.0) == 1.0
-    held = [pid for pid, uid in process_uids().items() if uid in mode.uids]
-    assert held == []  # zombies included: every leftover was killed and reaped
+    deadline = time.monotonic() + 5.0
+    while leftovers(marker.encode(), mode.uids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leftovers(marker.encode(), mode.uids) == []  # every leftover killed and reaped
 
 
-def test_private_directories_are_removed(mode):
-    before = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("groupwise-sandbox-")}
+@pytest.fixture
+def private_tmp(monkeypatch) -> Path:
+    """A temporary folder of this test's own for the sandbox's working directories (tests
+    running beside it make theirs in the shared one)."""
+    folder = Path(tempfile.mkdtemp(prefix="gw-test-"))
+    folder.chmod(0o711)
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_private_directories_are_removed(mode, private_tmp):
     assert score(mode, HONEST + "open('x', 'w').write('y')\n", ASSERT) == 1.0
-    after = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("groupwise-sandbox-")}
-    left = [n for n in after - before if not n.startswith("groupwise-sandbox-locks")]
-    assert left == []
-    for n in after:
-        st = os.lstat(os.path.join(tempfile.gettempdir(), n))
-        assert not st.st_mode & stat.S_IWOTH
+    assert os.listdir(private_tmp) == []
 
 
 # ------------------------------------------------------------------------------------------------
