@@ -235,6 +235,17 @@ def receive(stream):
     return value
 
 
+def flush_and_exit():
+    """Flush what the code printed and exit at once (no interpreter shutdown for the code's
+    threads or atexit hooks to run in)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    os._exit(0)
+
+
 def describe(exc):
     try:
         text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -310,12 +321,7 @@ def serve(cfg):
             send(replies, answer(request, resolve, handle_of))
         except BaseException as exc:
             send(replies, {"err": [type(exc).__name__, describe(exc)]})
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    os._exit(0)
+    flush_and_exit()
 
 
 MUTABLE = (list, dict, set, bytearray, collections.deque)
@@ -577,12 +583,7 @@ def judge(cfg):
         if kind == "test":
             index += 1
     emit("DONE")
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    os._exit(0)
+    flush_and_exit()
 
 
 # ------------------------------------------------------------------------------------------------
